@@ -1,0 +1,5 @@
+"""`python -m fabricctl` is the `fabricctl` command."""
+
+from fabricctl.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Pure broker logic: no sockets, no threads, no clock (time is always an argument)."""

@@ -1,0 +1,28 @@
+"""Every threshold of the broker core in one frozen object, with DESIGN.md's defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CoreConfig:
+    """Why: one place for every constant, so tests and the app config override them alike."""
+
+    lanes_max: int = 2048
+    threshold_min: float = 0.01  # waste-fraction threshold with no lanes in use
+    threshold_span: float = 0.09  # added linearly as lanes in use approach lanes_max
+    waste_floor: int = 16  # a new lane needs at least this much waste (with the threshold)
+    waste_cap: int = 128  # above this waste a new lane opens regardless
+    quiesce_items: int = 4  # a lane with fewer items ...
+    quiesce_s: float = 5.0  # ... and no assignment for this long is quiescing
+    starve_s: float = 30.0  # a lane whose oldest item waited longer is starving
+    tick_s: float = 1.0  # the maintenance tick
+    pad_multiple: int = 8
+    activate_multiple: float = 2.0  # staged -> active at this many batch budgets
+    prewarm_multiple: float = 4.0  # pick a warming shape below this many budgets pending
+    drain_multiple: float = 1.0  # active -> draining below this many budgets pending
+    stage_timeout_s: float = 2.0  # a staged shape this old may activate regardless of size
+    thrash_batches: int = 100  # a shape finishing with fewer batches is thrashing
+    default_batch_tokens: int = 8192  # B for a model no consumer has registered yet
+    events_kept: int = 10_000  # recent events kept for observers

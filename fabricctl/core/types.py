@@ -1,0 +1,100 @@
+"""The data every layer shares: items, contracts, batches, results and pre-warm signals.
+
+These are msgspec Structs so the same objects are validated and encoded on the wire
+(u32 length + msgpack) without hand-written codecs.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Item(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
+    """One prompt as a producer submits it; the broker never parses `payload`."""
+
+    id: str
+    model: str
+    signature: int
+    input_tokens: int
+    max_tokens: int
+    payload: bytes = b""
+    label: str = ""
+
+
+class Entry(msgspec.Struct, gc=False):
+    """One queued item inside a lane: what scheduling needs, plus where the item lives.
+
+    `key` locates the item in its store (a segment/offset in LMDB); in memory mode `item`
+    holds the item itself.
+    """
+
+    key: int
+    tokens: int
+    max_tokens: int
+    t: float
+    item: Item | None = None
+
+
+class Contract(msgspec.Struct, frozen=True):
+    """The four integers a consumer registers; the broker knows nothing else of its engine."""
+
+    model: str
+    max_batch_size: int
+    max_batch_tokens: int
+    max_input_len: int
+
+
+class Batch(msgspec.Struct, gc=False):
+    """Items from one lane of one shape, padded to a multiple of 8, with one output limit."""
+
+    id: int
+    consumer: str
+    model: str
+    signature: int
+    lane: int
+    epoch: int
+    pad_to: int
+    max_tokens: int
+    max_input_len: int
+    entries: list[Entry]
+    tokens: int  # sum of the entries' input tokens, kept for the ledger
+
+    def oversized(self) -> list[int]:
+        """Indexes of entries longer than the consumer's max input (the engine refuses them)."""
+        return [i for i, e in enumerate(self.entries) if e.tokens > self.max_input_len]
+
+
+class Work(msgspec.Struct, array_like=True):
+    """A batch as it travels to a consumer and its engine: the items with their payloads."""
+
+    id: int
+    model: str
+    signature: int
+    lane: int
+    epoch: int
+    pad_to: int
+    max_tokens: int
+    max_input_len: int
+    items: list[Item]
+
+
+class ItemResult(msgspec.Struct, omit_defaults=True):
+    """What an engine produced for one item; exactly one is kept per item id."""
+
+    id: str
+    text: str = ""
+    finish_reason: str = "stop"
+    tokens_out: int = 0
+    cached_tokens: int | None = None
+    error: str | None = None
+
+
+class Prewarm(msgspec.Struct):
+    """Tells every consumer of a model which shape comes next, so it can prefill its prefix."""
+
+    model: str
+    signature: int
+    label: str
+    epoch: int
+    lanes: list[tuple[int, int]]  # (lane id, target length)
+    sample: Item | None = None  # one item of the shape; the server fills it in

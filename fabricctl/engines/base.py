@@ -1,0 +1,59 @@
+"""The one engine interface a consumer drives: run a batch, pre-warm a shape, report stats.
+
+A consumer never cares which engine it has. `run` returns exactly one ItemResult per item,
+in the batch's order; an item longer than the batch's `max_input_len` gets an empty result
+with finish_reason "length_exceeded". Engines raise `EngineError` for failures of the whole
+batch that are worth retrying elsewhere (the broker puts the items back).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import msgspec
+
+from fabricctl.core.types import ItemResult, Prewarm, Work
+
+
+class EngineError(Exception):
+    """The engine could not run a batch at all (down, aborted, timed out): retry elsewhere."""
+
+
+class EngineLimits(msgspec.Struct, frozen=True):
+    """The engine's side of the contract; the consumer adds the model name."""
+
+    max_batch_size: int
+    max_batch_tokens: int
+    max_input_len: int
+
+
+class EngineStats(msgspec.Struct):
+    """Counters an engine reports, named after vLLM's where vLLM has one."""
+
+    simulated: bool
+    block_size: int = 0
+    prefix_cache_queries: int = 0  # vllm:prefix_cache_queries_total
+    prefix_cache_hits: int = 0  # vllm:prefix_cache_hits_total
+    prompt_tokens: int = 0  # vllm:prompt_tokens_total
+    generation_tokens: int = 0  # vllm:generation_tokens_total
+    graph_builds: int = 0
+    batches: int = 0
+    items: int = 0
+    busy_s: float = 0.0
+
+
+class Engine(Protocol):
+    """Why: one seam between a consumer and whatever actually runs the prompts."""
+
+    name: str
+    simulated: bool
+
+    def limits(self) -> EngineLimits: ...
+
+    async def run(self, work: Work) -> list[ItemResult]: ...
+
+    async def prewarm(self, signal: Prewarm) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    async def close(self) -> None: ...
