@@ -23,6 +23,8 @@ class CoreConfig:
     prewarm_multiple: float = 4.0  # pick a warming shape below this many budgets pending
     drain_multiple: float = 1.0  # active -> draining below this many budgets pending
     stage_timeout_s: float = 2.0  # a staged shape this old may activate regardless of size
+    activate_when_idle: bool = True  # a staged shape may activate when consumers sit idle
+    lifecycle: bool = True  # off: every shape dispatches at once (an ablation)
     thrash_batches: int = 100  # a shape finishing with fewer batches is thrashing
     default_batch_tokens: int = 8192  # B for a model no consumer has registered yet
     events_kept: int = 10_000  # recent events kept for observers

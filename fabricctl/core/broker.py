@@ -1,0 +1,325 @@
+"""The memory-mode broker: shapes, lanes, packing, lifecycle and ledger composed.
+
+Contract: `ingest(items, now)` assigns every item to a lane of its shape and makes it
+dispatchable (`place` + `admit` do the same in two steps for the durable store, which writes
+between them); `pull(consumer, now)` returns a batch of one lane of the model's current shape
+or None; `complete(batch_id, now)` and `fail(batch_id, now)` settle a batch (a failed batch
+goes back to the front of its lane); `disconnect` fails every batch a consumer holds;
+`tick(now)` runs lane maintenance and the lifecycle's timeouts; `snapshot(now)` is all an
+observer needs. Time is always an argument. A batch whose entry belongs to another shape
+raises `ShapeGuardError`, which derives from BaseException so no `except Exception` hides it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from fabricctl.core.config import CoreConfig
+from fabricctl.core.events import EventKind, EventLog
+from fabricctl.core.lanes import Lane, LaneCounters
+from fabricctl.core.ledger import Ledger
+from fabricctl.core.lifecycle import Lifecycle, ModelState
+from fabricctl.core.packing import pack
+from fabricctl.core.shape import Shape, ShapeState
+from fabricctl.core.snapshot import Snapshot, take_snapshot
+from fabricctl.core.stats import BatchesHistogram
+from fabricctl.core.types import Batch, Contract, Entry, Item, Prewarm
+
+
+class ShapeGuardError(BaseException):
+    """A batch would feed an engine an item of another shape: stop rather than poison a cache."""
+
+
+class UnknownBatchError(KeyError):
+    """A completion names a batch that is not in flight (already settled or never sent)."""
+
+
+def guard_signature(expected: int, got: int, where: str) -> None:
+    """The hard guard: every entry of a batch must carry the batch's signature."""
+    if expected != got:
+        raise ShapeGuardError(
+            f"shape guard: {where} has signature {got:016x}, expected {expected:016x}"
+        )
+
+
+@dataclass(slots=True)
+class ConsumerState:
+    """Why: batches in flight must return to their lanes when their consumer goes away."""
+
+    name: str
+    contract: Contract
+    joined: float
+    batches: set[int] = field(default_factory=set)
+    batches_done: int = 0
+    items_done: int = 0
+    tokens_done: int = 0
+
+
+@dataclass(slots=True)
+class InFlight:
+    """Why: a batch out with a consumer, with the shape and lane it must settle into."""
+
+    batch: Batch
+    shape: Shape
+    lane: Lane
+
+
+@dataclass(slots=True)
+class Placement:
+    """Why: the durable path assigns first and writes second; this is the assignment."""
+
+    shape: Shape
+    lane: Lane
+
+
+class Broker:
+    """Why: one object that owns every scheduling decision, with no I/O and no clock."""
+
+    def __init__(self, cfg: CoreConfig | None = None) -> None:
+        self.cfg = cfg or CoreConfig()
+        self.models: dict[str, ModelState] = {}
+        self.consumers: dict[str, ConsumerState] = {}
+        self.inflight: dict[int, InFlight] = {}
+        self.ledger = Ledger()
+        self.events = EventLog(self.cfg.events_kept)
+        self.lane_counters = LaneCounters()
+        self.batches_hist = BatchesHistogram(self.cfg.thrash_batches)
+        self.lifecycle = Lifecycle(self.cfg, self.events, self.batches_hist)
+        self.signals: list[Prewarm] = []  # pre-warm signals not yet sent by the server
+        self.batches_total = 0
+        self.starving_lanes = 0
+        self._next_batch = 1
+        self._next_key = 1
+
+    # -- models and consumers ------------------------------------------------------------
+
+    def model(self, name: str) -> ModelState:
+        ms = self.models.get(name)
+        if ms is None:
+            ms = ModelState(name, self._budget(name))
+            self.models[name] = ms
+        return ms
+
+    def _budget(self, model: str) -> int:
+        budgets = [c.contract.max_batch_tokens for c in self.consumers.values()
+                   if c.contract.model == model]
+        return max(budgets) if budgets else self.cfg.default_batch_tokens
+
+    def register(self, name: str, contract: Contract, now: float) -> None:
+        if name in self.consumers:
+            self.disconnect(name, now, "re-registered")
+        self.consumers[name] = ConsumerState(name, contract, now)
+        self.model(contract.model).budget = self._budget(contract.model)
+        self.events.emit(now, EventKind.CONSUMER_JOINED, model=contract.model, reason=name)
+
+    def disconnect(self, name: str, now: float, why: str = "disconnected") -> int:
+        """Forget a consumer; every batch it held goes back to the front of its lane."""
+        c = self.consumers.pop(name, None)
+        if c is None:
+            return 0
+        items = 0
+        for batch_id in sorted(c.batches, reverse=True):  # newest first: oldest ends in front
+            items += len(self.fail(batch_id, now).entries)
+        ms = self.models.get(c.contract.model)
+        if ms is not None:
+            ms.budget = self._budget(c.contract.model)
+        self.events.emit(now, EventKind.CONSUMER_LOST, model=c.contract.model,
+                         reason=f"{name}: {why}", value=items)
+        return items
+
+    # -- ingest ----------------------------------------------------------------------------
+
+    def place(self, model: str, signature: int, label: str, tokens: int, now: float) -> Placement:
+        """Assign an item to a lane (first step of ingest); it is not dispatchable yet."""
+        ms = self.models.get(model) or self.model(model)
+        shape = ms.open.get(signature)
+        if shape is None:
+            state = ShapeState.STAGED if self.cfg.lifecycle else ShapeState.ACTIVE
+            shape = Shape(model, signature, label, self.cfg, self.lane_counters, now, state)
+            ms.open[signature] = shape
+        elif label and not shape.label:
+            shape.label = label
+        return Placement(shape, shape.lanes.assign(tokens, now))
+
+    def admit(self, placement: Placement, entry: Entry) -> None:
+        """Make a placed item dispatchable (second step, after its durable commit)."""
+        shape = placement.shape
+        placement.lane.push(entry)
+        shape.tokens += entry.tokens
+        shape.items += 1
+        shape.lengths.add(entry.tokens)
+        if shape.staged_since is None:
+            shape.staged_since = entry.t
+        self.ledger.receive(1, entry.tokens)
+
+    def ingest(self, items: Iterable[Item], now: float) -> int:
+        """Memory mode: place and admit each item at once; returns how many went in."""
+        n = 0
+        for item in items:
+            p = self.place(item.model, item.signature, item.label, item.input_tokens, now)
+            self.admit(p, Entry(self._next_key, item.input_tokens, item.max_tokens, now, item))
+            self._next_key += 1
+            n += 1
+        return n
+
+    # -- dispatch ----------------------------------------------------------------------------
+
+    def current_shape(self, ms: ModelState, now: float) -> Shape | None:
+        """The shape the model's consumers pull from, advancing the lifecycle if due."""
+        cur = ms.current
+        if not self.cfg.lifecycle:
+            if cur is None or cur.items == 0:
+                best = max((s for s in ms.open.values() if s.items), key=lambda s: s.tokens,
+                           default=None)
+                if best is not None and best is not cur:
+                    self.lifecycle.activate(ms, best, now, "most tokens")
+                cur = ms.current
+            return cur
+        if cur is None or cur.state is ShapeState.DRAINING or (
+            cur.tokens < self.cfg.prewarm_multiple * ms.budget
+        ):
+            hungry = cur is None or cur.items == 0
+            self.signals.extend(self.lifecycle.advance(ms, now, hungry=hungry))
+            cur = ms.current
+        return cur
+
+    def pull(self, consumer: str, now: float) -> Batch | None:
+        """The next batch for a consumer, or None when its model has nothing dispatchable."""
+        c = self.consumers[consumer]
+        ms = self.models.get(c.contract.model)
+        if ms is None:
+            return None
+        shape = self.current_shape(ms, now)
+        if shape is None:
+            return None
+        lane = shape.pick_lane()
+        if lane is None:
+            return None
+        contract = c.contract
+        entries, pad_to = pack(lane.queue, contract.max_batch_size, contract.max_batch_tokens,
+                               self.cfg.pad_multiple)
+        tokens = 0
+        max_tokens = 0
+        sig = shape.signature
+        for e in entries:
+            tokens += e.tokens
+            if e.max_tokens > max_tokens:
+                max_tokens = e.max_tokens
+            if e.item is not None and e.item.signature != sig:
+                guard_signature(sig, e.item.signature, f"item {e.item.id}")
+        n = len(entries)
+        lane.tokens -= tokens
+        lane.inflight += 1
+        shape.tokens -= tokens
+        shape.items -= n
+        shape.inflight_tokens += tokens
+        shape.inflight_items += n
+        shape.batches += 1
+        shape.padded_tokens += n * pad_to
+        shape.routed_tokens += tokens
+        batch = Batch(self._next_batch, consumer, ms.name, sig, lane.id, shape.epoch, pad_to,
+                      max_tokens, contract.max_input_len, entries, tokens)
+        self._next_batch += 1
+        self.inflight[batch.id] = InFlight(batch, shape, lane)
+        c.batches.add(batch.id)
+        self.ledger.dispatch(n, tokens)
+        self.batches_total += 1
+        return batch
+
+    # -- settlement ----------------------------------------------------------------------------
+
+    def _settle(self, batch_id: int) -> InFlight:
+        f = self.inflight.pop(batch_id, None)
+        if f is None:
+            raise UnknownBatchError(batch_id)
+        b = f.batch
+        f.lane.inflight -= 1
+        f.shape.inflight_tokens -= b.tokens
+        f.shape.inflight_items -= len(b.entries)
+        c = self.consumers.get(b.consumer)
+        if c is not None:
+            c.batches.discard(batch_id)
+        return f
+
+    def complete(self, batch_id: int, now: float) -> Batch:
+        """A consumer finished a batch; returns it so the store can tombstone its entries."""
+        f = self._settle(batch_id)
+        b = f.batch
+        self.ledger.complete(len(b.entries), b.tokens)
+        c = self.consumers.get(b.consumer)
+        if c is not None:
+            c.batches_done += 1
+            c.items_done += len(b.entries)
+            c.tokens_done += b.tokens
+        self._after_settle(f, now)
+        return b
+
+    def fail(self, batch_id: int, now: float) -> Batch:
+        """A batch came back undone: its entries return to the front of their lane."""
+        f = self._settle(batch_id)
+        b = f.batch
+        f.lane.push_front(b.entries)
+        f.shape.tokens += b.tokens
+        f.shape.items += len(b.entries)
+        f.shape.batches -= 1
+        f.shape.padded_tokens -= len(b.entries) * b.pad_to
+        f.shape.routed_tokens -= b.tokens
+        self.ledger.requeue(len(b.entries), b.tokens)
+        return b
+
+    def _after_settle(self, f: InFlight, now: float) -> None:
+        lane, shape = f.lane, f.shape
+        live = shape.lanes.lanes.get(lane.id) is lane
+        if live and lane.idle() and (lane.quiescing or shape.state is ShapeState.DRAINING):
+            shape.lanes.release(lane)
+        if shape.state is ShapeState.DRAINING and not shape.lanes.lanes:
+            ms = self.models[shape.model]
+            self.signals.extend(self.lifecycle.advance(ms, now))
+
+    # -- maintenance and observation -------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """The 1 s maintenance tick: quiescing lanes, starvation, lifecycle timeouts."""
+        starving = 0
+        for ms in self.models.values():
+            shapes = list(ms.open.values())
+            if ms.current is not None and ms.current.state is ShapeState.DRAINING:
+                shapes.append(ms.current)
+            for shape in shapes:
+                dispatching = shape.state in (ShapeState.ACTIVE, ShapeState.DRAINING)
+                newly = shape.lanes.tick(now) if dispatching else []
+                for lane in newly:
+                    if lane.queue and any(o.queue for o in shape.lanes.lanes.values()
+                                          if o is not lane and not o.quiescing):
+                        self.events.emit(now, EventKind.FORCE_DRAIN, model=ms.name,
+                                         signature=shape.signature, label=shape.label,
+                                         value=lane.id, reason=f"{len(lane.queue)} items")
+                starving += shape.lanes.starving(now)
+            if self.cfg.lifecycle:
+                cur = ms.current
+                self.signals.extend(self.lifecycle.advance(
+                    ms, now, hungry=cur is None or cur.items == 0))
+            for sig, shape in list(ms.open.items()):
+                if shape.items == 0 and shape.inflight_items == 0 and not shape.lanes.lanes and (
+                    shape.state is ShapeState.STAGED
+                ):
+                    del ms.open[sig]  # an empty staged shape (its placement was never admitted)
+        self.starving_lanes = starving
+
+    def take_signals(self) -> list[Prewarm]:
+        out, self.signals = self.signals, []
+        return out
+
+    def shapes(self) -> list[Shape]:
+        """Every live shape: open ones and a draining current one."""
+        out: list[Shape] = []
+        for ms in self.models.values():
+            out.extend(ms.open.values())
+            if ms.current is not None and ms.current.state is ShapeState.DRAINING:
+                out.append(ms.current)
+        return out
+
+    def snapshot(self, now: float, lanes: object = "all", events: int = 100) -> Snapshot:
+        """All a dashboard needs; `lanes` is "all", "none" or a set of (model, signature)."""
+        return take_snapshot(self, now, lanes, events)  # type: ignore[arg-type]

@@ -1,0 +1,116 @@
+"""A shape — the pair (model, signature) — with its lanes, its state and its statistics.
+
+Contract: every structure of the broker hangs off one `Shape`; nothing is shared across
+shapes. `tokens`/`items` count what is queued and dispatchable (or staged), `inflight_*`
+what consumers hold. A shape object lives from staged to finished; items arriving for a
+draining shape's key start a new staged shape object for the same key.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from fabricctl.core.config import CoreConfig
+from fabricctl.core.lanes import Lane, LaneCounters, LaneSet
+from fabricctl.core.stats import LengthHistogram
+
+
+class ShapeState(StrEnum):
+    """Why: the lifecycle is a state machine with thresholds, not a heuristic."""
+
+    STAGED = "staged"
+    WARMING = "warming"
+    ACTIVE = "active"
+    DRAINING = "draining"
+    FINISHED = "finished"
+
+
+SHAPE_STATES: tuple[ShapeState, ...] = tuple(ShapeState)
+
+
+class Shape:
+    """Why: the unit the GPU's prefix cache pays for, so the unit everything is keyed by."""
+
+    __slots__ = (
+        "activated_at",
+        "batches",
+        "created",
+        "epoch",
+        "finished_at",
+        "history",
+        "inflight_items",
+        "inflight_tokens",
+        "items",
+        "label",
+        "lanes",
+        "lengths",
+        "model",
+        "padded_tokens",
+        "routed_tokens",
+        "signature",
+        "staged_since",
+        "state",
+        "stats",
+        "tokens",
+    )
+
+    def __init__(
+        self,
+        model: str,
+        signature: int,
+        label: str,
+        cfg: CoreConfig,
+        counters: LaneCounters,
+        now: float,
+        state: ShapeState = ShapeState.STAGED,
+    ) -> None:
+        self.model = model
+        self.signature = signature
+        self.label = label
+        self.state = state
+        self.lanes = LaneSet(cfg, counters)
+        self.epoch = 0
+        self.tokens = 0
+        self.items = 0
+        self.inflight_tokens = 0
+        self.inflight_items = 0
+        self.batches = 0
+        self.padded_tokens = 0  # batch slots sent (count x pad_to), for the waste figure
+        self.routed_tokens = 0  # real input tokens sent
+        self.created = now
+        self.staged_since: float | None = None  # arrival of the oldest item since staging
+        self.activated_at: float | None = None
+        self.finished_at: float | None = None
+        self.history: list[tuple[float, str]] = [(now, state.value)]
+        self.lengths = LengthHistogram()  # every item ever assigned
+        self.stats: LengthHistogram | None = None  # the copy taken at activation
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.model, self.signature)
+
+    def set_state(self, state: ShapeState, now: float) -> None:
+        self.state = state
+        self.history.append((now, state.value))
+
+    def waste(self) -> float:
+        """Padding fraction of everything this shape has dispatched."""
+        if self.padded_tokens == 0:
+            return 0.0
+        return 1.0 - self.routed_tokens / self.padded_tokens
+
+    def pick_lane(self) -> Lane | None:
+        """Quiescing lanes first (force-drain), then the lane with the most queued tokens."""
+        best: Lane | None = None
+        for lane in self.lanes.lanes.values():
+            if not lane.queue:
+                continue
+            if lane.quiescing:
+                return lane
+            if best is None or lane.tokens > best.tokens:
+                best = lane
+        return best
+
+    def idle(self) -> bool:
+        """Nothing queued and nothing in flight."""
+        return self.items == 0 and self.inflight_items == 0

@@ -1,0 +1,93 @@
+"""Per-shape statistics: the 512-bin piecewise length histogram and the batches-per-shape one.
+
+Contract: `LengthHistogram` counts input lengths in 512 piecewise-linear bins (fine for short
+prompts, coarse for long ones) and answers percentiles by linear interpolation inside a bin;
+it is copied onto a shape when it activates. `BatchesHistogram` records how many batches each
+finished shape ran, the figure that exposes thrashing (< thrash_batches).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+# (start, width, bins): [0,1024) by 8, [1024,8192) by 32, [8192,32768) by 256,
+# [32768,131072) by 2048, [131072,393216) by 16384 — 512 bins; the last absorbs overflow.
+_PIECES = ((0, 8, 128), (1024, 32, 224), (8192, 256, 96), (32768, 2048, 48), (131072, 16384, 16))
+BIN_EDGES: list[int] = [start + k * width for start, width, bins in _PIECES for k in range(bins)]
+BIN_EDGES.append(_PIECES[-1][0] + _PIECES[-1][1] * _PIECES[-1][2])
+NUM_BINS = len(BIN_EDGES) - 1
+assert NUM_BINS == 512
+
+
+def bin_of(n: int) -> int:
+    """The bin an input length falls in."""
+    return min(bisect_right(BIN_EDGES, n) - 1, NUM_BINS - 1)
+
+
+class LengthHistogram:
+    """Why: lane boundaries roll, but operators still want a shape's length distribution."""
+
+    __slots__ = ("count", "counts", "max", "min")
+
+    def __init__(self) -> None:
+        self.counts = [0] * NUM_BINS
+        self.count = 0
+        self.min = 0
+        self.max = 0
+
+    def add(self, n: int) -> None:
+        self.counts[bin_of(n)] += 1
+        if self.count == 0 or n < self.min:
+            self.min = n
+        if n > self.max:
+            self.max = n
+        self.count += 1
+
+    def copy(self) -> LengthHistogram:
+        h = LengthHistogram()
+        h.counts = list(self.counts)
+        h.count, h.min, h.max = self.count, self.min, self.max
+        return h
+
+    def percentile(self, p: float) -> float:
+        """The p-th percentile (0..100), interpolated inside its bin and clamped to [min, max]."""
+        if self.count == 0:
+            return 0.0
+        rank = p / 100.0 * self.count
+        seen = 0
+        for i, c in enumerate(self.counts):
+            if c and seen + c >= rank:
+                lo, hi = BIN_EDGES[i], BIN_EDGES[i + 1]
+                value = lo + (hi - lo) * ((rank - seen) / c)
+                return float(min(max(value, self.min), self.max))
+            seen += c
+        return float(self.max)
+
+    def percentiles(self, ps: tuple[float, ...] = (50, 90, 99)) -> dict[str, float]:
+        return {f"p{p:g}": self.percentile(p) for p in ps}
+
+
+# Buckets for "batches a shape ran before it finished"; 100 is the thrashing line.
+BATCH_BUCKETS: tuple[int, ...] = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000)
+
+
+class BatchesHistogram:
+    """Why: a workload whose shapes are too small to amortise shows up as a pattern here."""
+
+    __slots__ = ("counts", "samples", "thrash_line", "thrashed", "total")
+
+    def __init__(self, thrash_line: int = 100) -> None:
+        self.thrash_line = thrash_line
+        self.counts = [0] * (len(BATCH_BUCKETS) + 1)  # counts[i]: batches < BATCH_BUCKETS[i]
+        self.total = 0
+        self.thrashed = 0  # finished shapes below the thrash line
+        self.samples: list[int] = []  # the most recent finished shapes' batch counts
+
+    def add(self, batches: int) -> None:
+        self.counts[bisect_right(BATCH_BUCKETS, batches - 1) if batches > 0 else 0] += 1
+        self.total += 1
+        if batches < self.thrash_line:
+            self.thrashed += 1
+        self.samples.append(batches)
+        if len(self.samples) > 1000:
+            del self.samples[:500]
