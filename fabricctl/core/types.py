@@ -19,6 +19,7 @@ class Item(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     max_tokens: int
     payload: bytes = b""
     label: str = ""
+    source: int = 0  # the input format (formats.common.Source): results go back in kind
 
 
 class Entry(msgspec.Struct, gc=False):

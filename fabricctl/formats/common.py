@@ -1,0 +1,129 @@
+"""What every input format parses into, and the field checks they share.
+
+Contract: a format parser takes one decoded JSON object and returns a `Draft` or raises
+`Invalid(reason)`, where `reason` is one short human sentence naming the offending field
+(e.g. "max_tokens must be at least 1"). `Invalid` never escapes `fabricctl.producer`: the
+reader turns it into a `LineError`. `Source` records which format a line came in, because
+results must go back out in the same form.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any
+
+import msgspec
+
+MAX_ID_CHARS = 256
+MAX_COUNT = 2**31 - 1  # token counts travel as fixed-width integers on the wire
+DEFAULT_OPENAI_MAX_TOKENS = 16  # what the OpenAI completions API assumes when absent
+
+
+class Source(IntEnum):
+    """Why: an OpenAI batch line's result must come back as an OpenAI batch output line."""
+
+    NATIVE = 0
+    COMPLETIONS = 1  # OpenAI batch, url /v1/completions
+    CHAT = 2  # OpenAI batch, url /v1/chat/completions
+
+    @property
+    def is_openai(self) -> bool:
+        return self is not Source.NATIVE
+
+    @property
+    def url(self) -> str | None:
+        """The OpenAI endpoint the line named, or None for native lines."""
+        return _URLS.get(self)
+
+
+_URLS = {Source.COMPLETIONS: "/v1/completions", Source.CHAT: "/v1/chat/completions"}
+URL_SOURCES = {url: src for src, url in _URLS.items()}
+
+
+class Invalid(Exception):
+    """Why: lets a format parser stop at the first bad field with its one-sentence reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Draft(msgspec.Struct, gc=False):
+    """Why: one format-free view of a valid line, before token counting and hashing."""
+
+    id: str
+    model: str
+    components: list[str]
+    prompt: str
+    max_tokens: int
+    source: Source
+    input_tokens: int | None = None
+    label: str = ""
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type: "null", "boolean", "array", ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def a_json_type(value: Any) -> str:
+    """The JSON type with its article, for messages such as "not an array"."""
+    word = json_type(value)
+    return f"an {word}" if word[0] in "aeiou" else f"a {word}"
+
+
+def need(obj: dict[str, Any], key: str, name: str | None = None) -> Any:
+    """The value of a required field, or Invalid("<name> is missing")."""
+    if key not in obj:
+        raise Invalid(f"{name or key} is missing")
+    return obj[key]
+
+
+def as_str(value: Any, name: str, *, nonempty: bool = False) -> str:
+    """`value` if it is a string (and, with `nonempty`, not empty)."""
+    if not isinstance(value, str):
+        raise Invalid(f"{name} must be a string")
+    if nonempty and not value:
+        raise Invalid(f"{name} must not be empty")
+    return value
+
+
+def as_id(value: Any, name: str) -> str:
+    """An item id: a non-empty string of at most MAX_ID_CHARS characters."""
+    ident = as_str(value, name, nonempty=True)
+    if len(ident) > MAX_ID_CHARS:
+        raise Invalid(f"{name} is longer than {MAX_ID_CHARS} characters")
+    return ident
+
+
+def as_count(value: Any, name: str) -> int:
+    """A positive integer; JSON booleans and floats such as 3.0 are refused."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise Invalid(f"{name} must be an integer")
+    if value < 1:
+        raise Invalid(f"{name} must be at least 1")
+    if value > MAX_COUNT:
+        raise Invalid(f"{name} must be at most {MAX_COUNT}")
+    return value
+
+
+def as_prefix(value: Any, name: str) -> list[str]:
+    """A declared shared prefix: a non-empty list of strings (omit the field for none)."""
+    if not isinstance(value, list):
+        raise Invalid(f"{name} must be a list of strings")
+    if not value:
+        raise Invalid(f"{name} must be a non-empty list; omit it for no shared prefix")
+    for i, part in enumerate(value):
+        if not isinstance(part, str):
+            raise Invalid(f"{name}[{i}] must be a string")
+    return value

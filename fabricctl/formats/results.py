@@ -1,0 +1,254 @@
+"""Result records and the two output line forms: native, and OpenAI batch output.
+
+Contract: the broker keeps one `ResultRecord` per item id (the first one wins) and a
+client writes it with `result_line`, which picks the form from `record.source`:
+
+- native (`Source.NATIVE`): `{"id", "model", "text", "finish_reason", "usage":
+  {"prompt_tokens", "completion_tokens", "cached_tokens"}, "shape", "lane", "epoch",
+  "gpu", "error"}` with `shape` the signature as 16 hex digits;
+- OpenAI (`Source.COMPLETIONS` / `Source.CHAT`): `{"id", "custom_id", "response":
+  {"status_code", "request_id", "body"}, "error"}` as vLLM's `run_batch` writes it (its
+  `BatchRequestOutput`), the body a `text_completion` or `chat.completion` object with
+  `usage.prompt_tokens_details.cached_tokens` when the engine reported it. An item the
+  engine refused as too long (`finish_reason == "length_exceeded"`) is status 400 with a
+  `BadRequestError`, any other failed item status 500; both have `body: null` and vLLM's
+  `ErrorResponse` shape in `error`. The ids (`fabric-…`, `fabric-batch-…`, `cmpl-…`,
+  `chatcmpl-…`) are derived from the custom_id and `created`, so output is reproducible.
+
+Every line is compact JSON (msgspec) ending in one newline.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import xxhash
+
+from fabricctl.core.signature import signature_hex
+from fabricctl.core.types import Item, ItemResult
+from fabricctl.formats.common import Source
+
+LENGTH_EXCEEDED = "length_exceeded"
+
+
+class ResultRecord(msgspec.Struct, array_like=True, gc=False):
+    """Why: what the broker stores per item so either output form can be written later."""
+
+    id: str
+    model: str
+    text: str = ""
+    finish_reason: str | None = "stop"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int | None = None
+    signature: int = 0
+    lane: int = -1
+    epoch: int = 0
+    gpu: int | None = None
+    error: str | None = None
+    source: Source = Source.NATIVE
+    created: int = 0  # unix seconds when the result was recorded
+
+
+def make_record(
+    item: Item,
+    result: ItemResult,
+    *,
+    source: Source = Source.NATIVE,
+    lane: int = -1,
+    epoch: int = 0,
+    gpu: int | None = None,
+    created: int = 0,
+) -> ResultRecord:
+    """The record of one item's result, with the item's own counts and shape."""
+    return ResultRecord(
+        id=item.id,
+        model=item.model,
+        text=result.text,
+        finish_reason=result.finish_reason,
+        prompt_tokens=item.input_tokens,
+        completion_tokens=result.tokens_out,
+        cached_tokens=result.cached_tokens,
+        signature=item.signature,
+        lane=lane,
+        epoch=epoch,
+        gpu=gpu,
+        error=result.error,
+        source=source,
+        created=created,
+    )
+
+
+# ---- native form -------------------------------------------------------------------------
+
+
+class _NativeUsage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None
+
+
+class _NativeResult(msgspec.Struct):
+    id: str
+    model: str
+    text: str
+    finish_reason: str | None
+    usage: _NativeUsage
+    shape: str
+    lane: int
+    epoch: int
+    gpu: int | None
+    error: str | None
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def native_line(rec: ResultRecord) -> bytes:
+    """The native result line of a record."""
+    out = _NativeResult(
+        id=rec.id,
+        model=rec.model,
+        text=rec.text,
+        finish_reason=rec.finish_reason,
+        usage=_NativeUsage(rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens),
+        shape=signature_hex(rec.signature),
+        lane=rec.lane,
+        epoch=rec.epoch,
+        gpu=rec.gpu,
+        error=rec.error,
+    )
+    return _encoder.encode(out) + b"\n"
+
+
+# ---- OpenAI batch output form ---------------------------------------------------------------
+
+
+class _PromptTokensDetails(msgspec.Struct):
+    cached_tokens: int
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int
+    prompt_tokens_details: _PromptTokensDetails | None
+
+
+class _CompletionChoice(msgspec.Struct):
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: str | None
+    stop_reason: None = None
+
+
+class _ChatMessage(msgspec.Struct):
+    role: str
+    content: str
+    tool_calls: list[dict] = msgspec.field(default_factory=list)
+
+
+class _ChatChoice(msgspec.Struct):
+    index: int
+    message: _ChatMessage
+    logprobs: None
+    finish_reason: str | None
+    stop_reason: None = None
+
+
+class _Body(msgspec.Struct):
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[_CompletionChoice] | list[_ChatChoice]
+    usage: _Usage
+
+
+class _ErrorInfo(msgspec.Struct):
+    message: str
+    type: str
+    param: None
+    code: int
+
+
+class _ErrorResponse(msgspec.Struct):
+    error: _ErrorInfo
+
+
+class _Response(msgspec.Struct):
+    status_code: int
+    request_id: str
+    body: _Body | None
+
+
+class _BatchOutput(msgspec.Struct):
+    id: str
+    custom_id: str
+    response: _Response | None
+    error: _ErrorResponse | None
+
+
+def openai_line(rec: ResultRecord) -> bytes:
+    """The OpenAI batch output line of a record (chat form when it came from a chat line)."""
+    h = xxhash.xxh3_128_hexdigest(f"{rec.id}\x00{rec.created}".encode())
+    request_id = f"fabric-batch-{h}"
+    error = _error_of(rec)
+    if error is not None:
+        out = _BatchOutput(
+            id=f"fabric-{h}",
+            custom_id=rec.id,
+            response=_Response(status_code=error.error.code, request_id=request_id, body=None),
+            error=error,
+        )
+        return _encoder.encode(out) + b"\n"
+    details = None if rec.cached_tokens is None else _PromptTokensDetails(rec.cached_tokens)
+    usage = _Usage(
+        prompt_tokens=rec.prompt_tokens,
+        total_tokens=rec.prompt_tokens + rec.completion_tokens,
+        completion_tokens=rec.completion_tokens,
+        prompt_tokens_details=details,
+    )
+    if rec.source is Source.CHAT:
+        message = _ChatMessage(role="assistant", content=rec.text)
+        body = _Body(
+            id=f"chatcmpl-{h}",
+            object="chat.completion",
+            created=rec.created,
+            model=rec.model,
+            choices=[_ChatChoice(0, message, None, rec.finish_reason)],
+            usage=usage,
+        )
+    else:
+        body = _Body(
+            id=f"cmpl-{h}",
+            object="text_completion",
+            created=rec.created,
+            model=rec.model,
+            choices=[_CompletionChoice(0, rec.text, None, rec.finish_reason)],
+            usage=usage,
+        )
+    out = _BatchOutput(
+        id=f"fabric-{h}",
+        custom_id=rec.id,
+        response=_Response(status_code=200, request_id=request_id, body=body),
+        error=None,
+    )
+    return _encoder.encode(out) + b"\n"
+
+
+def _error_of(rec: ResultRecord) -> _ErrorResponse | None:
+    if rec.finish_reason == LENGTH_EXCEEDED:
+        message = (
+            f"The prompt ({rec.prompt_tokens} tokens) is longer than the maximum input "
+            "length of the engine that served it."
+        )
+        return _ErrorResponse(_ErrorInfo(message, "BadRequestError", None, 400))
+    if rec.error is not None:
+        return _ErrorResponse(_ErrorInfo(rec.error, "InternalServerError", None, 500))
+    return None
+
+
+def result_line(rec: ResultRecord) -> bytes:
+    """The record in the form its input line came in."""
+    return openai_line(rec) if rec.source.is_openai else native_line(rec)

@@ -1,0 +1,101 @@
+"""The one LMDB environment under a data dir: opening, the owner lock, map growth, full disk.
+
+Contract: `StoreEnv.write(fn)` runs `fn(txn)` in one durable write transaction (LMDB's default
+full sync, no writemap) and returns its result; when the map fills it grows the map (doubling,
+up to `map_ceiling`) and runs `fn` again, so `fn` must only write through `txn`. Past the
+ceiling, or on an I/O error such as ENOSPC, it raises `StoreFullError` naming the data dir and
+its free space; the failed transaction wrote nothing. Only one process may own a data dir.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import lmdb
+
+from fabricctl.faults import fault_point
+from fabricctl.store.errors import StoreFullError, StoreLockedError
+from fabricctl.store.keys import DB_NAMES
+
+T = TypeVar("T")
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+class StoreEnv:
+    """Why: every LMDB pitfall (map growth, ENOSPC, double open) handled in one place."""
+
+    def __init__(
+        self, data_dir: Path, map_size: int = 256 * MiB, map_ceiling: int = 64 * GiB
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.data_dir / "broker.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise StoreLockedError(f"another broker owns {self.data_dir}") from None
+        self.map_ceiling = max(map_ceiling, map_size)
+        self.env = lmdb.open(
+            str(self.data_dir / "fabric.lmdb"), map_size=map_size, max_dbs=len(DB_NAMES) + 1,
+            subdir=True, sync=True, metasync=True, writemap=False, readahead=True,
+        )
+        self.env.reader_check()
+        self.dbs = {name.decode(): self.env.open_db(name) for name in DB_NAMES}
+        self.grows = 0
+
+    @property
+    def map_size(self) -> int:
+        return int(self.env.info()["map_size"])
+
+    def used_bytes(self) -> int:
+        return int((self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"])
+
+    def free_disk(self) -> int:
+        return shutil.disk_usage(self.data_dir).free
+
+    def full_message(self, why: str) -> str:
+        return (f"ingest refused: {why}; data dir {self.data_dir} has "
+                f"{human_bytes(self.free_disk())} free (map {human_bytes(self.map_size)}, "
+                f"ceiling {human_bytes(self.map_ceiling)})")
+
+    def grow(self) -> None:
+        size = self.map_size
+        if size >= self.map_ceiling:
+            raise StoreFullError(self.full_message("the LMDB map reached its ceiling"))
+        fault_point("map_grow")
+        self.env.set_mapsize(min(size * 2, self.map_ceiling))
+        self.grows += 1
+
+    def write(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    return fn(txn)
+            except lmdb.MapFullError:
+                self.grow()
+            except lmdb.Error as e:
+                raise StoreFullError(self.full_message(f"LMDB write failed ({e})")) from e
+
+    def read(self) -> lmdb.Transaction:
+        """A fresh, short read transaction (never hold one: it pins pages)."""
+        return self.env.begin(write=False)
+
+    def close(self) -> None:
+        self.env.close()
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        os.close(self._lock_fd)
