@@ -53,13 +53,17 @@ def make_record(
     item: Item,
     result: ItemResult,
     *,
-    source: Source = Source.NATIVE,
+    source: Source | int | None = None,
     lane: int = -1,
     epoch: int = 0,
     gpu: int | None = None,
     created: int = 0,
 ) -> ResultRecord:
-    """The record of one item's result, with the item's own counts and shape."""
+    """The record of one item's result, with the item's own counts, shape and source.
+
+    `source` defaults to `item.source`; a plain int is turned into a `Source`.
+    """
+    source = Source(item.source if source is None else source)
     return ResultRecord(
         id=item.id,
         model=item.model,
@@ -82,12 +86,16 @@ def make_record(
 
 
 class _NativeUsage(msgspec.Struct):
+    """Why: the `usage` object of a native result line."""
+
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int | None
 
 
 class _NativeResult(msgspec.Struct):
+    """Why: fixes the native result line's field names and order."""
+
     id: str
     model: str
     text: str
@@ -124,10 +132,14 @@ def native_line(rec: ResultRecord) -> bytes:
 
 
 class _PromptTokensDetails(msgspec.Struct):
+    """Why: `usage.prompt_tokens_details` as vLLM reports cache hits."""
+
     cached_tokens: int
 
 
 class _Usage(msgspec.Struct):
+    """Why: the OpenAI `usage` object."""
+
     prompt_tokens: int
     total_tokens: int
     completion_tokens: int
@@ -135,6 +147,8 @@ class _Usage(msgspec.Struct):
 
 
 class _CompletionChoice(msgspec.Struct):
+    """Why: one `text_completion` choice as vLLM writes it."""
+
     index: int
     text: str
     logprobs: None
@@ -143,12 +157,16 @@ class _CompletionChoice(msgspec.Struct):
 
 
 class _ChatMessage(msgspec.Struct):
+    """Why: the assistant message of a `chat.completion` choice."""
+
     role: str
     content: str
     tool_calls: list[dict] = msgspec.field(default_factory=list)
 
 
 class _ChatChoice(msgspec.Struct):
+    """Why: one `chat.completion` choice as vLLM writes it."""
+
     index: int
     message: _ChatMessage
     logprobs: None
@@ -157,6 +175,8 @@ class _ChatChoice(msgspec.Struct):
 
 
 class _Body(msgspec.Struct):
+    """Why: the completion / chat.completion response body."""
+
     id: str
     object: str
     created: int
@@ -166,6 +186,8 @@ class _Body(msgspec.Struct):
 
 
 class _ErrorInfo(msgspec.Struct):
+    """Why: the inner object of vLLM's `ErrorResponse`."""
+
     message: str
     type: str
     param: None
@@ -173,16 +195,22 @@ class _ErrorInfo(msgspec.Struct):
 
 
 class _ErrorResponse(msgspec.Struct):
+    """Why: vLLM's `ErrorResponse`, the `error` of a failed batch line."""
+
     error: _ErrorInfo
 
 
 class _Response(msgspec.Struct):
+    """Why: vLLM's `BatchResponseData`."""
+
     status_code: int
     request_id: str
     body: _Body | None
 
 
 class _BatchOutput(msgspec.Struct):
+    """Why: vLLM's `BatchRequestOutput`, one line of batch output."""
+
     id: str
     custom_id: str
     response: _Response | None

@@ -1,0 +1,211 @@
+"""JSONL → items: the streaming reader behind `fabricctl submit` and `fabricctl run`.
+
+Contract:
+- `parse_lines(lines)` takes raw lines (bytes, with or without their newline) and yields,
+  in input order, a `Parsed(line_no, item, source)` for every good line and a
+  `LineError(line_no, reason)` for every bad one. It never raises for bad input, keeps
+  nothing per line but the ids seen (to refuse duplicates), and numbers lines from 1,
+  blank ones included. Blank (whitespace-only) lines are skipped silently; a UTF-8 byte
+  order mark on the first line is ignored.
+- A line longer than `max_line_bytes` (default 1 MiB, newline excluded) is refused before
+  it is decoded. `read_lines(fp)` reads a binary stream holding at most that many bytes
+  of any line in memory, so a 10 MB line costs 1 MiB and is still refused.
+- Each line's format is detected on its own: any of `custom_id`/`method`/`url`/`body`
+  means an OpenAI batch request (`fabricctl.formats.openai_batch`), otherwise any of
+  `id`/`model`/`prompt`/`prefix`/`max_tokens` means native (`fabricctl.formats.native`),
+  otherwise the line is refused as of unknown format.
+- An item's `signature` is `fabricctl.core.signature.signature(components)`, its `payload`
+  the msgpack `Payload(components, prompt, component_tokens, prompt_tokens)`, its
+  `input_tokens` the sum of those counts (see `fabricctl.formats.tokens` for where the
+  counts come from), its `label` the native `label` (or OpenAI `body.metadata.label`, else "").
+- `Item.source` (and `Parsed.source`, the same value as a `Source`) says which format the
+  line came in; it travels with the item through the store into its `ResultRecord`, so
+  the result goes back out in the same form (`fabricctl.formats.results.result_line`).
+
+A reason is one short sentence naming the field, e.g. "max_tokens must be at least 1".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, BinaryIO
+
+import msgspec
+
+from fabricctl.core.payload import Payload, encode_payload
+from fabricctl.core.signature import signature
+from fabricctl.core.types import Item
+from fabricctl.formats.common import Draft, Invalid, Source, a_json_type
+from fabricctl.formats.native import NATIVE_KEYS, parse_native
+from fabricctl.formats.openai_batch import OPENAI_KEYS, parse_openai
+from fabricctl.formats.results import (
+    ResultRecord,
+    make_record,
+    native_line,
+    openai_line,
+    result_line,
+)
+from fabricctl.formats.tokens import (
+    ComponentCache,
+    EstimateCounter,
+    TokenCounter,
+    estimate_tokens,
+    load_counter,
+    split_counts,
+)
+
+__all__ = [
+    "MAX_LINE_BYTES",
+    "LineError",
+    "Parsed",
+    "ResultRecord",
+    "Source",
+    "TokenCounter",
+    "build_item",
+    "estimate_tokens",
+    "load_counter",
+    "make_record",
+    "native_line",
+    "openai_line",
+    "parse_lines",
+    "parse_stream",
+    "read_lines",
+    "result_line",
+]
+
+MAX_LINE_BYTES = 1 << 20
+_BOM = b"\xef\xbb\xbf"
+_SKIP_CHUNK = 1 << 16
+
+
+class LineError(msgspec.Struct, frozen=True):
+    """Why: a bad line is reported with its number and reason while the rest goes in."""
+
+    line_no: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"line {self.line_no}: {self.reason}"
+
+
+class Parsed(msgspec.Struct, frozen=True):
+    """Why: an item plus the format it came in, which decides the form of its result."""
+
+    line_no: int
+    item: Item
+    source: Source
+
+
+def read_lines(fp: BinaryIO, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[bytes]:
+    """The lines of a binary stream, each cut to at most `max_line_bytes` + 2 bytes.
+
+    A longer line is yielded as its first `max_line_bytes + 2` bytes (so `parse_lines`
+    refuses it as too long) and the rest is read in 64 KiB chunks and dropped.
+    """
+    limit = max_line_bytes + 2  # room for "\r\n" after a line of exactly the maximum
+    while True:
+        line = fp.readline(limit)
+        if not line:
+            return
+        if len(line) == limit and not line.endswith(b"\n"):
+            while True:
+                rest = fp.readline(_SKIP_CHUNK)
+                if not rest or rest.endswith(b"\n"):
+                    break
+        yield line
+
+
+def parse_lines(
+    lines: Iterable[bytes],
+    *,
+    counter: TokenCounter | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
+    first_line_no: int = 1,
+) -> Iterator[Parsed | LineError]:
+    """Parsed items and line errors for raw JSONL lines, in input order; never raises."""
+    counter = counter or EstimateCounter()
+    cache = ComponentCache(counter)
+    seen: dict[str, int] = {}
+    for line_no, raw in enumerate(lines, first_line_no):
+        line = raw.rstrip(b"\r\n")
+        if line_no == first_line_no and line.startswith(_BOM):
+            line = line[len(_BOM) :]
+        if len(line) > max_line_bytes:
+            yield LineError(line_no, f"line is longer than {max_line_bytes} bytes")
+            continue
+        if not line.strip():
+            continue
+        try:
+            draft = _draft(line)
+        except Invalid as bad:
+            yield LineError(line_no, bad.reason)
+            continue
+        first = seen.get(draft.id)
+        if first is not None:
+            field = "custom_id" if draft.source.is_openai else "id"
+            yield LineError(line_no, f"{field} {draft.id!r} is a duplicate of line {first}")
+            continue
+        seen[draft.id] = line_no
+        yield Parsed(line_no, build_item(draft, counter, cache), draft.source)
+
+
+def parse_stream(
+    fp: BinaryIO,
+    *,
+    counter: TokenCounter | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
+) -> Iterator[Parsed | LineError]:
+    """`parse_lines` over a binary stream read with bounded memory per line."""
+    return parse_lines(
+        read_lines(fp, max_line_bytes), counter=counter, max_line_bytes=max_line_bytes
+    )
+
+
+def build_item(draft: Draft, counter: TokenCounter, cache: ComponentCache | None = None) -> Item:
+    """The item of a valid draft: token counts, signature and payload.
+
+    `cache`, when given, counts the components (which repeat across lines); the prompt,
+    which rarely repeats, is always counted by `counter` directly.
+    """
+    count_component = (cache or counter).count
+    comp = [count_component(c) for c in draft.components]
+    prompt = None if draft.input_tokens is not None else counter.count(draft.prompt)
+    comp, prompt_tokens, total = split_counts(comp, prompt, draft.input_tokens)
+    payload = Payload(draft.components, draft.prompt, comp, prompt_tokens)
+    return Item(
+        id=draft.id,
+        model=draft.model,
+        signature=signature(draft.components),
+        input_tokens=total,
+        max_tokens=draft.max_tokens,
+        payload=encode_payload(payload),
+        label=draft.label,
+        source=int(draft.source),
+    )
+
+
+def _draft(line: bytes) -> Draft:
+    try:
+        obj: Any = msgspec.json.decode(line)
+    except UnicodeDecodeError:
+        raise Invalid("line is not valid UTF-8") from None
+    except msgspec.DecodeError as exc:
+        if not _is_utf8(line):
+            raise Invalid("line is not valid UTF-8") from None
+        detail = str(exc).removeprefix("JSON is malformed: ")
+        raise Invalid(f"line is not valid JSON: {detail[:1].lower()}{detail[1:]}") from None
+    if not isinstance(obj, dict):
+        raise Invalid(f"line must be a JSON object, not {a_json_type(obj)}")
+    if any(k in obj for k in OPENAI_KEYS):
+        return parse_openai(obj)
+    if any(k in obj for k in NATIVE_KEYS):
+        return parse_native(obj)
+    raise Invalid("line is neither a native item nor an OpenAI batch request")
+
+
+def _is_utf8(line: bytes) -> bool:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
