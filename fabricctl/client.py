@@ -1,0 +1,223 @@
+"""The one client the CLI, the dashboard and the consumers use to reach a broker.
+
+Contract: `Client.connect(address, role)` opens a Unix socket (a path, or a data dir holding
+`broker.sock`) or TCP (`HOST:PORT`, with a token) and exchanges Hello/Welcome. Requests are
+matched to replies by request id, so a consumer can have pulls, completions and queries in
+flight at once; pushes (pre-warm, stats) arrive on `pushes`. An error frame raises
+`BrokerError`; a lost connection fails every pending request with `BackendMissing`.
+`run_sync` runs one coroutine for synchronous callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from fabricctl.core.snapshot import Snapshot
+from fabricctl.core.types import Contract, Item, ItemResult, Work
+from fabricctl.errors import BackendMissing, BrokerError, ProtocolError
+from fabricctl.server.protocol import (
+    DEFAULT_MAX_FRAME,
+    PROTOCOL_VERSION,
+    Ack,
+    Answer,
+    Complete,
+    Done,
+    Error,
+    Fail,
+    Frame,
+    Heartbeat,
+    Hello,
+    PrewarmPush,
+    Pull,
+    Query,
+    Register,
+    Registered,
+    Role,
+    Shutdown,
+    StatsPush,
+    Submit,
+    Subscribe,
+    Welcome,
+    WorkReply,
+    encode,
+    read_frame,
+)
+
+T = TypeVar("T")
+_snapshot_decoder = msgspec.msgpack.Decoder(Snapshot)
+
+
+def socket_path(address: str | Path) -> Path:
+    """A data dir or a socket path -> the socket path."""
+    p = Path(address)
+    return p / "broker.sock" if p.is_dir() else p
+
+
+def is_tcp(address: str | Path) -> bool:
+    s = str(address)
+    host, sep, port = s.rpartition(":")
+    return bool(sep and host and port.isdigit() and "/" not in s)
+
+
+class Client:
+    """Why: one implementation of the wire, shared by every command, consumer and dashboard."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 max_frame: int) -> None:
+        self._reader, self._writer = reader, writer
+        self._max_frame = max_frame
+        self._rids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Any]] = {}
+        self.pushes: asyncio.Queue[Frame] = asyncio.Queue()
+        self.welcome: Welcome | None = None
+        self.closed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def connect(
+        cls, address: str | Path, role: Role, name: str = "", token: str = "",
+        max_frame: int = DEFAULT_MAX_FRAME, timeout: float = 10.0,
+    ) -> Client:
+        try:
+            if is_tcp(address):
+                host, _, port = str(address).rpartition(":")
+                conn = asyncio.open_connection(host, int(port), limit=max_frame)
+            else:
+                conn = asyncio.open_unix_connection(str(socket_path(address)), limit=max_frame)
+            reader, writer = await asyncio.wait_for(conn, timeout)
+        except (OSError, TimeoutError) as e:
+            raise BackendMissing(f"no broker at {address}: {e.__class__.__name__}: {e}. "
+                                 f"Start one with `fabricctl up`.") from e
+        client = cls(reader, writer, max_frame)
+        writer.write(encode(Hello(PROTOCOL_VERSION, role, name, token)))
+        first = await asyncio.wait_for(read_frame(reader, max_frame), timeout)
+        if isinstance(first, Error):
+            writer.close()
+            raise BrokerError(first.code, first.message)
+        if not isinstance(first, Welcome):
+            writer.close()
+            raise ProtocolError("protocol", f"expected Welcome, got {type(first).__name__}")
+        client.welcome = first
+        client._task = asyncio.get_running_loop().create_task(client._read_loop())
+        return client
+
+    async def _read_loop(self) -> None:
+        error: BaseException = BackendMissing("the broker closed the connection")
+        try:
+            while True:
+                frame = await read_frame(self._reader, self._max_frame)
+                if frame is None:
+                    break
+                rid = getattr(frame, "rid", 0)
+                if isinstance(frame, PrewarmPush | StatsPush):
+                    self.pushes.put_nowait(frame)
+                elif isinstance(frame, Error) and (frame.fatal or not rid):
+                    error = BrokerError(frame.code, frame.message)
+                    break
+                elif rid in self._waiting:
+                    fut = self._waiting.pop(rid)
+                    if not fut.done():
+                        if isinstance(frame, Error):
+                            fut.set_exception(BrokerError(frame.code, frame.message))
+                        else:
+                            fut.set_result(frame)
+        except (ConnectionError, asyncio.IncompleteReadError, OSError) as e:
+            error = BackendMissing(f"lost the broker: {e}")
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            error = ProtocolError("protocol", f"undecodable frame from the broker: {e}")
+        finally:
+            for fut in self._waiting.values():
+                if not fut.done():
+                    fut.set_exception(error)
+            self._waiting.clear()
+            self.closed_error = error
+            self.closed.set()
+
+    def send(self, frame: Frame) -> None:
+        if self.closed.is_set():
+            raise getattr(self, "closed_error", BackendMissing("connection closed"))
+        self._writer.write(encode(frame))
+
+    async def request(self, build: Any) -> Any:
+        """Send `build(rid)` and wait for the reply with that rid."""
+        rid = next(self._rids)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = fut
+        self.send(build(rid))
+        await self._writer.drain()
+        return await fut
+
+    # -- producers ----------
+    async def submit(self, items: list[Item]) -> Ack:
+        return await self.request(lambda rid: Submit(rid, items))
+
+    # -- consumers ----------
+    async def register(self, name: str, contract: Contract, gpu: int | None = None,
+                       engine: str = "", simulated: bool = False) -> Registered:
+        return await self.request(
+            lambda rid: Register(rid, name, contract, gpu, engine, simulated))
+
+    async def heartbeat(self, stats: dict[str, Any] | None = None) -> None:
+        self.send(Heartbeat(stats or {}))
+        await self._writer.drain()
+
+    async def pull(self, wait_s: float = 1.0) -> Work | None:
+        reply: WorkReply = await self.request(lambda rid: Pull(rid, wait_s))
+        return reply.work
+
+    async def complete(self, batch: int, results: list[ItemResult]) -> int:
+        done: Done = await self.request(lambda rid: Complete(rid, batch, results))
+        return done.stored
+
+    async def fail(self, batch: int, reason: str) -> int:
+        done: Done = await self.request(lambda rid: Fail(rid, batch, reason))
+        return done.stored
+
+    # -- observers ----------
+    async def query(self, what: str, arg: str = "", since: int = 0, limit: int = 1000,
+                    type: Any = Any) -> Any:
+        ans: Answer = await self.request(lambda rid: Query(rid, what, arg, since, limit))
+        return msgspec.msgpack.decode(ans.data, type=type)
+
+    async def snapshots(self, interval_s: float = 1.0, lanes: list[tuple[str, int]] | None = None,
+                        all_lanes: bool = False) -> AsyncIterator[Snapshot]:
+        self.send(Subscribe(0, interval_s, lanes or [], all_lanes))
+        while True:
+            push = await self._next_push(StatsPush)
+            yield _snapshot_decoder.decode(push.snapshot)
+
+    async def _next_push(self, kind: type[T]) -> T:
+        while True:
+            get = asyncio.ensure_future(self.pushes.get())
+            closed = asyncio.ensure_future(self.closed.wait())
+            done, _ = await asyncio.wait({get, closed}, return_when=asyncio.FIRST_COMPLETED)
+            if get not in done:
+                get.cancel()
+                raise getattr(self, "closed_error", BackendMissing("connection closed"))
+            closed.cancel()
+            frame = get.result()
+            if isinstance(frame, kind):
+                return frame
+
+    async def shutdown(self) -> None:
+        with contextlib.suppress(BackendMissing):
+            await self.request(lambda rid: Shutdown(rid))
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+
+
+def run_sync(coro: Awaitable[T]) -> T:
+    """Run one coroutine to completion for a synchronous caller."""
+    return asyncio.run(coro)  # type: ignore[arg-type]

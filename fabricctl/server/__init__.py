@@ -1,0 +1,1 @@
+"""The broker daemon: one socket protocol for producers, consumers and observers."""

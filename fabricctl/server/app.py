@@ -1,0 +1,374 @@
+"""The broker daemon: an asyncio server over a Unix socket (and optionally TCP).
+
+Contract: producers `Submit` chunks and get one `Ack` after the durable commit (group-committed
+with other chunks); consumers `Register` their contract, `Heartbeat`, long-poll with `Pull`,
+and settle batches with `Complete`/`Fail`; observers `Subscribe` to the stats stream or send
+one-shot `Query`s. A consumer silent past the heartbeat timeout, or whose socket errors, is
+disconnected and its batches go back to the front of their lanes at once. A malformed,
+unknown or oversized frame gets an `Error` and closes that connection only. Pre-warm signals
+are pushed to every consumer of the model before any batch of the warming shape is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from fabricctl import __version__
+from fabricctl.core.types import Item, ItemResult
+from fabricctl.server import views
+from fabricctl.server.config import ServerConfig
+from fabricctl.server.groupcommit import GroupCommitter
+from fabricctl.server.metrics import Metrics
+from fabricctl.server.peer import Peer
+from fabricctl.server.protocol import (
+    PROTOCOL_VERSION,
+    Ack,
+    Complete,
+    Done,
+    Error,
+    Fail,
+    FrameTooLarge,
+    Heartbeat,
+    Hello,
+    Pull,
+    Query,
+    Register,
+    Registered,
+    Reject,
+    Shutdown,
+    Submit,
+    Subscribe,
+    Welcome,
+    WorkReply,
+    read_frame,
+)
+from fabricctl.server.wakeup import Wakeup
+from fabricctl.store.durable import DurableBroker
+from fabricctl.store.errors import StoreError, StoreFullError
+
+log = logging.getLogger("fabricctl.server")
+
+
+class BrokerServer:
+    """Why: the one owner of the store; every client talks to it over a socket."""
+
+    def __init__(
+        self, store: DurableBroker, cfg: ServerConfig, clock: Callable[[], float] = time.time
+    ) -> None:
+        if cfg.listen and not cfg.token:
+            raise ValueError("--listen needs a shared token (server.token in the config)")
+        self.store = store
+        self.core = store.core
+        self.cfg = cfg
+        self.clock = clock
+        self.peers: set[Peer] = set()
+        self.consumers: dict[str, Peer] = {}
+        self.wakeup = Wakeup()
+        self.metrics = Metrics(self)
+        self.extra: dict[str, Callable[[], Any]] = {}  # snapshot extras: gpus, processes, ...
+        self.started = clock()
+        self.stopped = asyncio.Event()
+        self._servers: list[asyncio.AbstractServer] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self.ingest = GroupCommitter(self._flush_ingest, cfg.commit_items, cfg.commit_wait_s)
+        self.completer = GroupCommitter(self._flush_complete, cfg.complete_batches,
+                                        cfg.commit_wait_s)
+
+    # -- lifecycle ----------
+
+    async def start(self) -> None:
+        path = self.cfg.socket_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # the data dir's lock proves no live broker owns it
+        old = os.umask(0o177)
+        try:
+            srv = await asyncio.start_unix_server(lambda r, w: self._handle(r, w, "unix"),
+                                                  path=str(path), limit=self.cfg.max_frame)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        self._servers.append(srv)
+        if self.cfg.listen:
+            host, _, port = self.cfg.listen.rpartition(":")
+            tcp = await asyncio.start_server(lambda r, w: self._handle(r, w, "tcp"),
+                                             host or "127.0.0.1", int(port))
+            self._servers.append(tcp)
+        if self.cfg.metrics_port is not None:
+            self._servers.append(await self.metrics.serve(self.cfg.metrics_host,
+                                                          self.cfg.metrics_port))
+        self.ingest.start()
+        self.completer.start()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._ticker()), loop.create_task(self._watchdog())]
+        log.info("broker listening on %s%s", path,
+                 f" and tcp {self.cfg.listen}" if self.cfg.listen else "")
+
+    def tcp_port(self) -> int | None:
+        for srv in self._servers[1:]:
+            for sock in srv.sockets:
+                if sock.family.name.startswith("AF_INET"):
+                    return int(sock.getsockname()[1])
+        return None
+
+    async def stop(self) -> None:
+        for srv in self._servers:
+            srv.close()
+        for t in self._tasks:
+            t.cancel()
+        await self.ingest.stop()
+        await self.completer.stop()
+        for peer in list(self.peers):
+            self._drop(peer, "broker stopping")
+        if self._handlers:
+            await asyncio.wait(list(self._handlers), timeout=2.0)
+        self.stopped.set()
+
+    # -- connections ----------
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      kind: str) -> None:
+        peer = Peer(writer, kind, last_seen=self.clock())
+        self.peers.add(peer)
+        me = asyncio.current_task()
+        if me is not None:
+            self._handlers.add(me)
+        try:
+            hello = await read_frame(reader, self.cfg.max_frame)
+            if not self._welcome(peer, hello):
+                return
+            while not peer.closed:
+                frame = await read_frame(reader, self.cfg.max_frame)
+                if frame is None:
+                    break
+                peer.last_seen = self.clock()
+                self._dispatch(peer, frame)
+        except FrameTooLarge as e:
+            peer.send(Error("frame_too_large", str(e), fatal=True))
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            peer.send(Error("bad_frame", f"malformed or unknown frame: {e}", fatal=True))
+        except (ConnectionError, asyncio.IncompleteReadError, OSError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                await writer.drain()
+            self._drop(peer, "connection closed")
+            if me is not None:
+                self._handlers.discard(me)
+
+    def _welcome(self, peer: Peer, hello: object) -> bool:
+        if not isinstance(hello, Hello):
+            peer.send(Error("no_hello", "the first frame must be Hello", fatal=True))
+            return False
+        if hello.version != PROTOCOL_VERSION:
+            peer.send(Error("version", f"protocol {hello.version} unsupported; this broker "
+                            f"speaks {PROTOCOL_VERSION}", fatal=True))
+            return False
+        if peer.transport_kind == "tcp" and not hmac.compare_digest(
+                hello.token.encode(), self.cfg.token.encode()):
+            peer.send(Error("auth", "wrong or missing token", fatal=True))
+            log.warning("refused a tcp client with a wrong token")
+            return False
+        peer.role, peer.name = hello.role, hello.name
+        return peer.send(Welcome(PROTOCOL_VERSION, f"fabricctl {__version__}",
+                                 str(self.cfg.data_dir)))
+
+    def _drop(self, peer: Peer, why: str) -> None:
+        if peer not in self.peers:
+            return
+        self.peers.discard(peer)
+        peer.close()
+        if peer.consumer is not None and self.consumers.get(peer.consumer) is peer:
+            del self.consumers[peer.consumer]
+            self._disconnect_consumer(peer.consumer, why)
+
+    def _disconnect_consumer(self, name: str, why: str) -> None:
+        self.completer.flush_now()  # completions already received still count
+        c = self.core.consumers.get(name)
+        batch_ids = list(c.batches) if c is not None else []
+        items = self.core.disconnect(name, self.clock(), why)
+        for b in batch_ids:
+            self.store.work.pop(b, None)
+        if items:
+            log.warning("consumer %s lost (%s): %d items back to their lanes", name, why, items)
+        self.wakeup.notify()
+
+    def _spawn(self, peer: Peer, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        peer.tasks.add(task)
+        task.add_done_callback(peer.tasks.discard)
+
+    def _dispatch(self, peer: Peer, frame: object) -> None:
+        if isinstance(frame, Submit):
+            self._spawn(peer, self._submit(peer, frame))
+        elif isinstance(frame, Pull):
+            self._spawn(peer, self._pull(peer, frame))
+        elif isinstance(frame, Complete):
+            self._spawn(peer, self._complete(peer, frame))
+        elif isinstance(frame, Heartbeat):
+            peer.engine_stats = frame.stats
+        elif isinstance(frame, Register):
+            self._register(peer, frame)
+        elif isinstance(frame, Fail):
+            self._fail(peer, frame)
+        elif isinstance(frame, Subscribe):
+            self._spawn(peer, self._stream(peer, frame))
+        elif isinstance(frame, Query):
+            peer.send(views.answer(self, frame))
+        elif isinstance(frame, Shutdown):
+            peer.send(Done(frame.rid))
+            asyncio.get_running_loop().create_task(self.stop())
+        else:
+            peer.send(Error("unexpected", f"{type(frame).__name__} is not a request",
+                            fatal=True))
+            peer.closed = True
+
+    # -- producers ----------
+
+    def _flush_ingest(self, chunks: list[list[Item]]) -> list[list[Reject]]:
+        flat = [item for chunk in chunks for item in chunk]
+        rejects = self.store.ingest(flat, self.clock())
+        out: list[list[Reject]] = [[] for _ in chunks]
+        starts, pos = [], 0
+        for chunk in chunks:
+            starts.append(pos)
+            pos += len(chunk)
+        ci = 0
+        for r in rejects:
+            while ci + 1 < len(starts) and r.index >= starts[ci + 1]:
+                ci += 1
+            out[ci].append(Reject(r.index - starts[ci], r.reason))
+        self.wakeup.notify()
+        return out
+
+    async def _submit(self, peer: Peer, frame: Submit) -> None:
+        try:
+            rejects = await self.ingest.submit(frame.items, max(1, len(frame.items)))
+        except StoreFullError as e:
+            peer.send(Error("store_full", str(e), frame.rid))
+            return
+        except StoreError as e:
+            peer.send(Error("store", str(e), frame.rid))
+            return
+        self.metrics.submitted(len(frame.items) - len(rejects))
+        peer.send(Ack(frame.rid, len(frame.items) - len(rejects), rejects))
+
+    # -- consumers ----------
+
+    def _register(self, peer: Peer, frame: Register) -> None:
+        old = self.consumers.get(frame.name)
+        if old is not None and old is not peer:
+            self._drop(old, "replaced by a new registration")
+        now = self.clock()
+        self.core.register(frame.name, frame.contract, now)
+        peer.role, peer.consumer, peer.gpu = "consumer", frame.name, frame.gpu
+        peer.engine, peer.simulated = frame.engine, frame.simulated
+        self.consumers[frame.name] = peer
+        peer.send(Registered(frame.rid, frame.name, self.cfg.heartbeat_s,
+                             self.cfg.heartbeat_timeout_s))
+        log.info("consumer %s joined: %s gpu=%s engine=%s", frame.name, frame.contract.model,
+                 frame.gpu, frame.engine or "?")
+        self._push_signals()
+        self.wakeup.notify()
+
+    async def _pull(self, peer: Peer, frame: Pull) -> None:
+        name = peer.consumer
+        if name is None:
+            peer.send(Error("not_registered", "register before pulling", frame.rid))
+            return
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        deadline = t0 + max(0.0, min(frame.wait_s, 30.0))
+        while not peer.closed:
+            if name not in self.core.consumers:
+                return
+            work = self.store.pull(name, self.clock())
+            self._push_signals()
+            if work is not None:
+                self.metrics.pulled(loop.time() - t0, work)
+                if not peer.send(WorkReply(frame.rid, work)):
+                    self.store.fail(work.id, self.clock())  # the channel did not take it
+                    self.wakeup.notify()
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            await self.wakeup.wait(remaining)
+        peer.send(WorkReply(frame.rid, None))
+
+    def _flush_complete(
+        self, done: list[tuple[int, list[ItemResult], int | None]]
+    ) -> list[int]:
+        stored = self.store.complete_many(done, self.clock())
+        self._push_signals()
+        self.wakeup.notify()
+        return stored
+
+    async def _complete(self, peer: Peer, frame: Complete) -> None:
+        n = len(frame.results)
+        stored = await self.completer.submit((frame.batch, frame.results, peer.gpu), 1)
+        self.metrics.completed(peer.consumer or "", n, stored)
+        peer.send(Done(frame.rid, stored))
+
+    def _fail(self, peer: Peer, frame: Fail) -> None:
+        c = self.core.consumers.get(peer.consumer or "")
+        ours = c is not None and frame.batch in c.batches
+        if ours:
+            self.store.fail(frame.batch, self.clock())
+            log.warning("batch %d failed on %s: %s", frame.batch, peer.consumer, frame.reason)
+            self.wakeup.notify()
+        peer.send(Done(frame.rid, 0 if ours else -1))
+
+    def _push_signals(self) -> None:
+        for signal in self.core.take_signals():
+            signal.sample = views.sample_item(self.store, signal.model, signal.signature)
+            for peer in self.consumers.values():
+                c = self.core.consumers.get(peer.consumer or "")
+                if c is not None and c.contract.model == signal.model:
+                    peer.send(views.prewarm_push(signal))
+
+    # -- observers ----------
+
+    async def _stream(self, peer: Peer, frame: Subscribe) -> None:
+        interval = max(0.05, min(frame.interval_s, 60.0))
+        while not peer.closed:
+            if not peer.send(views.stats_push(self, frame)):
+                return
+            with contextlib.suppress(Exception):
+                await peer.writer.drain()
+            await asyncio.sleep(interval)
+
+    # -- background ----------
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.tick_s)
+            self.core.tick(self.clock())
+            self._push_signals()
+            self.wakeup.notify()
+
+    async def _watchdog(self) -> None:
+        """Drop consumers silent past the heartbeat timeout."""
+        while True:
+            await asyncio.sleep(min(self.cfg.heartbeat_s, self.cfg.heartbeat_timeout_s) / 2)
+            now = self.clock()
+            for peer in list(self.consumers.values()):
+                if now - peer.last_seen > self.cfg.heartbeat_timeout_s:
+                    log.warning("consumer %s silent for %.1f s: disconnecting", peer.consumer,
+                                now - peer.last_seen)
+                    self._drop(peer, "heartbeat timeout")
+
+
+def data_dir_socket(data_dir: Path) -> Path:
+    return Path(data_dir) / "broker.sock"

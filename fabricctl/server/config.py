@@ -1,0 +1,31 @@
+"""The daemon's own settings (sockets, heartbeats, group commit), separate from the core's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from fabricctl.server.protocol import DEFAULT_MAX_FRAME
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Why: every knob of the daemon in one frozen object, defaults an operator can trust."""
+
+    data_dir: Path
+    listen: str | None = None  # "HOST:PORT" for consumers on other hosts; off by default
+    token: str = ""  # required on the TCP listener
+    heartbeat_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0
+    max_frame: int = DEFAULT_MAX_FRAME
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    commit_items: int = 512
+    commit_wait_s: float = 0.002
+    complete_batches: int = 16
+    tick_s: float = 1.0
+    yield_s: float = 0.1  # the dispatch loop yields after this much work
+
+    @property
+    def socket_path(self) -> Path:
+        return Path(self.data_dir) / "broker.sock"

@@ -1,0 +1,47 @@
+"""One connected client as the server sees it: its role, its writer, when it was last heard."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from fabricctl.server.protocol import Frame, encode
+
+
+@dataclass(eq=False, slots=True)
+class Peer:
+    """Why: replies, pushes and liveness all hang off the connection they belong to."""
+
+    writer: asyncio.StreamWriter
+    transport_kind: str  # "unix" or "tcp"
+    role: str = ""
+    name: str = ""
+    consumer: str | None = None  # the registered consumer name, for consumers
+    gpu: int | None = None
+    engine: str = ""
+    simulated: bool = False
+    last_seen: float = 0.0
+    engine_stats: dict[str, Any] = field(default_factory=dict)
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    closed: bool = False
+
+    def send(self, frame: Frame) -> bool:
+        """Queue a frame; False when the connection is already gone."""
+        if self.closed or self.writer.is_closing():
+            self.closed = True
+            return False
+        try:
+            self.writer.write(encode(frame))
+        except (ConnectionError, RuntimeError, OSError):
+            self.closed = True
+            return False
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+        for t in self.tasks:
+            t.cancel()
+        transport = self.writer.transport
+        if transport is not None:
+            transport.abort()

@@ -1,0 +1,192 @@
+"""The wire: u32 big-endian length + msgpack, every frame a tagged msgspec Struct.
+
+Contract: a connection opens with `Hello` (protocol version, role, token when TCP) answered by
+`Welcome` or `Error`. Requests carry a request id `rid` that their reply echoes; the server
+pushes `PrewarmPush` and `StatsPush` with rid 0. A frame that is malformed, of an unknown
+type, or longer than `max_frame` gets an `Error` frame and the connection is closed. Nothing
+on the wire is pickled: msgpack only, validated against these types on decode.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Literal
+
+import msgspec
+
+from fabricctl.core.types import Contract, Item, ItemResult, Prewarm, Work
+
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_FRAME = 64 * 1024 * 1024
+HEADER = struct.Struct(">I")
+Role = Literal["producer", "consumer", "observer"]
+
+
+class Hello(msgspec.Struct, tag=True):
+    """First frame of every connection: who is calling, and its token for TCP."""
+
+    version: int
+    role: Role
+    name: str = ""
+    token: str = ""
+
+
+class Welcome(msgspec.Struct, tag=True):
+    version: int
+    server: str
+    data_dir: str
+
+
+class Error(msgspec.Struct, tag=True):
+    """A refused request; `fatal` means the server closes the connection after it."""
+
+    code: str
+    message: str
+    rid: int = 0
+    fatal: bool = False
+
+
+class Submit(msgspec.Struct, tag=True):
+    rid: int
+    items: list[Item]
+
+
+class Reject(msgspec.Struct, array_like=True):
+    index: int
+    reason: str
+
+
+class Ack(msgspec.Struct, tag=True):
+    """Sent only after the durable commit of every accepted item of the chunk."""
+
+    rid: int
+    accepted: int
+    rejects: list[Reject]
+
+
+class Register(msgspec.Struct, tag=True):
+    rid: int
+    name: str
+    contract: Contract
+    gpu: int | None = None
+    engine: str = ""
+    simulated: bool = False
+
+
+class Registered(msgspec.Struct, tag=True):
+    rid: int
+    consumer: str
+    heartbeat_s: float
+    heartbeat_timeout_s: float
+
+
+class Heartbeat(msgspec.Struct, tag=True):
+    stats: dict[str, Any] = {}  # the engine's counters (EngineStats as a dict)
+
+
+class Pull(msgspec.Struct, tag=True):
+    rid: int
+    wait_s: float = 1.0
+
+
+class WorkReply(msgspec.Struct, tag=True):
+    rid: int
+    work: Work | None
+
+
+class Complete(msgspec.Struct, tag=True):
+    rid: int
+    batch: int
+    results: list[ItemResult]
+
+
+class Fail(msgspec.Struct, tag=True):
+    rid: int
+    batch: int
+    reason: str
+
+
+class Done(msgspec.Struct, tag=True):
+    """Reply to Complete/Fail/Shutdown: `stored` results, or -1 when the batch was not ours."""
+
+    rid: int
+    stored: int = 0
+
+
+class PrewarmPush(msgspec.Struct, tag=True):
+    signal: Prewarm
+
+
+class Subscribe(msgspec.Struct, tag=True):
+    """Ask for the stats stream: a snapshot every `interval_s`, lanes for the named shapes."""
+
+    rid: int
+    interval_s: float = 1.0
+    lanes: list[tuple[str, int]] = []
+    all_lanes: bool = False
+
+
+class StatsPush(msgspec.Struct, tag=True):
+    snapshot: msgspec.Raw  # an encoded Snapshot (see fabricctl.server.views)
+
+
+class Query(msgspec.Struct, tag=True):
+    """One-shot questions: shapes, shape, consumers, ledger, events, status, results."""
+
+    rid: int
+    what: str
+    arg: str = ""
+    since: int = 0
+    limit: int = 1000
+
+
+class Answer(msgspec.Struct, tag=True):
+    rid: int
+    data: msgspec.Raw
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    rid: int
+
+
+Frame = (
+    Hello | Welcome | Error | Submit | Ack | Register | Registered | Heartbeat | Pull | WorkReply
+    | Complete | Fail | Done | PrewarmPush | Subscribe | StatsPush | Query | Answer | Shutdown
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Frame)
+
+
+class FrameTooLarge(Exception):
+    """A peer announced a frame longer than the maximum."""
+
+
+def encode(frame: Frame) -> bytes:
+    body = _encoder.encode(frame)
+    return HEADER.pack(len(body)) + body
+
+
+def encode_raw(obj: object) -> msgspec.Raw:
+    return msgspec.Raw(_encoder.encode(obj))
+
+
+def decode(body: bytes) -> Frame:
+    """Decode one frame body; raises msgspec.DecodeError / ValidationError on bad input."""
+    return _decoder.decode(body)
+
+
+async def read_frame(reader: Any, max_frame: int = DEFAULT_MAX_FRAME) -> Frame | None:
+    """The next frame, or None at a clean end of stream."""
+    import asyncio
+
+    try:
+        head = await reader.readexactly(HEADER.size)
+    except asyncio.IncompleteReadError as e:
+        if not e.partial:
+            return None
+        raise
+    (length,) = HEADER.unpack(head)
+    if length > max_frame:
+        raise FrameTooLarge(f"frame of {length} bytes exceeds the maximum of {max_frame}")
+    return decode(await reader.readexactly(length))
