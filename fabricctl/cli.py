@@ -1,17 +1,40 @@
-"""The `fabricctl` command line: Typer commands only, no logic of their own."""
+"""The `fabricctl` command line: Typer commands only; the work is done in the modules they call.
+
+Exit codes (one IntEnum, `fabricctl.errors.ExitCode`): 0 ok, 1 runtime error, 2 usage or
+config error, 3 backend missing (no broker, no engine), 4 timeout, 130 interrupted.
+Diagnostics go to stderr as one `fabricctl: error: ...` line; data goes to stdout.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
 
 import typer
 
 from fabricctl import __version__
+from fabricctl.errors import ExitCode, FabricError
+
+EXIT_CODES_HELP = (
+    "Exit status: 0 ok, 1 runtime error, 2 usage or config error, 3 backend missing "
+    "(no broker or engine), 4 timeout, 130 interrupted."
+)
 
 app = typer.Typer(
     name="fabricctl",
-    help="Shape-aware batch inference on your own GPUs: broker, supervisor and dashboard.",
+    help="Shape-aware batch inference on your own GPUs: broker, supervisor and dashboard.\n\n"
+    + EXIT_CODES_HELP,
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
 )
+
+DataDir = typer.Option(None, "--data-dir", "-d", envvar="FABRICCTL_DATA_DIR",
+                       help="Broker data dir (LMDB, socket, logs).", show_default=False)
+ConfigFile = typer.Option(None, "--config", "-c", help="A fabric.toml to read (overrides the "
+                          "project and user files).", show_default=False)
 
 
 def _version(value: bool) -> None:
@@ -29,8 +52,134 @@ def _root(
     """Shape-aware batch inference on your own GPUs: broker, supervisor and dashboard."""
 
 
+def fail(message: str, code: int = ExitCode.RUNTIME) -> typer.Exit:
+    sys.stderr.write(f"fabricctl: error: {message}\n")
+    return typer.Exit(code)
+
+
+def setup_logging(verbose: bool = False) -> None:
+    from rich.console import Console
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=False)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
+                        datefmt="[%X]", handlers=[handler], force=True)
+
+
+def load(config: Path | None, **flags: object):  # type: ignore[no-untyped-def]
+    from fabricctl.config import load_config
+
+    return load_config(config, flags)
+
+
+def run_async(coro: object) -> object:
+    try:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    except FabricError as e:
+        raise fail(str(e), e.exit_code) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
+
+
+@app.command()
+def up(
+    data_dir: Path | None = DataDir,
+    config: Path | None = ConfigFile,
+    engine: str | None = typer.Option(None, "--engine", "-e",
+                                      help="auto, sim, vllm or openai (auto: vllm when NVML "
+                                      "finds GPUs, else simulated GPUs)."),
+    gpus: str | None = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model to serve."),
+    listen: str | None = typer.Option(None, "--listen", help="Also listen on HOST:PORT (TCP, "
+                                      "needs server.token) for consumers on other hosts."),
+    metrics_port: int | None = typer.Option(None, "--metrics-port",
+                                            help="Serve Prometheus metrics on this port."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Run the broker with one engine and consumer per GPU (simulated GPUs when none)."""
+    from fabricctl.daemon import serve_forever
+
+    setup_logging(verbose)
+    flags: dict[str, object] = {"data_dir": data_dir, "engine": engine, "model": model}
+    if gpus:
+        flags["gpus"] = [int(g) for g in gpus.split(",") if g.strip()]
+    cfg = _with_sections(load(config, **flags), listen=listen, metrics_port=metrics_port)
+    raise typer.Exit(int(run_async(serve_forever(cfg))))  # type: ignore[arg-type]
+
+
+def _with_sections(cfg, listen: str | None = None, metrics_port: int | None = None):  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    if listen is not None:
+        cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, listen=listen))
+    if metrics_port is not None:
+        cfg = dataclasses.replace(cfg, metrics=dataclasses.replace(
+            cfg.metrics, prometheus_port=metrics_port))
+    return cfg
+
+
+@app.command()
+def run(
+    file: Path = typer.Argument(..., help="JSONL (native or OpenAI batch), or - for stdin."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Where to write results "
+                                       "(default: stdout)."),
+    config: Path | None = ConfigFile,
+    engine: str | None = typer.Option(None, "--engine", "-e"),
+    model: str | None = typer.Option(None, "--model", "-m"),
+    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """One-shot batch job: embedded broker and engines; submit, wait, write results, summarise."""
+    import msgspec
+
+    from fabricctl.batchjob import run_job
+    from fabricctl.render import print_run_summary
+
+    setup_logging(verbose) if verbose else logging.basicConfig(level=logging.WARNING)
+    cfg = load(config, engine=engine, model=model)
+    if str(file) != "-" and not file.is_file():
+        raise fail(f"{file}: no such file", ExitCode.USAGE)
+    out = output.open("wb") if output else sys.stdout.buffer
+    try:
+        summary = run_async(run_job(cfg, file, out))
+    finally:
+        if output:
+            out.close()
+    if json_out:
+        sys.stderr.write(msgspec.json.encode(summary).decode() + "\n")
+    else:
+        print_run_summary(summary)  # type: ignore[arg-type]
+
+
+@app.command()
+def consume(
+    broker: str = typer.Option(..., "--broker", "-b", help="HOST:PORT of a broker's --listen, "
+                               "or its data dir / socket path."),
+    engine: str = typer.Option("sim", "--engine", "-e", help="sim or openai."),
+    endpoint: str | None = typer.Option(None, "--endpoint", help="OpenAI-compatible base URL "
+                                        "(engine openai)."),
+    model: str | None = typer.Option(None, "--model", "-m"),
+    name: str | None = typer.Option(None, "--name", help="Consumer name (default: host-gpu)."),
+    gpu: int | None = typer.Option(None, "--gpu"),
+    token: str | None = typer.Option(None, "--token", envvar="FABRICCTL_TOKEN"),
+    config: Path | None = ConfigFile,
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Run one consumer against a broker, e.g. on another GPU host."""
+    from fabricctl.remote import run_consumer
+
+    setup_logging(verbose)
+    cfg = load(config, model=model)
+    run_async(run_consumer(cfg, broker, engine, endpoint, name, gpu,
+                           token if token is not None else cfg.server.token))
+
+
 def main() -> None:
-    app()
+    try:
+        app()
+    except BrokenPipeError:
+        sys.stderr.close()
+        raise SystemExit(0) from None
 
 
 if __name__ == "__main__":

@@ -88,6 +88,8 @@ class Broker:
         self.lifecycle = Lifecycle(self.cfg, self.events, self.batches_hist)
         self.signals: list[Prewarm] = []  # pre-warm signals not yet sent by the server
         self.batches_total = 0
+        self.padded_tokens = 0  # batch slots sent (count x pad_to), all shapes ever
+        self.routed_tokens = 0  # real input tokens sent in them
         self.starving_lanes = 0
         self._next_batch = 1
         self._next_key = 1
@@ -128,7 +130,7 @@ class Broker:
                          reason=f"{name}: {why}", value=items)
         return items
 
-    # -- ingest ----------------------------------------------------------------------------
+    # -- ingest ----------
 
     def place(self, model: str, signature: int, label: str, tokens: int, now: float) -> Placement:
         """Assign an item to a lane (first step of ingest); it is not dispatchable yet."""
@@ -163,7 +165,7 @@ class Broker:
             n += 1
         return n
 
-    # -- dispatch ----------------------------------------------------------------------------
+    # -- dispatch ----------
 
     def current_shape(self, ms: ModelState, now: float) -> Shape | None:
         """The shape the model's consumers pull from, advancing the lifecycle if due."""
@@ -225,9 +227,11 @@ class Broker:
         c.batches.add(batch.id)
         self.ledger.dispatch(n, tokens)
         self.batches_total += 1
+        self.padded_tokens += n * pad_to
+        self.routed_tokens += tokens
         return batch
 
-    # -- settlement ----------------------------------------------------------------------------
+    # -- settlement ----------
 
     def _settle(self, batch_id: int) -> InFlight:
         f = self.inflight.pop(batch_id, None)
@@ -265,6 +269,8 @@ class Broker:
         f.shape.batches -= 1
         f.shape.padded_tokens -= len(b.entries) * b.pad_to
         f.shape.routed_tokens -= b.tokens
+        self.padded_tokens -= len(b.entries) * b.pad_to
+        self.routed_tokens -= b.tokens
         self.ledger.requeue(len(b.entries), b.tokens)
         return b
 
@@ -306,6 +312,10 @@ class Broker:
                 ):
                     del ms.open[sig]  # an empty staged shape (its placement was never admitted)
         self.starving_lanes = starving
+
+    def waste(self) -> float:
+        """Padding fraction of every batch dispatched so far."""
+        return 1.0 - self.routed_tokens / self.padded_tokens if self.padded_tokens else 0.0
 
     def take_signals(self) -> list[Prewarm]:
         out, self.signals = self.signals, []

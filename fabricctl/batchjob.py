@@ -1,0 +1,174 @@
+"""`fabricctl run`: the one-shot batch job — embedded broker and engines, submit, wait, write.
+
+Contract: `run_job` starts a `Daemon` in a data dir of its own (a temporary one unless given),
+streams the input through the producer reader (a bad line is reported with its line number
+and the rest still goes in), waits until every accepted item has its result, writes the
+results in the input's form (native or OpenAI batch output) and returns a `RunSummary` whose
+figures come from the broker's and the engines' own counters. KV hit rate achievable is every
+cacheable prefix block hit except one prefill of each shape's prefix on each GPU serving it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+import msgspec
+
+from fabricctl.client import Client
+from fabricctl.config import AppConfig
+from fabricctl.core.types import Item
+from fabricctl.daemon import Daemon
+from fabricctl.engines.blocks import achievable_cached_tokens, decode_item_payload, prefix_tokens
+from fabricctl.formats.results import ResultRecord, result_line
+from fabricctl.producer import LineError, parse_stream
+
+CHUNK = 512
+
+
+class RunSummary(msgspec.Struct):
+    """What one batch job did, from the broker's and the engines' counters."""
+
+    items: int
+    rejected: int
+    tokens_in: int
+    tokens_out: int
+    wall_s: float
+    shapes: int
+    shape_switches: int
+    midstream_switches: int
+    kv_hit_rate: float
+    kv_hit_achievable: float
+    padding_waste: float
+    thrash_events: int
+    engine: str
+    simulated: bool
+    gpus: int
+    ledger_difference: tuple[int, int]
+
+
+class _Shapes:
+    """Why: achievable hits need each shape's prefix length and the GPUs that served it."""
+
+    def __init__(self) -> None:
+        self.prefix: dict[tuple[str, int], int] = {}
+        self.items: list[tuple[int, int]] = []  # (prefix tokens, input tokens) per item
+
+    def add(self, item: Item) -> None:
+        payload = decode_item_payload(item)
+        p = prefix_tokens(payload) if payload else 0
+        self.prefix[(item.model, item.signature)] = p
+        self.items.append((p, item.input_tokens))
+
+    def achievable(self, block: int, served: set[tuple[str, int, int | None]]) -> int:
+        total = sum(achievable_cached_tokens(p, n, block) for p, n in self.items)
+        first = sum(self.prefix.get((m, s), 0) // block * block for m, s, _ in served)
+        return max(0, total - first)
+
+
+async def _submit(client: Client, path: Path, shapes: _Shapes, errors: Callable[[str], None],
+                  max_line_bytes: int) -> tuple[int, int]:
+    accepted = rejected = 0
+    chunk: list[Item] = []
+    lines: list[int] = []
+
+    async def send() -> None:
+        nonlocal accepted, rejected
+        ack = await client.submit(chunk)
+        accepted += ack.accepted
+        for r in ack.rejects:
+            rejected += 1
+            errors(f"line {lines[r.index]}: {r.reason}")
+
+    with path.open("rb") if str(path) != "-" else sys.stdin.buffer as fp:  # type: ignore[attr-defined]
+        for parsed in parse_stream(fp, max_line_bytes=max_line_bytes):
+            if isinstance(parsed, LineError):
+                rejected += 1
+                errors(str(parsed))
+                continue
+            shapes.add(parsed.item)
+            chunk.append(parsed.item)
+            lines.append(parsed.line_no)
+            if len(chunk) >= CHUNK:
+                await send()
+                chunk, lines = [], []
+    if chunk:
+        await send()
+    return accepted, rejected
+
+
+async def _collect(client: Client, expected: int, out: IO[bytes]) -> list[ResultRecord]:
+    seq, records = 0, []
+    while len(records) < expected:
+        batch = await client.query("results", since=seq, limit=5000,
+                                   type=list[tuple[int, ResultRecord]])
+        if not batch:
+            await asyncio.sleep(0.05)  # results poll: the broker has no push for them
+            continue
+        for s, rec in batch:
+            seq = s
+            records.append(rec)
+            out.write(result_line(rec))
+    out.flush()
+    return records
+
+
+async def run_job(
+    cfg: AppConfig, input_path: Path, out: IO[bytes],
+    errors: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+    keep_data: bool = False,
+) -> RunSummary:
+    tmp = None
+    if not keep_data:
+        tmp = Path(tempfile.mkdtemp(prefix="fabricctl-run-"))
+        cfg = dataclasses.replace(cfg, data_dir=tmp)
+    daemon = Daemon(cfg)
+    t0 = time.perf_counter()
+    try:
+        await daemon.start()
+        assert daemon.server is not None and daemon.fleet is not None
+        await daemon.fleet.wait_connected()
+        client = await Client.connect(daemon.server.cfg.socket_path, "producer", "run")
+        shapes = _Shapes()
+        collector = None
+        try:
+            accepted, rejected = await _submit(client, input_path, shapes, errors,
+                                               cfg.producer.max_line_bytes)
+            collector = asyncio.ensure_future(_collect(client, accepted, out))
+            records = await collector
+        finally:
+            if collector is not None and not collector.done():
+                collector.cancel()
+            await client.close()
+        wall = time.perf_counter() - t0
+        core = daemon.server.core
+        stats = [e.stats() for e in daemon.fleet.engines]
+        queries = sum(s.prefix_cache_queries for s in stats)
+        hits = sum(s.prefix_cache_hits for s in stats)
+        block = max((s.block_size for s in stats), default=0) or 16
+        served = {(r.model, r.signature, r.gpu) for r in records}
+        achievable = shapes.achievable(block, served)
+        return RunSummary(
+            items=accepted, rejected=rejected,
+            tokens_in=sum(r.prompt_tokens for r in records),
+            tokens_out=sum(r.completion_tokens for r in records),
+            wall_s=round(wall, 3), shapes=len(shapes.prefix),
+            shape_switches=sum(m.switches for m in core.models.values()),
+            midstream_switches=sum(m.midstream_switches for m in core.models.values()),
+            kv_hit_rate=round(hits / queries, 4) if queries else 0.0,
+            kv_hit_achievable=round(min(1.0, achievable / queries), 4) if queries else 0.0,
+            padding_waste=round(core.waste(), 4), thrash_events=core.batches_hist.thrashed,
+            engine=daemon.fleet.kind, simulated=daemon.fleet.kind == "sim",
+            gpus=len(daemon.fleet.engines), ledger_difference=core.ledger.difference(),
+        )
+    finally:
+        await daemon.stop()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,201 @@
+"""fabricctl's configuration: one frozen object built from defaults, files, env and flags.
+
+Contract: precedence is flag > environment (FABRICCTL_*) > project `fabric.toml` (in the
+working directory) > user file (`$FABRICCTL_CONFIG`, else
+`$XDG_CONFIG_HOME/fabricctl/config.toml`) > defaults. Unknown keys are a `UsageError` naming
+the file and the key, so a typo never silently falls back to a default. `[broker]` keys are
+`CoreConfig` field names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fabricctl.core.config import CoreConfig
+from fabricctl.errors import UsageError
+
+ENGINES = ("auto", "sim", "vllm", "openai")
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """How to launch one OpenAI-compatible vLLM server per GPU."""
+
+    command: list[str] = field(default_factory=lambda: ["vllm", "serve"])
+    host: str = "127.0.0.1"
+    port_base: int = 8001
+    ready_timeout_s: float = 600.0
+    restart_backoff_s: list[float] = field(default_factory=lambda: [1, 2, 5, 10, 30])
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    endpoints: list[str] = field(default_factory=list)  # engine "openai": servers run by others
+
+
+@dataclass(frozen=True)
+class ConsumerSettings:
+    """The contract each GPU's consumer registers."""
+
+    max_batch_size: int = 256
+    max_batch_tokens: int = 16384
+    max_input_len: int = 8192
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """The simulated GPUs used when there is no NVIDIA driver."""
+
+    gpus: int = 2
+    time_scale: float = 0.001
+
+
+@dataclass(frozen=True)
+class ProducerSettings:
+    max_line_bytes: int = 1 << 20
+    tokenizer: str = ""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    listen: str = ""
+    token: str = ""
+    heartbeat_s: float = 1.0
+    heartbeat_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    prometheus_port: int = 0  # 0: off
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "fabricctl"
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    """Why: every command reads the same settings the same way."""
+
+    data_dir: Path = field(default_factory=default_data_dir)
+    engine: str = "auto"
+    model: str = "fabric-demo"
+    served_model_name: str = ""
+    gpus: list[int] = field(default_factory=list)
+    vllm: VllmSettings = field(default_factory=VllmSettings)
+    consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
+    sim: SimSettings = field(default_factory=SimSettings)
+    producer: ProducerSettings = field(default_factory=ProducerSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    broker: CoreConfig = field(default_factory=CoreConfig)
+    sources: tuple[str, ...] = ()  # the files that were read, for `config show`
+
+    @property
+    def model_name(self) -> str:
+        """The name items carry in "model"."""
+        return self.served_model_name or self.model
+
+
+_SECTIONS = {f.name: f.type for f in dataclasses.fields(AppConfig)}
+_NESTED = {"vllm": VllmSettings, "consumer": ConsumerSettings, "sim": SimSettings,
+           "producer": ProducerSettings, "server": ServerSettings, "metrics": MetricsSettings,
+           "broker": CoreConfig}
+
+
+def user_config_path() -> Path:
+    if p := os.environ.get("FABRICCTL_CONFIG"):
+        return Path(p)
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "fabricctl" / "config.toml"
+
+
+def _merge(cfg: AppConfig, data: dict[str, Any], where: str) -> AppConfig:
+    top: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _NESTED:
+            if not isinstance(value, dict):
+                raise UsageError(f"{where}: [{key}] must be a table")
+            cls = _NESTED[key]
+            names = {f.name for f in dataclasses.fields(cls)}
+            bad = sorted(set(value) - names)
+            if bad:
+                raise UsageError(f"{where}: unknown key {key}.{bad[0]} "
+                                 f"(known: {', '.join(sorted(names))})")
+            top[key] = dataclasses.replace(getattr(cfg, key), **value)
+        elif key in _SECTIONS and key != "sources":
+            top[key] = Path(value).expanduser() if key == "data_dir" else value
+        else:
+            raise UsageError(f"{where}: unknown key {key!r}")
+    if "engine" in top and top["engine"] not in ENGINES:
+        raise UsageError(f"{where}: engine must be one of {', '.join(ENGINES)}")
+    return dataclasses.replace(cfg, **top, sources=(*cfg.sources, where))
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fp:
+            return tomllib.load(fp)
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{path}: not valid TOML: {e}") from e
+
+
+def load_config(
+    config_file: Path | None = None, overrides: dict[str, Any] | None = None,
+    cwd: Path | None = None, env: dict[str, str] | None = None,
+) -> AppConfig:
+    """Build the configuration; `overrides` are the flags given (None values are ignored)."""
+    env = os.environ if env is None else env
+    cfg = AppConfig()
+    user = user_config_path()
+    if user.is_file():
+        cfg = _merge(cfg, _read(user), str(user))
+    project = (cwd or Path.cwd()) / "fabric.toml"
+    if project.is_file():
+        cfg = _merge(cfg, _read(project), str(project))
+    if config_file is not None:
+        if not config_file.is_file():
+            raise UsageError(f"config file {config_file} does not exist")
+        cfg = _merge(cfg, _read(config_file), str(config_file))
+    from_env: dict[str, Any] = {}
+    if v := env.get("FABRICCTL_DATA_DIR"):
+        from_env["data_dir"] = v
+    if v := env.get("FABRICCTL_ENGINE"):
+        from_env["engine"] = v
+    if v := env.get("FABRICCTL_MODEL"):
+        from_env["model"] = v
+    if from_env:
+        cfg = _merge(cfg, from_env, "environment")
+    flags = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if flags:
+        cfg = _merge(cfg, flags, "flags")
+    return cfg
+
+
+def to_toml(cfg: AppConfig) -> str:
+    """The configuration as TOML (what `fabricctl config show|default` prints)."""
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
+        return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    lines = []
+    for f in dataclasses.fields(AppConfig):
+        if f.name in _NESTED or f.name == "sources":
+            continue
+        lines.append(f"{f.name} = {value(getattr(cfg, f.name))}")
+    for name in _NESTED:
+        lines.append(f"\n[{name}]")
+        section = getattr(cfg, name)
+        for f in dataclasses.fields(section):
+            lines.append(f"{f.name} = {value(getattr(section, f.name))}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,136 @@
+"""`fabricctl up`: the broker, its engines and consumers, and the monitors, in one process.
+
+Contract: `Daemon.start()` opens (and recovers) the durable store in the data dir, starts the
+socket server, decides the engine (vLLM when NVML shows GPUs, else simulated GPUs, and says
+why on the log), starts one consumer per GPU and the GPU/process monitors, whose samples go
+into the stats stream. `Daemon.stop()` stops pulls, lets in-flight batches finish, stops the
+server and closes LMDB. `serve_forever` wires SIGINT/SIGTERM to a graceful stop; a second
+SIGINT exits at once (LMDB's durable commits mean nothing acknowledged is lost either way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+
+from fabricctl.config import AppConfig
+from fabricctl.errors import ExitCode
+from fabricctl.server.app import BrokerServer
+from fabricctl.server.config import ServerConfig
+from fabricctl.store.durable import DurableBroker
+from fabricctl.supervisor.fleet import Fleet, choose_engine
+
+log = logging.getLogger("fabricctl")
+
+
+def server_config(cfg: AppConfig) -> ServerConfig:
+    return ServerConfig(
+        cfg.data_dir, listen=cfg.server.listen or None, token=cfg.server.token,
+        heartbeat_s=cfg.server.heartbeat_s, heartbeat_timeout_s=cfg.server.heartbeat_timeout_s,
+        metrics_port=cfg.metrics.prometheus_port or None, tick_s=cfg.broker.tick_s,
+    )
+
+
+class Daemon:
+    """Why: `up` and `run` assemble the same pieces; this is the assembly."""
+
+    def __init__(self, cfg: AppConfig, with_fleet: bool = True) -> None:
+        self.cfg = cfg
+        self.with_fleet = with_fleet
+        self.store: DurableBroker | None = None
+        self.server: BrokerServer | None = None
+        self.fleet: Fleet | None = None
+        self.engine_reason = ""
+        self._monitors: list[object] = []
+
+    async def start(self) -> None:
+        cfg = self.cfg
+        self.store = DurableBroker(cfg.data_dir, time.time(), cfg.broker)
+        rec = self.store.recovery
+        log.info("data dir %s: recovered %d items (%d tokens) in %.3f s",
+                 cfg.data_dir, rec.items, rec.tokens, rec.seconds)
+        self.server = BrokerServer(self.store, server_config(cfg))
+        await self.server.start()
+        report = self._start_monitors()
+        if not self.with_fleet:
+            return
+        kind, self.engine_reason = choose_engine(
+            cfg, bool(report and report.available), len(report.gpus) if report else 0,
+            (report.reason if report else None) or "NVML unavailable")
+        log.info("engine: %s — %s", kind, self.engine_reason)
+        self.fleet = await Fleet.build(cfg, kind)
+        self.fleet.start(self.server.cfg.socket_path)
+        self.server.extra["engine"] = lambda: {"kind": kind, "reason": self.engine_reason}
+
+    def _start_monitors(self):  # type: ignore[no-untyped-def]
+        """GPU (NVML) and process (psutil) monitors feed the stats stream; never fatal."""
+        assert self.server is not None
+        report = None
+        try:
+            from fabricctl.supervisor.gpus import GpuMonitor, detect_gpus
+
+            report = detect_gpus()
+            monitor = GpuMonitor()
+            monitor.start()
+            self._monitors.append(monitor)
+            self.server.extra["gpus"] = monitor.latest
+        except ImportError:
+            pass
+        try:
+            from fabricctl.supervisor.procs import ProcMonitor
+
+            procs = ProcMonitor()
+            procs.watch("broker", os.getpid())
+            self._monitors.append(procs)
+            self.server.extra["processes"] = procs.sample
+        except ImportError:
+            pass
+        return report
+
+    async def stop(self) -> None:
+        if self.fleet is not None:
+            await self.fleet.stop()
+        for m in self._monitors:
+            stop = getattr(m, "stop", None)
+            if stop is not None:
+                res = stop()
+                if asyncio.iscoroutine(res):
+                    await res
+        if self.server is not None:
+            await self.server.stop()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+
+async def serve_forever(cfg: AppConfig) -> int:
+    daemon = Daemon(cfg)
+    await daemon.start()
+    assert daemon.server is not None
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    interrupts = 0
+
+    def on_signal(sig: signal.Signals) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts > 1 and sig == signal.SIGINT:
+            log.warning("second interrupt: stopping now")
+            os._exit(ExitCode.INTERRUPTED)
+        log.info("%s: stopping pulls, finishing in-flight batches (Ctrl-C again to stop now)",
+                 sig.name)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    waiter = asyncio.ensure_future(stop.wait())
+    stopped = asyncio.ensure_future(daemon.server.stopped.wait())
+    await asyncio.wait({waiter, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    stopped.cancel()
+    await daemon.stop()
+    log.info("broker stopped; LMDB closed")
+    return ExitCode.INTERRUPTED if interrupts else ExitCode.OK

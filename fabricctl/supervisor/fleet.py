@@ -1,0 +1,98 @@
+"""The engines and consumers of one `fabricctl up`: which engine, how many, started and stopped.
+
+Contract: `choose_engine(cfg, report)` decides sim/vllm/openai (auto: vllm when NVML shows
+GPUs, else the simulated engine, with the reason in words). `Fleet.start(address)` starts one
+consumer per GPU (or per simulated GPU, or per endpoint) against the broker at `address`;
+`Fleet.stop()` stops pulls first, lets every consumer finish the batch in its hands, then
+stops the engines (and their servers, for vLLM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fabricctl.config import AppConfig
+from fabricctl.engines.base import Engine
+from fabricctl.errors import BackendMissing, UsageError
+from fabricctl.supervisor.consumer import Consumer
+
+log = logging.getLogger("fabricctl.fleet")
+
+
+def choose_engine(
+    cfg: AppConfig, gpus_available: bool, gpu_count: int, why_not: str
+) -> tuple[str, str]:
+    """(engine kind, reason in words)."""
+    if cfg.engine == "auto":
+        if gpus_available and gpu_count:
+            return "vllm", f"{gpu_count} NVIDIA GPU(s) found through NVML"
+        return "sim", (f"no NVIDIA GPU ({why_not}); running {cfg.sim.gpus} simulated GPUs — "
+                       "every figure they report is simulated")
+    return cfg.engine, f"engine {cfg.engine!r} chosen by configuration"
+
+
+def build_sim_engines(cfg: AppConfig) -> list[Engine]:
+    from fabricctl.engines.sim import SimEngine
+
+    c = cfg.consumer
+    return [SimEngine(name=f"sim{i}", max_batch_size=c.max_batch_size,
+                      max_batch_tokens=c.max_batch_tokens, max_input_len=c.max_input_len,
+                      time_scale=cfg.sim.time_scale) for i in range(cfg.sim.gpus)]
+
+
+@dataclass
+class Fleet:
+    """Why: `up` and `run` start and stop the same set of engines and consumers."""
+
+    cfg: AppConfig
+    kind: str
+    engines: list[Engine]
+    gpus: list[int | None]
+    launcher: Any = None
+    consumers: list[Consumer] = field(default_factory=list)
+    stop_pulls: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @classmethod
+    async def build(cls, cfg: AppConfig, kind: str) -> Fleet:
+        if kind == "sim":
+            engines = build_sim_engines(cfg)
+            return cls(cfg, kind, engines, list(range(len(engines))))
+        if kind in ("vllm", "openai"):
+            from fabricctl.supervisor.vllm_fleet import build_real_engines
+
+            engines, gpus, launcher = await build_real_engines(cfg, kind)
+            return cls(cfg, kind, engines, gpus, launcher)
+        raise UsageError(f"unknown engine {kind!r}")
+
+    def start(self, address: str | Path, token: str = "") -> None:
+        loop = asyncio.get_running_loop()
+        for i, (engine, gpu) in enumerate(zip(self.engines, self.gpus, strict=True)):
+            name = f"{self.kind}-gpu{gpu if gpu is not None else i}"
+            c = Consumer(address, name, self.cfg.model_name, engine, gpu, token)
+            self.consumers.append(c)
+            self.tasks.append(loop.create_task(c.run(self.stop_pulls)))
+
+    async def wait_connected(self, timeout: float = 30.0) -> None:
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(c.connected.wait() for c in self.consumers)), timeout)
+        except TimeoutError as e:
+            raise BackendMissing("consumers did not connect to the broker") from e
+
+    async def stop(self, timeout: float = 60.0) -> None:
+        self.stop_pulls.set()
+        if self.tasks:
+            _, pending = await asyncio.wait(self.tasks, timeout=timeout)
+            for t in pending:
+                t.cancel()
+        for engine in self.engines:
+            with contextlib.suppress(Exception):
+                await engine.close()
+        if self.launcher is not None:
+            await self.launcher.stop()
