@@ -1,0 +1,1 @@
+"""Supervisor: launches engines per GPU and watches the GPUs (NVML) and processes (psutil)."""
