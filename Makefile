@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: venv demo test test-fast lint bench man clean
+.PHONY: venv vllm-env demo test test-fast lint bench man clean
 
 venv: $(STAMP)
 
@@ -13,6 +15,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
+
+# vLLM's CPU build (pinned) in a venv of its own: the real engine the integration tests run.
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	PYTHON=$(PYTHON) bash scripts/vllm_env.sh $(VLLM_VENV)
 
 demo: $(STAMP)
 	$(PY) -m fabricctl.demo
@@ -24,7 +32,7 @@ test-fast: $(STAMP)
 	$(PY) -m ruff check fabricctl tests bench examples
 	$(PY) -m pytest -q -m "not real_vllm"
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m ruff check fabricctl tests bench examples
 	$(PY) -m pytest -q
 

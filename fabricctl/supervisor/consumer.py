@@ -19,7 +19,7 @@ from pathlib import Path
 import msgspec
 
 from fabricctl.client import Client
-from fabricctl.core.types import Contract, Work
+from fabricctl.core.types import Contract, ItemResult, Work
 from fabricctl.engines.base import Engine, EngineError
 from fabricctl.errors import BackendMissing, BrokerError
 from fabricctl.server.protocol import PrewarmPush
@@ -46,6 +46,8 @@ class Consumer:
         self.failures = 0
         self.prewarms = 0
         self.connected = asyncio.Event()
+        self.max_unacked = 4  # completions sent but not yet confirmed durable
+        self._unacked: set[asyncio.Task[None]] = set()
 
     def contract(self) -> Contract:
         lim = self.engine.limits()
@@ -83,6 +85,8 @@ class Consumer:
                     await self._run(client, work)
             finally:
                 beat.cancel()
+                if self._unacked:  # a batch is ours until the broker confirmed it
+                    await asyncio.wait(self._unacked)
         finally:
             await client.close()
 
@@ -104,7 +108,20 @@ class Consumer:
             log.warning("consumer %s: batch %d failed: %s", self.name, work.id, e)
             await client.fail(work.id, str(e))
             return
-        await client.complete(work.id, results)
+        # Pipelined: the next pull overlaps this completion's durable commit.
+        task = asyncio.get_running_loop().create_task(self._complete(client, work, results))
+        self._unacked.add(task)
+        task.add_done_callback(self._unacked.discard)
+        if len(self._unacked) >= self.max_unacked:
+            await asyncio.wait(self._unacked, return_when=asyncio.FIRST_COMPLETED)
+
+    async def _complete(self, client: Client, work: Work, results: list[ItemResult]) -> None:
+        try:
+            await client.complete(work.id, results)
+        except (BackendMissing, BrokerError, ConnectionError, OSError) as e:
+            log.warning("consumer %s: completion of batch %d not confirmed (%s); the broker "
+                        "will hand it out again", self.name, work.id, e)
+            return
         self.batches += 1
         self.items += len(work.items)
 

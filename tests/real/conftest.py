@@ -1,0 +1,98 @@
+"""Session fixtures for the real-vLLM suite: the CPU build's venv, a tiny model, two servers.
+
+The venv is `.venv-vllm` at the repo root (override: FABRICCTL_VLLM_VENV); `make test`
+creates it with scripts/vllm_env.sh. Missing venv = test failure, unless
+FABRICCTL_ALLOW_SKIP_VLLM=1, then a skip. Two servers stand in for two GPUs, one core each,
+started once per run through fabricctl's own launcher.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from fabricctl.supervisor.launcher import Launcher, LaunchError, vllm_cpu_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = Path(os.environ.get("FABRICCTL_VLLM_VENV", ROOT / ".venv-vllm"))
+MAKE_MODEL = Path(__file__).with_name("make_tiny_model.py")
+BLOCK_SIZE = 32  # the CPU backend needs a multiple of 32
+NUM_BLOCKS = 64  # small, so a few shapes evict each other
+MAX_MODEL_LEN = 512
+SERVER_ARGS = ("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
+               "--max-num-seqs", "16", "--enforce-eager", "--enable-prefix-caching",
+               "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(NUM_BLOCKS))
+
+
+def _port_pair() -> int:
+    """A port p with p and p+1 free on the loopback."""
+    rng = random.Random()
+    for _ in range(200):
+        p = rng.randrange(20000, 60000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", p))
+                b.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")
+
+
+def _kill_leftovers(launcher: Launcher) -> None:
+    for pid in launcher.pids().values():
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    py = VENV / "bin" / "python"
+    if not py.exists():
+        msg = f"{py} is missing: run scripts/vllm_env.sh (make test does)"
+        if os.environ.get("FABRICCTL_ALLOW_SKIP_VLLM") == "1":
+            pytest.skip(msg + " [skipped: FABRICCTL_ALLOW_SKIP_VLLM=1]")
+        pytest.fail(msg + "; set FABRICCTL_ALLOW_SKIP_VLLM=1 to skip instead", pytrace=False)
+    return py
+
+
+@pytest.fixture(scope="session")
+def tiny_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny-model")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+    subprocess.run([str(vllm_python), str(MAKE_MODEL), str(out)], check=True, env=env,
+                   timeout=300, capture_output=True)
+    return out
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def vllm_servers(tiny_model: Path,
+                       tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Launcher]:
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    spec = vllm_cpu_spec(VENV, str(tiny_model), "tiny", logs, port_base=_port_pair(),
+                         extra_args=SERVER_ARGS, start_timeout_s=240.0, stop_timeout_s=20.0,
+                         backoff_initial_s=1.0, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    launcher = Launcher(spec, [0, 1])
+    atexit.register(_kill_leftovers, launcher)  # if the session dies before teardown
+    t0 = time.monotonic()
+    try:
+        await launcher.start()
+    except LaunchError as e:
+        tails = "\n".join(f"--- {s.log_path}\n" + s.log_path.read_text()[-3000:]
+                          for s in launcher.servers if s.log_path.exists())
+        pytest.fail(f"{e}\n{tails}", pytrace=False)
+    print(f"\nvLLM: two servers ready in {time.monotonic() - t0:.1f} s")
+    yield launcher
+    await launcher.stop()

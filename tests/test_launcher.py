@@ -1,0 +1,161 @@
+"""Launcher against a fake engine server: command, readiness, restart with backoff, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import msgspec
+import pytest
+
+from fabricctl.supervisor.launcher import (
+    Launcher,
+    LaunchError,
+    LaunchSpec,
+    ServerProcess,
+    vllm_cpu_spec,
+)
+
+FAKE = str(Path(__file__).with_name("fake_engine_server.py"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spec(tmp_path: Path, *extra: str, **kw: object) -> LaunchSpec:
+    fields: dict[str, object] = dict(
+        command=(sys.executable, FAKE), port_base=free_port(), extra_args=extra,
+        start_timeout_s=20.0, stop_timeout_s=5.0, poll_interval_s=0.05,
+        backoff_initial_s=0.3, backoff_max_s=5.0)
+    fields.update(kw)
+    return LaunchSpec(model="tiny-model", served_model_name="tiny",
+                      logs_dir=str(tmp_path / "logs"), **fields)  # type: ignore[arg-type]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead too
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+async def wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+def test_command_and_env() -> None:
+    s = LaunchSpec(model="/m", served_model_name="tiny", logs_dir="/tmp/x", port_base=9000,
+                   extra_args=("--max-num-seqs", "16", "--tag={index}:{port}"),
+                   env={"VLLM_CPU_OMP_THREADS_BIND": "{index}", "X": "gpu{gpu}"})
+    srv = ServerProcess(s, 3, 1)
+    assert srv.argv() == ["vllm", "serve", "/m", "--served-model-name", "tiny",
+                          "--host", "127.0.0.1", "--port", "9001", "--max-num-seqs", "16",
+                          "--tag=1:9001", "--enable-prompt-tokens-details"]
+    env = srv.environ()
+    assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["X"] == "gpu3"
+    assert srv.base_url == "http://127.0.0.1:9001"
+    bad = msgspec.structs.replace(s, extra_args=("--disable-log-stats",))
+    with pytest.raises(LaunchError, match="disable-log-stats"):
+        ServerProcess(bad, 0, 0).argv()
+
+
+def test_cpu_spec(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    (venv / "lib").mkdir(parents=True)
+    (venv / "lib" / "libiomp5.so").write_bytes(b"")
+    s = vllm_cpu_spec(venv, "/m", "tiny", tmp_path, port_base=18000,
+                      env={"VLLM_CPU_KVCACHE_SPACE": "2"})
+    argv = ServerProcess(s, 0, 0).argv()
+    assert argv[0] == str(venv.resolve() / "bin" / "python")
+    assert argv[argv.index("-m") + 1] == "vllm.entrypoints.openai.api_server"
+    assert argv[argv.index("--model") + 1] == "/m"
+    env = ServerProcess(s, 1, 1).environ()
+    assert env["LD_PRELOAD"].endswith("libiomp5.so") and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+
+
+async def test_ready_when_health_answers(tmp_path: Path) -> None:
+    launcher = Launcher(spec(tmp_path, "--ready-delay", "0.5"), [0])
+    t0 = time.monotonic()
+    async with launcher:
+        assert time.monotonic() - t0 >= 0.5
+        srv = launcher.servers[0]
+        assert srv.ready.is_set() and launcher.pids()["0"] == srv.pid
+        async with httpx.AsyncClient() as c:
+            seen = (await c.get(srv.base_url + "/env")).json()
+        assert seen["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+        assert "--enable-prompt-tokens-details" in seen["argv"]
+    assert launcher.pids() == {"0": None}
+    assert "fabricctl: start" in srv.log_path.read_text()
+
+
+async def test_restart_with_backoff_after_kill(tmp_path: Path) -> None:
+    events: list[tuple[float, str]] = []
+    launcher = Launcher(spec(tmp_path), [0],
+                        on_event=lambda e, s: events.append((time.monotonic(), e)))
+    await launcher.start()
+    srv = launcher.servers[0]
+    try:
+        gaps = []
+        for n in (1, 2):
+            old = srv.pid
+            assert old is not None
+            t_kill = time.monotonic()
+            os.kill(old, signal.SIGKILL)
+            await wait_for(lambda old=old: srv.pid not in (None, old) and srv.ready.is_set())
+            spawned = [t for t, e in events if e.startswith("spawned") and t > t_kill]
+            gaps.append(spawned[0] - t_kill)
+            assert srv.restarts == n
+        assert gaps[0] >= 0.3 and gaps[1] >= 0.6  # 0.3 s, then doubled
+        assert any("exited with -9" in e for _, e in events)
+    finally:
+        await launcher.stop()
+
+
+async def test_stop_sigkills_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
+    pid_file = tmp_path / "worker.pid"
+    events: list[str] = []
+    launcher = Launcher(spec(tmp_path, "--ignore-sigterm", "--child-pid-file", str(pid_file),
+                             stop_timeout_s=0.5), [0], on_event=lambda e, s: events.append(e))
+    await launcher.start()
+    pid = launcher.servers[0].pid
+    worker = int(pid_file.read_text())
+    assert pid is not None and alive(pid) and alive(worker)
+    t0 = time.monotonic()
+    await launcher.stop()
+    assert time.monotonic() - t0 >= 0.5
+    assert any("SIGKILL" in e for e in events)
+    await wait_for(lambda: not alive(pid) and not alive(worker), timeout=5)
+    assert launcher.servers[0].restarts == 0
+
+
+async def test_start_timeout_raises(tmp_path: Path) -> None:
+    launcher = Launcher(spec(tmp_path, "--ready-delay", "60", start_timeout_s=1.0), [0])
+    with pytest.raises(LaunchError, match="not ready"):
+        await launcher.start()
+    assert launcher.pids() == {"0": None}
+
+
+async def test_bad_command_keeps_retrying_then_stops(tmp_path: Path) -> None:
+    s = spec(tmp_path, command=(str(tmp_path / "missing-binary"),), backoff_initial_s=0.05)
+    launcher = Launcher(s, [0])
+    await launcher.start(wait=False)
+    await wait_for(lambda: launcher.servers[0].restarts >= 2, timeout=5)
+    await launcher.stop()
+    assert not launcher.servers[0].ready.is_set()
