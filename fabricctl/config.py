@@ -27,6 +27,7 @@ class VllmSettings:
     """How to launch one OpenAI-compatible vLLM server per GPU."""
 
     command: list[str] = field(default_factory=lambda: ["vllm", "serve"])
+    model_flag: str = ""  # "" = the model is positional (vllm serve); "--model" for api_server
     host: str = "127.0.0.1"
     port_base: int = 8001
     ready_timeout_s: float = 600.0

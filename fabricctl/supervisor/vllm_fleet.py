@@ -1,0 +1,62 @@
+"""Real engines for `fabricctl up`: one launched vLLM server per GPU, or endpoints run by others.
+
+Contract: `build_real_engines(cfg, "vllm")` launches one server per configured (or detected)
+GPU through the `Launcher` (logs under the data dir), waits for every /health, and returns a
+`VllmEngine` per server; `"openai"` returns one `OpenAIEngine` per configured endpoint, no
+launch. Either way the consumers' contracts come from `[consumer]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fabricctl.config import AppConfig
+from fabricctl.engines.base import Engine
+from fabricctl.errors import BackendMissing, UsageError
+from fabricctl.supervisor.launcher import Launcher, LaunchError, LaunchSpec
+
+
+def launch_spec(cfg: AppConfig) -> LaunchSpec:
+    v = cfg.vllm
+    backoff = v.restart_backoff_s or [1.0]
+    return LaunchSpec(
+        model=cfg.model, served_model_name=cfg.model_name,
+        logs_dir=str(cfg.data_dir / "logs"), host=v.host, port_base=v.port_base,
+        command=tuple(v.command), model_flag=v.model_flag, extra_args=tuple(v.extra_args),
+        env=dict(v.env), start_timeout_s=v.ready_timeout_s,
+        backoff_initial_s=float(backoff[0]), backoff_max_s=float(max(backoff)),
+    )
+
+
+async def build_real_engines(cfg: AppConfig, kind: str) -> tuple[list[Engine], list[Any], Any]:
+    c = cfg.consumer
+    limits = {"max_batch_size": c.max_batch_size, "max_batch_tokens": c.max_batch_tokens,
+              "max_input_len": c.max_input_len}
+    if kind == "openai":
+        from fabricctl.engines.openai import OpenAIEngine
+
+        if not cfg.vllm.endpoints:
+            raise UsageError("engine openai needs vllm.endpoints = [\"http://host:port\", ...]")
+        engines: list[Engine] = [OpenAIEngine(url, cfg.model_name, name=f"openai{i}", **limits)
+                                 for i, url in enumerate(cfg.vllm.endpoints)]
+        return engines, [None] * len(engines), None
+    from fabricctl.engines.vllm import VllmEngine
+
+    gpus = list(cfg.gpus)
+    if not gpus:
+        from fabricctl.supervisor.gpus import detect_gpus
+
+        report = detect_gpus()
+        gpus = [g.index for g in report.gpus]
+        if not gpus:
+            raise BackendMissing(f"engine vllm needs GPUs: {report.reason or 'none found'} "
+                                 "(set gpus = [...] or use --engine sim)")
+    launcher = Launcher(launch_spec(cfg), gpus)
+    try:
+        await launcher.start(wait=True)
+    except LaunchError as e:
+        await launcher.stop()
+        raise BackendMissing(f"vLLM did not start: {e} (logs in {cfg.data_dir / 'logs'})") from e
+    engines = [VllmEngine(server, ready_timeout_s=cfg.vllm.ready_timeout_s, **limits)
+               for server in launcher.servers]
+    return engines, gpus, launcher
