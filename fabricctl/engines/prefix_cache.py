@@ -1,0 +1,209 @@
+"""A block-level model of vLLM's automatic prefix caching (vllm.md A4), for the simulated GPU.
+
+Contract (follows the validated reference model `APCSim` of vllm.md A4 exactly):
+- KV lives in `num_blocks` blocks of `block_size` tokens; block 0 is the null block, so
+  `capacity = num_blocks - 1`. A block is *used* (ref > 0) or *free* (in the free queue).
+- `match` walks a sequence's full-block hashes from the start, limited to the first
+  floor((L-1)/B) blocks, and stops at the first miss. Hits are multiples of B, at most L-1.
+- `allocate` is atomic: it touches the hit blocks (ref+1, out of the free queue), pops the
+  new blocks from the HEAD of the free queue (evicting, lazily, the hash a popped block
+  still carries, if the cache maps that hash to it), then registers the hash of every block
+  that became full (prompt blocks with the caller's hashes, generated blocks with fresh
+  unique hashes). The first block holding a hash keeps the cache entry (`setdefault`).
+  If there are not enough free blocks it changes nothing and returns False
+  (`can_allocate` asks the same question without acting).
+- `free` releases a sequence tail first: blocks reaching ref 0 go to the HEAD of the queue
+  when unhashed and to the TAIL when hashed, deepest block first (LRU by finish time, and
+  within a request the longest-prefix blocks are evicted before the shared head).
+- Blocks in use are never in the free queue, so they are never evicted; free + used ==
+  capacity always. `queries`/`hits` count tokens, like vllm:prefix_cache_{queries,hits}.
+Sequences may be held across many scheduler steps (continuous batching): `allocate` grows a
+held sequence, `free` releases it (finish or preemption). The free queue is an OrderedDict,
+so every operation is O(1) per block.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+_UNIQUE_BASE = 1 << 64  # generated-block hashes live above every 64-bit prompt hash
+
+
+class CacheSeq:
+    """Why: the block table and block hashes one in-flight request holds in the cache."""
+
+    __slots__ = ("blocks", "hashes", "num_hashed")
+
+    def __init__(self, hashes: Sequence[int] = ()) -> None:
+        self.hashes: list[int] = list(hashes)  # full-block hashes (prompt, then generated)
+        self.blocks: list[int] = []  # block table, in token order
+        self.num_hashed = 0  # leading blocks of `blocks` whose hash is registered
+
+
+class PrefixCache:
+    """Why: the simulated GPU's KV pool, so cache warmth and eviction behave like vLLM's."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 2 or block_size < 1:
+            raise ValueError("need num_blocks >= 2 (block 0 is the null block) and block_size >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self.ref = [0] * num_blocks
+        self.hash_of: list[int | None] = [None] * num_blocks
+        self.cache: dict[int, int] = {}  # block hash -> the block holding it
+        self.queries = 0  # tokens of admitted requests (vllm:prefix_cache_queries_total)
+        self.hits = 0  # tokens found cached (vllm:prefix_cache_hits_total)
+        self.evictions = 0  # cache entries dropped because their block was reused
+        self._next_unique = _UNIQUE_BASE
+
+    # -- read-only views -------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_used(self) -> int:
+        return self.capacity - len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        """vllm:kv_cache_usage_perc: blocks held by requests over capacity (warmth not counted)."""
+        return self.num_used / self.capacity
+
+    def cached(self, block_hash: int) -> bool:
+        return block_hash in self.cache
+
+    def blocks_for(self, num_slots: int) -> int:
+        return -(-num_slots // self.block_size)
+
+    # -- the request lifecycle -------------------------------------------------------------
+    def match(self, seq: CacheSeq, num_tokens: int) -> list[int]:
+        """Cached blocks for a fresh sequence of `num_tokens` tokens; changes nothing."""
+        hit: list[int] = []
+        get = self.cache.get
+        for h in seq.hashes[: (num_tokens - 1) // self.block_size]:
+            b = get(h)
+            if b is None:
+                break
+            hit.append(b)
+        return hit
+
+    def can_allocate(self, seq: CacheSeq, num_slots: int, hit: Sequence[int] = ()) -> bool:
+        """Whether `allocate(seq, num_slots, hit)` would succeed now; changes nothing."""
+        need = -(-num_slots // self.block_size) - len(seq.blocks) - len(hit)
+        if need <= 0:
+            return True
+        ref = self.ref
+        evictable = sum(1 for b in hit if ref[b] == 0)
+        return need <= len(self.free_queue) - evictable
+
+    def allocate(self, seq: CacheSeq, num_slots: int, hit: Sequence[int] = ()) -> bool:
+        """Grow `seq` (taking `hit` first, only when it holds nothing) to cover `num_slots`."""
+        ref, free_queue = self.ref, self.free_queue
+        blocks = seq.blocks
+        need = -(-num_slots // self.block_size) - len(blocks) - len(hit)
+        if need > 0 or hit:
+            evictable = 0
+            for b in hit:
+                if ref[b] == 0:
+                    evictable += 1
+            if need > len(free_queue) - evictable:
+                return False
+            if hit:
+                if blocks:
+                    raise ValueError("hit blocks can only start an empty sequence")
+                for b in hit:
+                    if ref[b] == 0:
+                        del free_queue[b]
+                    ref[b] += 1
+                blocks.extend(hit)
+                seq.num_hashed = len(hit)  # hit blocks carry their hashes already
+            if need > 0:
+                hash_of, cache, pop = self.hash_of, self.cache, free_queue.popitem
+                for _ in range(need):
+                    b = pop(last=False)[0]
+                    h = hash_of[b]
+                    if h is not None:
+                        hash_of[b] = None
+                        if cache.get(h) == b:
+                            del cache[h]
+                            self.evictions += 1
+                    ref[b] = 1
+                    blocks.append(b)
+        full = num_slots // self.block_size
+        if full > seq.num_hashed:
+            self._register(seq, full)
+        return True
+
+    def _register(self, seq: CacheSeq, full: int) -> None:
+        """Register the hashes of blocks num_hashed..full-1 (they became full this step)."""
+        hashes, blocks, hash_of = seq.hashes, seq.blocks, self.hash_of
+        setdefault = self.cache.setdefault
+        for i in range(seq.num_hashed, full):
+            if i < len(hashes):
+                h = hashes[i]
+            else:  # a block of generated tokens: a hash no other request can produce
+                h = self._next_unique
+                self._next_unique += 1
+                hashes.append(h)
+            b = blocks[i]
+            hash_of[b] = h
+            setdefault(h, b)
+        seq.num_hashed = full
+
+    def free(self, seq: CacheSeq) -> None:
+        """Release every block of `seq`, tail first; its registered hashes stay cached."""
+        ref, hash_of, free_queue = self.ref, self.hash_of, self.free_queue
+        head: list[int] = []
+        for b in reversed(seq.blocks):
+            ref[b] -= 1
+            if ref[b] == 0:
+                if hash_of[b] is None:
+                    head.append(b)
+                else:
+                    free_queue[b] = None  # appended to the tail, deepest block first
+        for b in reversed(head):  # the queue becomes head + queue, in the reference's order
+            free_queue[b] = None
+            free_queue.move_to_end(b, last=False)
+        seq.blocks = []
+        seq.num_hashed = 0
+
+    def record(self, num_tokens: int, hit_tokens: int) -> None:
+        """Count one admitted request's lookup (not a re-admission after preemption)."""
+        self.queries += num_tokens
+        self.hits += hit_tokens
+
+    def run(self, hashes: Sequence[int], num_tokens: int, max_tokens: int = 1) -> int:
+        """One request start to finish (the reference's `run`); returns its cached tokens."""
+        seq = CacheSeq(hashes)
+        hit = self.match(seq, num_tokens)
+        if not self.allocate(seq, num_tokens + max_tokens - 1, hit):
+            raise ValueError("request does not fit in the KV cache")
+        hit_tokens = len(hit) * self.block_size
+        self.record(num_tokens, hit_tokens)
+        self.free(seq)
+        return hit_tokens
+
+    def reset(self) -> bool:
+        """Drop every cached hash (POST /reset_prefix_cache); refused while blocks are held."""
+        if self.num_used:
+            return False
+        self.cache.clear()
+        self.hash_of = [None] * self.num_blocks
+        return True
+
+    def check(self) -> None:
+        """Assert the pool's invariants (tests and debugging; O(num_blocks))."""
+        assert self.num_free + self.num_used == self.capacity
+        assert 0 not in self.free_queue
+        for b in range(1, self.num_blocks):
+            assert (self.ref[b] == 0) == (b in self.free_queue), b
+            assert self.ref[b] >= 0
+        for h, b in self.cache.items():
+            assert self.hash_of[b] == h

@@ -1,0 +1,309 @@
+"""A deterministic discrete-event simulated GPU with vLLM-style continuous batching. SIMULATED.
+
+Contract: `SimGPU` owns a simulated clock `now` (seconds); nothing reads the wall clock.
+Time only moves when the caller steps it: `step()` runs one scheduler step, `advance_to(t)`
+runs steps while `now < t` (an idle GPU jumps to t), `drain()` runs until idle. A step is
+atomic: a request added while the GPU is mid-step waits for the next one.
+Scheduling follows vLLM V1's fcfs scheduler: running requests first, in order (decodes take
+one token, partial prefills a chunk), each allocating KV blocks for what it computes; when
+allocation fails the latest running request is preempted (its blocks freed, recomputed
+later, placed first in the waiting queue). If nobody was preempted, waiting requests are
+admitted in order while there are fewer than `max_num_seqs` running, token budget left
+(`max_num_batched_tokens`, chunked prefill) and blocks to allocate. The prefix cache is
+`PrefixCache`; its lookup is counted once per request, not on re-admission. A prompt's last
+token is always computed (hits <= L-1) and yields the first output token; each later step
+yields one more, and a request finishes after `max_out` tokens (max_tokens, clipped so that
+prompt + output <= max_model_len). Step time comes from `SimCosts.step_seconds`; a request's
+(lane, epoch) key, if any, builds a CUDA graph on its first use. Runs of decode-only steps
+that neither allocate nor finish anything are fast-forwarded with identical results.
+Two uses: batch mode (`run_work`: a whole Work, its ItemResults and simulated seconds) and
+request mode (`add`, `advance_to`, per-request `finish_time`), e.g. a replay of routers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Sequence
+
+from fabricctl.core.types import ItemResult, Work
+from fabricctl.engines.blocks import item_blocks
+from fabricctl.engines.costs import DEFAULT_COSTS, SimCosts
+from fabricctl.engines.prefix_cache import PrefixCache
+from fabricctl.engines.simrequest import LENGTH_EXCEEDED, SimCounters, SimRequest, item_result
+
+
+class SimGPU:
+    """Why: one simulated GPU whose cache, batching and timing behave like a vLLM server."""
+
+    def __init__(
+        self,
+        costs: SimCosts = DEFAULT_COSTS,
+        *,
+        max_input_len: int = 8192,
+        max_model_len: int | None = None,
+        fast_forward: bool = True,
+    ) -> None:
+        self.costs = costs
+        self.block_size = costs.block_size
+        self.cache = PrefixCache(costs.num_blocks, costs.block_size)
+        self.max_model_len = costs.kv_tokens if max_model_len is None else max_model_len
+        if self.max_model_len - 1 > costs.kv_tokens:
+            raise ValueError("max_model_len does not fit in the KV pool")
+        if max_input_len >= self.max_model_len:
+            raise ValueError("max_input_len must be below max_model_len (room for one token)")
+        self.max_input_len = max_input_len
+        self.fast_forward = fast_forward
+        self.now = 0.0
+        self.counters = SimCounters()
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.graphs: OrderedDict[Hashable, None] = OrderedDict()
+        self._done: list[SimRequest] = []  # finished without running, reported next step
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting or self._done)
+
+    # -- request mode ------------------------------------------------------------------------
+    def add(
+        self, rid: str, hashes: Sequence[int], prompt_len: int, max_tokens: int, *,
+        key: Hashable | None = None, arrival: float | None = None, tag: object = None,
+    ) -> SimRequest:  # fmt: skip
+        """Queue a request now (its `arrival` may be earlier: it came in mid-step)."""
+        prompt_len = max(1, prompt_len)
+        max_out = max(1, min(max_tokens, self.max_model_len - prompt_len))
+        r = SimRequest(rid, hashes, prompt_len, max_out, key, self.now, tag)
+        if arrival is not None:
+            r.arrival = arrival
+        if prompt_len > self.max_input_len:
+            r.finish_reason, r.finish_time = LENGTH_EXCEEDED, self.now
+            self.counters.length_exceeded += 1
+            self.counters.requests += 1
+            self._done.append(r)
+        else:
+            self.waiting.append(r)
+        return r
+
+    def step(self) -> list[SimRequest]:
+        """Run one scheduler step; returns the requests that finished in it."""
+        return self._step(math.inf, single=True)
+
+    def advance_to(self, t: float) -> list[SimRequest]:
+        """Run steps while now < t; an idle GPU's clock jumps to t. Returns finished requests."""
+        finished: list[SimRequest] = []
+        while self.now < t and self.busy:
+            finished.extend(self._step(t))
+        if self.now < t:
+            self.now = t
+        return finished
+
+    def drain(self) -> list[SimRequest]:
+        """Run until nothing is queued or running; returns the finished requests."""
+        finished: list[SimRequest] = []
+        while self.busy:
+            finished.extend(self._step(math.inf))
+        return finished
+
+    def run_work(self, work: Work) -> tuple[list[ItemResult], float]:
+        """Batch mode: run every item of `work` to completion; results in order, and seconds."""
+        start, key, bs = self.now, (work.lane, work.epoch), self.block_size
+        cap = work.max_tokens if work.max_tokens > 0 else None
+        reqs: list[SimRequest | None] = []
+        for item in work.items:
+            chain = item_blocks(item, bs) if item.input_tokens <= work.max_input_len else None
+            if chain is None or chain.tokens > self.max_input_len:
+                self.counters.length_exceeded += 1
+                reqs.append(None)
+                continue
+            max_tokens = item.max_tokens if cap is None else min(item.max_tokens, cap)
+            reqs.append(self.add(item.id, chain.hashes, chain.tokens, max_tokens, key=key))
+        pending = {r for r in reqs if r is not None}
+        while pending:
+            pending.difference_update(self._step(math.inf))
+        results = [item_result(item.id, r) for item, r in zip(work.items, reqs, strict=True)]
+        self.counters.batches += 1
+        self.counters.items += len(work.items)
+        return results, self.now - start
+
+    def build_graph(self, key: Hashable) -> bool:
+        """Capture the graph for `key` now if it is not cached (a pre-warm); True if built."""
+        if not self._use_graph(key):
+            return False
+        dt = self.costs.graph_build_s
+        self.now += dt
+        self.counters.busy_s += dt
+        return True
+
+    # -- the scheduler -----------------------------------------------------------------------
+    def _use_graph(self, key: Hashable) -> int:
+        graphs = self.graphs
+        if key in graphs:
+            graphs.move_to_end(key)
+            return 0
+        graphs[key] = None
+        if self.costs.graph_cache_size and len(graphs) > self.costs.graph_cache_size:
+            graphs.popitem(last=False)
+        self.counters.graph_builds += 1
+        return 1
+
+    def _preempt(self, r: SimRequest) -> None:
+        self.cache.free(r.seq)
+        r.num_computed = 0
+        r.preemptions += 1
+        self.counters.preemptions += 1
+        self.waiting.appendleft(r)
+
+    def _step(self, until: float, single: bool = False) -> list[SimRequest]:
+        finished, self._done = self._done, []
+        running, cache, costs, c = self.running, self.cache, self.costs, self.counters
+        if not running and not self.waiting:
+            return finished
+        if self.fast_forward and not single:
+            k = self._fast_forward_steps()
+            if k > 1:
+                return finished + self._fast_forward(k, until)
+        bs = self.block_size
+        budget = costs.max_num_batched_tokens
+        sched: list[tuple[SimRequest, int]] = []
+        prefill = cached = decodes = context = graphs = 0
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            total = r.prompt_len + r.out
+            n = total - r.num_computed
+            if n > budget:
+                n = budget
+            slots = r.num_computed + n
+            seq = r.seq
+            if slots > len(seq.blocks) * bs or slots // bs > seq.num_hashed:
+                while not cache.allocate(seq, slots):
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is r:
+                        break
+                if not seq.blocks:  # r preempted itself: nothing after it runs
+                    break
+            if n == 1 and r.out and slots == total:
+                decodes += 1
+                context += slots
+            else:
+                prefill += n
+            sched.append((r, n))
+            budget -= n
+            i += 1
+        waiting = self.waiting
+        while not preempted and waiting and budget > 0 and len(running) < costs.max_num_seqs:
+            r = waiting[0]
+            num_tokens = r.prompt_len + r.out
+            hit = cache.match(r.seq, num_tokens)
+            computed = len(hit) * bs
+            n = min(num_tokens - computed, budget)
+            if not cache.allocate(r.seq, computed + n, hit):
+                break
+            waiting.popleft()
+            if not r.admitted:
+                r.admitted = True
+                r.cached_tokens = computed
+                cache.record(num_tokens, computed)
+                c.prefix_cache_queries += num_tokens
+                c.prefix_cache_hits += computed
+            r.num_computed = computed
+            cached += computed
+            prefill += n
+            if r.key is not None:
+                graphs += self._use_graph(r.key)
+            running.append(r)
+            sched.append((r, n))
+            budget -= n
+        if not sched:
+            if not preempted:
+                raise RuntimeError("simulated scheduler stalled: a request cannot fit")
+            return finished
+        dt = costs.step_seconds(prefill, cached, decodes, context, graphs)
+        self.now += dt
+        c.busy_s += dt
+        c.steps += 1
+        now = self.now
+        ended = False
+        for r, n in sched:
+            r.num_computed += n
+            if r.num_computed == r.prompt_len + r.out:
+                if r.out == 0:
+                    r.first_token_time = now
+                    c.prompt_tokens += r.prompt_len
+                r.out += 1
+                c.generation_tokens += 1
+                if r.out >= r.max_out:
+                    self._finish(r, now)
+                    finished.append(r)
+                    ended = True
+        if ended:
+            self.running = [r for r in running if r.finish_time is None]
+        return finished
+
+    def _finish(self, r: SimRequest, now: float) -> None:
+        r.finish_time, r.finish_reason = now, "length"
+        self.cache.free(r.seq)
+        r.seq.hashes = []  # a long replay keeps its requests: drop what only the cache needed
+        self.counters.requests += 1
+
+    def _fast_forward_steps(self) -> int:
+        """Decode-only steps that can run with no allocation, admission, or finish but the last."""
+        running, costs = self.running, self.costs
+        budget_left = costs.max_num_batched_tokens - len(running)
+        if not running or budget_left < 0:
+            return 0
+        bs = self.block_size
+        k = 1 << 62
+        for r in running:
+            out = r.out
+            computed = r.num_computed
+            if not out or computed != r.prompt_len + out - 1:
+                return 0
+            room = len(r.seq.blocks) * bs - computed  # steps before it needs a new block
+            if room < k:
+                k = room
+            left = r.max_out - out  # steps before it finishes
+            if left < k:
+                k = left
+        if k > 1 and self.waiting and len(running) < costs.max_num_seqs and budget_left > 0:
+            # admission stays impossible while no block is freed (none is, until a finish)
+            head, cache = self.waiting[0], self.cache
+            num_tokens = head.prompt_len + head.out
+            hit = cache.match(head.seq, num_tokens)
+            computed = len(hit) * bs
+            chunk = min(num_tokens - computed, budget_left)
+            if cache.can_allocate(head.seq, computed + chunk, hit):
+                return 0
+        return k
+
+    def _fast_forward(self, k: int, until: float) -> list[SimRequest]:
+        running, costs, c = self.running, self.costs, self.counters
+        n = len(running)
+        base = sum(r.num_computed for r in running)
+        j = 0
+        while j < k:
+            j += 1
+            dt = costs.step_seconds(0, 0, n, base + n * j, 0)
+            self.now += dt
+            c.busy_s += dt
+            if self.now >= until:
+                break
+        c.steps += j
+        c.generation_tokens += n * j
+        now, finished = self.now, []
+        for r in running:
+            r.num_computed += j
+            r.out += j
+            if r.num_computed // self.block_size > r.seq.num_hashed:
+                self.cache.allocate(r.seq, r.num_computed)  # registers newly full blocks
+        for r in running:
+            if r.out >= r.max_out:
+                self._finish(r, now)
+                finished.append(r)
+        if finished:
+            self.running = [r for r in running if r.finish_time is None]
+        return finished
