@@ -113,12 +113,17 @@ class LaneSet:
             if best is None or lfrac < frac:
                 best, waste, frac = lower, lw, lfrac
         c = self.cfg
-        open_new = best is None or (frac > self.threshold() and waste >= c.waste_floor) or (
-            waste > c.waste_cap
+        open_new = best is None or waste > c.waste_cap or (
+            waste >= c.waste_floor and frac > self.threshold()
         )
         if open_new:
             if len(self.lanes) < c.lanes_max:
                 return self._open(n, now)
+            if best is None:  # at the cap and every lane quiescing: take the nearest one back
+                lane = min(self.lanes.values(), key=lambda la: abs(la.target - n))
+                lane.quiescing = False
+                self._insert_sorted(lane)
+                return self.assign(n, now)
             self.counters.force_fits += 1
             assert best is not None  # the cap is > 0, so a full set has a best lane
         assert best is not None

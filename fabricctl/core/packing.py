@@ -24,13 +24,15 @@ def pack(
     queue: deque[Entry], max_batch_size: int, max_batch_tokens: int, pad_multiple: int = 8
 ) -> tuple[list[Entry], int]:
     """Take the next batch off the front of `queue`; returns (entries, pad_to)."""
-    taken: list[Entry] = []
-    longest = 0
-    while queue and len(taken) < max_batch_size:
-        n = queue[0].tokens
-        m = n if n > longest else longest
-        if taken and (len(taken) + 1) * round_up(m, pad_multiple) > max_batch_tokens:
+    count = 0
+    pad_to = pad_multiple  # even an empty item takes one pad multiple, in the budget too
+    for entry in queue:  # decide first, then pop: a peek costs less than a pop and a put-back
+        if count == max_batch_size:
             break
-        taken.append(queue.popleft())
-        longest = m
-    return taken, max(round_up(longest, pad_multiple), pad_multiple)
+        n = entry.tokens
+        padded = round_up(n, pad_multiple) if n > pad_to else pad_to
+        if count and (count + 1) * padded > max_batch_tokens:
+            break
+        pad_to = padded
+        count += 1
+    return [queue.popleft() for _ in range(count)], pad_to

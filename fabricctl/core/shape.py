@@ -102,13 +102,13 @@ class Shape:
     def pick_lane(self) -> Lane | None:
         """Quiescing lanes first (force-drain), then the lane with the most queued tokens."""
         best: Lane | None = None
+        most = -1
         for lane in self.lanes.lanes.values():
-            if not lane.queue:
-                continue
-            if lane.quiescing:
-                return lane
-            if best is None or lane.tokens > best.tokens:
-                best = lane
+            if lane.queue:
+                if lane.quiescing:
+                    return lane
+                if lane.tokens > most:
+                    best, most = lane, lane.tokens
         return best
 
     def idle(self) -> bool:

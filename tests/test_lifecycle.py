@@ -1,0 +1,559 @@
+"""The shape lifecycle, driven through the Broker with an explicit clock."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+
+from fabricctl.core.broker import Broker, ShapeGuardError, UnknownBatchError
+from fabricctl.core.config import CoreConfig
+from fabricctl.core.events import Event, EventKind
+from fabricctl.core.shape import Shape, ShapeState
+from fabricctl.core.types import Batch, Contract, Entry, Item, Prewarm
+
+A, B, C, D = 0xA, 0xB, 0xC, 0xD
+_ids = itertools.count(1)
+
+
+def items(sig: int, n: int, tokens: int = 100, model: str = "m") -> list[Item]:
+    return [Item(f"i{next(_ids)}", model, sig, tokens, 16, label=f"s{sig:x}") for _ in range(n)]
+
+
+def broker(cfg: CoreConfig | None = None, size: int = 8, budget: int = 1000) -> Broker:
+    """A broker with one consumer "c1" of model "m"; B (the batch token budget) = `budget`."""
+    b = Broker(cfg)
+    b.register("c1", Contract("m", size, budget, 4096), now=0.0)
+    return b
+
+
+def shape_of(b: Broker, sig: int, model: str = "m") -> Shape:
+    return b.models[model].open[sig]
+
+
+def transitions(b: Broker) -> list[Event]:
+    return [e for e in b.events.since(0, limit=100_000) if e.kind is EventKind.TRANSITION]
+
+
+def moves(b: Broker) -> list[tuple[int, str, str]]:
+    return [(e.signature, e.src, e.dst) for e in transitions(b)]
+
+
+def drain(b: Broker, consumer: str, now: float) -> list[Batch]:
+    out = []
+    while (batch := b.pull(consumer, now)) is not None:
+        out.append(batch)
+    return out
+
+
+# -- staged ------------------------------------------------------------------------------------
+
+
+def test_staged_until_activate_multiple_of_budget() -> None:
+    b = broker(CoreConfig(activate_when_idle=False))
+    b.ingest(items(A, 19), now=0.0)  # 1900 tokens < 2 x 1000
+    assert b.pull("c1", 0.0) is None
+    assert shape_of(b, A).state is ShapeState.STAGED
+    b.ingest(items(A, 1), now=0.5)  # 2000 tokens
+    batch = b.pull("c1", 0.5)
+    assert batch is not None
+    assert batch.signature == A
+    assert batch.epoch == 1
+    shape = shape_of(b, A)
+    assert shape.state is ShapeState.ACTIVE
+    assert shape.epoch == 1
+    [ev] = transitions(b)
+    assert (ev.t, ev.model, ev.signature, ev.src, ev.dst, ev.reason) == (
+        0.5, "m", A, "staged", "active", "threshold")
+    assert ev.label == "sa"
+
+
+def test_staged_until_stage_timeout() -> None:
+    b = broker(CoreConfig(activate_when_idle=False))
+    b.ingest(items(A, 1), now=10.0)
+    assert b.pull("c1", 11.999) is None
+    b.tick(11.999)
+    assert shape_of(b, A).state is ShapeState.STAGED
+    batch = b.pull("c1", 12.0)  # the oldest staged item is stage_timeout_s old
+    assert batch is not None
+    assert transitions(b)[-1].reason == "timeout"
+
+
+def test_stage_timeout_through_tick() -> None:
+    b = broker(CoreConfig(activate_when_idle=False))
+    b.ingest(items(A, 1), now=0.0)
+    b.tick(1.0)
+    assert shape_of(b, A).state is ShapeState.STAGED
+    b.tick(2.0)
+    assert shape_of(b, A).state is ShapeState.ACTIVE
+    assert b.models["m"].epoch == 1
+
+
+def test_idle_consumers_activate_a_small_shape() -> None:
+    b = broker()
+    b.ingest(items(A, 1), now=0.0)
+    batch = b.pull("c1", 0.0)
+    assert batch is not None
+    assert transitions(b)[-1].reason == "idle"
+
+
+def test_activation_copies_the_length_histogram() -> None:
+    b = broker()
+    b.ingest(items(A, 3, tokens=100), now=0.0)
+    b.pull("c1", 0.0)
+    shape = shape_of(b, A)
+    assert shape.stats is not None
+    assert shape.stats is not shape.lengths
+    assert shape.stats.count == 3
+    b.ingest(items(A, 2, tokens=100), now=0.1)
+    assert shape.lengths.count == 5
+    assert shape.stats.count == 3
+
+
+def test_place_then_admit_matches_ingest() -> None:
+    lengths = [100, 990, 1000, 105, 5000, 4990, 0, 100]
+    one, two = broker(), broker()
+    batch = [Item(f"x{k}", "m", A, n, 16 + k) for k, n in enumerate(lengths)]
+    assert one.ingest(batch, now=1.0) == len(lengths)
+    for k, it in enumerate(batch):
+        p = two.place("m", A, "", it.input_tokens, 1.0)
+        assert p.shape.items == k  # placed, not yet admitted
+        two.admit(p, Entry(k, it.input_tokens, it.max_tokens, 1.0, it))
+    for b in (one, two):
+        shape = shape_of(b, A)
+        assert shape.items == 8
+        assert shape.tokens == sum(lengths)
+        assert shape.staged_since == 1.0
+        assert shape.lengths.count == 8
+        assert b.ledger.items_received == 8
+        assert b.ledger.tokens_received == sum(lengths)
+        assert b.ledger.consistent()
+    lanes = [sorted((la.target, [e.tokens for e in la.queue])
+                    for la in shape_of(b, A).lanes.lanes.values()) for b in (one, two)]
+    assert lanes[0] == lanes[1]
+
+
+def test_ingest_keeps_the_ledger_when_the_source_fails() -> None:
+    b = broker()
+
+    def source() -> Iterator[Item]:
+        yield from items(A, 3)
+        raise RuntimeError("producer went away")
+
+    with pytest.raises(RuntimeError):
+        b.ingest(source(), now=0.0)
+    assert shape_of(b, A).items == 3
+    assert b.ledger.items_received == 3
+    assert b.ledger.tokens_received == 300
+    assert b.ledger.consistent()
+    assert b.ingest(items(A, 1), now=0.0) == 1
+    keys = [e.key for la in shape_of(b, A).lanes.lanes.values() for e in la.queue]
+    assert len(set(keys)) == 4
+
+
+def test_tick_drops_a_staged_shape_whose_placement_was_never_admitted() -> None:
+    b = broker()
+    p = b.place("m", A, "", 100, now=0.0)  # the durable write then failed: no admit
+    assert p.shape.state is ShapeState.STAGED
+    assert len(p.shape.lanes) == 1
+    b.tick(1.0)
+    assert A not in b.models["m"].open
+    assert b.shapes() == []
+    assert b.lane_counters.releases == 1
+    assert b.ledger.items_received == 0
+    b.ingest(items(A, 1), now=1.0)
+    assert shape_of(b, A) is not p.shape
+
+
+# -- warming, draining, finishing ----------------------------------------------------------------
+
+
+def warming_setup() -> Broker:
+    """A active with 6000 tokens; B (2500) and C (3000) staged above 2000; D (500) below."""
+    b = broker(CoreConfig(activate_when_idle=False))
+    b.ingest(items(A, 60), now=0.0)
+    assert b.pull("c1", 0.0) is not None  # A activates (5200 tokens left)
+    b.ingest(items(B, 25), now=0.0)
+    b.ingest(items(C, 30), now=0.0)
+    b.ingest(items(D, 5), now=0.0)
+    return b
+
+
+def test_warming_is_the_staged_shape_with_most_tokens_below_prewarm() -> None:
+    b = warming_setup()
+    a = shape_of(b, A)
+    assert b.pull("c1", 0.1) is not None  # 4400 left: still above 4 x 1000
+    assert b.models["m"].warming is None
+    assert b.take_signals() == []
+    assert b.pull("c1", 0.2) is not None  # 3600 left
+    assert a.tokens == 3600
+    assert b.models["m"].warming is None  # transitions happen on the next look
+    assert b.pull("c1", 0.3) is not None
+    ms = b.models["m"]
+    assert ms.warming is shape_of(b, C)
+    assert shape_of(b, C).state is ShapeState.WARMING
+    assert shape_of(b, B).state is ShapeState.STAGED
+    assert shape_of(b, D).state is ShapeState.STAGED
+    c = shape_of(b, C)
+    lanes = [(lane.id, lane.target) for lane in c.lanes.lanes.values()]
+    assert b.take_signals() == [Prewarm("m", C, "sc", 2, lanes)]
+    assert b.take_signals() == []
+    assert c.epoch == 2
+    ev = transitions(b)[-1]
+    assert (ev.t, ev.signature, ev.src, ev.dst, ev.reason) == (0.3, C, "staged", "warming",
+                                                                "threshold")
+    prewarms = [e for e in b.events.since(0) if e.kind is EventKind.PREWARM]
+    assert [(e.signature, e.value) for e in prewarms] == [(C, 2)]
+
+
+def test_one_warming_at_a_time() -> None:
+    b = warming_setup()
+    drain(b, "c1", 1.0)
+    states = [(s.signature, s.state) for s in b.shapes()]
+    assert sorted(states) == [(A, ShapeState.DRAINING), (B, ShapeState.STAGED),
+                              (C, ShapeState.WARMING), (D, ShapeState.STAGED)]
+    assert len(b.take_signals()) == 1
+
+
+def test_active_stays_active_without_a_warming_shape() -> None:
+    b = broker(CoreConfig(activate_when_idle=False))
+    b.ingest(items(A, 30), now=0.0)
+    batches = drain(b, "c1", 0.0)
+    assert sum(len(x.entries) for x in batches) == 30
+    a = shape_of(b, A)
+    assert a.tokens == 0
+    assert a.state is ShapeState.ACTIVE
+    for x in batches:
+        b.complete(x.id, 1.0)
+    b.tick(2.0)
+    assert a.state is ShapeState.ACTIVE
+    assert b.models["m"].current is a
+
+
+def test_full_switch() -> None:
+    b = warming_setup()
+    a = shape_of(b, A)
+    c = shape_of(b, C)
+    out = drain(b, "c1", 1.0)
+    assert a.state is ShapeState.DRAINING
+    assert a.tokens == 0
+    assert A not in b.models["m"].open
+    assert b.models["m"].current is a
+    # a draining shape never takes new items: a late one starts a new staged object
+    b.ingest(items(A, 1), now=1.5)
+    late = shape_of(b, A)
+    assert late is not a
+    assert late.state is ShapeState.STAGED
+    assert a.items == 0
+    assert b.pull("c1", 1.5) is None  # A's lanes wait for their batches; C waits for A
+    # every batch but the last returns: A keeps its last lane
+    first_batch = b.inflight[min(b.inflight)].batch
+    inflight = sorted(b.inflight)
+    for batch_id in inflight[:-1]:
+        b.complete(batch_id, 2.0)
+    assert a.state is ShapeState.DRAINING
+    assert len(a.lanes) == 1
+    assert c.state is ShapeState.WARMING
+    b.complete(inflight[-1], 3.0)
+    # the last lane returned its slot: A finishes and C activates at once
+    assert a.state is ShapeState.FINISHED
+    assert a.lanes.lanes == {}
+    assert a.finished_at == 3.0
+    assert c.state is ShapeState.ACTIVE
+    assert c.epoch == 2
+    assert b.models["m"].epoch == 2
+    assert b.models["m"].current is c
+    assert b.lifecycle.finished == [a]
+    assert a.batches == 1 + len(out)
+    assert first_batch.epoch == 1
+    # C has 3000 tokens (< 4000): B warms at once, with the epoch after C's
+    assert b.models["m"].warming is shape_of(b, B)
+    assert [s.epoch for s in b.take_signals()] == [2, 3]
+    assert moves(b) == [
+        (A, "staged", "active"),
+        (C, "staged", "warming"),
+        (A, "active", "draining"),
+        (A, "draining", "finished"),
+        (C, "warming", "active"),
+        (B, "staged", "warming"),
+    ]
+    for ev in transitions(b):
+        assert ev.model == "m"
+        assert ev.reason != ""
+    fin = [e for e in transitions(b) if e.dst == "finished"]
+    assert [(e.t, e.reason) for e in fin] == [(3.0, "lanes returned")]
+    assert [e.t for e in transitions(b) if e.dst == "active"] == [0.0, 3.0]
+    # the next batch is C's, with C's epoch
+    nxt = b.pull("c1", 3.0)
+    assert nxt is not None
+    assert (nxt.signature, nxt.epoch) == (C, 2)
+    assert b.ledger.consistent()
+
+
+def test_thrash_event_below_100_batches() -> None:
+    b = warming_setup()
+    a = shape_of(b, A)
+    drain(b, "c1", 1.0)
+    for batch_id in sorted(b.inflight):
+        b.complete(batch_id, 2.0)
+    assert a.state is ShapeState.FINISHED
+    thrash = [e for e in b.events.since(0) if e.kind is EventKind.THRASH]
+    assert len(thrash) == 1
+    ev = thrash[0]
+    assert (ev.t, ev.model, ev.signature, ev.value, ev.critical) == (2.0, "m", A, 8, True)
+    assert b.batches_hist.total == 1
+    assert b.batches_hist.thrashed == 1
+    assert b.batches_hist.samples == [8]
+
+
+def run_shape_with_batches(n: int) -> Broker:
+    """Shape A runs n one-item batches then finishes (B waits warming)."""
+    b = broker(size=1)
+    b.ingest(items(A, n, tokens=5), now=0.0)
+    first = b.pull("c1", 0.0)  # A activates (idle)
+    assert first is not None
+    b.complete(first.id, 0.0)
+    b.ingest(items(B, 20, tokens=100), now=0.0)  # 2000 tokens: eligible
+    a = shape_of(b, A)
+    t = 0.0
+    while a.state is not ShapeState.FINISHED:
+        batch = b.pull("c1", t)
+        assert batch is not None
+        assert batch.signature == A
+        b.complete(batch.id, t)
+        t += 0.001
+    return b
+
+
+def test_no_thrash_at_exactly_100_batches() -> None:
+    b = run_shape_with_batches(100)
+    [a] = b.lifecycle.finished
+    assert a.batches == 100
+    assert [e for e in b.events.since(0) if e.kind is EventKind.THRASH] == []
+    assert b.batches_hist.thrashed == 0
+    assert b.batches_hist.total == 1
+    assert b.models["m"].current is shape_of(b, B)
+
+
+def test_thrash_at_99_batches() -> None:
+    b = run_shape_with_batches(99)
+    [a] = b.lifecycle.finished
+    assert a.batches == 99
+    [ev] = [e for e in b.events.since(0) if e.kind is EventKind.THRASH]
+    assert (ev.signature, ev.value, ev.critical) == (A, 99, True)
+    assert b.batches_hist.thrashed == 1
+
+
+def test_epochs_bump_per_activation() -> None:
+    b = broker(size=64, budget=1000)
+    epochs = []
+    for k, sig in enumerate((A, B, C, D)):
+        b.ingest(items(sig, 3), now=float(k))
+        batches = drain(b, "c1", float(k))
+        if k:  # the previous shape drains once this one warms
+            batches += drain(b, "c1", float(k))
+        for x in batches:
+            epochs.append((x.signature, x.epoch))
+            b.complete(x.id, float(k))
+    assert epochs == [(A, 1), (B, 2), (C, 3), (D, 4)]
+    assert b.models["m"].epoch == 4
+    assert [e.value for e in transitions(b) if e.dst == "active"] == [1, 2, 3, 4]
+
+
+def test_models_are_independent() -> None:
+    b = broker()
+    b.register("c2", Contract("n", 8, 1000, 4096), now=0.0)
+    b.ingest(items(A, 4) + items(A, 4, model="n"), now=0.0)
+    x = b.pull("c1", 0.0)
+    y = b.pull("c2", 0.0)
+    assert x is not None
+    assert y is not None
+    assert (x.model, x.epoch) == ("m", 1)
+    assert (y.model, y.epoch) == ("n", 1)
+    assert shape_of(b, A, "m") is not shape_of(b, A, "n")
+
+
+# -- the lifecycle-off ablation ------------------------------------------------------------------
+
+
+def test_lifecycle_off_sticky_then_most_tokens() -> None:
+    b = broker(CoreConfig(lifecycle=False), size=4)
+    b.ingest(items(A, 4), now=0.0)
+    b.ingest(items(B, 8), now=0.0)
+    assert shape_of(b, A).state is ShapeState.ACTIVE  # no staging
+    first = b.pull("c1", 0.0)
+    assert first is not None
+    assert first.signature == B  # the most tokens
+    b.ingest(items(A, 20), now=0.1)  # A now has far more, but B is sticky
+    second = b.pull("c1", 0.1)
+    assert second is not None
+    assert second.signature == B
+    third = b.pull("c1", 0.2)
+    assert third is not None
+    assert third.signature == A  # B is empty: the shape with the most tokens
+    b.ingest(items(C, 100), now=0.3)
+    assert b.pull("c1", 0.3).signature == A  # type: ignore[union-attr]
+    assert [(e.signature, e.reason) for e in transitions(b)] == [
+        (B, "most tokens"), (A, "most tokens")]
+    assert [x.epoch for x in (first, second, third)] == [1, 1, 2]
+
+
+# -- the guard, failures and disconnects -----------------------------------------------------------
+
+
+def test_shape_guard_on_a_poisoned_entry() -> None:
+    assert issubclass(ShapeGuardError, BaseException)
+    assert not issubclass(ShapeGuardError, Exception)
+    b = broker()
+    b.ingest(items(A, 3), now=0.0)
+    lane = next(iter(shape_of(b, A).lanes.lanes.values()))
+    entry = lane.queue[1]
+    assert entry.item is not None
+    entry.item = Item(entry.item.id, "m", B, entry.tokens, entry.max_tokens)
+    with pytest.raises(ShapeGuardError, match="expected 000000000000000a"):
+        b.pull("c1", 0.0)
+
+
+def test_shape_guard_not_caught_by_except_exception() -> None:
+    b = broker()
+    b.ingest(items(A, 1), now=0.0)
+    lane = next(iter(shape_of(b, A).lanes.lanes.values()))
+    lane.queue[0].item = Item("x", "m", C, 100, 16)
+    caught = False
+    try:
+        try:
+            b.pull("c1", 0.0)
+        except Exception:  # the point: this must not catch the guard
+            pytest.fail("the guard was caught by except Exception")
+    except ShapeGuardError:
+        caught = True
+    assert caught
+
+
+def ids(batch: Batch) -> list[str]:
+    return [e.item.id for e in batch.entries if e.item is not None]
+
+
+def lane_ids(b: Broker, sig: int) -> list[str]:
+    [lane] = shape_of(b, sig).lanes.lanes.values()
+    return [e.item.id for e in lane.queue if e.item is not None]
+
+
+def test_fail_requeues_at_the_front() -> None:
+    b = broker(size=4)
+    b.ingest(items(A, 10), now=0.0)
+    order = lane_ids(b, A)
+    x = b.pull("c1", 0.0)
+    assert x is not None
+    a = shape_of(b, A)
+    assert a.batches == 1
+    back = b.fail(x.id, 0.5)
+    assert back is x
+    assert lane_ids(b, A) == order
+    assert a.batches == 0
+    assert a.items == 10
+    assert a.inflight_items == 0
+    assert b.ledger.consistent()
+    assert b.ledger.items_inflight == 0
+    y = b.pull("c1", 0.6)
+    assert y is not None
+    assert ids(y) == ids(x)
+    assert y.id != x.id
+
+
+def test_disconnect_puts_batches_back_in_front_in_order() -> None:
+    b = broker(size=3)
+    b.register("c2", Contract("m", 2, 1000, 4096), now=0.0)
+    b.ingest(items(A, 10), now=0.0)
+    order = lane_ids(b, A)
+    x1 = b.pull("c1", 0.0)
+    y = b.pull("c2", 0.0)
+    x2 = b.pull("c1", 0.0)
+    assert x1 is not None
+    assert y is not None
+    assert x2 is not None
+    assert ids(x1) + ids(y) + ids(x2) == order[:8]
+    assert b.disconnect("c1", 1.0) == 6
+    assert "c1" not in b.consumers
+    assert lane_ids(b, A) == ids(x1) + ids(x2) + order[8:]
+    assert b.ledger.consistent()
+    assert b.ledger.items_inflight == 2
+    lost = [e for e in b.events.since(0) if e.kind is EventKind.CONSUMER_LOST]
+    assert [(e.reason, e.value) for e in lost] == [("c1: disconnected", 6)]
+    with pytest.raises(UnknownBatchError):
+        b.complete(x1.id, 1.0)
+    b.complete(y.id, 1.0)
+    assert b.ledger.items_completed == 2
+    assert b.disconnect("nobody", 1.0) == 0
+
+
+def test_disconnect_updates_the_budget() -> None:
+    b = broker(budget=1000)
+    b.register("big", Contract("m", 8, 5000, 4096), now=0.0)
+    b.ingest(items(A, 1), now=0.0)
+    assert b.models["m"].budget == 5000
+    b.disconnect("big", 0.0)
+    assert b.models["m"].budget == 1000
+
+
+def test_complete_unknown_batch() -> None:
+    b = broker()
+    with pytest.raises(UnknownBatchError):
+        b.complete(12345, 0.0)
+    b.ingest(items(A, 2), now=0.0)
+    x = b.pull("c1", 0.0)
+    assert x is not None
+    b.complete(x.id, 0.0)
+    with pytest.raises(UnknownBatchError):
+        b.complete(x.id, 0.0)
+    with pytest.raises(UnknownBatchError):
+        b.fail(x.id, 0.0)
+    assert issubclass(UnknownBatchError, KeyError)
+    assert b.ledger.items_completed == 2
+
+
+def test_complete_after_a_consumer_left_still_counts() -> None:
+    b = broker()
+    b.ingest(items(A, 2), now=0.0)
+    x = b.pull("c1", 0.0)
+    assert x is not None
+    b.consumers.pop("c1")  # gone without a disconnect (the server settles it later)
+    b.complete(x.id, 0.0)
+    assert b.ledger.items_completed == 2
+    assert b.ledger.consistent()
+
+
+# -- lanes inside the broker -----------------------------------------------------------------------
+
+
+def test_force_drain_of_a_quiescing_lane() -> None:
+    b = broker(size=2, budget=100_000)
+    b.ingest(items(A, 2, tokens=100) + items(A, 10, tokens=3000), now=0.0)
+    a = shape_of(b, A)
+    assert sorted(a.lanes.targets()) == [100, 3000]
+    big = b.pull("c1", 4.0)  # A activates; its fullest lane goes first
+    assert big is not None
+    assert [e.tokens for e in big.entries] == [3000, 3000]
+    b.tick(5.0)
+    small = next(la for la in a.lanes.lanes.values() if la.target == 100)
+    assert small.quiescing is True
+    [ev] = [e for e in b.events.since(0) if e.kind is EventKind.FORCE_DRAIN]
+    assert (ev.signature, ev.value, ev.reason) == (A, small.id, "2 items")
+    x = b.pull("c1", 5.0)  # a quiescing lane goes first, though the other has more tokens
+    assert x is not None
+    assert x.lane == small.id
+    assert [e.tokens for e in x.entries] == [100, 100]
+    b.complete(x.id, 5.0)
+    assert small.id not in a.lanes.lanes
+    assert a.lanes.targets() == [3000]
+    assert a.lanes.counters.releases == 1
+
+
+def test_starving_lanes_counted_on_tick() -> None:
+    b = broker(CoreConfig(activate_when_idle=False, stage_timeout_s=100.0))
+    b.ingest(items(A, 1), now=0.0)
+    b.tick(30.0)
+    assert b.starving_lanes == 0
+    b.tick(30.001)
+    assert b.starving_lanes == 1
