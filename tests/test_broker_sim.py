@@ -187,7 +187,7 @@ class Sim:
         if self.rng.random() < self.fail_p:
             f = self.b.inflight[batch.id]
             assert self.b.fail(batch.id, self.now) is batch
-            self.requeued[id(f.shape)] += len(ids)
+            self.requeued[id(self.relocate(batch, f.shape))] += len(ids)
             self.inflight_ids.difference_update(ids)
             return
         assert self.b.complete(batch.id, self.now) is batch
@@ -197,12 +197,27 @@ class Sim:
             self.inflight_ids.discard(i)
             self.completed.add(i)
 
+    def relocate(self, batch: Batch, old: Shape) -> Shape:
+        """Where a failed batch's items went: their lane, or (their shape had finished
+        dispatching) a lane of the key's open shape, staged again like late arrivals."""
+        if old.state is not ShapeState.FINISHED:
+            return old
+        shape = self.b.models[batch.model].open[batch.signature]
+        assert shape.state in (ShapeState.STAGED, ShapeState.WARMING, ShapeState.ACTIVE)
+        first = batch.entries[0]
+        [lane] = [la for la in shape.lanes.lanes.values() if any(e is first for e in la.queue)]
+        for e in batch.entries:
+            assert e.item is not None
+            self.placed_shape[e.item.id] = shape
+            self.placed_lane[e.item.id] = lane
+        return shape
+
     def disconnect(self, name: str) -> None:
         mine = [p for p in self.pending.values() if p.batch.consumer == name]
-        for p in mine:
-            f = self.b.inflight[p.batch.id]
-            self.requeued[id(f.shape)] += len(p.batch.entries)
+        olds = {p.batch.id: self.b.inflight[p.batch.id].shape for p in mine}
         put_back = self.b.disconnect(name, self.now, "socket error")
+        for p in mine:
+            self.requeued[id(self.relocate(p.batch, olds[p.batch.id]))] += len(p.batch.entries)
         assert put_back == sum(len(p.batch.entries) for p in mine)
         for p in mine:
             del self.pending[p.batch.id]
@@ -326,9 +341,10 @@ class Sim:
         for s in fresh:
             self.finished_batches.append(s.batches)
             assert s.state is ShapeState.FINISHED
-            assert s.lanes.lanes == {}
-            assert s.items == 0
-            assert s.inflight_items == 0
+            assert s.items == 0  # finished = every lane dispatched its last item
+            for lane in s.lanes.lanes.values():  # a lane stays only while a batch is out
+                assert not lane.queue
+                assert lane.inflight > 0
             assert [st for _, st in s.history] in LIFECYCLES
 
     def check_finished(self) -> None:

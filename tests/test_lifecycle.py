@@ -47,6 +47,15 @@ def drain(b: Broker, consumer: str, now: float) -> list[Batch]:
     return out
 
 
+def drain_current(b: Broker, consumer: str, now: float, model: str = "m") -> list[Batch]:
+    """Pull until the model's current shape has dispatched its last item (no further pull)."""
+    out = []
+    cur = b.models[model].current
+    while cur is not None and cur.items and (batch := b.pull(consumer, now)) is not None:
+        out.append(batch)
+    return out
+
+
 # -- staged ------------------------------------------------------------------------------------
 
 
@@ -209,7 +218,7 @@ def test_warming_is_the_staged_shape_with_most_tokens_below_prewarm() -> None:
 
 def test_one_warming_at_a_time() -> None:
     b = warming_setup()
-    drain(b, "c1", 1.0)
+    drain_current(b, "c1", 1.0)
     states = [(s.signature, s.state) for s in b.shapes()]
     assert sorted(states) == [(A, ShapeState.DRAINING), (B, ShapeState.STAGED),
                               (C, ShapeState.WARMING), (D, ShapeState.STAGED)]
@@ -235,7 +244,7 @@ def test_full_switch() -> None:
     b = warming_setup()
     a = shape_of(b, A)
     c = shape_of(b, C)
-    out = drain(b, "c1", 1.0)
+    out = drain_current(b, "c1", 1.0)
     assert a.state is ShapeState.DRAINING
     assert a.tokens == 0
     assert A not in b.models["m"].open
@@ -246,31 +255,28 @@ def test_full_switch() -> None:
     assert late is not a
     assert late.state is ShapeState.STAGED
     assert a.items == 0
-    assert b.pull("c1", 1.5) is None  # A's lanes wait for their batches; C waits for A
-    # every batch but the last returns: A keeps its last lane
-    first_batch = b.inflight[min(b.inflight)].batch
     inflight = sorted(b.inflight)
-    for batch_id in inflight[:-1]:
-        b.complete(batch_id, 2.0)
-    assert a.state is ShapeState.DRAINING
-    assert len(a.lanes) == 1
-    assert c.state is ShapeState.WARMING
-    b.complete(inflight[-1], 3.0)
-    # the last lane returned its slot: A finishes and C activates at once
+    # every lane returned its slot (its last item went out): the next pull finishes A and
+    # activates C at once, while A's batches are still in flight — no GPU waits on a tail
+    first_c = b.pull("c1", 2.0)
+    assert first_c is not None
+    assert (first_c.signature, first_c.epoch) == (C, 2)
     assert a.state is ShapeState.FINISHED
-    assert a.lanes.lanes == {}
-    assert a.finished_at == 3.0
+    assert a.finished_at == 2.0
     assert c.state is ShapeState.ACTIVE
-    assert c.epoch == 2
     assert b.models["m"].epoch == 2
     assert b.models["m"].current is c
     assert b.lifecycle.finished == [a]
     assert a.batches == 1 + len(out)
-    assert first_batch.epoch == 1
-    # C has 3000 tokens (< 4000): B warms at once, with the epoch after C's
+    assert len(a.lanes) == len({b.inflight[i].lane.id for i in inflight})
+    for batch_id in inflight:
+        assert b.inflight[batch_id].batch.epoch == 1
+        b.complete(batch_id, 3.0)
+    assert a.lanes.lanes == {}  # settled batches return their lanes to the finished shape
+    # C has under 4000 tokens left: B warms, with the epoch after C's
     assert b.models["m"].warming is shape_of(b, B)
     assert [s.epoch for s in b.take_signals()] == [2, 3]
-    assert moves(b) == [
+    assert moves(b)[:6] == [
         (A, "staged", "active"),
         (C, "staged", "warming"),
         (A, "active", "draining"),
@@ -282,21 +288,34 @@ def test_full_switch() -> None:
         assert ev.model == "m"
         assert ev.reason != ""
     fin = [e for e in transitions(b) if e.dst == "finished"]
-    assert [(e.t, e.reason) for e in fin] == [(3.0, "lanes returned")]
-    assert [e.t for e in transitions(b) if e.dst == "active"] == [0.0, 3.0]
-    # the next batch is C's, with C's epoch
-    nxt = b.pull("c1", 3.0)
-    assert nxt is not None
-    assert (nxt.signature, nxt.epoch) == (C, 2)
+    assert [(e.t, e.reason) for e in fin] == [(2.0, "lanes returned")]
+    assert [e.t for e in transitions(b) if e.dst == "active"] == [0.0, 2.0]
+    b.complete(first_c.id, 3.0)
+    assert b.ledger.consistent()
+
+
+def test_a_failed_batch_of_a_finished_shape_goes_back_to_staging() -> None:
+    b = warming_setup()
+    a = shape_of(b, A)
+    drain_current(b, "c1", 1.0)
+    inflight = sorted(b.inflight)
+    assert b.pull("c1", 2.0) is not None  # A finishes, C activates
+    assert a.state is ShapeState.FINISHED
+    lost = b.fail(inflight[0], 2.5)
+    again = shape_of(b, A)
+    assert again is not a
+    assert again.state is ShapeState.STAGED
+    assert again.items == len(lost.entries)
     assert b.ledger.consistent()
 
 
 def test_thrash_event_below_100_batches() -> None:
     b = warming_setup()
     a = shape_of(b, A)
-    drain(b, "c1", 1.0)
+    drain_current(b, "c1", 1.0)
     for batch_id in sorted(b.inflight):
         b.complete(batch_id, 2.0)
+    assert b.pull("c1", 2.0) is not None  # the next pull finishes A, C activates
     assert a.state is ShapeState.FINISHED
     thrash = [e for e in b.events.since(0) if e.kind is EventKind.THRASH]
     assert len(thrash) == 1
@@ -317,12 +336,16 @@ def run_shape_with_batches(n: int) -> Broker:
     b.ingest(items(B, 20, tokens=100), now=0.0)  # 2000 tokens: eligible
     a = shape_of(b, A)
     t = 0.0
-    while a.state is not ShapeState.FINISHED:
+    while a.items:
         batch = b.pull("c1", t)
         assert batch is not None
         assert batch.signature == A
         b.complete(batch.id, t)
         t += 0.001
+    nxt = b.pull("c1", t)  # A dispatched its last item: this pull finishes it, B runs
+    assert nxt is not None
+    assert nxt.signature == B
+    assert a.state is ShapeState.FINISHED
     return b
 
 

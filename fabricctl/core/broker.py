@@ -284,6 +284,9 @@ class Broker:
         """A batch came back undone: its entries return to the front of their lane."""
         f = self._settle(batch_id)
         b = f.batch
+        if f.shape.state is ShapeState.FINISHED:
+            self._after_settle(f, now)
+            f = self._reopen(f, now)  # its shape finished dispatching: back to staging
         f.lane.push_front(b.entries)
         f.shape.tokens += b.tokens
         f.shape.items += len(b.entries)
@@ -298,11 +301,22 @@ class Broker:
     def _after_settle(self, f: InFlight, now: float) -> None:
         lane, shape = f.lane, f.shape
         live = shape.lanes.lanes.get(lane.id) is lane
-        if live and lane.idle() and (lane.quiescing or shape.state is ShapeState.DRAINING):
+        if live and lane.idle() and (
+            lane.quiescing or shape.state in (ShapeState.DRAINING, ShapeState.FINISHED)
+        ):
             shape.lanes.release(lane)
-        if shape.state is ShapeState.DRAINING and not shape.lanes.lanes:
-            ms = self.models[shape.model]
-            self.signals.extend(self.lifecycle.advance(ms, now))
+
+    def _reopen(self, f: InFlight, now: float) -> InFlight:
+        """A failed batch of a finished shape: its items rejoin the key's open shape, staged
+        like late arrivals; the returned record says where they now belong."""
+        b = f.batch
+        p = self.place(b.model, b.signature, f.shape.label, max(e.tokens for e in b.entries), now)
+        p.shape.batches += 1  # fail() takes one back off the shape it settles into
+        p.shape.padded_tokens += len(b.entries) * b.pad_to
+        p.shape.routed_tokens += b.tokens
+        if p.shape.staged_since is None:
+            p.shape.staged_since = min(e.t for e in b.entries)
+        return InFlight(b, p.shape, p.lane)
 
     # -- maintenance and observation -------------------------------------------------------------
 

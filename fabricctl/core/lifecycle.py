@@ -12,8 +12,10 @@ Contract (DESIGN.md, "Shape lifecycle"):
   `Prewarm` signal goes to the model's consumers;
 - the active shape drains when its queued tokens fall below drain_multiple x B and a warming
   shape waits; a draining shape is closed to new items;
-- a draining shape finishes when every lane has returned its slot; the warming shape then
-  activates at once; a shape finishing after fewer than thrash_batches batches is thrashing.
+- a draining shape finishes when every lane has returned its slot, i.e. dispatched its last
+  item (its batches in flight settle afterwards, so no GPU waits on another's tail); the
+  warming shape then activates at once; a shape finishing after fewer than thrash_batches
+  batches is thrashing.
 With the lifecycle off (an ablation), shapes dispatch as soon as they exist and the current
 shape is sticky: kept while it has queued tokens, then the shape with the most tokens.
 """
@@ -129,9 +131,11 @@ class Lifecycle:
         cfg = self.cfg
         cur = ms.current
         if cur is not None and cur.state is ShapeState.DRAINING:
-            cur.lanes.release_idle()
-            if cur.lanes.lanes:
+            # A lane returns its slot when its last item is dispatched: batches still in flight
+            # settle into the finished shape, so no GPU waits for another's tail.
+            if cur.items:
                 return False
+            cur.lanes.release_idle()
             self.finish(ms, cur, now)
             cur = None
         if cur is None:

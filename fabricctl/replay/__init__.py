@@ -1,0 +1,1 @@
+"""`fabricctl replay`: one workload, several schedulers, the same simulated GPUs."""

@@ -1,0 +1,200 @@
+"""The schedulers a replay compares: fabric, and what users would run instead.
+
+Contract: a `Policy` gets every arrival (`arrive`), may give an idle-enough GPU work
+(`feed`), hears about finished requests (`finished`) and ticks. Baselines, tuned as their
+real counterparts are:
+- round-robin: each request to the next GPU in turn at arrival; the GPU's continuous
+  batching takes whatever waits (vLLM behind a load balancer);
+- prefix-affinity: each request to the GPU that last served its signature, unless that GPU's
+  load exceeds 1.25 x the least loaded + 32 requests, then the least loaded (cache-aware
+  routers' bounded-load fallback);
+- pow2-buckets: a broker of power-of-two length buckets, blind to shapes: a GPU with nothing
+  waiting takes the fullest bucket's next batch, padded to the bucket.
+fabric is the real `fabricctl.core.Broker` in memory mode, each GPU a consumer pulling a lane
+batch whenever it has nothing waiting, with pre-warm requests on shape switches.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Protocol
+
+from fabricctl.core.broker import Broker
+from fabricctl.core.config import CoreConfig
+from fabricctl.core.types import Contract
+from fabricctl.replay.workload import ReplayItem
+
+if TYPE_CHECKING:
+    from fabricctl.replay.sim import Simulation
+
+
+class Policy(Protocol):
+    """Why: one seam, so the loop treats every scheduler alike."""
+
+    name: str
+
+    def attach(self, sim: Simulation) -> None: ...
+    def arrive(self, r: ReplayItem, now: float) -> None: ...
+    def feed(self, g: int, now: float) -> None: ...
+    def finished(self, g: int, r: ReplayItem, tag: object, now: float) -> None: ...
+    def tick(self, now: float) -> None: ...
+    def figures(self) -> dict[str, float]: ...
+
+
+class _Base:
+    name = "base"
+
+    def attach(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    def feed(self, g: int, now: float) -> None:
+        return None
+
+    def finished(self, g: int, r: ReplayItem, tag: object, now: float) -> None:
+        return None
+
+    def tick(self, now: float) -> None:
+        return None
+
+    def figures(self) -> dict[str, float]:
+        return {"padding_waste": 0.0, "thrash_events": 0.0}
+
+
+class RoundRobin(_Base):
+    """Why: what a plain load balancer in front of vLLM servers does."""
+
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self.i = 0
+
+    def arrive(self, r: ReplayItem, now: float) -> None:
+        g = self.i % len(self.sim.gpus)
+        self.i += 1
+        self.sim.submit(g, r, now)
+
+
+class PrefixAffinity(_Base):
+    """Why: what cache-aware routers do: stick a prefix to a GPU, spill when it is overloaded."""
+
+    name = "prefix-affinity"
+
+    def __init__(self, rel: float = 1.25, slack: int = 32) -> None:
+        self.rel, self.slack = rel, slack
+        self.last: dict[tuple[str, int], int] = {}
+
+    def arrive(self, r: ReplayItem, now: float) -> None:
+        gpus = self.sim.gpus
+        loads = [len(g.waiting) + len(g.running) for g in gpus]
+        least = min(range(len(gpus)), key=loads.__getitem__)
+        g = self.last.get(r.shape)
+        if g is None or loads[g] > self.rel * loads[least] + self.slack:
+            g = least
+        self.last[r.shape] = g
+        self.sim.submit(g, r, now)
+
+
+def pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+class Pow2Buckets(_Base):
+    """Why: the fixed-bucket batching the seed replaced: no shapes, padding to powers of two."""
+
+    name = "pow2-buckets"
+
+    def __init__(self, max_batch_size: int, max_batch_tokens: int) -> None:
+        self.max_batch_size, self.max_batch_tokens = max_batch_size, max_batch_tokens
+        self.buckets: dict[int, deque[ReplayItem]] = {}
+        self.padded = self.real = 0
+
+    def arrive(self, r: ReplayItem, now: float) -> None:
+        self.buckets.setdefault(pow2(r.tokens), deque()).append(r)
+
+    def feed(self, g: int, now: float) -> None:
+        if self.sim.gpus[g].waiting or not self.buckets:
+            return
+        size = max(self.buckets, key=lambda b: len(self.buckets[b]))
+        q = self.buckets[size]
+        n = 0
+        while q and n < self.max_batch_size and (n == 0 or (n + 1) * size <= self.max_batch_tokens):
+            r = q.popleft()
+            self.real += r.tokens
+            self.sim.submit(g, r, now)
+            n += 1
+        self.padded += n * size
+        if not q:
+            del self.buckets[size]
+
+    def figures(self) -> dict[str, float]:
+        waste = 1 - self.real / self.padded if self.padded else 0.0
+        return {"padding_waste": waste, "thrash_events": 0.0}
+
+
+class Fabric(_Base):
+    """Why: the broker under test, exactly as `fabricctl up` runs it, one consumer per GPU."""
+
+    def __init__(self, cfg: CoreConfig, max_batch_size: int, max_batch_tokens: int,
+                 max_input_len: int, prewarm: bool = True, name: str = "fabric") -> None:
+        self.name = name
+        self.broker = Broker(cfg)
+        self.limits = (max_batch_size, max_batch_tokens, max_input_len)
+        self.prewarm_on = prewarm
+        self.by_id: dict[str, ReplayItem] = {}
+        self.outstanding: dict[int, int] = {}
+        self.models: list[str] = []
+
+    def attach(self, sim: Simulation) -> None:
+        super().attach(sim)
+        self.models = sorted({r.item.model for r in sim.items})
+        for g in range(len(sim.gpus)):
+            for m in self.models:
+                self.broker.register(f"gpu{g}:{m}", Contract(m, *self.limits), 0.0)
+
+    def arrive(self, r: ReplayItem, now: float) -> None:
+        self.by_id[r.item.id] = r
+        self.broker.ingest([r.item], now)
+
+    def feed(self, g: int, now: float) -> None:
+        if self.sim.gpus[g].waiting:
+            return
+        for m in self.models:
+            batch = self.broker.pull(f"gpu{g}:{m}", now)
+            self._signals(now)
+            if batch is None:
+                continue
+            self.outstanding[batch.id] = len(batch.entries)
+            for e in batch.entries:
+                assert e.item is not None
+                self.sim.submit(g, self.by_id[e.item.id], now, max_tokens=batch.max_tokens,
+                                tag=batch.id)
+            return
+
+    def _signals(self, now: float) -> None:
+        for sig in self.broker.take_signals():
+            if not self.prewarm_on:
+                continue
+            shape = self.broker.models[sig.model].open.get(sig.signature)
+            sample = next((lane.queue[0].item for lane in shape.lanes.lanes.values()
+                           if lane.queue), None) if shape else None
+            if sample is None:
+                continue
+            r = self.by_id[sample.id]
+            for g in range(len(self.sim.gpus)):
+                self.sim.prewarm(g, r, now)
+
+    def finished(self, g: int, r: ReplayItem, tag: object, now: float) -> None:
+        batch_id = int(tag)  # type: ignore[call-overload]
+        self.outstanding[batch_id] -= 1
+        if self.outstanding[batch_id] == 0:
+            del self.outstanding[batch_id]
+            self.broker.complete(batch_id, now)
+            self._signals(now)
+
+    def tick(self, now: float) -> None:
+        self.broker.tick(now)
+        self._signals(now)
+
+    def figures(self) -> dict[str, float]:
+        return {"padding_waste": self.broker.waste(),
+                "thrash_events": float(self.broker.batches_hist.thrashed)}
