@@ -349,6 +349,28 @@ class Broker:
                     del ms.open[sig]  # an empty staged shape (its placement was never admitted)
         self.starving_lanes = starving
 
+    def record_cache(
+        self, batch_id: int, queries: int, hits: int, achievable: int, now: float
+    ) -> None:
+        """An engine's prefix-cache figures for one batch, for the shape's cache-truth audit."""
+        f = self.inflight.get(batch_id)
+        if f is None:
+            return
+        shape = f.shape
+        was = shape.audit()[2]
+        shape.cache_queries += queries
+        shape.cache_hits += hits
+        shape.cache_achievable += achievable
+        real, achievable_rate, flagged = shape.audit()
+        if flagged and not was:
+            self.events.emit(
+                now, EventKind.GUARD,
+                model=shape.model, signature=shape.signature, label=shape.label, critical=True,
+                reason=f"cache-truth audit: engines hit {real:.0%} of prompt tokens, the "
+                f"declared prefixes allow {achievable_rate:.0%} — the declared components are "
+                "not a token-identical prefix",
+            )
+
     def waste(self) -> float:
         """Padding fraction of every batch dispatched so far."""
         return 1.0 - self.routed_tokens / self.padded_tokens if self.padded_tokens else 0.0

@@ -34,6 +34,9 @@ class Shape:
     __slots__ = (
         "activated_at",
         "batches",
+        "cache_achievable",
+        "cache_hits",
+        "cache_queries",
         "created",
         "epoch",
         "finished_at",
@@ -77,6 +80,9 @@ class Shape:
         self.batches = 0
         self.padded_tokens = 0  # batch slots sent (count x pad_to), for the waste figure
         self.routed_tokens = 0  # real input tokens sent
+        self.cache_queries = 0  # prompt tokens engines looked up for this shape
+        self.cache_hits = 0  # of which the engines' prefix caches really held
+        self.cache_achievable = 0  # what the declared prefixes allow at the engines' blocks
         self.created = now
         self.staged_since: float | None = None  # arrival of the oldest item since staging
         self.activated_at: float | None = None
@@ -98,6 +104,20 @@ class Shape:
         if self.padded_tokens == 0:
             return 0.0
         return 1.0 - self.routed_tokens / self.padded_tokens
+
+    def audit(self, min_queries: int = 4096, ratio: float = 0.5) -> tuple[float, float, bool]:
+        """The cache-truth audit: (real hit rate, achievable rate, flagged).
+
+        Flagged when, over enough lookups, the engines really hit less than `ratio` of what
+        the declared prefixes allow: the producer declared components that are not a
+        token-identical prefix of its prompts (or something evicts them).
+        """
+        q = self.cache_queries
+        if q == 0:
+            return 0.0, 0.0, False
+        real, achievable = self.cache_hits / q, self.cache_achievable / q
+        flagged = q >= min_queries and achievable > 0.05 and real < ratio * achievable
+        return real, achievable, flagged
 
     def pick_lane(self) -> Lane | None:
         """Quiescing lanes first (force-drain), then the lane with the most queued tokens."""

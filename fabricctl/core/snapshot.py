@@ -57,6 +57,9 @@ class ShapeView(msgspec.Struct):
     percentiles: dict[str, float]
     history: list[tuple[float, str]]
     lanes: list[LaneView] | None = None
+    cache_hit_rate: float = 0.0  # what the engines really report for this shape
+    cache_achievable: float = 0.0  # what its declared prefixes allow
+    cache_flagged: bool = False  # the cache-truth audit's verdict
 
 
 class ModelView(msgspec.Struct):
@@ -141,6 +144,7 @@ def lane_views(shape: Shape, now: float, starve_s: float) -> list[LaneView]:
 
 def shape_view(shape: Shape, now: float, starve_s: float, with_lanes: bool) -> ShapeView:
     hist = shape.stats or shape.lengths
+    real, achievable, flagged = shape.audit()
     return ShapeView(
         shape.model, shape.signature, shape.label, shape.state.value, shape.epoch, shape.tokens,
         shape.items, shape.inflight_tokens, shape.inflight_items, len(shape.lanes),
@@ -148,6 +152,7 @@ def shape_view(shape: Shape, now: float, starve_s: float, with_lanes: bool) -> S
         round(shape.lanes.threshold(), 4), shape.lanes.starving(now),
         hist.percentiles(), list(shape.history),
         lane_views(shape, now, starve_s) if with_lanes else None,
+        round(real, 4), round(achievable, 4), flagged,
     )
 
 
