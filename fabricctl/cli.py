@@ -15,6 +15,8 @@ from pathlib import Path
 import typer
 
 from fabricctl import __version__
+from fabricctl.cli_client import register_client_commands
+from fabricctl.cli_support import ConfigFile, DataDir, fail, guarded
 from fabricctl.errors import ExitCode, FabricError
 
 EXIT_CODES_HELP = (
@@ -30,11 +32,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-DataDir = typer.Option(None, "--data-dir", "-d", envvar="FABRICCTL_DATA_DIR",
-                       help="Broker data dir (LMDB, socket, logs).", show_default=False)
-ConfigFile = typer.Option(None, "--config", "-c", help="A fabric.toml to read (overrides the "
-                          "project and user files).", show_default=False)
 
 
 def _version(value: bool) -> None:
@@ -52,11 +49,6 @@ def _root(
     """Shape-aware batch inference on your own GPUs: broker, supervisor and dashboard."""
 
 
-def fail(message: str, code: int = ExitCode.RUNTIME) -> typer.Exit:
-    sys.stderr.write(f"fabricctl: error: {message}\n")
-    return typer.Exit(code)
-
-
 def setup_logging(verbose: bool = False) -> None:
     from rich.console import Console
     from rich.logging import RichHandler
@@ -69,14 +61,18 @@ def setup_logging(verbose: bool = False) -> None:
 def load(config: Path | None, **flags: object):  # type: ignore[no-untyped-def]
     from fabricctl.config import load_config
 
-    return load_config(config, flags)
+    return guarded(lambda: load_config(config, flags))
 
 
 def run_async(coro: object) -> object:
+    from fabricctl.store.errors import StoreError
+
     try:
         return asyncio.run(coro)  # type: ignore[arg-type]
     except FabricError as e:
         raise fail(str(e), e.exit_code) from None
+    except StoreError as e:  # e.g. another broker owns the data dir
+        raise fail(str(e), ExitCode.RUNTIME) from None
     except KeyboardInterrupt:
         raise typer.Exit(ExitCode.INTERRUPTED) from None
 
@@ -126,7 +122,8 @@ def run(
     config: Path | None = ConfigFile,
     engine: str | None = typer.Option(None, "--engine", "-e"),
     model: str | None = typer.Option(None, "--model", "-m"),
-    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON: on stdout "
+                                  "with --output, else on stderr after the results."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """One-shot batch job: embedded broker and engines; submit, wait, write results, summarise."""
@@ -146,7 +143,7 @@ def run(
         if output:
             out.close()
     if json_out:
-        sys.stderr.write(msgspec.json.encode(summary).decode() + "\n")
+        (sys.stdout if output else sys.stderr).write(msgspec.json.encode(summary).decode() + "\n")
     else:
         print_run_summary(summary)  # type: ignore[arg-type]
 
@@ -165,7 +162,7 @@ def consume(
     config: Path | None = ConfigFile,
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """Run one consumer against a broker, e.g. on another GPU host."""
+    """Run one consumer against a broker (for example on another GPU host)."""
     from fabricctl.remote import run_consumer
 
     setup_logging(verbose)
@@ -174,11 +171,20 @@ def consume(
                            token if token is not None else cfg.server.token))
 
 
+register_client_commands(app)
+
+
 def main() -> None:
+    """Entry point; a reader that went away (`| head`) ends fabricctl quietly with status 0."""
     try:
-        app()
+        app(prog_name="fabricctl")
     except BrokenPipeError:
-        sys.stderr.close()
+        import os
+
+        # Python docs, "Note on SIGPIPE": point stdout at devnull so the flush at exit
+        # does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         raise SystemExit(0) from None
 
 

@@ -1,0 +1,83 @@
+"""`fabricctl config show|default`: the configuration as TOML.
+
+Contract: `default` prints `config.to_toml(AppConfig())`, every key with its default.
+`show` prints the effective configuration (`load_config` with the flags given) in the same
+form, preceded by comment lines naming its sources in precedence order, and with
+`# from <source>` after every key that a file, the environment or a flag set (a key without
+such a comment has its default). Both outputs are valid TOML that `--config` accepts.
+The environment variables mirrored here are the ones `config.load_config` reads.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from fabricctl.config import AppConfig, load_config, to_toml, user_config_path
+
+ENV_KEYS = {"FABRICCTL_DATA_DIR": "data_dir", "FABRICCTL_ENGINE": "engine",
+            "FABRICCTL_MODEL": "model"}
+
+
+def _keys(data: dict[str, Any]) -> list[str]:
+    out = []
+    for k, v in data.items():
+        if isinstance(v, dict):
+            out.extend(f"{k}.{sub}" for sub in v)
+        else:
+            out.append(k)
+    return out
+
+
+def provenance(cfg: AppConfig, flags: dict[str, Any],
+               env: dict[str, str] | None = None) -> dict[str, str]:
+    """Key (`name` or `section.name`) -> the last source that set it."""
+    env = dict(os.environ) if env is None else env
+    where: dict[str, str] = {}
+    for src in cfg.sources:
+        if src == "environment":
+            keys = [k for var, k in ENV_KEYS.items() if env.get(var)]
+        elif src == "flags":
+            keys = [k for k, v in flags.items() if v is not None]
+        else:
+            with open(src, "rb") as fp:
+                keys = _keys(tomllib.load(fp))
+        for k in keys:
+            where[k] = src
+    return where
+
+
+def annotate(text: str, where: dict[str, str]) -> str:
+    lines, section = [], ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("[") and stripped.endswith("]"):
+            section = stripped[1:-1]
+        elif " = " in line:
+            key = line.split(" = ", 1)[0].strip()
+            full = f"{section}.{key}" if section else key
+            if full in where:
+                line = f"{line}  # from {where[full]}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def show(config: Path | None, flags: dict[str, Any]) -> str:
+    cfg = load_config(config, flags)
+    where = provenance(cfg, flags)
+    sources = ", ".join(("defaults", *cfg.sources))
+    head = [
+        "# fabricctl configuration in effect",
+        f"# sources, lowest precedence first: {sources}",
+        f"# user file: {user_config_path()} (FABRICCTL_CONFIG overrides); project file: "
+        "./fabric.toml",
+        "# a key without a '# from' comment has its default",
+        "",
+    ]
+    return "\n".join(head) + annotate(to_toml(cfg), where)
+
+
+def default() -> str:
+    return to_toml(AppConfig())

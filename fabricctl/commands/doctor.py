@@ -1,0 +1,142 @@
+"""`fabricctl doctor`: is this host ready to run fabricctl, and is a broker running?
+
+Contract: a fixed list of checks, each `Check(name, status, detail)` with status `ok`,
+`warn` or `fail`, in this order: `config` (the files found and whether they parse),
+`nvml` (GPUs through `supervisor.gpus.detect_gpus()`, or why not), `vllm` (importable, on
+PATH, the configured `vllm.command`), `data_dir` (exists, writable, free space), `broker`
+(socket present and a broker answering a status query). A check fails only for what stops
+the configured setup from working (e.g. no GPUs with `engine = "vllm"`, an unwritable data
+dir, an invalid config); what merely degrades (no NVML with the simulated engine, no broker
+running yet) is a warning. Exit 0 when no check failed, else 1. `--json`:
+`{"ok": bool, "checks": [{"name", "status", "detail"}]}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fabricctl.config import AppConfig, load_config, user_config_path
+from fabricctl.errors import FabricError
+
+from .common import console, human_bytes, write_json
+
+LOW_DISK = 1 << 30  # warn below 1 GiB free in the data dir's file system
+
+
+@dataclass(frozen=True)
+class Check:
+    """Why: one line of the report, and one element of --json."""
+
+    name: str
+    status: str  # ok | warn | fail
+    detail: str
+
+
+def check_config(config: Path | None, flags: dict[str, object]) -> tuple[Check, AppConfig]:
+    found = [str(p) for p in (user_config_path(), Path.cwd() / "fabric.toml") if p.is_file()]
+    if config is not None:
+        found.append(str(config))
+    try:
+        cfg = load_config(config, flags)
+    except FabricError as e:
+        return Check("config", "fail", str(e)), AppConfig()
+    files = ", ".join(found) if found else f"no files (defaults; user file {user_config_path()})"
+    return Check("config", "ok", f"valid: {files}"), cfg
+
+
+def check_nvml(cfg: AppConfig) -> Check:
+    try:
+        from fabricctl.supervisor.gpus import detect_gpus
+
+        report = detect_gpus()
+    except Exception as e:  # the monitor never should raise, but doctor must not crash
+        return Check("nvml", "fail" if cfg.engine == "vllm" else "warn", f"NVML check failed: {e}")
+    if report.available and report.gpus:
+        names = sorted({g.name or "?" for g in report.gpus})
+        return Check("nvml", "ok", f"{len(report.gpus)} GPU(s) ({', '.join(names)}), driver "
+                                   f"{report.driver_version or '?'}")
+    reason = report.reason or "NVML found no GPUs"
+    if cfg.engine == "vllm":
+        return Check("nvml", "fail", f"{reason}; engine 'vllm' needs GPUs")
+    return Check("nvml", "warn", f"{reason}; `fabricctl up` will use simulated GPUs")
+
+
+def check_vllm(cfg: AppConfig) -> Check:
+    importable = importlib.util.find_spec("vllm") is not None
+    on_path = shutil.which("vllm")
+    cmd = cfg.vllm.command[0] if cfg.vllm.command else ""
+    resolved = shutil.which(cmd) if cmd else None
+    parts = [f"import vllm: {'yes' if importable else 'no'}",
+             f"vllm on PATH: {on_path or 'no'}",
+             f"configured command {' '.join(cfg.vllm.command)!r}: "
+             f"{resolved or 'not found'}"]
+    detail = "; ".join(parts)
+    if resolved:
+        return Check("vllm", "ok", detail)
+    return Check("vllm", "fail" if cfg.engine == "vllm" else "warn", detail)
+
+
+def check_data_dir(cfg: AppConfig) -> Check:
+    d = cfg.data_dir
+    probe = d
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not os.access(probe, os.W_OK):
+        what = "is not writable" if probe == d else f"does not exist and {probe} is not writable"
+        return Check("data_dir", "fail", f"{d} {what}")
+    free = shutil.disk_usage(probe).free
+    where = f"{d}" if probe == d else f"{d} (does not exist yet; `fabricctl up` creates it)"
+    status = "warn" if free < LOW_DISK else "ok"
+    return Check("data_dir", status, f"{where}: writable, {human_bytes(free)} free")
+
+
+def check_broker(cfg: AppConfig) -> Check:
+    sock = cfg.data_dir / "broker.sock"
+    if not sock.exists():
+        return Check("broker", "warn", f"no socket at {sock}: no broker running "
+                                       "(start one with `fabricctl up`)")
+
+    async def ask() -> dict[str, object]:
+        from fabricctl.client import Client
+
+        c = await Client.connect(cfg.data_dir, "observer", "fabricctl-doctor", timeout=3.0)
+        try:
+            return await asyncio.wait_for(c.query("status"), 5.0)  # type: ignore[no-any-return]
+        finally:
+            await c.close()
+
+    try:
+        st = asyncio.run(ask())
+    except (FabricError, OSError, TimeoutError) as e:
+        return Check("broker", "warn", f"socket {sock} present but no broker answers ({e})")
+    extra = st.get("extra", {})
+    engine = extra.get("engine", {}) if isinstance(extra, dict) else {}
+    return Check("broker", "ok", f"broker {st.get('version')} answering at {sock}, "
+                                 f"{st.get('consumers')} consumer(s), engine "
+                                 f"{engine.get('kind', '?') if isinstance(engine, dict) else '?'}")
+
+
+def run_checks(config: Path | None, flags: dict[str, object]) -> list[Check]:
+    first, cfg = check_config(config, flags)
+    return [first, check_nvml(cfg), check_vllm(cfg), check_data_dir(cfg), check_broker(cfg)]
+
+
+def doctor(config: Path | None, flags: dict[str, object], as_json: bool) -> int:
+    checks = run_checks(config, flags)
+    ok = not any(c.status == "fail" for c in checks)
+    if as_json:
+        write_json({"ok": ok, "checks": [asdict(c) for c in checks]})
+    else:
+        from rich.markup import escape
+
+        con = console()
+        style = {"ok": "green", "warn": "yellow", "fail": "red bold"}
+        for c in checks:
+            con.print(f"[{style[c.status]}]{c.status:<4}[/] {c.name:<9} {escape(c.detail)}",
+                      markup=True, soft_wrap=True)
+    return 0 if ok else 1

@@ -1,0 +1,67 @@
+"""The progress line of `fabricctl submit`: for a person watching stderr, never for pipes.
+
+Contract: `ProgressView(total)` is a context manager and a callable; the submitter calls it
+with itself after every chunk and ack. It draws (Rich, on stderr) from the first call on,
+at most ten times a second: bytes read against the input's size when known, lines read,
+accepted, refused and (with --wait) results written. `input_size(fp)` is that size for a
+regular file and None for pipes.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from fabricctl.commands.submit import Submitter
+
+
+def input_size(fp: BinaryIO) -> int | None:
+    """The size of a regular file, for a progress bar with a total; None for pipes."""
+    try:
+        st = os.fstat(fp.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+class ProgressView:
+    """Why: people watching a long submit see it move; pipes and logs get nothing."""
+
+    def __init__(self, total: int | None) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.p = Progress(BarColumn(bar_width=16), DownloadColumn(),
+                          TextColumn("{task.description}"), TimeElapsedColumn(),
+                          console=Console(stderr=True), transient=False)
+        self.task = self.p.add_task("", total=total)
+        self._last = 0.0
+        self._started = False
+
+    def __enter__(self) -> ProgressView:
+        return self  # drawn from the first tick on, so a failed connect leaves no bar
+
+    def __exit__(self, *exc: object) -> None:
+        if self._started:
+            self.p.stop()
+
+    def __call__(self, s: Submitter) -> None:
+        if not self._started:
+            self._started = True
+            self.p.start()
+        now = time.monotonic()
+        if now - self._last < 0.1 and not s.done():
+            return
+        self._last = now
+        desc = f"{s.lines:,} lines, {s.accepted:,} in, {s.rejected:,} refused"
+        if s.wait:
+            desc += f", {s.written:,} results"
+        self.p.update(self.task, completed=s.bytes_read, description=desc)
+
+
+def stderr_is_tty() -> bool:
+    return sys.stderr.isatty()

@@ -1,0 +1,153 @@
+"""`fabricctl shapes list|inspect`: the broker's shapes, for people and for scripts.
+
+Contract:
+- `list`: one row per live shape (open shapes and a draining current one). On a terminal a
+  Rich table; piped, plain TSV with a header line; `--json` one document
+  `{"shapes": [ShapeView...]}` with `shape` (16 hex digits) next to each `signature`.
+- `inspect SIG|LABEL`: one shape by signature (hex, with or without 0x, leading zeros
+  optional) or label: state and its history, epoch, tokens, lanes (a table), length
+  percentiles from its 512-bin histogram, batches, waste and thrash status. A shape that
+  finished is no longer live; it is described from the broker's event log (history, and
+  whether it thrashed) while the log still holds its events. Neither → `NotFound` (exit 1).
+  `--json`: the `ShapeView` (lanes included) plus `thrash_line`, `thrash` and `events`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fabricctl.client import Client
+from fabricctl.config import AppConfig
+from fabricctl.core.events import Event
+from fabricctl.core.snapshot import ShapeView, Snapshot
+from fabricctl.errors import BrokerError, FabricError
+
+from .common import ago, call, console, pct, shape_hex, stdout_is_tty, write_json, write_tsv
+
+EVENTS_LIMIT = 10_000
+
+
+class NotFound(FabricError):
+    """No live shape and no event of one matches the argument (exit 1)."""
+
+
+def list_shapes(cfg: AppConfig) -> list[ShapeView]:
+    async def fetch(c: Client) -> list[ShapeView]:
+        return await c.query("shapes", type=list[ShapeView])  # type: ignore[no-any-return]
+
+    shapes = call(cfg, "observer", fetch)
+    return sorted(shapes, key=lambda s: (s.model, -s.tokens, s.signature))
+
+
+LIST_COLUMNS = ["shape", "label", "model", "state", "epoch", "items", "tokens",
+                "inflight_items", "lanes", "batches", "waste", "age_s", "starving"]
+
+
+def _row(s: ShapeView) -> list[Any]:
+    return [shape_hex(s.signature), s.label, s.model, s.state, s.epoch, s.items, s.tokens,
+            s.inflight_items, s.lanes_in_use, s.batches, s.waste, s.age, s.starving]
+
+
+def show_list(cfg: AppConfig, as_json: bool) -> None:
+    shapes = list_shapes(cfg)
+    if as_json:
+        write_json({"shapes": shapes})
+        return
+    if not stdout_is_tty():
+        write_tsv(LIST_COLUMNS, [_row(s) for s in shapes])
+        return
+    from rich.table import Table
+
+    t = Table(title=f"{len(shapes)} live shape(s) — {cfg.data_dir}", title_justify="left")
+    for name, right in [("SHAPE", False), ("LABEL", False), ("MODEL", False),
+                        ("STATE", False), ("EPOCH", True), ("ITEMS", True), ("TOKENS", True),
+                        ("IN FLIGHT", True), ("LANES", True), ("BATCHES", True),
+                        ("WASTE", True), ("AGE", True), ("STARVING", True)]:
+        t.add_column(name, justify="right" if right else "left", no_wrap=True)
+    for s in shapes:
+        t.add_row(shape_hex(s.signature), s.label or "-", s.model, s.state, str(s.epoch),
+                  f"{s.items:,}", f"{s.tokens:,}", f"{s.inflight_items:,}",
+                  str(s.lanes_in_use), f"{s.batches:,}", pct(s.waste), ago(s.age),
+                  str(s.starving) if s.starving else "-")
+    console().print(t)
+
+
+# ---- inspect ------------------------------------------------------------------------------
+
+
+def _matches(e: Event, arg: str) -> bool:
+    want = arg.lower().removeprefix("0x")
+    return (e.kind != "consumer_joined" and e.kind != "consumer_lost") and (
+        (bool(want) and all(c in "0123456789abcdef" for c in want) and len(want) <= 16
+         and shape_hex(e.signature) == want.rjust(16, "0")) or (bool(e.label) and e.label == arg))
+
+
+def fetch_shape(cfg: AppConfig, arg: str) -> tuple[ShapeView | None, list[Event], Snapshot]:
+    """The live shape (or None), its events still in the log, and a snapshot for context."""
+    async def fetch(c: Client) -> tuple[ShapeView | None, list[Event], Snapshot]:
+        try:
+            view = await c.query("shape", arg, type=ShapeView)
+        except BrokerError as e:
+            if e.code != "not_found":
+                raise
+            view = None
+        events = await c.query("events", since=0, limit=EVENTS_LIMIT, type=list[Event])
+        snap = await c.query("snapshot", type=Snapshot)
+        return view, events, snap
+
+    view, events, snap = call(cfg, "observer", fetch)
+    if view is not None:
+        mine = [e for e in events if e.signature == view.signature and e.model == view.model
+                and e.kind not in ("consumer_joined", "consumer_lost")]
+    else:
+        mine = [e for e in events if _matches(e, arg)]
+    if view is None and not mine:
+        raise NotFound(f"no shape matches {arg!r} (not live, and not in the broker's event log); "
+                       "see `fabricctl shapes list`")
+    return view, mine, snap
+
+
+def thrash_status(view: ShapeView | None, events: list[Event], line: int) -> str:
+    thrash = [e for e in events if e.kind == "thrash"]
+    if thrash:
+        return f"thrashed: {thrash[-1].reason or f'{thrash[-1].value} batches'}"
+    finished = any(e.kind == "transition" and e.dst == "finished" for e in events)
+    if view is None:
+        return f"no: finished at or above {line} batches" if finished else "unknown"
+    if view.state in ("staged", "warming"):
+        return f"not dispatched yet (the thrash line is {line} batches)"
+    if view.batches >= line:
+        return f"no: {view.batches} batches, at or above the line of {line}"
+    return (f"at risk: {view.batches} batches so far; finishing below {line} counts as "
+            "thrashing")
+
+
+def inspect_doc(view: ShapeView | None, events: list[Event], snap: Snapshot) -> dict[str, Any]:
+    line = snap.batches_histogram.thrash_line
+    if view is not None:
+        import msgspec
+
+        doc: dict[str, Any] = msgspec.to_builtins(view)
+        doc["live"] = True
+    else:
+        last = events[-1]
+        states = [e.dst for e in events if e.kind == "transition"]
+        doc = {"model": last.model, "signature": last.signature, "label": last.label,
+               "state": states[-1] if states else "unknown", "live": False,
+               "history": [[e.t, e.dst] for e in events if e.kind == "transition"]}
+    doc["thrash_line"] = line
+    doc["thrash"] = thrash_status(view, events, line)
+    doc["events"] = events
+    doc["now"] = snap.t
+    return doc
+
+
+def show_inspect(cfg: AppConfig, arg: str, as_json: bool) -> None:
+    view, events, snap = fetch_shape(cfg, arg)
+    doc = inspect_doc(view, events, snap)
+    if as_json:
+        write_json(doc)
+        return
+    from .inspect_view import render_inspect
+
+    render_inspect(console(), doc, view)

@@ -1,0 +1,147 @@
+"""`fabricctl status` and `fabricctl down`: how a running broker stands, and stopping it.
+
+Contract:
+- `status --json` is one document: the broker's `status` answer (`version`, `ledger`,
+  `difference`, `states`, `models`, `counters`, `extra` with `store`, `engine`, `gpus`,
+  `processes`, `uptime_s`) with `consumers` being the list of registered consumers rather
+  than their count. Without `--json`: the ledger and its difference (which must read 0),
+  shape states, consumers, store usage and the last recovery, as Rich tables.
+- `down` asks the broker to stop (in-flight batches finish, LMDB closes) and waits, at most
+  `DOWN_WAIT_S`, until its socket stops answering. No broker → `BackendMissing` (exit 3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from fabricctl.client import Client
+from fabricctl.config import AppConfig
+from fabricctl.errors import BackendMissing, FabricTimeout
+
+from .common import ago, call, console, human_bytes, pct, write_json
+
+DOWN_WAIT_S = 30.0
+
+
+def fetch_status(cfg: AppConfig) -> dict[str, Any]:
+    async def fetch(c: Client) -> dict[str, Any]:
+        status = await c.query("status")
+        status["consumers"] = await c.query("consumers")
+        return status  # type: ignore[no-any-return]
+
+    return call(cfg, "observer", fetch)
+
+
+def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
+    t = Table(title=title, title_justify="left", show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def render_status(st: dict[str, Any], data_dir: str) -> list[Table]:
+    led, diff = st["ledger"], st["difference"]
+    extra = st.get("extra", {})
+    engine = extra.get("engine", {})
+    ok = "ok" if list(diff) == [0, 0] else "NOT ZERO"
+    out = [_kv(f"broker {st['version']} at {data_dir} — up {ago(extra.get('uptime_s'))}, "
+               f"engine {engine.get('kind', '?')}", [
+        ("received", f"{led['items_received']:,} items, {led['tokens_received']:,} tokens"),
+        ("queued", f"{led['items_queued']:,} items, {led['tokens_queued']:,} tokens"),
+        ("in flight", f"{led['items_inflight']:,} items, {led['tokens_inflight']:,} tokens"),
+        ("completed", f"{led['items_completed']:,} items, {led['tokens_completed']:,} tokens"),
+        ("ledger difference", f"{diff[0]} items, {diff[1]} tokens ({ok})"),
+    ])]
+    out.append(_kv("shapes", [(k + (" (since start)" if k == "finished" else ""), f"{v:,}")
+                              for k, v in st["states"].items()]))
+    ct = Table(title=f"consumers ({len(st['consumers'])})", title_justify="left")
+    for name in ("NAME", "MODEL", "BATCH", "TOKENS/BATCH", "IN FLIGHT", "BATCHES", "ITEMS"):
+        ct.add_column(name, justify="left" if name in ("NAME", "MODEL") else "right")
+    for c in st["consumers"]:
+        ct.add_row(c["name"], c["model"], str(c["max_batch_size"]), f"{c['max_batch_tokens']:,}",
+                   str(c["batches_inflight"]), f"{c['batches_done']:,}", f"{c['items_done']:,}")
+    out.append(ct)
+    store = extra.get("store", {})
+    if store:
+        used, size = store.get("used_bytes"), store.get("map_size")
+        rec = store.get("recovery", {})
+        out.append(_kv("store", [
+            ("LMDB used", f"{human_bytes(used)} of {human_bytes(size)} map "
+                          f"({pct(used / size if used is not None and size else None)})"),
+            ("free disk", human_bytes(store.get("free_disk"))),
+            ("results stored", f"{store.get('results', 0):,}"),
+            ("last recovery", f"boot {rec.get('boot', '?')}: {rec.get('items', 0):,} items, "
+                              f"{rec.get('tokens', 0):,} tokens in {rec.get('seconds', 0)} s, "
+                              f"ledger {'ok' if rec.get('ledger_ok', True) else 'NOT ok'}"),
+        ]))
+    gpus = extra.get("gpus")
+    if isinstance(gpus, dict):
+        line = (f"{len(gpus.get('gpus', []))} GPU(s)" if gpus.get("available")
+                else gpus.get("reason") or "NVML unavailable")
+        out.append(_kv("host", [("GPUs", line)]))
+    return out
+
+
+def show_status(cfg: AppConfig, as_json: bool) -> None:
+    st = fetch_status(cfg)
+    if as_json:
+        write_json(st)
+        return
+    con = console()
+    for table in render_status(st, str(cfg.data_dir)):
+        con.print(table)
+
+
+async def _down(cfg: AppConfig) -> None:
+    client = await Client.connect(cfg.data_dir, "observer", "fabricctl-down")
+    try:
+        await client.shutdown()
+    finally:
+        await client.close()
+    deadline = time.monotonic() + DOWN_WAIT_S
+    while time.monotonic() < deadline:
+        if not await _answers(cfg) and _lock_free(cfg.data_dir / "broker.lock"):
+            return
+        await asyncio.sleep(0.1)
+    raise FabricTimeout(f"the broker at {cfg.data_dir} is still running {DOWN_WAIT_S:g} s "
+                        "after being asked to stop")
+
+
+async def _answers(cfg: AppConfig) -> bool:
+    try:
+        probe = await Client.connect(cfg.data_dir, "observer", "fabricctl-down", timeout=2.0)
+    except BackendMissing:
+        return False
+    except Exception:  # a broker on its way down may answer oddly: still there
+        return True
+    await probe.close()
+    return True
+
+
+def _lock_free(path: Path) -> bool:
+    """Whether no process holds the data dir's owner lock (the broker holds it until exit)."""
+    import fcntl
+    import os
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing drops a lock we took
+    return True
+
+
+def down(cfg: AppConfig) -> None:
+    asyncio.run(_down(cfg))

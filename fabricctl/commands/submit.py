@@ -1,0 +1,246 @@
+"""`fabricctl submit`: stream JSONL into a running broker, optionally waiting for the results.
+
+Contract:
+- Memory is bounded by the chunking, not by the input: a reader thread runs
+  `producer.parse_stream` (at most `max_line_bytes` of one line held) and hands chunks of
+  `CHUNK` items through a queue of `QUEUED` chunks; at most `IN_FLIGHT` submits await their
+  acks. What grows with the input is the reader's set of ids seen (duplicate check) and,
+  with `--wait`, the set of ids accepted and not yet answered.
+- Every refused line, the reader's (`line N: reason`) or the broker's (a duplicate id, same
+  form, with the input line number), is one `fabricctl: error: line N: reason` on stderr; the
+  other lines still go in.
+- stdout stays empty unless `wait`: then each result of an item *this* submit accepted is
+  written as one JSONL line (`result_line`: native or OpenAI batch output, as the input
+  line came) as soon as the broker has stored it, and nothing else. Results are polled from
+  the broker's result sequence, starting where it stood when the submit began.
+- Exit: 0 every line accepted (and with `wait` every result written), 1 some line refused,
+  4 `timeout` seconds passed after the input ended with results still missing (what has
+  arrived is written). No broker raises `BackendMissing` (3).
+- A progress line (Rich, `ProgressView`) is drawn on stderr only when the CLI passes one:
+  stderr is a terminal and results are not streaming to a terminal. It starts on the
+  first chunk, so a failed connect leaves no bar; refused lines print above it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from fabricctl.client import Client
+from fabricctl.config import AppConfig
+from fabricctl.core.types import Item
+from fabricctl.errors import ExitCode
+from fabricctl.formats.results import ResultRecord, result_line
+from fabricctl.producer import LineError, load_counter, parse_stream
+
+CHUNK = 512  # items per Submit frame: big enough to amortise a commit, small on the wire
+IN_FLIGHT = 4  # submits awaiting their ack at once
+QUEUED = 4  # parsed chunks waiting for a submit slot
+POLL_S = 0.1  # results poll interval (the broker has no result push)
+RESULTS_PAGE = 2000
+
+
+@dataclass
+class Chunk:
+    """Why: one Submit frame's items with their input line numbers, plus the bad lines read."""
+
+    items: list[Item] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+    errors: list[LineError] = field(default_factory=list)
+    bytes_read: int = 0
+    last_line: int = 0
+
+
+class _Counting:
+    """Why: a byte count for the progress bar without a second pass over the input."""
+
+    def __init__(self, fp: BinaryIO) -> None:
+        self.fp, self.n = fp, 0
+
+    def readline(self, limit: int = -1) -> bytes:
+        line = self.fp.readline(limit)
+        self.n += len(line)
+        return line
+
+
+def _read(fp: BinaryIO, cfg: AppConfig, put: Any) -> None:
+    """Reader thread: parse the stream and `put` chunks, then None (or the exception)."""
+    try:
+        counting = _Counting(fp)
+        counter = load_counter(cfg.producer.tokenizer or None)
+        chunk = Chunk()
+        for p in parse_stream(counting, counter=counter,  # type: ignore[arg-type]
+                              max_line_bytes=cfg.producer.max_line_bytes):
+            if isinstance(p, LineError):
+                chunk.errors.append(p)
+                chunk.last_line = p.line_no
+            else:
+                chunk.items.append(p.item)
+                chunk.lines.append(p.line_no)
+                chunk.last_line = p.line_no
+            if len(chunk.items) + len(chunk.errors) >= CHUNK:
+                chunk.bytes_read = counting.n
+                put(chunk)
+                chunk = Chunk()
+        chunk.bytes_read = counting.n
+        put(chunk)
+        put(None)
+    except BaseException as e:  # handed to the event loop, which re-raises it
+        with contextlib.suppress(Exception):  # the loop may be gone already
+            put(e)
+
+
+class Submitter:
+    """Why: the state one submit shares between its reader, its acks and its result poller."""
+
+    def __init__(self, client: Client, cfg: AppConfig, *, wait: bool, out: BinaryIO,
+                 err: Any = None, progress: Any = None) -> None:
+        self.client, self.cfg, self.wait, self.out, self.err = client, cfg, wait, out, err
+        self.progress = progress
+        self.accepted = self.rejected = self.written = self.lines = self.bytes_read = 0
+        self.pending: set[str] = set()  # accepted, result not written yet
+        self.unacked: set[str] = set()  # sent, ack not back yet
+        self.early: dict[str, ResultRecord] = {}  # results that beat their ack
+        self.input_done = False
+        self.failure: BaseException | None = None
+        self.changed = asyncio.Event()
+
+    def error(self, message: str) -> None:
+        err = self.err or sys.stderr  # looked up now: a progress bar redirects sys.stderr
+        err.write(f"fabricctl: error: {message}\n")
+        err.flush()
+
+    async def feed(self, fp: BinaryIO) -> None:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Chunk | BaseException | None] = asyncio.Queue(QUEUED)
+
+        def put(x: Chunk | BaseException | None) -> None:
+            asyncio.run_coroutine_threadsafe(queue.put(x), loop).result()
+
+        threading.Thread(target=_read, args=(fp, self.cfg, put), daemon=True,
+                         name="fabricctl-submit-reader").start()
+        slots = asyncio.Semaphore(IN_FLIGHT)
+        tasks: set[asyncio.Task[None]] = set()
+        while True:
+            got = await queue.get()
+            if got is None:
+                break
+            if isinstance(got, BaseException):
+                raise got
+            self._check()
+            for e in got.errors:
+                self.rejected += 1
+                self.error(str(e))
+            self.lines, self.bytes_read = got.last_line, got.bytes_read
+            self._tick()
+            if got.items:
+                await slots.acquire()
+                self._check()
+                if self.wait:
+                    self.unacked.update(i.id for i in got.items)
+                task = asyncio.ensure_future(self._send(got, slots))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(tasks)
+        self._check()
+        self.input_done = True
+        self._tick()
+        self.changed.set()
+
+    def _check(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    async def _send(self, chunk: Chunk, slots: asyncio.Semaphore) -> None:
+        try:
+            ack = await self.client.submit(chunk.items)
+        except BaseException as e:
+            self.failure = self.failure or e
+            return
+        finally:
+            slots.release()
+        refused = set()
+        for r in ack.rejects:
+            refused.add(r.index)
+            self.rejected += 1
+            self.error(f"line {chunk.lines[r.index]}: {r.reason}")
+        self.accepted += ack.accepted
+        if self.wait:
+            for i, item in enumerate(chunk.items):
+                self.unacked.discard(item.id)
+                if i in refused:
+                    self.early.pop(item.id, None)
+                elif (rec := self.early.pop(item.id, None)) is not None:
+                    self._write(rec)
+                else:
+                    self.pending.add(item.id)
+            self.out.flush()
+        self._tick()
+        self.changed.set()
+
+    def _write(self, rec: ResultRecord) -> None:
+        self.out.write(result_line(rec))
+        self.written += 1
+
+    def done(self) -> bool:
+        return self.input_done and not self.pending and not self.unacked
+
+    async def collect(self, since: int) -> None:
+        """Write this submit's results as the broker stores them, until all are written."""
+        seq = since
+        while not self.done():
+            page = await self.client.query("results", since=seq, limit=RESULTS_PAGE,
+                                           type=list[tuple[int, ResultRecord]])
+            for s, rec in page:
+                seq = s
+                if rec.id in self.pending:
+                    self.pending.discard(rec.id)
+                    self._write(rec)
+                elif rec.id in self.unacked:
+                    self.early[rec.id] = rec
+            if page:
+                self.out.flush()
+                self._tick()
+            if len(page) < RESULTS_PAGE:
+                self.changed.clear()
+                if self.done():
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), POLL_S)
+
+    def _tick(self) -> None:
+        if self.progress is not None:
+            self.progress(self)
+
+
+async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float | None,
+                     out: BinaryIO, err: Any = None, progress: Any = None) -> int:
+    """Submit a stream; the exit code (see the module contract)."""
+    client = await Client.connect(cfg.data_dir, "producer", "fabricctl-submit")
+    try:
+        since = 0
+        if wait:
+            status = await client.query("status")
+            since = int(status.get("extra", {}).get("store", {}).get("results", 0))
+        sub = Submitter(client, cfg, wait=wait, out=out, err=err, progress=progress)
+        collector = asyncio.ensure_future(sub.collect(since)) if wait else None
+        try:
+            await sub.feed(fp)
+            if collector is not None:
+                await asyncio.wait_for(asyncio.shield(collector), timeout)
+        except TimeoutError:
+            sub.error(f"timed out after {timeout:g} s with {len(sub.pending)} result(s) "
+                      f"missing ({sub.written} written)")
+            return ExitCode.TIMEOUT
+        finally:
+            if collector is not None and not collector.done():
+                collector.cancel()
+            out.flush()
+        return ExitCode.RUNTIME if sub.rejected else ExitCode.OK
+    finally:
+        await client.close()

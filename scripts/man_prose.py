@@ -1,0 +1,182 @@
+"""The hand-written parts of fabricctl's man pages, as roff, keyed by command path.
+
+Contract: `gen_man.py` takes NAME/SYNOPSIS/DESCRIPTION/OPTIONS/COMMANDS from the Typer app
+and everything here verbatim: `exit_status(key)` (the shared table plus what a command adds),
+`ENVIRONMENT`, `FILES`, `EXAMPLES[key]` as (what, command line) pairs (escaped by the
+generator), `DESCRIPTION[key]` (an extra roff paragraph) and `see_also(page, pages)`. Keys
+are command paths without the program name: "" (fabricctl itself), "submit", "shapes list".
+Text here is already roff: write `\\-` for a minus sign and `\\fB...\\fR` for bold.
+"""
+
+from __future__ import annotations
+
+_CODES = [
+    ("0", "Success."),
+    ("1", "Runtime error: a refused input line, a broker error, a failed check."),
+    ("2", "Usage or configuration error (bad flag, unknown config key, invalid TOML)."),
+    ("3", "Backend missing: no broker answers on the data dir's socket, or no engine."),
+    ("4", "Timeout: a wait ran out."),
+    ("130", "Interrupted (Ctrl\\-C)."),
+]
+
+_SPECIFIC = {
+    "submit": "\\fBsubmit\\fR exits 0 when every line was accepted, 1 when any line was "
+    "refused (each is reported on stderr; the others still went in), 3 when no broker runs "
+    "and 4 when \\fB\\-\\-timeout\\fR expired before every result arrived.",
+    "results": "\\fBresults \\-\\-follow\\fR runs until interrupted and then exits 130.",
+    "shapes inspect": "\\fBshapes inspect\\fR exits 1 when no shape matches.",
+    "doctor": "\\fBdoctor\\fR exits 0 when no check failed (warnings allowed), else 1.",
+    "down": "\\fBdown\\fR exits 3 when no broker runs, 4 when it still runs 30 s after "
+    "being asked to stop.",
+    "up": "\\fBup\\fR exits 0 after a clean stop (\\fBfabricctl down\\fR), 130 after "
+    "SIGINT or SIGTERM.",
+}
+
+
+def exit_status(key: str) -> str:
+    lines = []
+    if key in _SPECIFIC:
+        lines += [_SPECIFIC[key], ".PP", "All fabricctl commands use these codes:"]
+    for code, meaning in _CODES:
+        lines += [".TP", f"\\fB{code}\\fR", meaning]
+    lines += [".PP", "Errors are one line on stderr, \\fBfabricctl: error:\\fR followed by the "
+              "reason; data goes to stdout only. When the reader of stdout goes away "
+              "(\\fB| head\\fR) fabricctl stops quietly."]
+    return "\n".join(lines)
+
+
+ENVIRONMENT = r"""
+.TP
+.B FABRICCTL_DATA_DIR
+The broker's data dir when \fB\-\-data\-dir\fR is not given: LMDB, the Unix socket, logs.
+Each data dir holds one broker, so several can run side by side.
+.TP
+.B FABRICCTL_CONFIG
+The user configuration file, instead of \fI$XDG_CONFIG_HOME/fabricctl/config.toml\fR.
+.TP
+.BR FABRICCTL_ENGINE ", " FABRICCTL_MODEL
+Override \fBengine\fR and \fBmodel\fR of the configuration files.
+.TP
+.B FABRICCTL_TOKEN
+The token a remote consumer presents to a broker listening on TCP.
+.TP
+.BR XDG_CONFIG_HOME ", " XDG_DATA_HOME
+Where the user configuration and the default data dir live
+(\fI~/.config\fR and \fI~/.local/share\fR when unset).
+.TP
+.B NO_COLOR
+When set, tables and messages carry no colour. Without a terminal there is none anyway.
+.PP
+Precedence of settings: command\-line flag, then environment, then the project file
+\fI./fabric.toml\fR, then the user file, then the defaults.
+"""
+
+FILES = r"""
+.TP
+.I $XDG_CONFIG_HOME/fabricctl/config.toml
+User configuration (TOML); \fBfabricctl config default\fR prints every key.
+.TP
+.I ./fabric.toml
+Project configuration, read from the working directory.
+.TP
+.I DATA_DIR/broker.sock
+The broker's Unix socket; every client command connects to it.
+.TP
+.I DATA_DIR/fabric.lmdb
+The durable store: queued items in shape\-pure segments, results, the ledger.
+.TP
+.I DATA_DIR/broker.lock
+Held by the running broker; one broker per data dir.
+"""
+
+DESCRIPTION = {
+    "": r"""Commands that read the broker (\fBstatus\fR, \fBshapes\fR, \fBresults\fR,
+\fBtop\fR, \fBdoctor\fR) take \fB\-\-json\fR and print one JSON document;
+\fBsubmit \-\-wait\fR and \fBresults\fR print JSON Lines.""",
+    "submit": r"""Input lines are native items
+(\fB{"id", "model", "prefix": [...], "prompt", "max_tokens"}\fR)
+or OpenAI batch requests (\fB{"custom_id", "method", "url", "body"}\fR), mixed freely;
+results come back in the form their line came in, native or OpenAI batch output.""",
+}
+
+EXAMPLES: dict[str, list[tuple[str, str]]] = {
+    "": [
+        ("Start a broker on simulated GPUs, feed it, watch it, stop it:",
+         "fabricctl up --engine sim &\n"
+         "python examples/produce.py --items 1000 | fabricctl submit - --wait > results.jsonl\n"
+         "fabricctl status\nfabricctl down"),
+    ],
+    "up": [
+        ("Two GPUs with one vLLM server each, as configured in a file:",
+         "fabricctl up --config examples/fabric.toml"),
+        ("A second broker next to the first, on simulated GPUs:",
+         "fabricctl up --data-dir /tmp/fabric-b --engine sim"),
+    ],
+    "run": [
+        ("An OpenAI batch file through an embedded broker, results to a file:",
+         "fabricctl run examples/openai_batch.jsonl -o out.jsonl"),
+    ],
+    "consume": [
+        ("Serve a remote broker from this host's vLLM server:",
+         "fabricctl consume --broker gpu-head:7070 --engine openai \\\n"
+         "    --endpoint http://127.0.0.1:8001 --gpu 0"),
+    ],
+    "submit": [
+        ("Submit a workload and keep only the results' ids and cache hits:",
+         "python examples/produce.py --items 1000 | fabricctl submit - --wait \\\n"
+         "    | jq -c '{id, shape, cached: .usage.cached_tokens}'"),
+        ("Submit a file without waiting; count the refused lines:",
+         "fabricctl submit prompts.jsonl 2> refused.txt; wc -l refused.txt"),
+        ("Give up after ten minutes of waiting for results:",
+         "fabricctl submit prompts.jsonl --wait --timeout 600 > out.jsonl"),
+    ],
+    "results": [
+        ("Every result stored so far, then new ones as they come:",
+         "fabricctl results --follow | jq -r .id"),
+        ("Resume from where the last run stopped:",
+         "next=$(fabricctl results --json | jq .next)\n"
+         "fabricctl results --since \"$next\""),
+    ],
+    "shapes": [
+        ("The shapes with the most queued tokens:",
+         "fabricctl shapes list --json | jq -r '.shapes | sort_by(-.tokens)[] | .shape'"),
+    ],
+    "shapes list": [
+        ("Live shapes as tab-separated values:", "fabricctl shapes list | column -t"),
+    ],
+    "shapes inspect": [
+        ("One shape by label, then its lanes as JSON:",
+         "fabricctl shapes inspect acme-support\n"
+         "fabricctl shapes inspect acme-support --json | jq '.lanes'"),
+    ],
+    "status": [
+        ("Check that the ledger balances (prints [0,0]):",
+         "fabricctl status --json | jq -c .difference"),
+    ],
+    "doctor": [
+        ("The failed checks only:",
+         "fabricctl doctor --json | jq -r '.checks[] | select(.status == \"fail\") | .detail'"),
+    ],
+    "down": [("Stop the broker of a data dir:", "fabricctl down --data-dir /tmp/fabric-b")],
+    "top": [
+        ("The dashboard, refreshed twice a second:", "fabricctl top --interval 0.5"),
+        ("One snapshot as JSON, for scripts:", "fabricctl top --once --json | jq .ledger"),
+    ],
+    "config": [
+        ("Start a user configuration from the defaults:",
+         "fabricctl config default > ~/.config/fabricctl/config.toml"),
+    ],
+    "config show": [
+        ("Where the data dir setting comes from:", "fabricctl config show | grep ^data_dir"),
+    ],
+    "config default": [
+        ("Every default, as TOML:", "fabricctl config default"),
+    ],
+}
+
+
+def see_also(page: str, pages: list[str]) -> str:
+    """The other fabricctl pages, then the tools the examples use."""
+    refs = [f"\\fB{p.replace('-', chr(92) + '-')}\\fR(1)" for p in pages if p != page]
+    refs += ["\\fBnvidia\\-smi\\fR(1)", "\\fBjq\\fR(1)"]
+    return ",\n".join(refs)

@@ -1,0 +1,103 @@
+"""Helpers for the CLI tests: run `fabricctl` as a subprocess, start and stop a real broker.
+
+Every run gets a clean environment: no user config (XDG_CONFIG_HOME in a tmp dir), no
+FABRICCTL_* variables unless given, no colour, the working directory a tmp dir (so no
+project fabric.toml is read), and `python -m fabricctl` from this interpreter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+FABRICCTL = [sys.executable, "-m", "fabricctl"]
+START_TIMEOUT_S = 60.0
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FABRICCTL_", "XDG_"))}
+    env.pop("FORCE_COLOR", None)
+    env.update(XDG_CONFIG_HOME=str(home / "config"), XDG_DATA_HOME=str(home / "data"),
+               NO_COLOR="1", COLUMNS="120", TERM="dumb", PYTHONPATH=str(ROOT))
+    env.update(extra)
+    return env
+
+
+def fabricctl(*args: str, env: dict[str, str], cwd: Path, input: bytes | None = None,
+              timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([*FABRICCTL, *args], input=input, capture_output=True, env=env,
+                          cwd=cwd, timeout=timeout)
+
+
+def error_lines(stderr: bytes) -> list[str]:
+    return [ln for ln in stderr.decode().splitlines() if ln.strip()]
+
+
+class Broker:
+    """A `fabricctl up --engine sim` subprocess in its own data dir."""
+
+    def __init__(self, data_dir: Path, home: Path) -> None:
+        self.data_dir, self.home = data_dir, home
+        self.env = clean_env(home)
+        self.log = open(home / f"broker-{data_dir.name}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [*FABRICCTL, "up", "--data-dir", str(data_dir), "--engine", "sim"],
+            stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=home)
+        self.wait_ready()
+
+    def run(self, *args: str, input: bytes | None = None, timeout: float = 120,
+            **env: str) -> subprocess.CompletedProcess[bytes]:
+        """`fabricctl ARGS --data-dir <this broker>`."""
+        full_env = {**self.env, **env}
+        return fabricctl(*args, "--data-dir", str(self.data_dir), env=full_env, cwd=self.home,
+                         input=input, timeout=timeout)
+
+    def wait_ready(self) -> None:
+        """Bounded polling until the socket answers a status query with both consumers."""
+        from fabricctl.client import Client
+
+        async def consumers() -> int:
+            c = await Client.connect(self.data_dir, "observer", "test", timeout=1.0)
+            try:
+                st: Any = await c.query("status")
+                return int(st["consumers"])
+            finally:
+                await c.close()
+
+        deadline = time.monotonic() + START_TIMEOUT_S
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"fabricctl up exited {self.proc.returncode}: "
+                                   f"{self.logs()}")
+            try:
+                if asyncio.run(consumers()) >= 2:
+                    return
+            except Exception as e:  # not up yet
+                last = e
+            time.sleep(0.1)
+        self.proc.kill()
+        raise RuntimeError(f"broker did not answer within {START_TIMEOUT_S} s ({last}): "
+                           f"{self.logs()}")
+
+    def logs(self) -> str:
+        self.log.flush()
+        return (self.home / f"broker-{self.data_dir.name}.log").read_text(errors="replace")
+
+    def stop(self) -> int:
+        """`fabricctl down`, then the `up` process's exit status."""
+        try:
+            down = self.run("down", timeout=60)
+            assert down.returncode == 0, down.stderr
+            return self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.log.close()
