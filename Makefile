@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: venv vllm-env demo test test-fast lint bench man clean
+.PHONY: venv vllm-env groff demo test test-fast lint bench man clean
 
 venv: $(STAMP)
 
@@ -26,14 +26,22 @@ demo: $(STAMP)
 	$(PY) -m fabricctl.demo
 
 lint: $(STAMP)
-	$(PY) -m ruff check fabricctl tests bench examples
+	$(PY) -m ruff check fabricctl tests bench examples scripts
 
-test-fast: $(STAMP)
-	$(PY) -m ruff check fabricctl tests bench examples
+# groff lints the man pages in the tests; Debian's groff-base provides it.
+groff:
+	@command -v groff >/dev/null || (apt-get update -qq && apt-get install -y -qq groff-base) \
+		|| echo "groff unavailable: the man-page lint test will skip"
+
+man: $(STAMP)
+	$(PY) scripts/gen_man.py
+
+test-fast: $(STAMP) groff
+	$(PY) -m ruff check fabricctl tests bench examples scripts
 	$(PY) -m pytest -q -m "not real_vllm"
 
-test: $(STAMP) $(VLLM_STAMP)
-	$(PY) -m ruff check fabricctl tests bench examples
+test: $(STAMP) $(VLLM_STAMP) groff
+	$(PY) -m ruff check fabricctl tests bench examples scripts
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
