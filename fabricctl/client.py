@@ -150,9 +150,20 @@ class Client:
         rid = next(self._rids)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = fut
-        self.send(build(rid))
-        await self._writer.drain()
+        try:
+            self.send(build(rid))
+            await self._drain()
+        except BaseException:
+            self._waiting.pop(rid, None)
+            raise
         return await fut
+
+    async def _drain(self) -> None:
+        """Wait for the socket to take what was written; a socket error is a lost broker."""
+        try:
+            await self._writer.drain()
+        except (ConnectionError, OSError) as e:
+            raise BackendMissing(f"lost the broker: {e}") from e
 
     # -- producers ----------
     async def submit(self, items: list[Item]) -> Ack:
@@ -166,7 +177,7 @@ class Client:
 
     async def heartbeat(self, stats: dict[str, Any] | None = None) -> None:
         self.send(Heartbeat(stats or {}))
-        await self._writer.drain()
+        await self._drain()
 
     async def pull(self, wait_s: float = 1.0) -> Work | None:
         reply: WorkReply = await self.request(lambda rid: Pull(rid, wait_s))

@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from fabricctl import __version__
+from fabricctl.core.broker import ShapeGuardError
 from fabricctl.core.types import Item, ItemResult
 from fabricctl.server import views
 from fabricctl.server.config import ServerConfig
@@ -79,6 +80,10 @@ class BrokerServer:
         self.started = clock()
         self.stopped = asyncio.Event()
         self._servers: list[asyncio.AbstractServer] = []
+        self._tcp: asyncio.AbstractServer | None = None
+        self._metrics: asyncio.AbstractServer | None = None
+        self._stopping: asyncio.Task[None] | None = None
+        self.on_fatal: Callable[[BaseException], None] = _stop_process
         self._tasks: list[asyncio.Task[None]] = []
         self._handlers: set[asyncio.Task[Any]] = set()
         self.ingest = GroupCommitter(self._flush_ingest, cfg.commit_items, cfg.commit_wait_s)
@@ -102,12 +107,13 @@ class BrokerServer:
         self._servers.append(srv)
         if self.cfg.listen:
             host, _, port = self.cfg.listen.rpartition(":")
-            tcp = await asyncio.start_server(lambda r, w: self._handle(r, w, "tcp"),
-                                             host or "127.0.0.1", int(port))
-            self._servers.append(tcp)
+            self._tcp = await asyncio.start_server(lambda r, w: self._handle(r, w, "tcp"),
+                                                   host or "127.0.0.1", int(port))
+            self._servers.append(self._tcp)
         if self.cfg.metrics_port is not None:
-            self._servers.append(await self.metrics.serve(self.cfg.metrics_host,
-                                                          self.cfg.metrics_port))
+            self._metrics = await self.metrics.serve(self.cfg.metrics_host,
+                                                     self.cfg.metrics_port)
+            self._servers.append(self._metrics)
         self.ingest.start()
         self.completer.start()
         loop = asyncio.get_running_loop()
@@ -116,11 +122,12 @@ class BrokerServer:
                  f" and tcp {self.cfg.listen}" if self.cfg.listen else "")
 
     def tcp_port(self) -> int | None:
-        for srv in self._servers[1:]:
-            for sock in srv.sockets:
-                if sock.family.name.startswith("AF_INET"):
-                    return int(sock.getsockname()[1])
-        return None
+        """The TCP listener's bound port (useful with `listen="HOST:0"`), or None."""
+        return _bound_port(self._tcp)
+
+    def metrics_port(self) -> int | None:
+        """The Prometheus endpoint's bound port (useful with `metrics_port=0`), or None."""
+        return _bound_port(self._metrics)
 
     async def stop(self) -> None:
         for srv in self._servers:
@@ -161,9 +168,8 @@ class BrokerServer:
         except (ConnectionError, asyncio.IncompleteReadError, OSError):
             pass
         finally:
-            with contextlib.suppress(Exception):
-                await writer.drain()
-            self._drop(peer, "connection closed")
+            # flush what is queued (an Error frame, the last replies), then close
+            self._drop(peer, "connection closed", graceful=True)
             if me is not None:
                 self._handlers.discard(me)
 
@@ -184,38 +190,44 @@ class BrokerServer:
         return peer.send(Welcome(PROTOCOL_VERSION, f"fabricctl {__version__}",
                                  str(self.cfg.data_dir)))
 
-    def _drop(self, peer: Peer, why: str) -> None:
+    def _drop(self, peer: Peer, why: str, graceful: bool = False) -> None:
         if peer not in self.peers:
             return
         self.peers.discard(peer)
-        peer.close()
+        peer.close(graceful)
         if peer.consumer is not None and self.consumers.get(peer.consumer) is peer:
             del self.consumers[peer.consumer]
             self._disconnect_consumer(peer.consumer, why)
 
     def _disconnect_consumer(self, name: str, why: str) -> None:
         self.completer.flush_now()  # completions already received still count
-        c = self.core.consumers.get(name)
-        batch_ids = list(c.batches) if c is not None else []
-        items = self.core.disconnect(name, self.clock(), why)
-        for b in batch_ids:
-            self.store.work.pop(b, None)
+        items = self.store.disconnect(name, self.clock(), why)
         if items:
             log.warning("consumer %s lost (%s): %d items back to their lanes", name, why, items)
         self.wakeup.notify()
 
-    def _spawn(self, peer: Peer, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+    def _spawn(self, peer: Peer, coro: Any, rid: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._guarded(peer, coro, rid))
         peer.tasks.add(task)
         task.add_done_callback(peer.tasks.discard)
 
+    async def _guarded(self, peer: Peer, coro: Any, rid: int) -> None:
+        """Run one request; a failure answers it with an Error instead of leaving it hanging."""
+        try:
+            await coro
+        except ShapeGuardError as e:
+            self.on_fatal(e)
+        except Exception as e:
+            log.exception("request %d from %s failed", rid, peer.consumer or peer.name or "?")
+            peer.send(Error("internal", f"{type(e).__name__}: {e}", rid))
+
     def _dispatch(self, peer: Peer, frame: object) -> None:
         if isinstance(frame, Submit):
-            self._spawn(peer, self._submit(peer, frame))
+            self._spawn(peer, self._submit(peer, frame), frame.rid)
         elif isinstance(frame, Pull):
-            self._spawn(peer, self._pull(peer, frame))
+            self._spawn(peer, self._pull(peer, frame), frame.rid)
         elif isinstance(frame, Complete):
-            self._spawn(peer, self._complete(peer, frame))
+            self._spawn(peer, self._complete(peer, frame), frame.rid)
         elif isinstance(frame, Heartbeat):
             peer.engine_stats = frame.stats
         elif isinstance(frame, Register):
@@ -223,12 +235,12 @@ class BrokerServer:
         elif isinstance(frame, Fail):
             self._fail(peer, frame)
         elif isinstance(frame, Subscribe):
-            self._spawn(peer, self._stream(peer, frame))
+            self._spawn(peer, self._stream(peer, frame), frame.rid)
         elif isinstance(frame, Query):
             peer.send(views.answer(self, frame))
         elif isinstance(frame, Shutdown):
             peer.send(Done(frame.rid))
-            asyncio.get_running_loop().create_task(self.stop())
+            self._stopping = asyncio.get_running_loop().create_task(self.stop())
         else:
             peer.send(Error("unexpected", f"{type(frame).__name__} is not a request",
                             fatal=True))
@@ -270,6 +282,11 @@ class BrokerServer:
         old = self.consumers.get(frame.name)
         if old is not None and old is not peer:
             self._drop(old, "replaced by a new registration")
+        if peer.consumer is not None and peer.consumer != frame.name:
+            # the connection re-registers under another name: the old one holds nothing
+            if self.consumers.get(peer.consumer) is peer:
+                del self.consumers[peer.consumer]
+            self._disconnect_consumer(peer.consumer, f"re-registered as {frame.name}")
         now = self.clock()
         self.core.register(frame.name, frame.contract, now)
         peer.role, peer.consumer, peer.gpu = "consumer", frame.name, frame.gpu
@@ -316,6 +333,10 @@ class BrokerServer:
         return stored
 
     async def _complete(self, peer: Peer, frame: Complete) -> None:
+        c = self.core.consumers.get(peer.consumer or "")
+        if c is None or frame.batch not in c.batches:
+            peer.send(Done(frame.rid, -1))  # late, duplicate, or another consumer's batch
+            return
         n = len(frame.results)
         stored = await self.completer.submit((frame.batch, frame.results, peer.gpu), 1)
         self.metrics.completed(peer.consumer or "", n, stored)
@@ -325,7 +346,7 @@ class BrokerServer:
         c = self.core.consumers.get(peer.consumer or "")
         ours = c is not None and frame.batch in c.batches
         if ours:
-            self.store.fail(frame.batch, self.clock())
+            self.store.fail(frame.batch, self.clock(), frame.reason)
             log.warning("batch %d failed on %s: %s", frame.batch, peer.consumer, frame.reason)
             self.wakeup.notify()
         peer.send(Done(frame.rid, 0 if ours else -1))
@@ -368,6 +389,20 @@ class BrokerServer:
                     log.warning("consumer %s silent for %.1f s: disconnecting", peer.consumer,
                                 now - peer.last_seen)
                     self._drop(peer, "heartbeat timeout")
+
+
+def _stop_process(e: BaseException) -> None:
+    """The hard guard tripped: a poisoned prefix cache is worse than a restart."""
+    log.critical("%s; stopping the broker process", e)
+    logging.shutdown()
+    os._exit(70)
+
+
+def _bound_port(srv: asyncio.AbstractServer | None) -> int | None:
+    for sock in getattr(srv, "sockets", None) or ():
+        if sock.family.name.startswith("AF_INET"):
+            return int(sock.getsockname()[1])
+    return None
 
 
 def data_dir_socket(data_dir: Path) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -27,7 +28,7 @@ class GroupCommitter(Generic[P, R]):
         self.flush_fn = flush_fn
         self.max_size = max_size
         self.max_wait_s = max_wait_s
-        self._pending: list[tuple[P, int, asyncio.Future[R]]] = []
+        self._pending: deque[tuple[P, int, asyncio.Future[R]]] = deque()
         self._size = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -53,35 +54,37 @@ class GroupCommitter(Generic[P, R]):
     def flush_now(self) -> None:
         """Commit whatever waits, on the caller's stack (used before a disconnect and at exit)."""
         while self._pending:
-            take, taken = [], 0
-            while self._pending and (not take or taken + self._pending[0][1] <= self.max_size):
-                p = self._pending.pop(0)
-                take.append(p)
-                taken += p[1]
-            self._size -= taken
-            try:
-                results = self.flush_fn([p for p, _, _ in take])
-            except BaseException as e:  # every waiter hears it; fatal ones go on up
-                for _, _, fut in take:
-                    if not fut.done():
-                        fut.set_exception(e)
-                if not isinstance(e, Exception):
-                    raise
-                continue
-            self.flushes += 1
-            for (_, _, fut), r in zip(take, results, strict=True):
+            self._flush_one()
+
+    def _flush_one(self) -> None:
+        """Commit the oldest requests, up to `max_size` units (at least one request)."""
+        take, taken = [], 0
+        while self._pending and (not take or taken + self._pending[0][1] <= self.max_size):
+            take.append(self._pending.popleft())
+            taken += take[-1][1]
+        self._size -= taken
+        try:
+            results = self.flush_fn([p for p, _, _ in take])
+        except BaseException as e:  # every waiter hears it; fatal ones go on up
+            for _, _, fut in take:
                 if not fut.done():
-                    fut.set_result(r)
+                    fut.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        self.flushes += 1
+        for (_, _, fut), r in zip(take, results, strict=True):
+            if not fut.done():
+                fut.set_result(r)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if not self._pending:
-                continue
-            deadline = loop.time() + self.max_wait_s
-            while self._size < self.max_size and loop.time() < deadline:
-                await asyncio.sleep(min(self.max_wait_s / 4, deadline - loop.time()))
-            self.flush_now()
-            await asyncio.sleep(0)  # let heartbeats and acks through between commits
+            while self._pending:
+                deadline = loop.time() + self.max_wait_s
+                while self._size < self.max_size and loop.time() < deadline:
+                    await asyncio.sleep(min(self.max_wait_s / 4, deadline - loop.time()))
+                self._flush_one()  # one commit, then the loop serves pulls and heartbeats
+                await asyncio.sleep(0)

@@ -38,10 +38,17 @@ class Peer:
             return False
         return True
 
-    def close(self) -> None:
+    def close(self, graceful: bool = False) -> None:
+        """Stop serving this connection: `graceful` sends what is queued first (an Error
+        frame, last replies; given up after 5 s), otherwise it is cut at once (a dead peer)."""
         self.closed = True
         for t in self.tasks:
             t.cancel()
         transport = self.writer.transport
-        if transport is not None:
+        if transport is None:
+            return
+        if graceful and transport.get_write_buffer_size():
+            transport.close()
+            asyncio.get_running_loop().call_later(5.0, transport.abort)
+        else:
             transport.abort()
