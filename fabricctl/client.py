@@ -183,8 +183,11 @@ class Client:
         reply: WorkReply = await self.request(lambda rid: Pull(rid, wait_s))
         return reply.work
 
-    async def complete(self, batch: int, results: list[ItemResult]) -> int:
-        done: Done = await self.request(lambda rid: Complete(rid, batch, results))
+    async def complete(self, batch: int, results: list[ItemResult],
+                       cache: tuple[int, int, int] | None = None) -> int:
+        """Settle a batch; `cache` is the engine's (queries, hits, achievable) tokens for it."""
+        extra = list(cache) if cache else []
+        done: Done = await self.request(lambda rid: Complete(rid, batch, results, extra))
         return done.stored
 
     async def fail(self, batch: int, reason: str) -> int:

@@ -338,6 +338,9 @@ class BrokerServer:
             peer.send(Done(frame.rid, -1))  # late, duplicate, or another consumer's batch
             return
         n = len(frame.results)
+        if len(frame.cache) == 3:  # the cache-truth audit's evidence, while the batch is ours
+            q, h, a = frame.cache
+            self.core.record_cache(frame.batch, q, h, a, self.clock())
         stored = await self.completer.submit((frame.batch, frame.results, peer.gpu), 1)
         self.metrics.completed(peer.consumer or "", n, stored)
         peer.send(Done(frame.rid, stored))

@@ -98,6 +98,7 @@ class Complete(msgspec.Struct, tag=True):
     rid: int
     batch: int
     results: list[ItemResult]
+    cache: list[int] = []  # the engine's (queries, hits, achievable) tokens for this batch
 
 
 class Fail(msgspec.Struct, tag=True):

@@ -1,0 +1,294 @@
+"""`fabricctl top`: the live dashboard, a Textual app over a pluggable snapshot source.
+
+Contract:
+- one async worker (group "stream") reads `source.stream(interval, lanes)` and posts a
+  `SnapshotArrived` per snapshot; the UI applies it inside `batch_update()`, drawing only
+  the visible view, so nothing on the event loop waits for the broker;
+- a failing or ended stream posts `StreamLost`: a "reconnecting" banner (not a traceback)
+  and a new attempt after a backoff doubling from `retry_min` to `retry_max`; the next
+  snapshot hides the banner;
+- the lanes of exactly one shape are subscribed: the one opened with Enter;
+- keys: q quit, ? help, / filter, Enter lanes, Esc back, p pause, 1-4 views, s/S sort,
+  +/- refresh interval. `paused` keeps receiving but stops redrawing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+from rich.text import Text
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.message import Message
+from textual.widgets import ContentSwitcher, Footer, Input
+
+from fabricctl.core.snapshot import Snapshot
+from fabricctl.tui import table
+from fabricctl.tui.palette import MUTED, WARN
+from fabricctl.tui.sources import SnapshotSource
+from fabricctl.tui.widgets.help import HelpScreen
+from fabricctl.tui.widgets.lines import TextBox
+from fabricctl.tui.widgets.panes import (
+    EventsPane,
+    LanesPane,
+    Overview,
+    ThrashPane,
+    ViewState,
+)
+from fabricctl.tui.widgets.shapes import ShapesTable
+
+VIEWS = ("overview", "lanes", "thrash", "events")
+INTERVALS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+class SnapshotArrived(Message):
+    def __init__(self, snapshot: Snapshot) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+
+
+class StreamLost(Message):
+    def __init__(self, reason: str, retry_in: float, attempt: int) -> None:
+        super().__init__()
+        self.reason, self.retry_in, self.attempt = reason, retry_in, attempt
+
+
+class TopApp(App[int]):
+    """Why: operators watch the shape lifecycle, lane waste and thrashing as they happen."""
+
+    CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses live elsewhere
+    TITLE = "fabricctl top"
+    BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("question_mark", "help", "help"),
+        Binding("slash", "filter", "filter"),
+        Binding("enter", "details", "lanes", show=False),
+        Binding("escape", "back", "back"),
+        Binding("p", "pause", "pause"),
+        Binding("1", "view('overview')", "overview"),
+        Binding("2", "view('lanes')", "lanes"),
+        Binding("3", "view('thrash')", "thrash"),
+        Binding("4", "view('events')", "events"),
+        Binding("s", "sort(1)", "sort", show=False),
+        Binding("S", "sort(0)", "reverse", show=False),
+        Binding("plus,equals_sign", "interval(1)", "+int", show=False),
+        Binding("minus", "interval(-1)", "-int", show=False),
+    ]
+
+    def __init__(self, source: SnapshotSource, interval: float = 1.0, *,
+                 retry_min: float = 0.25, retry_max: float = 5.0) -> None:
+        super().__init__()
+        self.source = source
+        self.interval = interval
+        self.retry_min, self.retry_max = retry_min, retry_max
+        self.state = ViewState()
+        self.snapshot: Snapshot | None = None  # the one drawn
+        self.latest: Snapshot | None = None  # the one received last
+        self.paused = False
+        self.connected = False
+        self.received = 0
+
+    # -- layout ----------
+    def compose(self) -> ComposeResult:
+        yield TextBox(id="header")
+        yield TextBox(id="banner")
+        with ContentSwitcher(initial="overview", id="views"):
+            yield Overview(id="overview")
+            yield LanesPane(id="lanes")
+            yield ThrashPane(id="thrash")
+            yield EventsPane(id="events")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        # references, not queries: queries look at the active screen (help) or at nothing
+        # (while the app shuts down), the widgets stay ours either way
+        self.switcher = self.query_one(ContentSwitcher)
+        self.panes: dict[str, Overview | LanesPane | ThrashPane | EventsPane] = {
+            v: self.query_one(f"#{v}", pane) for v, pane in
+            zip(VIEWS, (Overview, LanesPane, ThrashPane, EventsPane), strict=True)}
+        self.header_box = self.query_one("#header", TextBox)
+        self.banner = self.query_one("#banner", TextBox)
+        self.table = self.query_one(ShapesTable)
+        self.filter_box = self.query_one("#filter", Input)
+        self._banner(f"connecting to {self.source.address} …", lost=False)
+        self._header()
+        self.table.focus()
+        self._restart_stream()
+
+    @property
+    def view(self) -> str:
+        return self.switcher.current or "overview"
+
+    # -- the stream ----------
+    def _restart_stream(self) -> None:
+        self.run_worker(self._pump(), group="stream", exclusive=True, exit_on_error=False)
+
+    async def _pump(self) -> None:
+        delay, attempt = self.retry_min, 0
+        lanes = [self.state.selected] if self.state.selected else []
+        while True:
+            try:
+                stream = self.source.stream(self.interval, lanes)
+                async with contextlib.aclosing(stream):  # type: ignore[type-var]
+                    async for snap in stream:
+                        delay, attempt = self.retry_min, 0
+                        self.post_message(SnapshotArrived(snap))
+                reason = "the stream ended"
+            except Exception as e:  # any failure of the source is a lost broker, shown
+                reason = f"{type(e).__name__}: {e}"
+            attempt += 1
+            self.post_message(StreamLost(reason, delay, attempt))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.retry_max)
+
+    def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
+        snap = message.snapshot
+        self.latest = snap
+        self.received += 1
+        self.state.rates.update(snap)
+        self.state.take_events(snap)
+        if not self.connected:
+            self.connected = True
+            self._banner("")
+        if not self.paused:
+            self._draw(snap)
+
+    def on_stream_lost(self, message: StreamLost) -> None:
+        self.connected = False
+        self._banner(f"broker lost ({message.reason}); reconnecting in "
+                     f"{message.retry_in:g} s (attempt {message.attempt}); the last "
+                     f"snapshot stays on screen")
+
+    def _draw(self, snap: Snapshot) -> None:
+        self.snapshot = snap
+        with self.batch_update():
+            self._header()
+            self.panes[self.view].apply(snap, self.state)
+
+    def redraw(self) -> None:
+        if self.latest is not None:
+            self._draw(self.latest)
+        else:
+            self._header()
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self.redraw)
+
+    # -- header and banner ----------
+    def _header(self) -> None:
+        t = Text("fabricctl top", style="bold")
+        t.append(f"  {self.source.address}", style=MUTED)
+        t.append(f"  {self.view}  every {self.interval:g} s")
+        col = table.BY_KEY[self.state.sort]
+        t.append(f"  sort {col.label}{' ↓' if self.state.reverse else ''}", style=MUTED)
+        if self.state.query:
+            t.append(f"  filter “{self.state.query}”", style=WARN)
+        if self.paused:
+            t.append("  PAUSED", style="reverse " + WARN)
+        self.header_box.show(t)
+
+    def _banner(self, text: str, lost: bool = True) -> None:
+        banner = self.banner
+        banner.show(Text(text))
+        banner.set_class(bool(text), "-shown")
+        banner.set_class(lost, "-lost")
+
+    # -- actions ----------
+    async def action_quit(self) -> None:
+        self.exit(0)
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_view(self, view: str) -> None:
+        if view == "lanes" and self.state.selected is None:
+            self.action_details()
+            return
+        self.switcher.current = view
+        if view == "overview":
+            self.table.focus()
+        self.redraw()
+        self.call_after_refresh(self.redraw)  # again, once the view has its size
+
+    def action_details(self) -> None:
+        key = self.table.selected_key()
+        if key is None:
+            self.notify("no shape under the cursor", severity="warning")
+            return
+        self.open_lanes(key)
+
+    def open_lanes(self, key: str) -> None:
+        model, _, hexsig = key.rpartition(":")
+        selected = (model, int(hexsig, 16))
+        if selected != self.state.selected:
+            self.state.selected = selected
+            self._restart_stream()
+        self.switcher.current = "lanes"
+        self.redraw()
+        self.call_after_refresh(self.redraw)
+
+    @on(ShapesTable.RowSelected)
+    def _row_selected(self, event: ShapesTable.RowSelected) -> None:
+        self.open_lanes(event.key)
+
+    @on(ShapesTable.HeaderSelected)
+    def _header_selected(self, event: ShapesTable.HeaderSelected) -> None:
+        key = event.column
+        if key == self.state.sort:
+            self.state.reverse = not self.state.reverse
+        else:
+            self.state.sort, self.state.reverse = key, table.BY_KEY[key].numeric
+        self.redraw()
+
+    def action_sort(self, step: int) -> None:
+        if step:
+            keys = table.COLUMN_KEYS
+            self.state.sort = keys[(keys.index(self.state.sort) + 1) % len(keys)]
+            self.state.reverse = table.BY_KEY[self.state.sort].numeric
+        else:
+            self.state.reverse = not self.state.reverse
+        self.redraw()
+
+    def action_filter(self) -> None:
+        self.switcher.current = "overview"
+        box = self.filter_box
+        box.add_class("-shown")
+        box.focus()
+        self.redraw()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.state.query = event.value.strip()
+        self.redraw()
+
+    @on(Input.Submitted, "#filter")
+    def _filter_done(self) -> None:
+        self.table.focus()
+
+    def action_back(self) -> None:
+        box = self.filter_box
+        if self.view != "overview":
+            self.action_view("overview")
+        elif box.has_focus or self.state.query:
+            box.value = ""
+            self.state.query = ""
+            box.remove_class("-shown")
+            self.table.focus()
+            self.redraw()
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        self.redraw()
+
+    def action_interval(self, step: int) -> None:
+        k = min(range(len(INTERVALS)), key=lambda i: abs(INTERVALS[i] - self.interval))
+        new = INTERVALS[max(0, min(len(INTERVALS) - 1, k + step))]
+        if new != self.interval:
+            self.interval = new
+            self._restart_stream()
+        self._header()
+

@@ -1,0 +1,135 @@
+"""Pure Rich renderings of one `Snapshot`: the state machine, models, ledger and events.
+
+Contract: each function takes plain snapshot data and returns a `rich.text.Text`; nothing
+here reads a clock (ages are measured against the snapshot's own `t`) or imports Textual,
+so the live app and the one-shot `top --once` draw the same thing and tests compare text
+and styles exactly. Critical events are drawn wholly in `palette.CRITICAL`.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from fabricctl.core.events import Event
+from fabricctl.core.signature import signature_hex
+from fabricctl.core.snapshot import ModelView, Snapshot
+from fabricctl.tui import fmt
+from fabricctl.tui.palette import CRITICAL, MUTED, OK, STATES, state_style
+
+ARROW = " ─▶ "
+
+
+def state_machine(states: dict[str, int]) -> Text:
+    """The five states with their counts and arrows, plus the staged → active bypass.
+
+    >>> str(state_machine({"staged": 2, "active": 1})).splitlines()[0]
+    'staged 2 ─▶ warming 0 ─▶ active 1 ─▶ draining 0 ─▶ finished 0'
+    """
+    top = Text()
+    centres: dict[str, int] = {}
+    for k, name in enumerate(STATES):
+        if k:
+            top.append(ARROW, style=MUTED)
+        start = top.cell_len
+        n = states.get(name, 0)
+        top.append(name, style=state_style(name) if n else MUTED)
+        top.append(f" {n}", style="bold" if n else MUTED)
+        centres[name] = (start + top.cell_len) // 2
+    a, b = centres["staged"], centres["active"]
+    bypass = Text(" " * a + "└" + "─" * (b - a - 1) + "▲", style=MUTED)
+    bypass.append("  (warming is optional)", style=MUTED)
+    return Text("\n").join([top, bypass])
+
+
+def shape_name(signature: int | None, label: str = "") -> str:
+    if signature is None:
+        return "—"
+    return f"{signature_hex(signature)} {label}".rstrip()
+
+
+def short_name(signature: int | None, label: str = "") -> str:
+    """The label when the producer gave one, else the hex signature."""
+    if signature is None:
+        return "—"
+    return label or signature_hex(signature)
+
+
+def labels(snap: Snapshot) -> dict[tuple[str, int], str]:
+    return {(s.model, s.signature): s.label for s in snap.shapes}
+
+
+def model_line(m: ModelView, names: dict[tuple[str, int], str]) -> Text:
+    """`m  active <label or hex>  ep 3  warming <label or hex>  switches 4`."""
+    line = Text(f"{m.name}  ", style="bold")
+    state = m.current_state or "idle"
+    line.append(f"{state} ", style=state_style(state) or MUTED)
+    line.append(short_name(m.current, names.get((m.name, m.current or 0), "")))
+    line.append(f"  ep {m.epoch}", style=MUTED)
+    line.append("  warming ", style=state_style("warming") if m.warming is not None else MUTED)
+    line.append(short_name(m.warming, names.get((m.name, m.warming or 0), "")))
+    line.append(f"  switches {m.switches}", style=MUTED)
+    return line
+
+
+def models(snap: Snapshot) -> Text:
+    names = labels(snap)
+    if not snap.models:
+        return Text("no model has items or consumers yet", style=MUTED)
+    return Text("\n").join(model_line(m, names) for m in snap.models)
+
+
+def ledger_line(snap: Snapshot) -> Text:
+    """received / routed / queued items and tokens, and the difference (must be 0 / 0)."""
+    lg = snap.ledger
+    line = Text("ledger ", style="bold")
+    for name, items, tokens in (
+        ("received", lg.items_received, lg.tokens_received),
+        ("routed", lg.items_routed, lg.tokens_routed),
+        ("queued", lg.items_queued, lg.tokens_queued),
+    ):
+        line.append(f"{name} ", style=MUTED)
+        line.append(f"{fmt.si(items)}/{fmt.si(tokens)}  ")
+    di, dt = snap.difference
+    line.append("difference ", style=MUTED)
+    ok = di == 0 and dt == 0
+    line.append(f"{di}/{dt}", style=OK if ok else CRITICAL)
+    if not ok:
+        line.append(" LOST OR DOUBLE-COUNTED", style=CRITICAL)
+    return line
+
+
+def _event_body(e: Event) -> Text:
+    shape = shape_name(e.signature, e.label) if e.signature or e.label else ""
+    t = Text()
+    if e.kind == "transition":
+        t.append(f"{e.model} {shape}  {e.src} → ")
+        t.append(e.dst, style=state_style(e.dst))
+        t.append(f"  ({e.reason}) ep {e.value}", style=MUTED)
+    elif e.kind == "prewarm":
+        t.append(f"{e.model} {shape}  pre-warm ep {e.value}, {e.reason}")
+    elif e.kind == "force_drain":
+        t.append(f"{e.model} {shape}  lane {e.value} force-drained ({e.reason})")
+    elif e.kind == "thrash":
+        t.append(f"{e.model} {shape}  finished after {e.value} batches")
+    elif e.kind == "consumer_joined":
+        t.append(f"{e.model}  consumer {e.reason} joined")
+    elif e.kind == "consumer_lost":
+        t.append(f"{e.model}  consumer {e.reason} lost, {e.value} items back to their lanes")
+    else:
+        t.append(f"{e.model} {shape}  {e.reason}")
+    return t
+
+
+KIND_TAG = {"transition": "transition", "prewarm": "pre-warm", "force_drain": "force-drain",
+            "thrash": "THRASH", "consumer_joined": "joined", "consumer_lost": "lost",
+            "guard": "GUARD"}
+
+
+def event_line(e: Event, now: float) -> Text:
+    """`  3.2s  transition  m <hex label>  staged → active ...`; critical lines in CRITICAL."""
+    line = Text(f"{fmt.age(now - e.t):>6} ago  ", style=MUTED)
+    line.append(f"{KIND_TAG.get(e.kind, str(e.kind)):<11} ")
+    line.append_text(_event_body(e))
+    if e.critical:
+        line.stylize(CRITICAL)
+    return line

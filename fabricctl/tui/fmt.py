@@ -1,0 +1,62 @@
+"""Small pure formatters for numbers, ages and sparklines (no Rich, no Textual).
+
+Contract: every function returns a short str of predictable width; `None` means "not
+available" and renders as "n/a" (NVML fields, rates before a second sample).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+NA = "n/a"
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def si(n: float | None) -> str:
+    """12, 1.2k, 34.5k, 1.2M: counts and token figures in at most 6 characters."""
+    if n is None:
+        return NA
+    a = abs(n)
+    if a < 1000:
+        return f"{n:.0f}"
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if a >= div:
+            v = n / div
+            return f"{v:.1f}{unit}" if abs(v) < 100 else f"{v:.0f}{unit}"
+    return f"{n:.0f}"  # pragma: no cover
+
+
+def pct(x: float | None, digits: int = 1) -> str:
+    """A fraction 0..1 as a percentage."""
+    return NA if x is None else f"{x * 100:.{digits}f}%"
+
+
+def age(s: float | None) -> str:
+    """Seconds as 4.2s, 12m3s, 2h05m."""
+    if s is None:
+        return NA
+    s = max(0.0, s)
+    if s < 60:
+        return f"{s:.1f}s" if s < 10 else f"{s:.0f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60)}s"
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+
+
+def gib(n: int | None) -> str:
+    return NA if n is None else f"{n / 2**30:.1f}"
+
+
+def sparkline(values: Sequence[float], width: int) -> str:
+    """The last `width` values as block characters scaled to their maximum; blank padded."""
+    vals = list(values)[-width:] if width > 0 else []
+    top = max(vals, default=0.0)
+    if top <= 0:
+        return (SPARK[0] * len(vals)).rjust(width)
+    chars = [SPARK[min(len(SPARK) - 1, int(v / top * (len(SPARK) - 1) + 0.5))] for v in vals]
+    return "".join(chars).rjust(width)
+
+
+def shorten(s: str, width: int) -> str:
+    """`s` cut to `width` cells with an ellipsis."""
+    return s if len(s) <= width else s[: max(0, width - 1)] + "…"

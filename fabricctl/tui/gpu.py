@@ -1,0 +1,143 @@
+"""The GPU panel: NVML samples joined with each engine's stats and heartbeat, as Rich text.
+
+Contract: `gpu_panel(snap, rates)` reads `snap.extra["gpus"]` (a `GpuReport` as builtins)
+and `snap.extra["engines"]` (consumer -> gpu, engine, simulated, last_seen, stats). One line
+per GPU (utilisation, memory, temperature, power) followed by one line per engine on it
+(KV hit rate = prefix-cache hits / queries, tokens/s sparkline, heartbeat age, "simulated"
+when the engine is the simulated one). Without NVML the first line is
+"NVML unavailable: <reason>" and the engines are still listed. `RateTracker` turns the
+engines' cumulative token counters into tokens/s, keyed by consumer, against snapshot time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from rich.text import Text
+
+from fabricctl.core.snapshot import Snapshot
+from fabricctl.tui import fmt
+from fabricctl.tui.palette import CRITICAL, MUTED, OK, WARN
+
+HISTORY = 60
+SPARK_WIDTH = 8
+
+
+def engines(snap: Snapshot) -> dict[str, dict[str, Any]]:
+    raw = snap.extra.get("engines")
+    return raw if isinstance(raw, dict) else {}
+
+
+def _tokens(stats: Any) -> int:
+    if not isinstance(stats, dict):
+        return 0
+    return int(stats.get("prompt_tokens", 0) or 0) + int(stats.get("generation_tokens", 0) or 0)
+
+
+class RateTracker:
+    """Why: engines report cumulative counters; operators read throughput."""
+
+    def __init__(self, history: int = HISTORY) -> None:
+        self.history = history
+        self._last: dict[str, tuple[float, int]] = {}
+        self.rates: dict[str, deque[float]] = {}
+
+    def update(self, snap: Snapshot) -> None:
+        seen = engines(snap)
+        for name, eng in seen.items():
+            tokens = _tokens(eng.get("stats"))
+            prev = self._last.get(name)
+            if prev is not None and snap.t > prev[0]:
+                rate = max(0.0, (tokens - prev[1]) / (snap.t - prev[0]))
+                self.rates.setdefault(name, deque(maxlen=self.history)).append(rate)
+            if prev is None or snap.t > prev[0]:
+                self._last[name] = (snap.t, tokens)
+        for gone in set(self._last) - set(seen):
+            self._last.pop(gone, None)
+            self.rates.pop(gone, None)
+
+    def latest(self, name: str) -> float | None:
+        h = self.rates.get(name)
+        return h[-1] if h else None
+
+
+def kv_hit_rate(stats: Any) -> float | None:
+    if not isinstance(stats, dict):
+        return None
+    q = stats.get("prefix_cache_queries") or 0
+    return (stats.get("prefix_cache_hits") or 0) / q if q else None
+
+
+def engine_line(name: str, eng: dict[str, Any], snap: Snapshot, rates: RateTracker) -> Text:
+    stats = eng.get("stats")
+    line = Text(" ")
+    line.append(f"{fmt.shorten(name, 14):<14} ", style="bold")
+    gpu = eng.get("gpu")
+    line.append(f"{'' if gpu is None else f'gpu{gpu}':<5} ", style=MUTED)
+    line.append(f"{fmt.shorten(str(eng.get('engine') or '?'), 6):<6} ")
+    line.append("KV ", style=MUTED)
+    line.append(f"{fmt.pct(kv_hit_rate(stats)):>6} ")
+    line.append(fmt.sparkline(rates.rates.get(name, ()), SPARK_WIDTH), style=OK)
+    line.append(f" {fmt.si(rates.latest(name)):>5} tok/s ")
+    seen = eng.get("last_seen")
+    hb = snap.t - seen if isinstance(seen, int | float) else None
+    line.append("hb ", style=MUTED)
+    line.append(f"{fmt.age(hb):>5}", style=WARN if hb is not None and hb > 5 else "")
+    if eng.get("simulated"):
+        line.append(" simulated", style=WARN)
+    return line
+
+
+def gpu_line(g: dict[str, Any]) -> Text:
+    line = Text(f"GPU{g.get('index', '?')} ", style="bold")
+    line.append(f"{fmt.shorten(str(g.get('name') or ''), 18):<18} ")
+    util = g.get("utilization_gpu")
+    line.append("util ", style=MUTED)
+    line.append(f"{fmt.NA if util is None else f'{util}%':>4}  ")
+    line.append("mem ", style=MUTED)
+    line.append(f"{fmt.gib(g.get('memory_used'))}/{fmt.gib(g.get('memory_total'))} GiB  ")
+    temp, power = g.get("temperature_c"), g.get("power_w")
+    line.append(f"{fmt.NA if temp is None else f'{temp}°C'}  ",
+                style=CRITICAL if isinstance(temp, int) and temp >= 85 else "")
+    line.append(fmt.NA if power is None else f"{power:.0f} W")
+    return line
+
+
+def unavailable_reason(report: Any) -> str | None:
+    """Why there are no GPU figures, or None when NVML answered."""
+    if not isinstance(report, dict):
+        return "NVML unavailable: this broker runs no GPU monitor"
+    if "error" in report:
+        return f"NVML unavailable: {report['error']}"
+    if not report.get("available"):
+        reason = str(report.get("reason") or "no reason given")
+        return reason if reason.startswith("NVML unavailable") else f"NVML unavailable: {reason}"
+    return None
+
+
+def gpu_panel(snap: Snapshot, rates: RateTracker) -> Text:
+    report = snap.extra.get("gpus")
+    engs = engines(snap)
+    lines: list[Text] = []
+    placed: set[str] = set()
+    reason = unavailable_reason(report)
+    if reason is not None:
+        lines.append(Text(reason, style=WARN))
+    else:
+        assert isinstance(report, dict)
+        for g in report.get("gpus") or []:
+            lines.append(gpu_line(g))
+            for name, eng in sorted(engs.items()):
+                if eng.get("gpu") == g.get("index"):
+                    lines.append(engine_line(name, eng, snap, rates))
+                    placed.add(name)
+        for lost in report.get("lost") or []:
+            lines.append(Text(f"GPU{lost.get('index')} lost: {lost.get('reason')}",
+                              style=CRITICAL))
+    for name, eng in sorted(engs.items()):
+        if name not in placed:
+            lines.append(engine_line(name, eng, snap, rates))
+    if not engs:
+        lines.append(Text("  no consumers connected", style=MUTED))
+    return Text("\n").join(lines)

@@ -1,0 +1,1 @@
+"""The dashboard's widgets; each one draws what a pure renderer in `fabricctl.tui` returns."""
