@@ -2,7 +2,8 @@
 
 Contract: `run_job` starts a `Daemon` in a data dir of its own (a temporary one unless given),
 streams the input through the producer reader (a bad line is reported with its line number
-and the rest still goes in), waits until every accepted item has its result, writes the
+and the rest still goes in; token counts from `[producer] tokenizer` when set, else the
+estimate), waits until every accepted item has its result, writes the
 results in the input's form (native or OpenAI batch output) and returns a `RunSummary` whose
 figures come from the broker's and the engines' own counters. KV hit rate achievable is every
 cacheable prefix block hit except one prefill of each shape's prefix on each GPU serving it.
@@ -28,6 +29,7 @@ from fabricctl.core.types import Item
 from fabricctl.daemon import Daemon
 from fabricctl.engines.blocks import achievable_cached_tokens, decode_item_payload, prefix_tokens
 from fabricctl.formats.results import ResultRecord, result_line
+from fabricctl.formats.tokens import TokenCounter, load_counter
 from fabricctl.producer import LineError, parse_stream
 
 CHUNK = 512
@@ -74,7 +76,7 @@ class _Shapes:
 
 
 async def _submit(client: Client, path: Path, shapes: _Shapes, errors: Callable[[str], None],
-                  max_line_bytes: int) -> tuple[int, int]:
+                  max_line_bytes: int, counter: TokenCounter) -> tuple[int, int]:
     accepted = rejected = 0
     chunk: list[Item] = []
     lines: list[int] = []
@@ -88,7 +90,7 @@ async def _submit(client: Client, path: Path, shapes: _Shapes, errors: Callable[
             errors(f"line {lines[r.index]}: {r.reason}")
 
     with path.open("rb") if str(path) != "-" else sys.stdin.buffer as fp:  # type: ignore[attr-defined]
-        for parsed in parse_stream(fp, max_line_bytes=max_line_bytes):
+        for parsed in parse_stream(fp, counter=counter, max_line_bytes=max_line_bytes):
             if isinstance(parsed, LineError):
                 rejected += 1
                 errors(str(parsed))
@@ -125,6 +127,7 @@ async def run_job(
     errors: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
     keep_data: bool = False,
 ) -> RunSummary:
+    counter = load_counter(cfg.producer.tokenizer or None)  # [producer] tokenizer, else estimate
     tmp = None
     if not keep_data:
         tmp = Path(tempfile.mkdtemp(prefix="fabricctl-run-"))
@@ -140,7 +143,7 @@ async def run_job(
         collector = None
         try:
             accepted, rejected = await _submit(client, input_path, shapes, errors,
-                                               cfg.producer.max_line_bytes)
+                                               cfg.producer.max_line_bytes, counter)
             collector = asyncio.ensure_future(_collect(client, accepted, out))
             records = await collector
         finally:

@@ -292,6 +292,8 @@ class OpenAIEngine:
             return
         if not prefix:
             return
+        if not self._last:  # no baseline yet: without one this request's tokens go uncounted
+            await self.scrape()
         try:
             await self._request(prefix, 1)
         except (EngineError, Rejected) as e:

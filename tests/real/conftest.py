@@ -35,6 +35,16 @@ SERVER_ARGS = ("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
                "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(NUM_BLOCKS))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "kills_session_server: kills a session server and "
+                            "does not wait for its restart; runs after every other test")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that leave a session server restarting run last, so no other test waits for it."""
+    items.sort(key=lambda item: item.get_closest_marker("kills_session_server") is not None)
+
+
 def _port_pair() -> int:
     """A port p with p and p+1 free on the loopback."""
     rng = random.Random()
