@@ -1,4 +1,5 @@
-"""PrefixCache against vllm.md A4's validated reference model, plus its invariants as properties.
+"""PrefixCache against vllm.md A4's reference model (corrected to keep duplicate blocks, as vLLM
+does), plus its invariants as properties.
 
 Also the prompt-to-blocks mapping of fabricctl.engines.blocks: checked against a per-token
 reference hashing of the same virtual token stream.
@@ -27,7 +28,13 @@ from fabricctl.engines.blocks import (
 from fabricctl.engines.prefix_cache import CacheSeq, PrefixCache
 
 # ---------------------------------------------------------------------------------------------
-# The reference model, copied verbatim from vllm.md A4 (validated 152/152 against vLLM 0.32.0)
+# The reference model, copied verbatim from vllm.md A4 (validated 152/152 against vLLM 0.32.0).
+# Kept as documentation: it maps a hash to ONE block (`setdefault`, and evicting a block drops
+# the hash only if it is that block), but vLLM's BlockHashToBlockMap keeps every copy. The two
+# differ once a cached block is recomputed (a duplicate) and the older copy is evicted while
+# the newer one survives: vLLM still hits it, APCSim does not. `APCSimMultiCopy` below is the
+# corrected reference PrefixCache is checked against; tests/real/test_sim_matches_vllm.py
+# (test_sim_keeps_duplicate_blocks) shows the difference on a real vLLM 0.32.0.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -73,24 +80,101 @@ class APCSim:
 # fmt: on
 
 
+# The corrected reference: APCSim with vLLM's hash -> every copy map (BlockHashToBlockMap). A
+# lookup takes the oldest surviving copy (get_one_block: the first value of an insertion-ordered
+# dict); registering a recomputed block adds a copy; evicting a block drops only its own copy
+# and the hash only when no copy is left. The three changed lines are marked `# copies`.
+# fmt: off
+class APCSimMultiCopy(APCSim):
+    def run(self, prompt, max_tokens=1, salt=None):
+        hs = chained_block_hashes(prompt, self.bs, salt)
+        hit = []
+        for h in hs[: (len(prompt) - 1) // self.bs]:
+            b = next(iter(self.cache.get(h, ())), None)                   # copies
+            if b is None: break  # noqa: E701
+            hit.append(b)
+        for b in hit:
+            if self.ref[b] == 0: self.free.remove(b)  # noqa: E701
+            self.ref[b] += 1
+        total = len(prompt) + max_tokens - 1
+        new = [self.free.pop(0) for _ in range(-(-total // self.bs) - len(hit))]
+        for b in new:
+            h = self.hash_of.pop(b, None)
+            if h is not None: self.cache[h].remove(b); self.cache[h] or self.cache.pop(h)  # copies  # noqa: E701, E702
+            self.ref[b] += 1
+        blocks = hit + new
+        for i in range(len(hit), total // self.bs):
+            h = hs[i] if i < len(hs) else ("gen", object())
+            self.hash_of[blocks[i]] = h; self.cache.setdefault(h, []).append(blocks[i])  # copies  # noqa: E702
+        head, tail = [], []
+        for b in reversed(blocks):
+            self.ref[b] -= 1
+            if self.ref[b] == 0: (tail if b in self.hash_of else head).append(b)  # noqa: E701
+        self.free = head + self.free + tail
+        return len(hit) * self.bs
+# fmt: on
+
+
+def _copies(cache: PrefixCache) -> dict[int, list[int]]:
+    """PrefixCache's prompt-hash map as hash -> every copy, oldest first (the reference's form)."""
+    return {h: list(cache.dups[h]) if h in cache.dups else [b]
+            for h, b in cache.cache.items() if h < 1 << 64}  # fmt: skip
+
+
 def _script(seed: int, block_size: int, num_blocks: int, n: int) -> list[tuple[list[int], int]]:
-    """n sequential requests over 4+ shapes (shared token prefixes) that fit the pool."""
+    """n sequential requests over 8 shapes (shared token prefixes) that fit the pool. Runs stay
+    on one shape a while, then jump; 15% are bare-prefix pre-warms (max_tokens 1). Two shapes
+    are a whole number of blocks long: a pre-warm of such a shape while it is cached recomputes
+    its last block (the hit stops at L-1), so vLLM holds two copies of that block's hash.
+
+    A few scripted duplicate-block episodes (as in tests/real test_sim_keeps_duplicate_blocks):
+    item, pre-warm, then unique prompts that evict exactly the free blocks up to and including
+    the OLDER copy, then an item of the same shape, which still hits the whole prefix through
+    the newer copy. The filler is sized from a reference model run alongside."""
     rng = random.Random(seed)
     cap_tokens = (num_blocks - 1) * block_size
     shapes = [[rng.randrange(1000) for _ in range(rng.randint(8, 90))] for _ in range(5)]
     shapes.append(shapes[0][:20] + [7] * 30)  # shares a head with shape 0
-    out = []
-    for i in range(n):
-        prefix = rng.choice(shapes)
+    whole = [[rng.randrange(1000) for _ in range(k * block_size)] for k in (2, 3)]
+    shapes += whole
+    oracle = APCSimMultiCopy(num_blocks, block_size)
+    out: list[tuple[list[int], int]] = []
+    unique = iter(range(1_000_000, 10_000_000))
+
+    def emit(prompt: list[int], max_tokens: int) -> None:
+        oracle.run(prompt, max_tokens)
+        out.append((prompt, max_tokens))
+
+    prefix = shapes[0]
+    while len(out) < n:
+        i = len(out)
+        if rng.random() < 0.04:  # a duplicate-block episode
+            d = rng.choice(whole)
+            k = len(d) // block_size
+            if k + 2 <= num_blocks - 1:
+                emit([*d, next(unique)], 1)
+                emit(list(d), 1)  # the pre-warm: a second copy of block k
+                older = oracle.cache[chained_block_hashes(d, block_size)[-1]][0]
+                left = oracle.free.index(older) + 1  # evict up to and including the older copy
+                while left:
+                    m = min(left, num_blocks - 1)
+                    left -= m
+                    emit([next(unique) for _ in range(m * block_size)], 1)
+                emit([*d, next(unique)], 1)  # hits all k blocks, through the newer copy
+                continue
+        if i == 0 or rng.random() < 0.4:
+            prefix = rng.choice(shapes)
         max_tokens = rng.choice([1, 1, 2, 8, 17, 40])
         suffix_max = max(1, min(60, cap_tokens - len(prefix) - max_tokens + 1))
         suffix = [10_000 + i * 100 + j for j in range(rng.randint(0, suffix_max))]
         prompt = prefix + suffix
-        if rng.random() < 0.1:  # an exact repeat of an earlier request
-            prompt, max_tokens = out[rng.randrange(len(out))] if out else (prompt, max_tokens)
+        if rng.random() < 0.15:  # a pre-warm: the bare prefix
+            prompt, max_tokens = list(prefix), 1
+        elif rng.random() < 0.1 and out:  # an exact repeat of an earlier request
+            prompt, max_tokens = out[rng.randrange(len(out))]
         if -(-(len(prompt) + max_tokens - 1) // block_size) > num_blocks - 1:
             prompt = prompt[: cap_tokens - max_tokens]
-        out.append((prompt, max_tokens))
+        emit(prompt, max_tokens)
     return out
 
 
@@ -99,21 +183,54 @@ def _script(seed: int, block_size: int, num_blocks: int, n: int) -> list[tuple[l
     [(16, 12, 1), (16, 24, 2), (32, 12, 3), (32, 20, 4), (16, 40, 5), (32, 40, 6)],
 )
 def test_matches_reference_model(block_size: int, num_blocks: int, seed: int) -> None:
-    ref, sim = APCSim(num_blocks, block_size), PrefixCache(num_blocks, block_size)
+    """Request by request against the corrected reference: cached tokens, the free queue block
+    for block, and every copy of every prompt hash in order. The original APCSim, run alongside,
+    must diverge somewhere (the duplicate-block episodes), or the check would prove nothing."""
+    ref, sim = APCSimMultiCopy(num_blocks, block_size), PrefixCache(num_blocks, block_size)
+    flawed = APCSim(num_blocks, block_size)
     script = _script(seed, block_size, num_blocks, 150)
-    got, want = [], []
+    got, want, diverged, saw_dups = [], [], 0, False
     for prompt, max_tokens in script:
         hashes = chained_block_hashes(prompt, block_size)
         want.append(ref.run(prompt, max_tokens))
         got.append(sim.run(hashes, len(prompt), max_tokens))
+        diverged += flawed.run(prompt, max_tokens) != want[-1]
         assert list(sim.free_queue) == ref.free  # same queue order, block for block
-        prompt_entries = {h: b for h, b in ref.cache.items() if isinstance(h, int)}
-        assert {h: b for h, b in sim.cache.items() if h < 1 << 64} == prompt_entries
+        prompt_entries = {h: bs for h, bs in ref.cache.items() if isinstance(h, int)}
+        assert _copies(sim) == prompt_entries  # every copy, oldest first
+        saw_dups = saw_dups or bool(sim.dups)
         sim.check()
     assert got == want
+    assert len(script) >= 150 and len({tuple(p[:8]) for p, _ in script}) >= 4
     assert sim.queries == sum(len(p) for p, _ in script)
     assert sim.hits == sum(want)
     assert sim.evictions > 0 and 0 < sum(1 for w in want if w) < len(want)  # all paths exercised
+    assert saw_dups and diverged >= 1  # the duplicate-block case happened and mattered
+
+
+def test_duplicate_block_survives_eviction_of_older_copy() -> None:
+    """Hand-checked, the real-vLLM scenario in miniature: B=4, 8 blocks (7 usable), a shape of
+    exactly 2 blocks. vLLM (and the corrected reference) keep the pre-warm's copy of block 2
+    cached after the original copy is evicted; A4's APCSim loses the hash."""
+    bs = 4
+    d = [1, 2, 3, 4, 5, 6, 7, 8]  # 2 whole blocks
+    item1, item2 = [*d, 100], [*d, 200]
+    hd = chained_block_hashes(d, bs)
+    c = PrefixCache(8, bs)
+    assert c.run(chained_block_hashes(item1, bs), 9, 1) == 0  # blocks 1,2 (hashed), 3 (partial)
+    assert list(c.free_queue) == [3, 4, 5, 6, 7, 2, 1]
+    assert c.run(hd, 8, 1) == 4  # hit stops at L-1: block 1 hit, block 2 recomputed into 3
+    assert c.cache[hd[1]] == 2 and list(c.dups[hd[1]]) == [2, 3]  # two copies, older first
+    assert list(c.free_queue) == [4, 5, 6, 7, 2, 3, 1]
+    filler = list(range(1000, 1020))  # 5 unique blocks: evicts 4,5,6,7 and the older copy 2
+    assert c.run(chained_block_hashes(filler, bs), 20, 1) == 0
+    assert c.evictions == 1 and hd[1] not in c.dups and c.cache[hd[1]] == 3  # newer copy left
+    assert c.run(chained_block_hashes(item2, bs), 9, 1) == 8  # the whole prefix still hits
+    c.check()
+    want = []
+    for model in (APCSimMultiCopy(8, bs), APCSim(8, bs)):
+        want.append([model.run(p, 1) for p in (item1, d, filler, item2)])
+    assert want == [[0, 4, 0, 8], [0, 4, 0, 4]]  # corrected reference == PrefixCache; A4's not
 
 
 def test_scripted_literals() -> None:

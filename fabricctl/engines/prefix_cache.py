@@ -1,17 +1,22 @@
 """A block-level model of vLLM's automatic prefix caching (vllm.md A4), for the simulated GPU.
 
-Contract (follows the validated reference model `APCSim` of vllm.md A4 exactly):
+Contract (follows the validated reference model `APCSim` of vllm.md A4, corrected to keep
+every copy of a block hash as vLLM 0.32's `BlockHashToBlockMap` does):
 - KV lives in `num_blocks` blocks of `block_size` tokens; block 0 is the null block, so
   `capacity = num_blocks - 1`. A block is *used* (ref > 0) or *free* (in the free queue).
 - `match` walks a sequence's full-block hashes from the start, limited to the first
   floor((L-1)/B) blocks, and stops at the first miss. Hits are multiples of B, at most L-1.
 - `allocate` is atomic: it touches the hit blocks (ref+1, out of the free queue), pops the
   new blocks from the HEAD of the free queue (evicting, lazily, the hash a popped block
-  still carries, if the cache maps that hash to it), then registers the hash of every block
+  still carries: only that block's copy is dropped), then registers the hash of every block
   that became full (prompt blocks with the caller's hashes, generated blocks with fresh
-  unique hashes). The first block holding a hash keeps the cache entry (`setdefault`).
-  If there are not enough free blocks it changes nothing and returns False
+  unique hashes). If there are not enough free blocks it changes nothing and returns False
   (`can_allocate` asks the same question without acting).
+- Duplicates are kept, as in vLLM: a hash maps to every block holding it, in registration
+  order, and a lookup takes the oldest surviving copy (`get_one_block`: the first entry of
+  an insertion-ordered dict). A duplicate arises when a request recomputes a cached block,
+  e.g. the last block of a pre-warm whose prefix is a whole number of blocks (its hit stops
+  at L-1). Evicting one copy leaves the hash cached while another copy remains.
 - `free` releases a sequence tail first: blocks reaching ref 0 go to the HEAD of the queue
   when unhashed and to the TAIL when hashed, deepest block first (LRU by finish time, and
   within a request the longest-prefix blocks are evicted before the shared head).
@@ -19,7 +24,9 @@ Contract (follows the validated reference model `APCSim` of vllm.md A4 exactly):
   capacity always. `queries`/`hits` count tokens, like vllm:prefix_cache_{queries,hits}.
 Sequences may be held across many scheduler steps (continuous batching): `allocate` grows a
 held sequence, `free` releases it (finish or preemption). The free queue is an OrderedDict,
-so every operation is O(1) per block.
+so every operation is O(1) per block. `cache` maps a hash to the copy a lookup returns
+(the oldest); `dups` holds, only for hashes with two or more copies, all of them in
+registration order (so the common single-copy case costs one dict entry, like vLLM's).
 """
 
 from __future__ import annotations
@@ -52,10 +59,11 @@ class PrefixCache:
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         self.ref = [0] * num_blocks
         self.hash_of: list[int | None] = [None] * num_blocks
-        self.cache: dict[int, int] = {}  # block hash -> the block holding it
+        self.cache: dict[int, int] = {}  # block hash -> its oldest copy (what a lookup takes)
+        self.dups: dict[int, dict[int, None]] = {}  # hash -> all its copies, when 2 or more
         self.queries = 0  # tokens of admitted requests (vllm:prefix_cache_queries_total)
         self.hits = 0  # tokens found cached (vllm:prefix_cache_hits_total)
-        self.evictions = 0  # cache entries dropped because their block was reused
+        self.evictions = 0  # cached blocks (copies) whose hash was dropped on reuse
         self._next_unique = _UNIQUE_BASE
 
     # -- read-only views -------------------------------------------------------------------
@@ -125,15 +133,14 @@ class PrefixCache:
                 blocks.extend(hit)
                 seq.num_hashed = len(hit)  # hit blocks carry their hashes already
             if need > 0:
-                hash_of, cache, pop = self.hash_of, self.cache, free_queue.popitem
+                hash_of, pop = self.hash_of, free_queue.popitem
                 for _ in range(need):
                     b = pop(last=False)[0]
                     h = hash_of[b]
                     if h is not None:
                         hash_of[b] = None
-                        if cache.get(h) == b:
-                            del cache[h]
-                            self.evictions += 1
+                        self._drop_copy(h, b)
+                        self.evictions += 1
                     ref[b] = 1
                     blocks.append(b)
         full = num_slots // self.block_size
@@ -141,10 +148,22 @@ class PrefixCache:
             self._register(seq, full)
         return True
 
+    def _drop_copy(self, h: int, b: int) -> None:
+        """Forget block `b` as a copy of hash `h`; `h` stays cached while another copy does."""
+        copies = self.dups.get(h)
+        if copies is None:  # the only copy
+            del self.cache[h]
+            return
+        del copies[b]
+        if self.cache[h] == b:  # the oldest copy went: the next oldest serves lookups
+            self.cache[h] = next(iter(copies))
+        if len(copies) == 1:
+            del self.dups[h]
+
     def _register(self, seq: CacheSeq, full: int) -> None:
         """Register the hashes of blocks num_hashed..full-1 (they became full this step)."""
         hashes, blocks, hash_of = seq.hashes, seq.blocks, self.hash_of
-        setdefault = self.cache.setdefault
+        cache, dups = self.cache, self.dups
         for i in range(seq.num_hashed, full):
             if i < len(hashes):
                 h = hashes[i]
@@ -154,7 +173,15 @@ class PrefixCache:
                 hashes.append(h)
             b = blocks[i]
             hash_of[b] = h
-            setdefault(h, b)
+            first = cache.get(h)
+            if first is None:
+                cache[h] = b
+            else:  # a recomputed cached block: vLLM keeps both copies, the older one first
+                copies = dups.get(h)
+                if copies is None:
+                    dups[h] = {first: None, b: None}
+                else:
+                    copies[b] = None
         seq.num_hashed = full
 
     def free(self, seq: CacheSeq) -> None:
@@ -195,6 +222,7 @@ class PrefixCache:
         if self.num_used:
             return False
         self.cache.clear()
+        self.dups.clear()
         self.hash_of = [None] * self.num_blocks
         return True
 
@@ -207,3 +235,15 @@ class PrefixCache:
             assert self.ref[b] >= 0
         for h, b in self.cache.items():
             assert self.hash_of[b] == h
+        copies_of: dict[int, list[int]] = {}
+        for b in range(1, self.num_blocks):
+            h = self.hash_of[b]
+            if h is not None:  # every hashed block is a cached copy of its hash
+                copies_of.setdefault(h, []).append(b)
+                assert h in self.cache, (b, h)
+        assert set(copies_of) == set(self.cache)
+        for h, copies in self.dups.items():
+            assert len(copies) >= 2 and next(iter(copies)) == self.cache[h], h
+            assert sorted(copies) == sorted(copies_of[h]), h
+        for h, blocks in copies_of.items():
+            assert (len(blocks) >= 2) == (h in self.dups), h

@@ -154,8 +154,6 @@ async def test_sim_cached_tokens_equal_vllm(vllm_servers: Launcher, tiny_model: 
     assert evicted >= 10  # 14 with this seed (the script is deterministic)
 
 
-@pytest.mark.xfail(raises=SimMismatch, strict=True,
-                   reason="PrefixCache maps a hash to one block; vLLM keeps every copy")
 async def test_sim_keeps_duplicate_blocks(vllm_servers: Launcher, tiny_model: Path) -> None:
     """A pre-warm of a warm shape whose prefix is a whole number of blocks recomputes the last
     prefix block (its hit stops at L-1): vLLM then holds two copies of that block's hash.
