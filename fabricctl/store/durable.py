@@ -1,25 +1,38 @@
 """The durable broker: the core's decisions, with every item kept in LMDB segments.
 
 Contract:
-- `ingest(items, now)` validates, de-duplicates (an id already queued or completed is a
-  reject), assigns each item to its lane (assigned first), writes the entries, segment
-  headers and ledger in one durable commit (written second) and only then makes them
-  dispatchable; it returns per-item rejects. A full map or disk raises `StoreFullError` and
-  stores nothing of that call.
+- `ingest(items, now)` validates, de-duplicates (an id already stored, queued or completed,
+  or repeated within the call is a reject), assigns each item to its lane (assigned first),
+  writes the entries (which extend their segments' boundaries), their id index, new segment
+  headers and the ledger in one durable commit (written second) and only then makes them
+  dispatchable; it returns per-item rejects in index order. A full map or disk raises
+  `StoreFullError` and stores nothing of that call.
 - `pull(consumer, now)` takes a batch from the core, verifies every segment and entry exists
   and carries the batch's shape (the hard guard) before returning its `Work`; a failed
   check puts the batch back untouched. Pending entries live in memory only.
-- `complete(batch_id, results, now)` writes a tombstone per entry (a duplicate is a no-op),
-  the segment's deleted count, the ledger and each item's first result in one commit, and
-  deletes a segment whose entries are all tombstoned. A completion for a batch that is no
-  longer in flight is dropped.
-- `fail(batch_id, now)` puts a batch back at the front of its lane.
+- `complete(batch_id, results, now)` writes a tombstone per entry, each item's one result
+  and its result sequence number, the segments' deleted counts and the ledger in one commit,
+  and deletes a segment whose entries are all tombstoned in the same commit. A completion
+  for a batch that is no longer in flight (settled, failed, or from before a restart) is
+  dropped and returns -1: it creates no second result.
+- `fail(batch_id, now, reason)` puts a batch back at the front of its lane;
+  `disconnect(consumer, now, why)` does so for every batch a lost consumer held.
+- Crash loops are bounded: every entry that comes back undone (failed, or held by a lost
+  consumer) is counted in memory; one that was handed out `max_deliveries` times without a
+  result is not handed out again: `pull` completes it with an error result ("quarantined
+  after N deliveries without a result; last: <reason>") and sends the rest of its batch.
 Everything runs on the caller's thread; the server calls it from its event loop only.
+
+Cost model: an LMDB commit costs about one page write per page it dirties, so every write
+here is shaped to touch few pages: entries go in with `putmulti` in key order (return counts
+checked, never unchecked appends), results are keyed by entry key (a batch's results are
+neighbours), result sequence numbers are appended, and segment headers are rewritten only
+when a segment is created or its deleted count moves. What remains is one dirty leaf per
+segment an ingest appends to: the price of shape-pure segments keyed by lane.
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,12 +41,14 @@ import msgspec
 
 from fabricctl.core.broker import Broker, Placement, ShapeGuardError, guard_signature
 from fabricctl.core.config import CoreConfig
-from fabricctl.core.types import Entry, Item, ItemResult, Work
+from fabricctl.core.lanes import Lane
+from fabricctl.core.types import Batch, Entry, Item, ItemResult, Work
 from fabricctl.faults import fault_point
 from fabricctl.formats.results import ResultRecord, make_record
 from fabricctl.store.env import MiB, StoreEnv
 from fabricctl.store.errors import SegmentMissingError, StoreFullError
 from fabricctl.store.keys import (
+    _ENTRY,
     TOMBSTONE,
     SegHeader,
     StoredEntry,
@@ -42,7 +57,6 @@ from fabricctl.store.keys import (
     entry_key,
     entry_key_of,
     header_encoder,
-    ref,
     rseq_key,
     seg_key,
 )
@@ -50,8 +64,10 @@ from fabricctl.store.meta import Meta
 from fabricctl.store.recovery import RecoveryReport, recover
 
 MAX_ID_CHARS = 256
+MAX_ID_BYTES = 511  # LMDB's key size limit: the id is the key of the id index
 _result_encoder = msgspec.msgpack.Encoder()
 _result_decoder = msgspec.msgpack.Decoder(ResultRecord)
+_seq_of = int.from_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +78,7 @@ class StoreConfig:
     map_ceiling: int = 64 * 1024 * MiB
     segment_entries: int = 4096  # a segment rolls over after this many entries
     disk_reserve: int = 4 * MiB  # refuse ingest below this much free disk (room to complete)
+    max_deliveries: int = 5  # an entry handed out this often without a result is quarantined
 
 
 class Reject(msgspec.Struct, array_like=True):
@@ -88,6 +105,39 @@ def validate(item: Item) -> str | None:
     return None
 
 
+def _valid(item: Item) -> bool:
+    """The common case of `validate` in one expression (the hot path of ingest)."""
+    return (0 < len(item.id) <= MAX_ID_CHARS and bool(item.model) and item.input_tokens >= 1
+            and item.max_tokens >= 1 and 0 <= item.signature < 1 << 64)
+
+
+class _Run:
+    """What one ingest appends to one segment, and the lane it feeds."""
+
+    __slots__ = ("base", "end", "hdr", "lane", "new", "seg_id", "start")
+
+    def __init__(self, seg_id: int, hdr: SegHeader, lane: Lane, new: bool) -> None:
+        self.seg_id = seg_id
+        self.base = seg_id << 32
+        self.hdr = hdr
+        self.lane = lane
+        self.new = new
+        self.start = hdr.count
+        self.end = hdr.count  # the next offset
+
+
+class _Conflict(Exception):
+    """A batched put met a key that already exists: redo the commit one put at a time."""
+
+
+def _putmulti(txn: lmdb.Transaction, db: object, rows: list[tuple[bytes, bytes]],
+              append: bool = False) -> int:
+    """Put new rows (never overwriting); returns how many went in."""
+    if not rows:
+        return 0
+    return txn.cursor(db=db).putmulti(rows, overwrite=False, append=append)[1]  # type: ignore[arg-type]
+
+
 class DurableBroker:
     """Why: the broker that loses no acknowledged item, whatever kills it."""
 
@@ -104,73 +154,105 @@ class DurableBroker:
         self.meta = Meta()
         self.results_stored = 0
         self.duplicate_completions = 0
-        self.recovery: RecoveryReport = recover(self, now)
+        self.undone: dict[int, tuple[int, str]] = {}  # entry key -> (times back undone, why)
+        self.quarantined = 0
+        try:
+            self.recovery: RecoveryReport = recover(self, now)
+        except BaseException:
+            self.env.close()
+            raise
 
-    # -- ingest ------------------------------------------------------------------------------
+    # -- ingest ----------
+
+    def _screen(self, items: list[Item]) -> tuple[list[Reject], list[tuple[int, Item, bytes]]]:
+        """Split a chunk into rejects and the items to store (index, item, UTF-8 id)."""
+        rejects: list[Reject] = []
+        good: list[tuple[int, Item, bytes]] = []
+        seen: set[str] = set()
+        for i, item in enumerate(items):
+            why = None if _valid(item) else validate(item)
+            if why is None:
+                ident = item.id
+                idb = ident.encode()
+                if len(idb) > MAX_ID_BYTES:
+                    why = f"id is longer than {MAX_ID_BYTES} bytes in UTF-8"
+                elif ident in seen:
+                    why = f"duplicate id {ident!r}"
+                else:
+                    seen.add(ident)
+                    good.append((i, item, idb))
+                    continue
+            rejects.append(Reject(i, why))
+        if good:
+            with self.env.read() as txn:
+                found = txn.cursor(db=self.env.dbs["ids"]).getmulti([g[2] for g in good])
+            if found:
+                stored = {k for k, _ in found}
+                rejects.extend(Reject(i, f"duplicate id {item.id!r}")
+                               for i, item, idb in good if idb in stored)
+                rejects.sort(key=lambda r: r.index)
+                good = [g for g in good if g[2] not in stored]
+        return rejects, good
 
     def ingest(self, items: list[Item], now: float) -> list[Reject]:
         env, dbs = self.env, self.env.dbs
         if env.free_disk() < self.store_cfg.disk_reserve:
             raise StoreFullError(env.full_message("the disk is nearly full"))
-        rejects: list[Reject] = []
-        good: list[Item] = []
-        seen: set[str] = set()
-        with env.read() as txn:
-            for i, item in enumerate(items):
-                why = validate(item)
-                if why is None:
-                    key = item.id.encode()
-                    if item.id in seen or txn.get(key, db=dbs["ids"]) is not None or (
-                        txn.get(key, db=dbs["results"]) is not None
-                    ):
-                        why = f"duplicate id {item.id!r}"
-                if why is not None:
-                    rejects.append(Reject(i, why))
-                    continue
-                seen.add(item.id)
-                good.append(item)
+        rejects, good = self._screen(items)
         if not good:
             return rejects
-        staged: dict[int, SegHeader] = {}
-        new_open: dict[tuple[str, int, int], int] = {}
+        place = self.core.place
+        segs, open_segs = self.segs, self.open_segs
+        limit = self.store_cfg.segment_entries
+        runs: dict[Lane, _Run] = {}  # the open run of each lane this call touches
+        closed: list[_Run] = []  # runs of segments that filled up in this call
         next_seg = self.meta.next_seg
-        rows: list[tuple[bytes, bytes, bytes]] = []
+        data_rows: list[tuple[bytes, bytes]] = []
+        id_rows: list[tuple[bytes, bytes]] = []
         admits: list[tuple[Placement, Entry]] = []
         tokens = 0
-        for item in good:
-            p = self.core.place(item.model, item.signature, item.label, item.input_tokens, now)
-            lkey = (item.model, item.signature, p.lane.id)
-            seg_id = new_open.get(lkey, self.open_segs.get(lkey))
-            hdr = staged.get(seg_id) if seg_id is not None else None
-            if seg_id is not None and hdr is None:
-                hdr = msgspec.structs.replace(self.segs[seg_id])
-                staged[seg_id] = hdr
-            if hdr is None or hdr.count >= self.store_cfg.segment_entries:
-                seg_no = hdr.seg_no + 1 if hdr is not None else 0
-                seg_id, next_seg = next_seg, next_seg + 1
-                hdr = SegHeader(item.model, item.signature, p.shape.label, p.lane.id, seg_no,
-                                p.lane.target, 0, 0, now)
-                staged[seg_id] = hdr
-                new_open[lkey] = seg_id
-            offset = hdr.count
-            hdr.count += 1
-            if p.lane.target > hdr.target:
-                hdr.target = p.lane.target
-            value = entry_encoder.encode(StoredEntry(item.id, item.input_tokens, item.max_tokens,
-                                                     now, item.payload, item.source))
-            rows.append((entry_key(seg_id, offset), value, item.id.encode()))
-            admits.append((p, Entry(ref(seg_id, offset), item.input_tokens, item.max_tokens, now)))
-            tokens += item.input_tokens
+        encode, pack = entry_encoder.encode, _ENTRY.pack
+        for _, item, idb in good:
+            n, mt = item.input_tokens, item.max_tokens
+            p = place(item.model, item.signature, item.label, n, now)
+            lane = p.lane
+            run = runs.get(lane)
+            if run is None or run.end >= limit:  # first item of this lane here, or a full one
+                lkey = (item.model, item.signature, lane.id)
+                if run is None and (seg_id := open_segs.get(lkey)) is not None:
+                    run = _Run(seg_id, segs[seg_id], lane, False)
+                if run is None or run.end >= limit:
+                    if run is not None and run.end > run.start:
+                        closed.append(run)
+                    seg_no = run.hdr.seg_no + 1 if run is not None else 0
+                    hdr = SegHeader(item.model, item.signature, p.shape.label, lane.id,
+                                    seg_no, lane.target, 0, 0, now)
+                    run = _Run(next_seg, hdr, lane, True)
+                    next_seg += 1
+                runs[lane] = run
+            off = run.end
+            run.end = off + 1
+            key = pack(run.seg_id, off)
+            data_rows.append((key, encode(StoredEntry(n, mt, now, item.id, item.payload,
+                                                      item.source))))
+            id_rows.append((idb, key))
+            admits.append((p, Entry(run.base | off, n, mt, now)))
+            tokens += n
+        every = closed + list(runs.values())
+        new_hdrs = [r for r in every if r.new]
         ledger = self.meta.ledger_after(received=(len(good), tokens))
+        data_rows.sort()  # key order: LMDB's cursor stays on the page it just wrote
+        id_rows.sort()
 
         def write(txn: lmdb.Transaction) -> None:
-            data, ids = dbs["data"], dbs["ids"]
-            for key, value, id_key in rows:
-                if not txn.put(key, value, db=data, overwrite=False):
-                    raise RuntimeError(f"entry key {key.hex()} already exists")
-                txn.put(id_key, key, db=ids)
-            for seg_id, hdr in staged.items():
-                txn.put(seg_key(seg_id), header_encoder.encode(hdr), db=dbs["seg"])
+            for db, rows in (("data", data_rows), ("ids", id_rows)):
+                added = _putmulti(txn, dbs[db], rows)
+                if added != len(rows):  # the screen ran just before, and we are the only writer
+                    raise RuntimeError(f"ingest: {len(rows) - added} {db} keys already exist")
+            for r in new_hdrs:
+                hdr = msgspec.structs.replace(r.hdr, count=r.end,
+                                              target=max(r.hdr.target, r.lane.target))
+                txn.put(seg_key(r.seg_id), header_encoder.encode(hdr), db=dbs["seg"])
             self.meta.write(txn, dbs["meta"], next_seg=next_seg, ledger=ledger)
             fault_point("ingest_before_commit")
 
@@ -178,56 +260,116 @@ class DurableBroker:
         fault_point("ingest_after_commit")
         self.meta.next_seg = next_seg
         self.meta.ledger = ledger
-        self.segs.update(staged)
-        self.open_segs.update(new_open)
+        for r in every:
+            hdr = r.hdr
+            hdr.count = r.end
+            if r.lane.target > hdr.target:
+                hdr.target = r.lane.target
+            if r.new:
+                segs[r.seg_id] = hdr
+                open_segs[(hdr.model, hdr.signature, hdr.lane)] = r.seg_id
+        admit = self.core.admit
         for p, entry in admits:
-            self.core.admit(p, entry)
+            admit(p, entry)
         return rejects
 
-    # -- dispatch -----------------------------------------------------------------------------
+    # -- dispatch ----------
 
     def pull(self, consumer: str, now: float) -> Work | None:
         batch = self.core.pull(consumer, now)
         if batch is None:
             return None
+        label = ""
         try:
             # step 1: every segment and entry exists and is of this shape, before anything moves
             fault_point("dispatch_step1")
             keys = []
+            last = -1
+            segs = self.segs
             for e in batch.entries:
-                hdr = self.segs.get(e.key >> 32)
-                if hdr is None:
-                    raise SegmentMissingError(f"segment {e.key >> 32} of batch {batch.id} is gone")
-                guard_signature(batch.signature, hdr.signature, f"segment {e.key >> 32}")
+                seg_id = e.key >> 32
+                if seg_id != last:
+                    hdr = segs.get(seg_id)
+                    if hdr is None:
+                        raise SegmentMissingError(f"segment {seg_id} of batch {batch.id} is gone")
+                    guard_signature(batch.signature, hdr.signature, f"segment {seg_id}")
+                    label = hdr.label
+                    last = seg_id
                 keys.append(entry_key_of(e.key))
-            data = self.env.dbs["data"]
             with self.env.read() as txn:
-                values = [txn.get(k, db=data) for k in keys]
+                found = txn.cursor(db=self.env.dbs["data"]).getmulti(keys)
+            if len(found) != len(keys):
+                have = {k for k, _ in found}
+                gone = next(k for k in keys if k not in have)
+                raise SegmentMissingError(f"entry {gone.hex()} of batch {batch.id} is gone")
         except ShapeGuardError:
             raise
         except BaseException:
             self.core.fail(batch.id, now)
             raise
-        items: list[Item] = []
-        for k, v in zip(keys, values, strict=True):
-            if v is None:
-                self.core.fail(batch.id, now)
-                raise SegmentMissingError(f"entry {k.hex()} of batch {batch.id} is gone")
-            s = entry_decoder.decode(v)
-            items.append(Item(s.id, batch.model, batch.signature, s.tokens, s.max_tokens,
-                              s.payload, "", s.source))
+        decode = entry_decoder.decode
+        model, sig = batch.model, batch.signature
+        items = []
+        for _, v in found:
+            s = decode(v)
+            items.append(Item(s.id, model, sig, s.tokens, s.max_tokens, s.payload, label,
+                              s.source))
         fault_point("dispatch_step2")  # cursors advance: the core popped the lane queue
         fault_point("dispatch_step3")  # pending map: the core's in-flight table
+        if self.undone:
+            items = self._quarantine(batch, items, now)
+            if not items:
+                return self.pull(consumer, now)  # the whole batch was quarantined
         self.work[batch.id] = items
-        return Work(batch.id, batch.model, batch.signature, batch.lane, batch.epoch,
-                    batch.pad_to, batch.max_tokens, batch.max_input_len, items)
+        return Work(batch.id, model, sig, batch.lane, batch.epoch, batch.pad_to,
+                    batch.max_tokens, batch.max_input_len, items)
 
-    def fail(self, batch_id: int, now: float) -> None:
+    def _quarantine(self, batch: Batch, items: list[Item], now: float) -> list[Item]:
+        """Settle the entries of a fresh batch that were handed out `max_deliveries` times
+        without a result, each with an error result; returns the items still to send."""
+        limit = self.store_cfg.max_deliveries
+        undone = self.undone
+        bad = [i for i, e in enumerate(batch.entries)
+               if undone.get(e.key, (0, ""))[0] >= limit]
+        if not bad:
+            return items
+        results = []
+        for i in bad:
+            n, why = undone[batch.entries[i].key]
+            results.append(ItemResult(items[i].id, finish_reason="error", error=(
+                f"quarantined after {n} deliveries without a result"
+                + (f"; last: {why}" if why else ""))))
+        skip = set(bad)
+        keep = [it for i, it in enumerate(items) if i not in skip]
+        qid = batch.id if not keep else self.core.split(batch.id, bad).id
+        self.work[qid] = [items[i] for i in bad]
+        self.complete_many([(qid, results, None)], now)
+        self.quarantined += len(bad)
+        return keep
+
+    def _undone(self, batch_id: int, why: str) -> None:
+        f = self.core.inflight.get(batch_id)
+        if f is None:
+            return
+        undone = self.undone
+        for e in f.batch.entries:
+            undone[e.key] = (undone.get(e.key, (0, ""))[0] + 1, why)
+
+    def fail(self, batch_id: int, now: float, reason: str = "") -> None:
         if batch_id in self.core.inflight:
+            self._undone(batch_id, reason or "failed back")
             self.core.fail(batch_id, now)
         self.work.pop(batch_id, None)
 
-    # -- completion ---------------------------------------------------------------------------
+    def disconnect(self, consumer: str, now: float, why: str) -> int:
+        """A consumer is gone: every batch it held goes back (counted as undone)."""
+        c = self.core.consumers.get(consumer)
+        for batch_id in list(c.batches) if c is not None else []:
+            self._undone(batch_id, f"consumer {consumer} lost: {why}")
+            self.work.pop(batch_id, None)
+        return self.core.disconnect(consumer, now, why)
+
+    # -- completion ----------
 
     def complete(
         self, batch_id: int, results: list[ItemResult], now: float, gpu: int | None = None
@@ -244,111 +386,157 @@ class DurableBroker:
         (a late or duplicate completion: dropped, it creates no second result).
         """
         dbs = self.env.dbs
-        plan: list[tuple[int, list[tuple[Entry, bytes, bytes]]]] = []
-        out: list[int] = []
-        for batch_id, results, gpu in done:
-            f = self.core.inflight.get(batch_id)
-            items = self.work.get(batch_id)
-            if f is None or items is None or any(p[0] == batch_id for p in plan):
+        inflight, work = self.core.inflight, self.work
+        out: list[int] = [-1] * len(done)
+        settled: list[tuple[int, int]] = []  # (index in done, batch id)
+        settling: set[int] = set()
+        rows: list[tuple[bytes, bytes, int, int]] = []  # entry key, record, seg id, tokens
+        models: set[str] = set()
+        created = int(now)
+        for i, (batch_id, results, gpu) in enumerate(done):
+            f = inflight.get(batch_id)
+            items = work.get(batch_id)
+            if f is None or items is None or batch_id in settling:
                 self.duplicate_completions += 1
-                out.append(-1)
                 continue
             batch = f.batch
+            settled.append((i, batch_id))
+            settling.add(batch_id)
+            models.add(batch.model)
             by_id = {r.id: r for r in results}
-            rows = []
+            lane, epoch = batch.lane, batch.epoch
             for e, item in zip(batch.entries, items, strict=True):
                 r = by_id.get(item.id) or ItemResult(
                     item.id, finish_reason="error",
                     error="the engine returned no result for this item")
-                rec = make_record(item, r, source=item.source, lane=batch.lane,
-                                  epoch=batch.epoch, gpu=gpu, created=int(now))
-                rows.append((e, item.id.encode(), _result_encoder.encode(rec)))
-            plan.append((batch_id, rows))
-            out.append(0)
-        if not plan:
+                rec = make_record(item, r, source=item.source, lane=lane, epoch=epoch, gpu=gpu,
+                                  created=created)
+                rows.append((entry_key_of(e.key), _result_encoder.encode(rec), e.key >> 32,
+                             e.tokens))
+        if not settled:
             return out
-        epochs = {self.core.inflight[b].batch.model for b, _ in plan}
+        segs = self.segs
+        epochs = {m: self.core.models[m].epoch for m in models}
         outcome: dict[str, object] = {}
+        # the common case, planned outside the transaction: every entry is new to the
+        # tombstones and results; a segment whose last entries these are goes whole, so
+        # its tombstones are not even written
+        per_seg: dict[int, int] = {}
+        tokens = 0
+        for _, _, seg_id, tok in rows:
+            per_seg[seg_id] = per_seg.get(seg_id, 0) + 1
+            tokens += tok
+        gone = {s for s, k in per_seg.items() if segs[s].deleted + k >= segs[s].count}
+        by_key = sorted(rows)
+        result_rows = [(k, rec) for k, rec, _, _ in by_key]
+        tomb_rows = [(k, TOMBSTONE) for k, _, seg_id, _ in by_key if seg_id not in gone]
 
-        def write(txn: lmdb.Transaction) -> None:
-            changed: dict[int, SegHeader] = {}
-            done_items = done_tokens = 0
+        def batched(txn: lmdb.Transaction) -> None:
+            n = len(rows)
+            if _putmulti(txn, dbs["results"], result_rows) != n:
+                raise _Conflict("results")
+            if _putmulti(txn, dbs["tomb"], tomb_rows) != len(tomb_rows):
+                raise _Conflict("tomb")
             seq = self.meta.rseq
-            stored: list[int] = []
-            tomb, res, rseq = dbs["tomb"], dbs["results"], dbs["rseq"]
-            for _, rows in plan:
-                n = 0
-                for e, id_key, rec in rows:
-                    if txn.put(entry_key_of(e.key), TOMBSTONE, db=tomb, overwrite=False):
-                        seg_id = e.key >> 32
-                        hdr = changed.get(seg_id)
-                        if hdr is None:
-                            hdr = changed[seg_id] = msgspec.structs.replace(self.segs[seg_id])
-                        hdr.deleted += 1
-                        done_items += 1
-                        done_tokens += e.tokens
-                    if txn.put(id_key, rec, db=res, overwrite=False):
-                        seq += 1
-                        n += 1
-                        txn.put(rseq_key(seq), id_key, db=rseq)
-                stored.append(n)
+            seq_rows = [(rseq_key(seq + j + 1), k) for j, (k, _, _, _) in enumerate(rows)]
+            if _putmulti(txn, dbs["rseq"], seq_rows, append=True) != n:
+                raise RuntimeError("result sequence out of order: the meta table is stale")
             fault_point("complete_tombstone")
-            gone = []
-            for seg_id, hdr in changed.items():
-                if hdr.deleted >= hdr.count:
+            finish(txn, per_seg, n, tokens, seq + n, [True] * n)
+
+        def one_by_one(txn: lmdb.Transaction) -> None:
+            """Some entry already has a tombstone or a result: put each, keep the first."""
+            tomb, res, rseq = dbs["tomb"], dbs["results"], dbs["rseq"]
+            seq = self.meta.rseq
+            counts: dict[int, int] = {}
+            items_done = tokens_done = 0
+            stored: list[bool] = []
+            for k, rec, seg_id, tok in rows:
+                if txn.put(k, TOMBSTONE, db=tomb, overwrite=False):
+                    counts[seg_id] = counts.get(seg_id, 0) + 1
+                    items_done += 1
+                    tokens_done += tok
+                ok = txn.put(k, rec, db=res, overwrite=False)
+                if ok:
+                    seq += 1
+                    txn.put(rseq_key(seq), k, db=rseq)
+                stored.append(ok)
+            fault_point("complete_tombstone")
+            finish(txn, counts, items_done, tokens_done, seq, stored)
+
+        def finish(txn: lmdb.Transaction, counts: dict[int, int], items_done: int,
+                   tokens_done: int, seq: int, stored: list[bool]) -> None:
+            """Deleted counts (or whole-segment deletes), ledger and sequence, same txn."""
+            gone_now = []
+            for seg_id, n_done in counts.items():
+                hdr = segs[seg_id]
+                if hdr.deleted + n_done >= hdr.count:
                     fault_point("segment_delete")
                     delete_segment(txn, dbs, seg_id)
-                    gone.append(seg_id)
+                    gone_now.append(seg_id)
                 else:
-                    txn.put(seg_key(seg_id), header_encoder.encode(hdr), db=dbs["seg"])
-            ledger = self.meta.ledger_after(completed=(done_items, done_tokens))
+                    txn.put(seg_key(seg_id), header_encoder.encode(
+                        msgspec.structs.replace(hdr, deleted=hdr.deleted + n_done)), db=dbs["seg"])
+            ledger = self.meta.ledger_after(completed=(items_done, tokens_done))
             self.meta.write(txn, dbs["meta"], ledger=ledger, rseq=seq)
-            for model in epochs:
-                self.meta.write(txn, dbs["meta"], epoch=(model, self.core.models[model].epoch))
-            outcome.update(changed=changed, gone=gone, ledger=ledger, seq=seq, stored=stored)
+            for model, epoch in epochs.items():
+                self.meta.write(txn, dbs["meta"], epoch=(model, epoch))
+            outcome.update(per_seg=counts, gone=gone_now, ledger=ledger, seq=seq, stored=stored)
 
-        self.env.write(write)
+        try:
+            self.env.write(batched, drain=True)
+        except _Conflict:
+            self.env.write(one_by_one, drain=True)
         fault_point("complete_after_commit")
         self.meta.rseq = outcome["seq"]  # type: ignore[assignment]
         self.meta.ledger = outcome["ledger"]  # type: ignore[assignment]
-        for model in epochs:
-            self.meta.epochs[model] = self.core.models[model].epoch
-        self.segs.update(outcome["changed"])  # type: ignore[arg-type]
+        self.meta.epochs.update(epochs)
+        settled_counts: dict[int, int] = outcome["per_seg"]  # type: ignore[assignment]
+        for seg_id, n_done in settled_counts.items():
+            segs[seg_id].deleted += n_done
         for seg_id in outcome["gone"]:  # type: ignore[attr-defined]
-            hdr = self.segs.pop(seg_id)
+            hdr = segs.pop(seg_id)
             lkey = (hdr.model, hdr.signature, hdr.lane)
             if self.open_segs.get(lkey) == seg_id:
                 del self.open_segs[lkey]
-        stored_iter = iter(outcome["stored"])  # type: ignore[call-overload]
-        for i, (batch_id, _, _) in enumerate(done):
-            if out[i] == -1:
-                continue
-            out[i] = next(stored_iter)
-            self.work.pop(batch_id, None)
-            self.core.complete(batch_id, now)
+        stored: list[bool] = outcome["stored"]  # type: ignore[assignment]
+        pos = 0
+        complete = self.core.complete
+        undone = self.undone
+        for i, batch_id in settled:
+            n = len(work.pop(batch_id))
+            out[i] = sum(stored[pos:pos + n])
+            pos += n
+            b = complete(batch_id, now)
+            if undone:
+                for e in b.entries:
+                    undone.pop(e.key, None)
             self.results_stored += out[i]
         return out
 
-    # -- results --------------------------------------------------------------------------------
+    # -- results ----------
 
     def results_since(self, seq: int, limit: int = 1000) -> list[tuple[int, ResultRecord]]:
+        """Up to `limit` results stored after sequence number `seq`, oldest first."""
         dbs = self.env.dbs
-        out: list[tuple[int, ResultRecord]] = []
         with self.env.read() as txn:
             cur = txn.cursor(db=dbs["rseq"])
-            if not cur.set_range(rseq_key(seq + 1)):
-                return out
-            for k, id_key in cur:
-                raw = txn.get(id_key, db=dbs["results"])
-                if raw is not None:
-                    out.append((struct.unpack(">Q", k)[0], _result_decoder.decode(raw)))
-                if len(out) >= limit:
-                    break
-        return out
+            order: list[tuple[int, bytes]] = []
+            if cur.set_range(rseq_key(seq + 1)):
+                for k, key in cur:
+                    order.append((_seq_of(k, "big"), key))
+                    if len(order) >= limit:
+                        break
+            found = dict(txn.cursor(db=dbs["results"]).getmulti([k for _, k in order]))
+        decode = _result_decoder.decode
+        return [(s, decode(found[k])) for s, k in order if k in found]
 
     def result(self, item_id: str) -> ResultRecord | None:
+        """The stored result of an item, or None while it has none."""
+        dbs = self.env.dbs
         with self.env.read() as txn:
-            raw = txn.get(item_id.encode(), db=self.env.dbs["results"])
+            key = txn.get(item_id.encode(), db=dbs["ids"])
+            raw = txn.get(key, db=dbs["results"]) if key is not None else None
         return _result_decoder.decode(raw) if raw is not None else None
 
     def close(self) -> None:
@@ -356,14 +544,13 @@ class DurableBroker:
 
 
 def delete_segment(txn: lmdb.Transaction, dbs: dict[str, object], seg_id: int) -> None:
-    """Delete a segment whole: its entries (and their id index), tombstones and header."""
+    """Delete a segment whole: its entries, tombstones and header (ids and results stay: a
+    completed id remains a duplicate, and its result remains readable)."""
     lo, hi = entry_key(seg_id, 0), entry_key(seg_id + 1, 0)
     for db_name in ("data", "tomb"):
         cur = txn.cursor(db=dbs[db_name])
         if cur.set_range(lo):
-            while cur.key() and cur.key() < hi:
-                if db_name == "data":
-                    txn.delete(entry_decoder.decode(cur.value()).id.encode(), db=dbs["ids"])
+            while (k := cur.key()) and k < hi:
                 if not cur.delete():
                     break
     txn.delete(seg_key(seg_id), db=dbs["seg"])

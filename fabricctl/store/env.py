@@ -4,14 +4,19 @@ Contract: `StoreEnv.write(fn)` runs `fn(txn)` in one durable write transaction (
 full sync, no writemap) and returns its result; when the map fills it grows the map (doubling,
 up to `map_ceiling`) and runs `fn` again, so `fn` must only write through `txn`. Past the
 ceiling, or on an I/O error such as ENOSPC, it raises `StoreFullError` naming the data dir and
-its free space; the failed transaction wrote nothing. Only one process may own a data dir.
+its free space; the failed transaction wrote nothing. A write that drains the store
+(`drain=True`: completions, recovery) may grow the map past the ceiling by `headroom`, so a
+store that ingest filled can always complete, delete segments and so make room again.
+Only one process may own a data dir.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -50,6 +55,7 @@ class StoreEnv:
             os.close(self._lock_fd)
             raise StoreLockedError(f"another broker owns {self.data_dir}") from None
         self.map_ceiling = max(map_ceiling, map_size)
+        self.headroom = max(self.map_ceiling // 8, 4 * MiB)  # drains only, past the ceiling
         self.env = lmdb.open(
             str(self.data_dir / "fabric.lmdb"), map_size=map_size, max_dbs=len(DB_NAMES) + 1,
             subdir=True, sync=True, metasync=True, writemap=False, readahead=True,
@@ -68,32 +74,62 @@ class StoreEnv:
     def free_disk(self) -> int:
         return shutil.disk_usage(self.data_dir).free
 
-    def full_message(self, why: str) -> str:
-        return (f"ingest refused: {why}; data dir {self.data_dir} has "
+    def full_message(self, why: str, what: str = "ingest refused") -> str:
+        return (f"{what}: {why}; data dir {self.data_dir} has "
                 f"{human_bytes(self.free_disk())} free (map {human_bytes(self.map_size)}, "
                 f"ceiling {human_bytes(self.map_ceiling)})")
 
-    def grow(self) -> None:
+    def grow(self, drain: bool = False) -> None:
         size = self.map_size
-        if size >= self.map_ceiling:
-            raise StoreFullError(self.full_message("the LMDB map reached its ceiling"))
+        limit = self.map_ceiling + (self.headroom if drain else 0)
+        if size >= limit:
+            what = "write refused" if drain else "ingest refused"
+            raise StoreFullError(self.full_message("the LMDB map reached its ceiling", what))
         fault_point("map_grow")
-        self.env.set_mapsize(min(size * 2, self.map_ceiling))
+        self.env.set_mapsize(min(size * 2, limit))
         self.grows += 1
 
-    def write(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+    def write(self, fn: Callable[[lmdb.Transaction], T], drain: bool = False) -> T:
         while True:
             try:
                 with self.env.begin(write=True) as txn:
                     return fn(txn)
             except lmdb.MapFullError:
-                self.grow()
+                self.grow(drain)
             except lmdb.Error as e:
-                raise StoreFullError(self.full_message(f"LMDB write failed ({e})")) from e
+                what = "write refused" if drain else "ingest refused"
+                raise StoreFullError(self.full_message(f"LMDB write failed ({e})", what)) from e
 
-    def read(self) -> lmdb.Transaction:
-        """A fresh, short read transaction (never hold one: it pins pages)."""
-        return self.env.begin(write=False)
+    def drop_mapped_pages(self) -> bool:
+        """Unmap every page of the map from this process (Linux); returns whether it did.
+
+        Why: reading through LMDB's read-only map makes the kernel map the neighbours of each
+        page touched too (fault-around), so a scan such as recovery leaves the process
+        holding tens of MB of clean page cache in its RSS. MADV_DONTNEED on a read-only
+        shared file mapping only drops those mappings: the pages stay cached and the next
+        read faults them back in, so this is safe at any time, even inside a read txn.
+        """
+        if not sys.platform.startswith("linux"):
+            return False
+        path = os.path.realpath(self.data_dir / "fabric.lmdb" / "data.mdb")
+        spans = []
+        try:
+            with open("/proc/self/maps") as f:
+                for line in f:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6 and fields[5].rstrip("\n") == path:
+                        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                        spans.append((lo, hi - lo))
+        except OSError:
+            return False
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        return bool(spans) and all(libc.madvise(lo, n, 4) == 0 for lo, n in spans)  # DONTNEED
+
+    def read(self, buffers: bool = False) -> lmdb.Transaction:
+        """A fresh, short read transaction (never hold one: it pins pages); with `buffers`
+        its reads are zero-copy memoryviews, valid only until the cursor moves."""
+        return self.env.begin(write=False, buffers=buffers)
 
     def close(self) -> None:
         self.env.close()

@@ -1,9 +1,22 @@
 """Key and record layout of the LMDB environment.
 
 Contract: keys are big-endian packed integers so LMDB's memcmp order is numeric order and
-one cursor range is one segment: `seg` holds seg_id (u64) -> SegHeader (the routing keys,
-stored once), `data` and `tomb` hold seg_id (u64) + offset (u32) -> StoredEntry / 4-byte
-tombstone. An in-memory entry key is the same pair as one int: seg_id << 32 | offset.
+one cursor range is one segment. An entry key is seg_id (u64) + offset (u32); in memory the
+same pair is one int, seg_id << 32 | offset. Named databases:
+
+- `seg`: seg_id -> SegHeader, the routing keys (model, signature, label, lane), stored once;
+  written when the segment is created and when completions change its deleted count;
+- `data`: entry key -> StoredEntry (the item: counts, arrival time, id, payload). Entries are
+  written in the transaction that acknowledges them and deleted only with their whole
+  segment, so a live segment's entries are exactly offsets 0 .. count-1: the last entry on
+  disk is the segment's persisted readable boundary;
+- `tomb`: entry key -> 4-byte tombstone (the entry is completed);
+- `ids`: item id (UTF-8) -> entry key, for every item ever stored (the duplicate check;
+  kept after completion so a completed id stays a duplicate);
+- `results`: entry key -> ResultRecord, the item's one result (kept after its segment goes);
+- `rseq`: result sequence (u64) -> entry key, the order results were stored in;
+- `meta`: counters (meta.py).
+Entry keys are never reused: segment ids only grow.
 """
 
 from __future__ import annotations
@@ -13,6 +26,7 @@ import struct
 import msgspec
 
 TOMBSTONE = b"\x00\x00\x00\x01"
+FORMAT = 2  # bump when the layout above changes; an older data dir is refused with a message
 _SEG = struct.Struct(">Q")
 _ENTRY = struct.Struct(">QI")
 
@@ -20,7 +34,14 @@ DB_NAMES = (b"seg", b"data", b"tomb", b"ids", b"results", b"rseq", b"meta")
 
 
 class SegHeader(msgspec.Struct, array_like=True):
-    """Why: the routing keys of a segment live once, here, not in every entry."""
+    """Why: the routing keys of a segment live once, here, not in every entry.
+
+    Written when the segment is created and when completions move its deleted count, not
+    on every append (an ingest touching hundreds of lanes would rewrite hundreds of
+    headers). In memory `count` (entries written: the readable boundary), `deleted`
+    (tombstoned) and `target` are kept current; recovery recomputes them from the entries
+    and tombstones on disk (the target as the largest of the stored one and the entries').
+    """
 
     model: str
     signature: int
@@ -34,14 +55,25 @@ class SegHeader(msgspec.Struct, array_like=True):
 
 
 class StoredEntry(msgspec.Struct, array_like=True):
-    """Why: one durable item; its routing keys come from the segment header."""
+    """Why: one durable item; its routing keys come from the segment header.
 
-    id: str
+    The scheduling fields come first so recovery can decode just them (`EntryHead`).
+    """
+
     tokens: int
     max_tokens: int
     t: float
+    id: str
     payload: bytes
     source: int = 0
+
+
+class EntryHead(msgspec.Struct, array_like=True, gc=False):
+    """The leading fields of a StoredEntry: all recovery needs (the rest is skipped)."""
+
+    tokens: int
+    max_tokens: int
+    t: float
 
 
 def seg_key(seg_id: int) -> bytes:
@@ -70,6 +102,11 @@ def entry_key_of(key: int) -> bytes:
     return _ENTRY.pack(key >> 32, key & 0xFFFFFFFF)
 
 
+def ref_of(key: bytes) -> int:
+    """The in-memory entry key of a packed entry key."""
+    return int.from_bytes(key, "big")
+
+
 def rseq_key(seq: int) -> bytes:
     return _SEG.pack(seq)
 
@@ -78,3 +115,4 @@ header_encoder = msgspec.msgpack.Encoder()
 header_decoder = msgspec.msgpack.Decoder(SegHeader)
 entry_encoder = msgspec.msgpack.Encoder()
 entry_decoder = msgspec.msgpack.Decoder(StoredEntry)
+head_decoder = msgspec.msgpack.Decoder(EntryHead)

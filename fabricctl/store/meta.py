@@ -33,6 +33,7 @@ class Meta:
 
     next_seg: int = 1
     boot: int = 0
+    fmt: int = 0  # the layout version (keys.FORMAT) that wrote this env; 0: none yet
     rseq: int = 0
     ledger: PersistedLedger = field(default_factory=PersistedLedger)
     epochs: dict[str, int] = field(default_factory=dict)
@@ -48,7 +49,7 @@ class Meta:
     def write(
         self, txn: lmdb.Transaction, db: object, *, next_seg: int | None = None,
         ledger: PersistedLedger | None = None, rseq: int | None = None, boot: int | None = None,
-        epoch: tuple[str, int] | None = None,
+        epoch: tuple[str, int] | None = None, fmt: int | None = None,
     ) -> None:
         if next_seg is not None:
             txn.put(b"next_seg", _U64.pack(next_seg), db=db)
@@ -60,6 +61,8 @@ class Meta:
             txn.put(b"rseq", _U64.pack(rseq), db=db)
         if boot is not None:
             txn.put(b"boot", _U64.pack(boot), db=db)
+        if fmt is not None:
+            txn.put(b"format", _U64.pack(fmt), db=db)
         if epoch is not None and self.epochs.get(epoch[0]) != epoch[1]:
             txn.put(b"epoch/" + epoch[0].encode(), _U64.pack(epoch[1]), db=db)
 
@@ -70,6 +73,8 @@ class Meta:
             m.next_seg = _U64.unpack(v)[0]
         if (v := txn.get(b"boot", db=db)) is not None:
             m.boot = _U64.unpack(v)[0]
+        if (v := txn.get(b"format", db=db)) is not None:
+            m.fmt = _U64.unpack(v)[0]
         if (v := txn.get(b"rseq", db=db)) is not None:
             m.rseq = _U64.unpack(v)[0]
         if (v := txn.get(b"ledger", db=db)) is not None:

@@ -1,11 +1,17 @@
 """Recovery at start: rebuild shapes, lanes and cursors from segments and tombstones.
 
-Contract: every entry below a segment's boundary that has no tombstone is queued again, in
-its lane, in arrival order (segments by id, entries by offset); entries that were pending at
-the crash are simply available again (at-least-once; results are de-duplicated by id).
-Every shape comes back staged, with its lanes' ids and targets; each model keeps its epoch.
-Segments found fully tombstoned (a crash between completion and deletion) are deleted; the
-persisted ledger must then equal completed + queued, and the report says whether it does.
+Contract: every entry of a segment (all of them are below its boundary: LMDB commits are
+atomic) that has no tombstone is queued again, in its lane, in arrival order (segments by
+id, entries by offset); entries that were pending at the crash are simply available again
+(at-least-once; each entry has one tombstone and one result at most, so results stay one
+per item). Recovery decodes only each entry's scheduling head (tokens, max_tokens, arrival),
+never its payload, in one pass over the entries and one over the tombstones. Every shape
+comes back staged, with its lanes' ids and targets (the larger of a header's and its live
+entries' longest); each model keeps its epoch. Segments found fully tombstoned (none should
+be: completion deletes them in its own commit) are deleted; the persisted ledger must then
+equal completed + queued, and the report says whether it does. Afterwards the process lets
+go of the map pages the scan touched. A data dir written in another layout version is
+refused with a `StoreError` that says so.
 """
 
 from __future__ import annotations
@@ -19,13 +25,8 @@ import msgspec
 from fabricctl.core.broker import Placement
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.types import Entry
-from fabricctl.store.keys import (
-    entry_decoder,
-    entry_key,
-    header_decoder,
-    ref,
-    split_entry_key,
-)
+from fabricctl.store.errors import StoreError
+from fabricctl.store.keys import FORMAT, head_decoder, header_decoder
 from fabricctl.store.meta import Meta
 
 if TYPE_CHECKING:
@@ -52,46 +53,70 @@ def recover(db: DurableBroker, now: float) -> RecoveryReport:
     env, dbs, core = db.env, db.env.dbs, db.core
     with env.read() as txn:
         meta = Meta.load(txn, dbs["meta"])
+        used = meta.next_seg > 1 or txn.stat(dbs["ids"])["entries"] > 0
+        if meta.fmt != FORMAT and (meta.fmt or used):
+            raise StoreError(
+                f"{env.data_dir} holds a store in layout version {meta.fmt or 1}, and this "
+                f"fabricctl reads version {FORMAT}: drain it with the fabricctl that wrote it, "
+                "or move it aside and start with an empty data dir")
         headers = {int.from_bytes(k, "big"): header_decoder.decode(v)
                    for k, v in txn.cursor(db=dbs["seg"])}
-        done: set[int] = set()
+        tombs: dict[int, set[int]] = {}
+        for k in txn.cursor(db=dbs["tomb"]).iternext(keys=True, values=False):
+            tombs.setdefault(int.from_bytes(k[:8], "big"), set()).add(
+                int.from_bytes(k[8:], "big"))
         live: dict[int, list[Entry]] = {}
-        tomb_cur = txn.cursor(db=dbs["tomb"])
-        data_cur = txn.cursor(db=dbs["data"])
-        for seg_id, hdr in headers.items():
-            lo, hi = entry_key(seg_id, 0), entry_key(seg_id + 1, 0)
-            tombs: set[int] = set()
-            if tomb_cur.set_range(lo):
-                for k in tomb_cur.iternext(keys=True, values=False):
-                    if k >= hi:
-                        break
-                    tombs.add(split_entry_key(k)[1])
-            hdr.deleted = len(tombs)
-            if hdr.deleted >= hdr.count:
-                done.add(seg_id)
-                continue
-            entries = []
-            if data_cur.set_range(lo):
-                for k, v in data_cur:
-                    if k >= hi:
-                        break
-                    offset = split_entry_key(k)[1]
-                    if offset in tombs or offset >= hdr.count:
-                        continue
-                    s = entry_decoder.decode(v)
-                    entries.append(Entry(ref(seg_id, offset), s.tokens, s.max_tokens, s.t))
-            live[seg_id] = entries
+        small: dict[int, int] = {}  # one int object per distinct count: less memory per entry
+        intern = small.setdefault
+        t_last = -1.0  # entries of one commit share their arrival time: share the float too
+        decode = head_decoder.decode
+        seg_id = -1
+        entries: list[Entry] = []
+        dead: set[int] = set()
+        top = 0
+        with env.read(buffers=True) as btxn:
+            for k, v in btxn.cursor(db=dbs["data"]):
+                sid = int.from_bytes(k[:8], "big")
+                if sid != seg_id:
+                    seg_id = sid
+                    hdr = headers.get(sid)
+                    if hdr is None:  # cannot happen (a header is written with its first entry)
+                        raise StoreError(f"{env.data_dir}: entries of segment {sid} have no header")
+                    entries = live[sid] = []
+                    dead = tombs.get(sid, set())
+                    top = hdr.target
+                    base = sid << 32
+                off = int.from_bytes(k[8:], "big")
+                h = decode(v)
+                if off >= hdr.count:
+                    hdr.count = off + 1
+                if h.tokens > top:
+                    hdr.target = top = h.tokens
+                if off not in dead:
+                    if h.t != t_last:
+                        t_last = h.t
+                    entries.append(Entry(base | off, intern(h.tokens, h.tokens),
+                                         intern(h.max_tokens, h.max_tokens), t_last))
+        done: set[int] = set()
+        for sid, hdr in headers.items():
+            hdr.deleted = len(tombs.get(sid, ()))
+            if sid not in live or hdr.deleted >= hdr.count:
+                done.add(sid)
+                live.pop(sid, None)
     meta.boot += 1
     from fabricctl.store.durable import delete_segment
 
     def write(txn: object) -> None:
         for seg_id in done:
             delete_segment(txn, dbs, seg_id)  # type: ignore[arg-type]
-        meta.write(txn, dbs["meta"], boot=meta.boot)  # type: ignore[arg-type]
+        meta.write(txn, dbs["meta"], boot=meta.boot, fmt=FORMAT)  # type: ignore[arg-type]
 
-    env.write(write)
+    env.write(write, drain=True)
+    env.drop_mapped_pages()  # the scan's page mappings: clean page cache, not queue memory
+    meta.fmt = FORMAT
     db.meta = meta
     items = tokens = 0
+    admit = core.admit
     for seg_id in sorted(live):
         hdr = headers[seg_id]
         ms = core.model(hdr.model)
@@ -110,9 +135,9 @@ def recover(db: DurableBroker, now: float) -> RecoveryReport:
             shape.lanes._insert_sorted(lane)
         p = Placement(shape, lane)
         for e in live[seg_id]:
-            core.admit(p, e)
-            items += 1
+            admit(p, e)
             tokens += e.tokens
+        items += len(live[seg_id])
         db.segs[seg_id] = hdr
         db.open_segs[(hdr.model, hdr.signature, hdr.lane)] = seg_id
     for model, epoch in meta.epochs.items():

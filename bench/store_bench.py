@@ -1,0 +1,314 @@
+"""Durable store throughput: ingest, pull + complete, recovery time and memory per queued item.
+
+Runs the real `DurableBroker` on a temporary data dir with LMDB's durable defaults (sync and
+metasync on, no writemap). A synthetic workload of `--shapes` shapes of one model (Zipf
+popularity, lognormal input lengths with median ~500 tokens) with `--payload`-byte payloads
+(600 by default) is generated outside the clock. Phases:
+
+1. ingest `--items` items in chunks of `--chunk` (one `ingest` call = one group commit);
+2. pull every batch with `--consumers` consumers and settle them with `complete_many`,
+   `--group` batches per commit (as the server's completer does);
+3. build a store of `--recovery-items` queued items (1,000,000 by default), then reopen it in
+   a fresh subprocess that reports the recovery time and the RSS it grew by (psutil, plus
+   RssAnon from /proc for the heap alone).
+
+Only time spent inside the broker calls is counted (wall clock, and CPU per item, which is
+the figure to trust on a shared, noisy box); phases 1-2 run `--rounds` times in fresh data
+dirs and report the median round (and the best). Item ids are sequential ("q0", "q1", ...),
+as batch files number them; random ids would add one scattered page per item to the id
+index. Targets on a 2-core box: ingest >= 100k items/s, complete >= 50k items/s, recovery
+<= 10 s per million, <= 200 B RSS per queued item.
+
+    .venv/bin/python bench/store_bench.py                           # a table
+    .venv/bin/python bench/store_bench.py --json                    # exactly one JSON object
+    .venv/bin/python bench/store_bench.py --recovery-items 100000   # a quicker run
+    .venv/bin/python bench/store_bench.py --profile throughput      # cProfile phases 1-2
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import math
+import pstats
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fabricctl.core.signature import signature
+from fabricctl.core.types import Contract, Item, ItemResult
+from fabricctl.store.durable import DurableBroker, StoreConfig
+
+CONTRACTS = (
+    Contract("m", 256, 65536, 8192),
+    Contract("m", 128, 32768, 8192),
+    Contract("m", 256, 65536, 8192),
+    Contract("m", 64, 16384, 4096),
+)
+TARGETS = {
+    "ingest_items_per_s": (100_000, ">="),
+    "complete_items_per_s": (50_000, ">="),
+    "recovery_s_per_million": (10.0, "<="),
+    "rss_bytes_per_queued_item": (200.0, "<="),
+}
+GiB = 1 << 30
+
+
+def chunks(seed: int, items: int, chunk: int, shapes: int, payload: int,
+           prefix: str = "q") -> Iterator[list[Item]]:
+    """The workload, `chunk` items at a time (generated lazily, outside the clock)."""
+    rng = random.Random(seed)
+    sigs = [signature([f"system prompt {k}", f"few-shot block {k}"]) for k in range(shapes)]
+    weights = [1.0 / (k + 1) for k in range(shapes)]
+    mu = math.log(500)
+    body = rng.randbytes(payload)
+    sent = 0
+    while sent < items:
+        n = min(chunk, items - sent)
+        picks = rng.choices(sigs, weights=weights, k=n)
+        out = []
+        for k, sig in enumerate(picks):
+            tokens = max(1, int(rng.lognormvariate(mu, 0.6)))
+            ident = f"{prefix}{sent + k}"
+            out.append(Item(ident, "m", sig, tokens, 128, ident.encode() + body[len(ident):]))
+        sent += n
+        yield out
+
+
+def store_cfg() -> StoreConfig:
+    return StoreConfig(map_size=1 * GiB)
+
+
+def phase_ingest(store: DurableBroker, args: argparse.Namespace,
+                 now: float) -> tuple[int, float, float]:
+    """Ingest the workload; returns (items, wall seconds and CPU seconds inside `ingest`)."""
+    spent = cpu = 0.0
+    n = 0
+    for chunk in chunks(args.seed, args.items, args.chunk, args.shapes, args.payload):
+        c0, t0 = time.process_time(), time.perf_counter()
+        rejects = store.ingest(chunk, now)
+        spent += time.perf_counter() - t0
+        cpu += time.process_time() - c0
+        assert not rejects, rejects[:3]
+        n += len(chunk)
+    return n, spent, cpu
+
+
+def phase_complete(store: DurableBroker, args: argparse.Namespace,
+                   now: float) -> tuple[int, float, float, int, int]:
+    """Drain everything; returns (items, wall and CPU seconds in pull + complete_many,
+    batches, commits)."""
+    names = [f"gpu{k}" for k in range(args.consumers)]
+    for name, contract in zip(names, CONTRACTS, strict=False):
+        store.core.register(name, contract, now)
+    spent = cpu = 0.0
+    items = batches = commits = 0
+    pull, complete_many = store.pull, store.complete_many
+    next_tick = now + 1.0
+    while True:
+        group = []
+        c0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(args.group):
+            for name in names:
+                w = pull(name, now)
+                if w is not None:
+                    group.append(w)
+        spent += time.perf_counter() - t0
+        cpu += time.process_time() - c0
+        if not group:
+            break
+        # what the engines return (outside the clock: the server decodes these off the wire)
+        done = [(w.id, [ItemResult(it.id, text="ok", tokens_out=16) for it in w.items], 0)
+                for w in group]
+        c0, t0 = time.process_time(), time.perf_counter()
+        stored = complete_many(done, now)
+        spent += time.perf_counter() - t0
+        cpu += time.process_time() - c0
+        items += sum(stored)
+        batches += len(group)
+        commits += 1
+        now += 0.01
+        if now >= next_tick:  # the server's 1 s maintenance tick, on the fake clock
+            store.core.tick(now)
+            next_tick += 1.0
+    return items, spent, cpu, batches, commits
+
+
+def run_throughput(args: argparse.Namespace, data_dir: Path) -> dict[str, object]:
+    """One round in a fresh data dir."""
+    store = DurableBroker(data_dir, 0.0, store=store_cfg())
+    try:
+        n_in, t_in, c_in = phase_ingest(store, args, 0.0)
+        n_out, t_out, c_out, batches, commits = phase_complete(store, args, 1.0)
+        lg = store.core.ledger
+        return {
+            "items": n_in,
+            "payload_bytes": args.payload,
+            "chunk": args.chunk,
+            "segments": store.meta.next_seg - 1,
+            "ingest_seconds": round(t_in, 4),
+            "ingest_items_per_s": round(n_in / t_in),
+            "ingest_cpu_us_per_item": round(c_in * 1e6 / n_in, 2),
+            "completed": n_out,
+            "complete_seconds": round(t_out, 4),
+            "complete_items_per_s": round(n_out / t_out) if t_out else 0,
+            "complete_cpu_us_per_item": round(c_out * 1e6 / max(n_out, 1), 2),
+            "batches": batches,
+            "batches_per_commit": round(batches / max(commits, 1), 1),
+            "items_per_commit": round(n_out / max(commits, 1)),
+            "ledger_difference": list(lg.difference()),
+            "segments_left": len(store.segs),
+        }
+    finally:
+        store.close()
+
+
+def run_rounds(args: argparse.Namespace, parent: Path) -> dict[str, object]:
+    """`--rounds` rounds; the rates are the median round's, with the best one beside them."""
+    rounds = [run_throughput(args, parent / f"t{k}") for k in range(args.rounds)]
+    out = dict(rounds[0])
+    for key in ("ingest_items_per_s", "complete_items_per_s"):
+        vals = sorted(int(r[key]) for r in rounds)  # type: ignore[call-overload]
+        out[key] = vals[len(vals) // 2]
+        out[key.replace("_per_s", "_per_s_best")] = vals[-1]
+    for key in ("ingest_cpu_us_per_item", "complete_cpu_us_per_item"):
+        out[key] = min(float(r[key]) for r in rounds)  # type: ignore[arg-type]
+    for key in ("ingest_seconds", "complete_seconds"):
+        out.pop(key)
+    out["rounds"] = args.rounds
+    out["ledger_difference"] = [sum(int(r["ledger_difference"][i]) for r in rounds)  # type: ignore[index]
+                                for i in (0, 1)]
+    return out
+
+
+def build_backlog(args: argparse.Namespace, data_dir: Path) -> None:
+    store = DurableBroker(data_dir, 0.0, store=StoreConfig(map_size=4 * GiB))
+    try:
+        for chunk in chunks(args.seed + 1, args.recovery_items, 1024, args.shapes, args.payload,
+                            prefix="r"):
+            store.ingest(chunk, 0.0)
+    finally:
+        store.close()
+
+
+def _rss() -> tuple[int, int]:
+    """(RSS, RssAnon) of this process in bytes."""
+    import psutil
+
+    anon = 0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                anon = int(line.split()[1]) * 1024
+    return psutil.Process().memory_info().rss, anon
+
+
+def recover_child(data_dir: str) -> None:
+    """In a fresh process: open the store, report recovery time and RSS growth as JSON."""
+    gc.collect()
+    rss0, anon0 = _rss()
+    t0 = time.perf_counter()
+    store = DurableBroker(Path(data_dir), 2.0, store=StoreConfig(map_size=4 * GiB))
+    seconds = time.perf_counter() - t0
+    gc.collect()
+    rss1, anon1 = _rss()
+    rep = store.recovery
+    print(json.dumps({"items": rep.items, "seconds": seconds, "rss_delta": rss1 - rss0,
+                      "anon_delta": anon1 - anon0, "ledger_ok": rep.ledger_ok}))
+    store.close()
+
+
+def run_recovery(args: argparse.Namespace, data_dir: Path) -> dict[str, object]:
+    t0 = time.perf_counter()
+    build_backlog(args, data_dir)
+    build_s = time.perf_counter() - t0
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--recover-child",
+                           str(data_dir)],
+                          capture_output=True, text=True, check=True)
+    child = json.loads(proc.stdout.strip().splitlines()[-1])
+    n = int(child["items"])
+    assert n == args.recovery_items, (n, args.recovery_items)
+    return {
+        "recovery_items": n,
+        "recovery_build_s": round(build_s, 2),
+        "recovery_seconds": round(child["seconds"], 3),
+        "recovery_s_per_million": round(child["seconds"] * 1e6 / n, 3),
+        "rss_bytes_per_queued_item": round(child["rss_delta"] / n, 1),
+        "anon_rss_bytes_per_queued_item": round(child["anon_delta"] / n, 1),
+        "recovery_ledger_ok": child["ledger_ok"],
+    }
+
+
+def table(out: dict[str, object]) -> str:
+    rows = [(k, f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v))
+            for k, v in out.items()]
+    for key, (target, op) in TARGETS.items():
+        if key in out:
+            v = float(out[key])  # type: ignore[arg-type]
+            ok = v >= target if op == ">=" else v <= target
+            rows.append((f"target {key}", f"{op} {target:,} ({'meets' if ok else 'below'})"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v:>28}" for k, v in rows)
+
+
+def profiled(fn: Callable[[], dict[str, object]]) -> dict[str, object]:
+    prof = cProfile.Profile()
+    out = prof.runcall(fn)
+    pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--items", type=int, default=200_000, help="items for ingest and complete")
+    ap.add_argument("--chunk", type=int, default=1024, help="items per ingest call (one commit)")
+    ap.add_argument("--payload", type=int, default=600, help="payload bytes per item")
+    ap.add_argument("--shapes", type=int, default=20)
+    ap.add_argument("--consumers", type=int, default=3, choices=(1, 2, 3, 4))
+    ap.add_argument("--group", type=int, default=4,
+                    help="pull rounds per complete_many commit (batches = rounds x consumers)")
+    ap.add_argument("--recovery-items", type=int, default=1_000_000,
+                    help="queued items for the recovery measurement (0 skips it)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="throughput rounds (fresh data dirs); the median is reported")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dir", type=Path, default=None, help="parent of the temporary data dirs")
+    ap.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    ap.add_argument("--profile", choices=("throughput", "recovery"), default=None,
+                    help="cProfile one phase in this process (to stderr)")
+    ap.add_argument("--recover-child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.recover_child:
+        recover_child(args.recover_child)
+        return 0
+    out: dict[str, object] = {}
+    with tempfile.TemporaryDirectory(prefix="store-bench-", dir=args.dir) as tmp:
+        if args.profile == "recovery":
+            build_backlog(args, Path(tmp) / "r")
+            prof = cProfile.Profile()
+            store = prof.runcall(DurableBroker, Path(tmp) / "r", 2.0,
+                                 store=StoreConfig(map_size=4 * GiB))
+            store.close()
+            pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+            return 0
+        if args.items:
+            fn = lambda: run_rounds(args, Path(tmp))  # noqa: E731
+            out.update(profiled(fn) if args.profile == "throughput" else fn())
+        if args.recovery_items:
+            out.update(run_recovery(args, Path(tmp) / "r"))
+    print(json.dumps(out) if args.json else table(out))
+    ok = out.get("ledger_difference", [0, 0]) == [0, 0] and out.get("recovery_ledger_ok", True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

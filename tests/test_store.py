@@ -1,0 +1,529 @@
+"""The durable store: full map, duplicates, late completions, bad input, recovery, segment
+deletion, payloads and the shape guard, against a real LMDB environment in a temp dir."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import lmdb
+import msgspec
+import pytest
+
+from fabricctl.core.broker import ShapeGuardError
+from fabricctl.core.types import Contract, Item, ItemResult, Work
+from fabricctl.formats.results import ResultRecord
+from fabricctl.store.durable import DurableBroker, Reject, StoreConfig
+from fabricctl.store.env import MiB, StoreEnv
+from fabricctl.store.errors import SegmentMissingError, StoreError, StoreFullError, StoreLockedError
+from fabricctl.store.keys import entry_key_of
+
+MODEL = "m"
+SIG = 0xC0FFEE
+CONTRACT = Contract(MODEL, 16, 4096, 4096)
+
+
+def items(n: int, prefix: str = "i", sig: int = SIG, tokens: int = 100,
+          payload: bytes = b"") -> list[Item]:
+    return [Item(f"{prefix}{k}", MODEL, sig, tokens, 8, payload or f"p{k}".encode())
+            for k in range(n)]
+
+
+def answer(w: Work) -> list[ItemResult]:
+    return [ItemResult(it.id, text=f"r:{it.id}", tokens_out=2) for it in w.items]
+
+
+def drain(store: DurableBroker, now: float = 1.0, consumer: str = "gpu") -> int:
+    """Pull and complete until nothing is left; returns the results stored."""
+    if consumer not in store.core.consumers:
+        store.core.register(consumer, CONTRACT, now)
+    stored = 0
+    while (w := store.pull(consumer, now)) is not None:
+        n = store.complete(w.id, answer(w), now)
+        assert n == len(w.items)
+        stored += n
+    return stored
+
+
+def db_entries(store: DurableBroker, name: str) -> int:
+    with store.env.read() as txn:
+        return int(txn.stat(store.env.dbs[name])["entries"])
+
+
+def result_ids(store: DurableBroker) -> list[str]:
+    return [rec.id for _, rec in store.results_since(0, limit=1_000_000)]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> DurableBroker:
+    s = DurableBroker(tmp_path / "data", 0.0)
+    yield s  # type: ignore[misc]
+    s.close()
+
+
+# -- full map ----------
+
+
+def test_full_map_refuses_clearly_keeps_acked_and_resumes_after_draining(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    cfg = StoreConfig(map_size=1 * MiB, map_ceiling=2 * MiB, segment_entries=64)
+    store = DurableBroker(data, 0.0, store=cfg)
+    acked: list[str] = []
+    payload = bytes(range(256)) * 2 + b"x" * 88  # 600 bytes
+    err: StoreFullError | None = None
+    for c in range(200):
+        chunk = items(50, prefix=f"c{c}-", payload=payload)
+        try:
+            rejects = store.ingest(chunk, 0.0)
+        except StoreFullError as e:
+            err = e
+            break
+        assert rejects == []
+        acked.extend(it.id for it in chunk)
+    assert err is not None
+    msg = str(err)
+    assert str(data) in msg
+    assert "free" in msg
+    assert "ceiling" in msg
+    assert len(acked) >= 500
+    # the refused call stored nothing and left the counts alone
+    assert store.core.ledger.items_received == len(acked)
+    assert store.meta.ledger.items_received == len(acked)
+    assert db_entries(store, "data") == len(acked)
+    with pytest.raises(StoreFullError):
+        store.ingest(items(50, prefix="again-", payload=payload), 0.0)
+    store.close()
+
+    # a restart finds every acknowledged item and nothing else
+    store = DurableBroker(data, 1.0, store=cfg)
+    assert store.recovery.items == len(acked)
+    assert store.recovery.ledger_ok is True
+    assert store.core.ledger.items_queued == len(acked)
+    # completion still works on a full store; it deletes segments and so makes room
+    assert drain(store) == len(acked)
+    assert sorted(result_ids(store)) == sorted(acked)
+    assert len(store.segs) == 0
+    assert db_entries(store, "data") == 0
+    # ingest resumes without a restart
+    assert store.ingest(items(50, prefix="after-", payload=payload), 2.0) == []
+    assert store.core.ledger.items_queued == 50
+    store.close()
+
+
+def test_full_map_ingest_resumes_after_reopen_with_a_bigger_ceiling(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    small = StoreConfig(map_size=1 * MiB, map_ceiling=1 * MiB)
+    store = DurableBroker(data, 0.0, store=small)
+    n = 0
+    with pytest.raises(StoreFullError):
+        for c in range(100):
+            store.ingest(items(50, prefix=f"c{c}-", payload=b"y" * 600), 0.0)
+            n += 50
+    store.close()
+    store = DurableBroker(data, 1.0, store=StoreConfig(map_size=1 * MiB, map_ceiling=8 * MiB))
+    assert store.recovery.items == n
+    assert store.ingest(items(200, prefix="more-", payload=b"y" * 600), 1.0) == []
+    assert store.core.ledger.items_queued == n + 200
+    assert store.env.map_size > 1 * MiB
+    store.close()
+
+
+def test_drains_may_grow_a_full_map_past_its_ceiling_ingest_may_not(tmp_path: Path) -> None:
+    env = StoreEnv(tmp_path / "env", 1 * MiB, 1 * MiB)
+    data = env.dbs["data"]
+    value = b"v" * 600
+    n = 0
+
+    def put_100(txn: lmdb.Transaction) -> None:
+        for k in range(n, n + 100):
+            txn.put(k.to_bytes(8, "big"), value, db=data)
+
+    with pytest.raises(StoreFullError, match="ingest refused: the LMDB map reached its ceiling"):
+        while True:
+            env.write(put_100)
+            n += 100
+    assert env.map_size == 1 * MiB
+    env.write(put_100, drain=True)  # a completion on a full store still commits
+    n += 100
+    assert 1 * MiB < env.map_size <= 1 * MiB + env.headroom
+    with pytest.raises(StoreFullError, match="write refused"):
+        while True:
+            env.write(put_100, drain=True)
+            n += 100
+    assert env.map_size == 1 * MiB + env.headroom
+    env.close()
+
+
+def test_ingest_is_refused_below_the_disk_reserve(tmp_path: Path) -> None:
+    store = DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(disk_reserve=1 << 62))
+    with pytest.raises(StoreFullError, match="the disk is nearly full") as err:
+        store.ingest(items(1), 0.0)
+    assert str(tmp_path / "d") in str(err.value)
+    assert store.core.ledger.items_received == 0
+    store.close()
+
+
+# -- duplicate and late completions ----------
+
+
+def test_duplicate_completion_returns_minus_one_and_stores_one_result(
+    store: DurableBroker,
+) -> None:
+    store.core.register("gpu", CONTRACT, 0.0)
+    assert store.ingest(items(10), 0.0) == []
+    w = store.pull("gpu", 0.0)
+    assert w is not None
+    assert store.complete(w.id, answer(w), 0.0) == 10
+    assert store.complete(w.id, answer(w), 0.0) == -1
+    assert store.complete_many([(w.id, answer(w), None)], 0.0) == [-1]
+    assert result_ids(store) == [f"i{k}" for k in range(10)]
+    assert store.duplicate_completions == 2
+    assert store.core.ledger.items_completed == 10
+    assert store.meta.ledger.items_completed == 10
+
+
+def test_same_batch_twice_in_one_group_commit_counts_once(store: DurableBroker) -> None:
+    store.core.register("gpu", CONTRACT, 0.0)
+    store.ingest(items(10), 0.0)
+    w = store.pull("gpu", 0.0)
+    assert w is not None
+    assert store.complete_many([(w.id, answer(w), 0), (w.id, answer(w), 0)], 0.0) == [10, -1]
+    assert len(result_ids(store)) == 10
+
+
+def test_late_completion_after_fail_creates_no_second_result(store: DurableBroker) -> None:
+    store.core.register("gpu", CONTRACT, 0.0)
+    store.ingest(items(10), 0.0)
+    first = store.pull("gpu", 0.0)
+    assert first is not None
+    store.fail(first.id, 0.0)  # the consumer was lost: the items go back to their lane
+    assert store.core.ledger.items_queued == 10
+    again = store.pull("gpu", 0.0)
+    assert again is not None
+    assert [it.id for it in again.items] == [it.id for it in first.items]
+    assert store.complete(first.id, answer(first), 0.0) == -1  # the late answer
+    assert result_ids(store) == []
+    assert store.complete(again.id, answer(again), 0.0) == 10
+    assert store.complete(first.id, answer(first), 0.0) == -1
+    assert result_ids(store) == [f"i{k}" for k in range(10)]
+    assert store.core.ledger.difference() == (0, 0)
+
+
+def test_late_completion_after_consumer_disconnect_is_refused(store: DurableBroker) -> None:
+    store.core.register("gpu", CONTRACT, 0.0)
+    store.ingest(items(10), 0.0)
+    w = store.pull("gpu", 0.0)
+    assert w is not None
+    assert store.core.disconnect("gpu", 0.0) == 10  # what the server does on a lost socket
+    store.work.pop(w.id, None)
+    assert store.complete(w.id, answer(w), 0.0) == -1
+    assert drain(store, consumer="gpu2") == 10
+    assert len(result_ids(store)) == 10
+
+
+def test_completion_from_before_a_restart_is_refused(tmp_path: Path) -> None:
+    store = DurableBroker(tmp_path / "d", 0.0)
+    store.core.register("gpu", CONTRACT, 0.0)
+    store.ingest(items(10), 0.0)
+    w = store.pull("gpu", 0.0)
+    assert w is not None
+    store.close()
+    store = DurableBroker(tmp_path / "d", 1.0)
+    assert store.recovery.items == 10  # the pending batch is available again
+    assert store.complete(w.id, answer(w), 1.0) == -1
+    assert drain(store) == 10
+    assert len(result_ids(store)) == 10
+    store.close()
+
+
+def test_missing_results_are_stored_as_errors(store: DurableBroker) -> None:
+    store.core.register("gpu", CONTRACT, 0.0)
+    store.ingest(items(3), 0.0)
+    w = store.pull("gpu", 0.0)
+    assert w is not None
+    assert store.complete(w.id, answer(w)[:1], 0.0) == 3
+    rec = store.result("i2")
+    assert rec is not None
+    assert rec.finish_reason == "error"
+    assert rec.error == "the engine returned no result for this item"
+    ok = store.result("i0")
+    assert ok is not None
+    assert ok.text == "r:i0"
+    assert ok.prompt_tokens == 100
+    assert ok.signature == SIG
+
+
+# -- duplicate ids and bad fields ----------
+
+
+def test_duplicate_ids_within_a_chunk_across_chunks_and_after_completion(
+    tmp_path: Path,
+) -> None:
+    store = DurableBroker(tmp_path / "d", 0.0)
+    chunk = [*items(3), Item("i1", MODEL, SIG, 50, 8, b"other")]
+    assert store.ingest(chunk, 0.0) == [chunk_reject(3, "i1")]
+    # across chunks, while queued
+    assert store.ingest([Item("new", MODEL, SIG, 10, 8), *items(1)], 0.0) == [
+        chunk_reject(1, "i0")]
+    assert store.core.ledger.items_received == 4
+    # after completion (and after its segment is gone)
+    assert drain(store) == 4
+    assert len(store.segs) == 0
+    assert store.ingest(items(2), 1.0) == [chunk_reject(0, "i0"), chunk_reject(1, "i1")]
+    store.close()
+    # and after a restart
+    store = DurableBroker(tmp_path / "d", 2.0)
+    assert store.ingest([Item("new", MODEL, SIG, 10, 8), Item("fresh", MODEL, SIG, 10, 8)],
+                        2.0) == [chunk_reject(0, "new")]
+    assert store.core.ledger.items_queued == 1
+    assert len(result_ids(store)) == 4
+    store.close()
+
+
+def chunk_reject(index: int, ident: str) -> Reject:
+    return Reject(index, f"duplicate id {ident!r}")
+
+
+def test_bad_fields_are_rejected_by_index_and_the_rest_stored(store: DurableBroker) -> None:
+    good = items(3, prefix="ok")
+    bad = [
+        Item("", MODEL, SIG, 10, 8),
+        Item("x" * 257, MODEL, SIG, 10, 8),
+        Item("nomodel", "", SIG, 10, 8),
+        Item("zero-in", MODEL, SIG, 0, 8),
+        Item("zero-out", MODEL, SIG, 10, 0),
+        Item("neg-sig", MODEL, -1, 10, 8),
+        Item("big-sig", MODEL, 1 << 64, 10, 8),
+        Item("é" * 256, MODEL, SIG, 10, 8),  # 256 characters, 512 bytes: over LMDB's key limit
+    ]
+    chunk = [good[0], *bad[:4], good[1], *bad[4:], good[2]]
+    rejects = store.ingest(chunk, 0.0)
+    assert [(r.index, r.reason) for r in rejects] == [
+        (1, "id must be a non-empty string"),
+        (2, "id is longer than 256 characters"),
+        (3, "model must be a non-empty string"),
+        (4, "input_tokens must be at least 1"),
+        (6, "max_tokens must be at least 1"),
+        (7, "signature must be an unsigned 64-bit integer"),
+        (8, "signature must be an unsigned 64-bit integer"),
+        (9, "id is longer than 511 bytes in UTF-8"),
+    ]
+    assert store.core.ledger.items_received == 3
+    assert db_entries(store, "data") == 3
+    assert db_entries(store, "ids") == 3
+    assert drain(store) == 3
+
+
+# -- recovery ----------
+
+
+def lane_state(store: DurableBroker) -> dict[tuple[str, int], object]:
+    """Per shape: label, counts, and per lane (id, target, items, tokens, entry keys)."""
+    out: dict[tuple[str, int], object] = {}
+    for shape in store.core.shapes():
+        lanes = sorted((lane.id, lane.target, len(lane.queue), lane.tokens,
+                        tuple(e.key for e in lane.queue)) for lane in shape.lanes.lanes.values())
+        out[shape.key] = (shape.label, shape.state.value, shape.items, shape.tokens,
+                          shape.lanes.targets(), lanes)
+    return out
+
+
+def snapshot_view(store: DurableBroker, now: float) -> object:
+    snap = msgspec.to_builtins(store.core.snapshot(now))
+    for s in snap["shapes"]:  # creation times and histories restart with the process
+        for key in ("age", "history"):
+            s.pop(key)
+    return {"shapes": snap["shapes"], "ledger": snap["ledger"],
+            "difference": snap["difference"]}
+
+
+def test_recovery_of_100k_queued_items_restores_identical_lanes_and_counts(
+    tmp_path: Path,
+) -> None:
+    rng = random.Random(7)
+    store = DurableBroker(tmp_path / "d", 5.0)
+    sigs = [0x1000 + k for k in range(4)]
+    n = 0
+    while n < 100_000:
+        chunk = [Item(f"q{n + k}", MODEL, rng.choice(sigs),
+                      max(1, int(rng.lognormvariate(5.5, 0.6))), rng.randint(1, 256),
+                      b"%d" % (n + k), label=f"shape-{k % 2}")
+                 for k in range(1000)]
+        assert store.ingest(chunk, 5.0) == []
+        n += len(chunk)
+    before = lane_state(store)
+    snap_before = snapshot_view(store, 5.0)
+    segs_before = {k: (h.count, h.deleted, h.target) for k, h in store.segs.items()}
+    assert sum(len(v[5]) for v in before.values()) > 100  # many lanes  # type: ignore[index]
+    store.close()
+
+    store = DurableBroker(tmp_path / "d", 5.0)
+    try:
+        rep = store.recovery
+        assert rep.items == 100_000
+        assert rep.ledger_ok is True
+        assert rep.segments == len(segs_before)
+        assert lane_state(store) == before
+        assert snapshot_view(store, 5.0) == snap_before
+        assert {k: (h.count, h.deleted, h.target) for k, h in store.segs.items()} == segs_before
+        assert store.core.ledger.items_queued == 100_000
+    finally:
+        store.close()
+
+
+def test_recovery_skips_completed_entries_and_requeues_pending_ones(tmp_path: Path) -> None:
+    store = DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=8))
+    store.core.register("gpu", Contract(MODEL, 4, 4096, 4096), 0.0)
+    store.ingest(items(20), 0.0)
+    done = store.pull("gpu", 0.0)
+    pending = store.pull("gpu", 0.0)
+    assert done is not None
+    assert pending is not None
+    assert store.complete(done.id, answer(done), 0.0) == 4
+    store.close()
+    store = DurableBroker(tmp_path / "d", 1.0, store=StoreConfig(segment_entries=8))
+    assert store.recovery.items == 16
+    assert store.recovery.ledger_ok is True
+    store.core.register("gpu", Contract(MODEL, 4, 4096, 4096), 1.0)
+    again = store.pull("gpu", 1.0)
+    assert again is not None
+    assert [it.id for it in again.items] == [it.id for it in pending.items]
+    assert store.complete(again.id, answer(again), 1.0) == 4
+    assert drain(store, consumer="gpu") == 12
+    assert sorted(result_ids(store)) == sorted(f"i{k}" for k in range(20))
+    store.close()
+
+
+# -- segments ----------
+
+
+def test_segments_are_deleted_when_fully_tombstoned(tmp_path: Path) -> None:
+    store = DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=8))
+    store.core.register("gpu", Contract(MODEL, 4, 4096, 4096), 0.0)
+    store.ingest(items(20), 0.0)  # one lane: segments of 8, 8 and 4 entries
+    assert sorted(h.count for h in store.segs.values()) == [4, 8, 8]
+    first = min(store.segs)
+    w = store.pull("gpu", 0.0)
+    assert w is not None
+    store.complete(w.id, answer(w), 0.0)
+    assert store.segs[first].deleted == 4
+    assert db_entries(store, "tomb") == 4
+    w = store.pull("gpu", 0.0)
+    assert w is not None
+    store.complete(w.id, answer(w), 0.0)
+    assert first not in store.segs  # all 8 tombstoned: gone whole, in the same commit
+    assert len(store.segs) == 2
+    assert db_entries(store, "tomb") == 0
+    assert db_entries(store, "data") == 12
+    assert db_entries(store, "seg") == 2
+    with store.env.read() as txn:
+        assert txn.get(entry_key_of(first << 32), db=store.env.dbs["data"]) is None
+    assert drain(store, consumer="gpu") == 12
+    assert store.segs == {}
+    assert store.open_segs == {}
+    for name in ("seg", "data", "tomb"):
+        assert db_entries(store, name) == 0
+    assert db_entries(store, "results") == 20
+    assert db_entries(store, "ids") == 20
+    # the lane takes new items in a new segment
+    store.ingest(items(3, prefix="later"), 1.0)
+    assert [h.count for h in store.segs.values()] == [3]
+    store.close()
+
+
+def test_pulled_work_carries_payloads_intact(store: DurableBroker) -> None:
+    rng = random.Random(3)
+    sent = [Item(f"p{k}", MODEL, SIG, 100, 1 + k, rng.randbytes(rng.randint(0, 3000)),
+                 source=k % 3) for k in range(40)]
+    sent[0] = Item("p0", MODEL, SIG, 100, 1, b"")
+    sent[1] = Item("p1", MODEL, SIG, 100, 2, b"\x00" * 100)
+    assert store.ingest(sent, 0.0) == []
+    store.core.register("gpu", CONTRACT, 0.0)
+    got: dict[str, Item] = {}
+    while (w := store.pull("gpu", 0.0)) is not None:
+        assert w.model == MODEL
+        assert w.signature == SIG
+        for it in w.items:
+            got[it.id] = it
+        store.complete(w.id, answer(w), 0.0)
+    assert len(got) == len(sent)
+    for it in sent:
+        g = got[it.id]
+        assert g.payload == it.payload
+        assert (g.model, g.signature, g.input_tokens, g.max_tokens, g.source) == (
+            it.model, it.signature, it.input_tokens, it.max_tokens, it.source)
+
+
+def test_results_since_pages_in_order(store: DurableBroker) -> None:
+    store.ingest(items(30), 0.0)
+    assert drain(store) == 30
+    page1 = store.results_since(0, limit=12)
+    page2 = store.results_since(page1[-1][0], limit=12)
+    page3 = store.results_since(page2[-1][0], limit=12)
+    seqs = [s for s, _ in page1 + page2 + page3]
+    assert seqs == list(range(1, 31))
+    assert [r.id for _, r in page1 + page2 + page3] == [f"i{k}" for k in range(30)]
+    assert store.results_since(30) == []
+    assert store.result("nope") is None
+
+
+# -- guards ----------
+
+
+def test_shape_guard_stops_a_batch_whose_segment_has_another_signature(
+    store: DurableBroker,
+) -> None:
+    store.core.register("gpu", CONTRACT, 0.0)
+    store.ingest(items(10), 0.0)
+    seg_id = next(iter(store.segs))
+    store.segs[seg_id].signature ^= 0x1  # corrupt the header's signature in memory
+    with pytest.raises(ShapeGuardError, match="shape guard"):
+        store.pull("gpu", 0.0)
+
+
+def test_a_batch_whose_segment_is_missing_goes_back_untouched(store: DurableBroker) -> None:
+    store.core.register("gpu", CONTRACT, 0.0)
+    store.ingest(items(10), 0.0)
+    seg_id = next(iter(store.segs))
+    hdr = store.segs.pop(seg_id)
+    with pytest.raises(SegmentMissingError):
+        store.pull("gpu", 0.0)
+    assert store.core.ledger.items_queued == 10
+    assert store.core.inflight == {}
+    store.segs[seg_id] = hdr
+    assert drain(store) == 10
+
+
+def test_a_second_broker_on_the_same_data_dir_is_refused(store: DurableBroker) -> None:
+    with pytest.raises(StoreLockedError):
+        DurableBroker(store.env.data_dir, 0.0)
+
+
+def test_a_data_dir_of_another_layout_version_is_refused(tmp_path: Path) -> None:
+    store = DurableBroker(tmp_path / "d", 0.0)
+    store.ingest(items(2), 0.0)
+    store.env.write(lambda txn: store.meta.write(txn, store.env.dbs["meta"], fmt=1))
+    store.close()
+    with pytest.raises(StoreError, match="layout version 1"):
+        DurableBroker(tmp_path / "d", 0.0)
+
+
+def test_a_completion_meeting_an_existing_result_keeps_the_first(store: DurableBroker) -> None:
+    """The one-put-at-a-time path: an entry that already has a result (which ingest's id
+    check should make impossible) keeps it, and the rest of the batch still settles."""
+    store.core.register("gpu", CONTRACT, 0.0)
+    store.ingest(items(5), 0.0)
+    w = store.pull("gpu", 0.0)
+    assert w is not None
+    first = store.core.inflight[w.id].batch.entries[0]
+    stale = msgspec.msgpack.encode(ResultRecord("i0", MODEL, text="stale"))
+    store.env.write(lambda txn: txn.put(entry_key_of(first.key), stale,
+                                        db=store.env.dbs["results"]))
+    assert store.complete(w.id, answer(w), 0.0) == 4
+    assert store.meta.ledger.items_completed == 5
+    assert store.core.ledger.difference() == (0, 0)
+    assert [r.id for _, r in store.results_since(0)] == [f"i{k}" for k in range(1, 5)]
+    kept = store.result("i0")
+    assert kept is not None
+    assert kept.text == "stale"
+    assert store.segs == {}
