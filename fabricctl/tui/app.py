@@ -164,9 +164,12 @@ class TopApp(App[int]):
 
     def _draw(self, snap: Snapshot) -> None:
         self.snapshot = snap
+        pane = self.panes[self.view]
+        if not pane.is_mounted or not pane.children:
+            return  # a snapshot that beat the pane's first compose: the next one draws it
         with self.batch_update():
             self._header()
-            self.panes[self.view].apply(snap, self.state)
+            pane.apply(snap, self.state)
 
     def redraw(self) -> None:
         if self.latest is not None:
