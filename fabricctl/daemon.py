@@ -20,7 +20,7 @@ from fabricctl.config import AppConfig
 from fabricctl.errors import ExitCode
 from fabricctl.server.app import BrokerServer
 from fabricctl.server.config import ServerConfig
-from fabricctl.store.durable import DurableBroker
+from fabricctl.store.durable import DurableBroker, StoreConfig
 from fabricctl.supervisor.fleet import Fleet, choose_engine
 
 log = logging.getLogger("fabricctl")
@@ -37,9 +37,11 @@ def server_config(cfg: AppConfig) -> ServerConfig:
 class Daemon:
     """Why: `up` and `run` assemble the same pieces; this is the assembly."""
 
-    def __init__(self, cfg: AppConfig, with_fleet: bool = True) -> None:
+    def __init__(self, cfg: AppConfig, with_fleet: bool = True,
+                 store: StoreConfig | None = None) -> None:
         self.cfg = cfg
         self.with_fleet = with_fleet
+        self.store_cfg = store  # None: the store's defaults
         self.store: DurableBroker | None = None
         self.server: BrokerServer | None = None
         self.fleet: Fleet | None = None
@@ -48,7 +50,7 @@ class Daemon:
 
     async def start(self) -> None:
         cfg = self.cfg
-        self.store = DurableBroker(cfg.data_dir, time.time(), cfg.broker)
+        self.store = DurableBroker(cfg.data_dir, time.time(), cfg.broker, self.store_cfg)
         rec = self.store.recovery
         log.info("data dir %s: recovered %d items (%d tokens) in %.3f s",
                  cfg.data_dir, rec.items, rec.tokens, rec.seconds)

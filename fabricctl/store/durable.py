@@ -33,6 +33,7 @@ segment an ingest appends to: the price of shape-pure segments keyed by lane.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,7 @@ from fabricctl.store.keys import (
 from fabricctl.store.meta import Meta
 from fabricctl.store.recovery import RecoveryReport, recover
 
+log = logging.getLogger("fabricctl.store")
 MAX_ID_CHARS = 256
 MAX_ID_BYTES = 511  # LMDB's key size limit: the id is the key of the id index
 _result_encoder = msgspec.msgpack.Encoder()
@@ -345,6 +347,9 @@ class DurableBroker:
         self.work[qid] = [items[i] for i in bad]
         self.complete_many([(qid, results, None)], now)
         self.quarantined += len(bad)
+        log.warning("quarantined %d item(s) of batch %d after %d deliveries without a result "
+                    "(%s); they get an error result", len(bad), batch.id, limit,
+                    results[0].error)
         return keep
 
     def _undone(self, batch_id: int, why: str) -> None:

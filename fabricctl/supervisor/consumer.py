@@ -4,9 +4,21 @@ Contract: `Consumer.run(stop)` connects to a broker (Unix socket or TCP with a t
 registers `Contract(model, *engine.limits())`, heartbeats every `heartbeat_s` with the
 engine's counters, and loops: handle any pre-warm pushes first (so the engine prefills the
 next shape's prefix before its first batch), pull (long-poll), run the batch on the engine,
-complete it. An `EngineError` fails the batch back to the broker (it goes to the front of
-its lane); a lost broker is retried with backoff until `stop` is set. When `stop` is set it
-finishes the batch in hand and returns; nothing it held is lost either way.
+complete it. A lost broker is retried with backoff (back to the shortest pause once a
+session had registered) until `stop` is set. When `stop` is set it finishes the batch in
+hand and returns; nothing it held is lost either way.
+
+Engine failures are isolated. When `engine.run(work)` raises `EngineError` (or runs past
+`run_timeout_s`, when set), or returns items with finish_reason "abort" (vLLM: the request
+was not run), those items are run again one at a time, up to `isolate_attempts` tries each.
+- None of them succeeds alone: the engine itself is down. The whole batch is failed back to
+  the broker (it goes to the front of its lane) and the consumer pauses before its next
+  pull (0.2 s, doubling to 5 s while the engine stays down), so a healthy consumer can take
+  the batch.
+- Some succeed alone: the engine works and the others are poison. Each gets an error result
+  ("quarantined after N attempts: <reason>") and the batch completes, so one bad item never
+  blocks its shape. (A batch of one poison item looks like a down engine; the broker's own
+  delivery bound settles that case.)
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from fabricctl.errors import BackendMissing, BrokerError
 from fabricctl.server.protocol import PrewarmPush
 
 log = logging.getLogger("fabricctl.consumer")
+ABORT = "abort"  # vLLM's finish_reason for a request it dropped (shutdown, preemption)
 
 
 class Consumer:
@@ -33,6 +46,7 @@ class Consumer:
     def __init__(
         self, address: str | Path, name: str, model: str, engine: Engine,
         gpu: int | None = None, token: str = "", pull_wait_s: float = 1.0,
+        run_timeout_s: float | None = None, isolate_attempts: int = 2,
     ) -> None:
         self.address = address
         self.name = name
@@ -41,10 +55,14 @@ class Consumer:
         self.gpu = gpu
         self.token = token
         self.pull_wait_s = pull_wait_s
+        self.run_timeout_s = run_timeout_s  # None: only the engine's own timeouts apply
+        self.isolate_attempts = max(1, isolate_attempts)
         self.batches = 0
         self.items = 0
-        self.failures = 0
+        self.failures = 0  # batches failed back because the engine was down
+        self.quarantined = 0  # items answered with an error result after isolation
         self.prewarms = 0
+        self.down_pause_s = 0.0  # pause before the next pull while the engine is down
         self.connected = asyncio.Event()
         self.max_unacked = 4  # completions sent but not yet confirmed durable
         self._unacked: set[asyncio.Task[None]] = set()
@@ -60,6 +78,8 @@ class Consumer:
                 await self._session(stop)
                 backoff = 0.2
             except (BackendMissing, BrokerError, ConnectionError, OSError) as e:
+                if self.connected.is_set():
+                    backoff = 0.2  # that session had registered: a new outage starts low
                 self.connected.clear()
                 if stop.is_set():
                     break
@@ -83,6 +103,9 @@ class Consumer:
                         continue
                     await self._prewarm(client)
                     await self._run(client, work)
+                    if self.down_pause_s:  # the engine is down: let a healthy consumer pull
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop.wait(), self.down_pause_s)
             finally:
                 beat.cancel()
                 if self._unacked:  # a batch is ours until the broker confirmed it
@@ -101,19 +124,88 @@ class Consumer:
                     log.warning("consumer %s: pre-warm failed: %s", self.name, e)
 
     async def _run(self, client: Client, work: Work) -> None:
-        try:
-            results = await self.engine.run(work)
-        except EngineError as e:
+        results, why = await self._execute(work)
+        if results is None:
             self.failures += 1
-            log.warning("consumer %s: batch %d failed: %s", self.name, work.id, e)
-            await client.fail(work.id, str(e))
+            self.down_pause_s = min(max(self.down_pause_s * 2, 0.2), 5.0)
+            log.warning("consumer %s: batch %d failed: %s", self.name, work.id, why)
+            await client.fail(work.id, why)
             return
+        self.down_pause_s = 0.0
         # Pipelined: the next pull overlaps this completion's durable commit.
         task = asyncio.get_running_loop().create_task(self._complete(client, work, results))
         self._unacked.add(task)
         task.add_done_callback(self._unacked.discard)
         if len(self._unacked) >= self.max_unacked:
             await asyncio.wait(self._unacked, return_when=asyncio.FIRST_COMPLETED)
+
+    async def _engine_run(self, work: Work) -> list[ItemResult]:
+        if self.run_timeout_s is None:
+            return await self.engine.run(work)
+        try:
+            return await asyncio.wait_for(self.engine.run(work), self.run_timeout_s)
+        except TimeoutError:
+            raise EngineError(f"{self.engine.name}: no answer within {self.run_timeout_s:g} s "
+                              "(the consumer's run timeout)") from None
+
+    async def _execute(self, work: Work) -> tuple[list[ItemResult] | None, str]:
+        """(one result per item, "") or (None, why) when the engine is down."""
+        try:
+            results = await self._engine_run(work)
+        except EngineError as e:
+            n = len(work.items)
+            if n == 1:  # that was the item alone: one attempt spent
+                return await self._isolate(work, [None], [0], str(e), self.isolate_attempts - 1)
+            log.warning("consumer %s: batch %d failed (%s); running its %d items one by one",
+                        self.name, work.id, e, n)
+            return await self._isolate(work, [None] * n, list(range(n)), str(e))
+        todo = [i for i, r in enumerate(results) if r.finish_reason == ABORT]
+        if not todo:
+            return results, ""
+        out: list[ItemResult | None] = list(results)
+        return await self._isolate(work, out, todo, "the engine aborted it")
+
+    async def _isolate(self, work: Work, out: list[ItemResult | None], todo: list[int],
+                       reason: str, tries: int | None = None,
+                       ) -> tuple[list[ItemResult] | None, str]:
+        """Run the items at `todo` one at a time; see the module contract."""
+        why = dict.fromkeys(todo, reason)
+        alone_ok = 0
+        for _ in range(self.isolate_attempts if tries is None else tries):
+            if not todo:
+                break
+            tried = await asyncio.gather(*(self._run_alone(work, i) for i in todo))
+            failed = []
+            for i, (res, err) in zip(todo, tried, strict=True):
+                if res is not None:
+                    out[i] = res
+                    alone_ok += 1
+                else:
+                    why[i] = err
+                    failed.append(i)
+            todo = failed
+        if todo and not alone_ok:
+            return None, why[todo[0]]
+        for i in todo:
+            self.quarantined += 1
+            log.warning("consumer %s: item %r quarantined: %s", self.name, work.items[i].id,
+                        why[i])
+            out[i] = ItemResult(work.items[i].id, finish_reason="error",
+                                error=f"quarantined after {self.isolate_attempts} attempts: "
+                                f"{why[i]}")
+        return [r for r in out if r is not None], ""
+
+    async def _run_alone(self, work: Work, i: int) -> tuple[ItemResult | None, str]:
+        one = msgspec.structs.replace(work, items=[work.items[i]])
+        try:
+            res = await self._engine_run(one)
+        except EngineError as e:
+            return None, str(e)
+        if len(res) != 1:
+            return None, f"the engine returned {len(res)} results for one item"
+        if res[0].finish_reason == ABORT:
+            return None, "the engine aborted it"
+        return res[0], ""
 
     async def _complete(self, client: Client, work: Work, results: list[ItemResult]) -> None:
         try:
