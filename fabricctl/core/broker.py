@@ -19,7 +19,7 @@ from fabricctl.core.config import CoreConfig
 from fabricctl.core.events import EventKind, EventLog
 from fabricctl.core.lanes import Lane, LaneCounters
 from fabricctl.core.ledger import Ledger
-from fabricctl.core.lifecycle import Lifecycle, ModelState
+from fabricctl.core.lifecycle import Lifecycle, ModelState, Slot
 from fabricctl.core.packing import pack
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.snapshot import Snapshot, take_snapshot
@@ -188,24 +188,52 @@ class Broker:
 
     # -- dispatch ----------
 
-    def current_shape(self, ms: ModelState, now: float) -> Shape | None:
-        """The shape the model's consumers pull from, advancing the lifecycle if due."""
-        cur = ms.current
+    def slot(self, ms: ModelState, consumer: str | None) -> Slot | None:
+        """The consumer's own slot in "consumer" scope; None in "model" scope."""
+        if self.cfg.shape_scope != "consumer" or consumer is None:
+            return None
+        slot = ms.slots.get(consumer)
+        if slot is None:
+            slot = ms.slots[consumer] = Slot(consumer)
+        return slot
+
+    def current_shape(self, ms: ModelState, now: float, consumer: str | None = None
+                      ) -> Shape | None:
+        """The shape the model's consumers (in "consumer" scope: this consumer) pull from,
+        advancing the lifecycle if due."""
+        slot = self.slot(ms, consumer)
+        h = ms if slot is None else slot
+        cur = h.current
         if not self.cfg.lifecycle:
             if cur is None or cur.items == 0:
                 best = max((s for s in ms.open.values() if s.items), key=lambda s: s.tokens,
                            default=None)
                 if best is not None and best is not cur:
-                    self.lifecycle.activate(ms, best, now, "most tokens")
-                cur = ms.current
+                    if slot is not None and ms.holders(best):
+                        self.lifecycle.join(ms, slot, best)
+                    else:
+                        self.lifecycle.activate(ms, best, now, "most tokens", slot)
+                cur = h.current
             return cur
-        if cur is None or cur.state is ShapeState.DRAINING or (
+        if cur is None or cur.state is not ShapeState.ACTIVE or (
             cur.tokens < self.cfg.prewarm_multiple * ms.budget
         ):
             hungry = cur is None or cur.items == 0
-            self.signals.extend(self.lifecycle.advance(ms, now, hungry=hungry))
-            cur = ms.current
+            self.signals.extend(self.lifecycle.advance(ms, now, hungry, slot, self.consumers))
+            cur = h.current
         return cur
+
+    def prewarm_targets(self, signal: Prewarm) -> list[str]:
+        """The consumers a pre-warm signal is for: in "consumer" scope the one whose next
+        shape it names, else every consumer of the model."""
+        ms = self.models.get(signal.model)
+        if ms is None:
+            return []
+        if self.cfg.shape_scope == "consumer":
+            return [c for c, s in ms.slots.items() if s.warming is not None
+                    and s.warming.signature == signal.signature
+                    and s.warming.epoch == signal.epoch]
+        return [c.name for c in self.consumers.values() if c.contract.model == signal.model]
 
     def pull(self, consumer: str, now: float) -> Batch | None:
         """The next batch for a consumer, or None when its model has nothing dispatchable."""
@@ -213,7 +241,7 @@ class Broker:
         ms = self.models.get(c.contract.model)
         if ms is None:
             return None
-        shape = self.current_shape(ms, now)
+        shape = self.current_shape(ms, now, consumer)
         if shape is None:
             return None
         lane = shape.pick_lane()
@@ -298,6 +326,30 @@ class Broker:
         self.ledger.requeue(len(b.entries), b.tokens)
         return b
 
+    def split(self, batch_id: int, indexes: list[int]) -> Batch:
+        """Move the entries at `indexes` of an in-flight batch into a batch of their own,
+        in flight with the same consumer, lane and shape; returns it. The durable store
+        settles poison entries this way without holding back the rest of their batch."""
+        f = self.inflight[batch_id]
+        b = f.batch
+        take = set(indexes)
+        if not take or len(take) >= len(b.entries):
+            raise ValueError("a split must leave entries on both sides")
+        out = [e for i, e in enumerate(b.entries) if i in take]
+        b.entries = [e for i, e in enumerate(b.entries) if i not in take]
+        tokens = sum(e.tokens for e in out)
+        b.tokens -= tokens
+        nb = Batch(self._next_batch, b.consumer, b.model, b.signature, b.lane, b.epoch,
+                   b.pad_to, max(e.max_tokens for e in out), b.max_input_len, out, tokens)
+        self._next_batch += 1
+        self.inflight[nb.id] = InFlight(nb, f.shape, f.lane)
+        f.lane.inflight += 1
+        f.shape.batches += 1
+        c = self.consumers.get(b.consumer)
+        if c is not None:
+            c.batches.add(nb.id)
+        return nb
+
     def _after_settle(self, f: InFlight, now: float) -> None:
         lane, shape = f.lane, f.shape
         live = shape.lanes.lanes.get(lane.id) is lane
@@ -324,10 +376,7 @@ class Broker:
         """The 1 s maintenance tick: quiescing lanes, starvation, lifecycle timeouts."""
         starving = 0
         for ms in self.models.values():
-            shapes = list(ms.open.values())
-            if ms.current is not None and ms.current.state is ShapeState.DRAINING:
-                shapes.append(ms.current)
-            for shape in shapes:
+            for shape in self._model_shapes(ms):
                 dispatching = shape.state in (ShapeState.ACTIVE, ShapeState.DRAINING)
                 newly = shape.lanes.tick(now) if dispatching else []
                 for lane in newly:
@@ -337,7 +386,13 @@ class Broker:
                                          signature=shape.signature, label=shape.label,
                                          value=lane.id, reason=f"{len(lane.queue)} items")
                 starving += shape.lanes.starving(now)
-            if self.cfg.lifecycle:
+            if self.cfg.lifecycle and self.cfg.shape_scope == "consumer":
+                for name, slot in list(ms.slots.items()):
+                    if name in self.consumers:
+                        cur = slot.current
+                        self.signals.extend(self.lifecycle.advance(
+                            ms, now, cur is None or cur.items == 0, slot, self.consumers))
+            elif self.cfg.lifecycle:
                 cur = ms.current
                 self.signals.extend(self.lifecycle.advance(
                     ms, now, hungry=cur is None or cur.items == 0))
@@ -383,9 +438,17 @@ class Broker:
         """Every live shape: open ones and a draining current one."""
         out: list[Shape] = []
         for ms in self.models.values():
-            out.extend(ms.open.values())
-            if ms.current is not None and ms.current.state is ShapeState.DRAINING:
-                out.append(ms.current)
+            out.extend(self._model_shapes(ms))
+        return out
+
+    @staticmethod
+    def _model_shapes(ms: ModelState) -> list[Shape]:
+        """A model's open shapes and its draining current one(s)."""
+        out = list(ms.open.values())
+        for h in (ms, *ms.slots.values()):
+            cur = h.current
+            if cur is not None and cur.state is ShapeState.DRAINING and cur not in out:
+                out.append(cur)
         return out
 
     def snapshot(self, now: float, lanes: object = "all", events: int = 100) -> Snapshot:

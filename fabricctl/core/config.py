@@ -25,6 +25,11 @@ class CoreConfig:
     stage_timeout_s: float = 2.0  # a staged shape this old may activate regardless of size
     activate_when_idle: bool = True  # a staged shape may activate when consumers sit idle
     lifecycle: bool = True  # off: every shape dispatches at once (an ablation)
+    # "model": one current shape per model, every consumer drains it (the seed's rule);
+    # "consumer": each consumer has its own current shape (each GPU still shape-pure), so a
+    # small shape costs one prefill on one GPU instead of one on every GPU of the model
+    shape_scope: str = "model"
+    join_multiple: float = 4.0  # "consumer": join another's shape with this many budgets queued
     thrash_batches: int = 100  # a shape finishing with fewer batches is thrashing
     default_batch_tokens: int = 8192  # B for a model no consumer has registered yet
     events_kept: int = 10_000  # recent events kept for observers

@@ -18,10 +18,23 @@ Contract (DESIGN.md, "Shape lifecycle"):
   batches is thrashing.
 With the lifecycle off (an ablation), shapes dispatch as soon as they exist and the current
 shape is sticky: kept while it has queued tokens, then the shape with the most tokens.
+
+Scope (`shape_scope`): "model" keeps one current and one warming shape per model, so every
+consumer of the model drains the same shape (the seed's rule). "consumer" keeps them per
+consumer (a `Slot`): each GPU stays shape-pure and sticky, but two GPUs may run two shapes,
+so a shape too small to amortise its prefix on every GPU is prefilled on one. The consumers
+holding one shape are its group. A consumer whose shape is exhausted and that has no warming
+shape of its own takes, in order: a shape a departed consumer left (adopted), a staged shape,
+a shape warming for a consumer that still has queued work (taken while idle), else it joins
+the live shape with the most queued tokens if that is at least join_multiple x B (worth one
+more prefill of its prefix). A consumer leaving an exhausted shape nobody else holds drains
+and finishes it at once (late arrivals stage a new one). A join bumps no epoch. A pre-warm
+signal is for the consumer the shape warms for (`Broker.prewarm_targets`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from fabricctl.core.config import CoreConfig
@@ -32,8 +45,19 @@ from fabricctl.core.types import Prewarm
 
 
 @dataclass(slots=True)
+class Slot:
+    """Why: with shape_scope "consumer", each consumer drains its own current shape."""
+
+    consumer: str
+    current: Shape | None = None  # the active or draining shape this consumer pulls from
+    warming: Shape | None = None  # the shape pre-warmed for this consumer
+    runs: int = 0  # shapes this consumer has taken (activated, adopted or joined)
+
+
+@dataclass(slots=True)
 class ModelState:
-    """Why: the current shape is one field per model, so every consumer drains the same one."""
+    """Why: the current shape is one field per model, so every consumer drains the same one
+    (in "consumer" scope each consumer's `Slot` holds its own)."""
 
     name: str
     budget: int  # B: the model's batch token budget (largest registered contract)
@@ -43,6 +67,14 @@ class ModelState:
     epoch: int = 0
     switches: int = 0  # activations that replaced a previous shape
     midstream_switches: int = 0  # activations while the previous shape still had work
+    slots: dict[str, Slot] = field(default_factory=dict)  # "consumer" scope: consumer -> slot
+
+    def holders(self, shape: Shape) -> list[str]:
+        """Consumers whose current shape is `shape` ("consumer" scope)."""
+        return [c for c, s in self.slots.items() if s.current is shape]
+
+
+Holder = ModelState | Slot  # what holds a current and a warming shape: a model or a consumer
 
 
 class Lifecycle:
@@ -88,20 +120,33 @@ class Lifecycle:
                 best = (shape, why)
         return best
 
-    def activate(self, ms: ModelState, shape: Shape, now: float, why: str) -> None:
-        previous_had_work = ms.current is not None and not ms.current.idle()
-        if ms.epoch or ms.switches or ms.current is not None:
-            ms.switches += 1
-            if previous_had_work:
-                ms.midstream_switches += 1
+    def activate(self, ms: ModelState, shape: Shape, now: float, why: str,
+                 slot: Slot | None = None) -> None:
+        h: Holder = ms if slot is None else slot
+        self._count_switch(ms, slot)
         ms.epoch += 1
         shape.epoch = ms.epoch
         shape.activated_at = now
         shape.stats = shape.lengths.copy()
         self._transition(ms, shape, ShapeState.ACTIVE, now, why)
-        ms.current = shape
-        if ms.warming is shape:
-            ms.warming = None
+        h.current = shape
+        if h.warming is shape:
+            h.warming = None
+
+    def _count_switch(self, ms: ModelState, slot: Slot | None) -> None:
+        h: Holder = ms if slot is None else slot
+        previous_had_work = h.current is not None and not h.current.idle()
+        if (ms.epoch or ms.switches or ms.current is not None) if slot is None else slot.runs:
+            ms.switches += 1
+            if previous_had_work:
+                ms.midstream_switches += 1
+        if slot is not None:
+            slot.runs += 1
+
+    def join(self, ms: ModelState, slot: Slot, shape: Shape) -> None:
+        """A consumer takes a shape another consumer activated (same epoch, no transition)."""
+        self._count_switch(ms, slot)
+        slot.current = shape
 
     def finish(self, ms: ModelState, shape: Shape, now: float) -> None:
         shape.finished_at = now
@@ -115,21 +160,31 @@ class Lifecycle:
             )
         if ms.current is shape:
             ms.current = None
+        for slot in ms.slots.values():
+            if slot.current is shape:
+                slot.current = None
         self.finished.append(shape)
         if len(self.finished) > 200:
             del self.finished[:100]
 
-    def advance(self, ms: ModelState, now: float, hungry: bool = False) -> list[Prewarm]:
-        """Apply every transition that is due; returns pre-warm signals to send."""
+    def advance(self, ms: ModelState, now: float, hungry: bool = False,
+                slot: Slot | None = None, live: Container[str] = ()) -> list[Prewarm]:
+        """Apply every transition that is due (for `slot`, in "consumer" scope); returns
+        pre-warm signals to send. `live` names the connected consumers (to adopt from the
+        slots of the others)."""
         signals: list[Prewarm] = []
         for _ in range(4):  # a switch can cascade: drain, finish, activate, pick the next
-            if not self._step(ms, now, hungry, signals):
+            if not self._step(ms, now, hungry, signals, slot, live):
                 break
         return signals
 
-    def _step(self, ms: ModelState, now: float, hungry: bool, signals: list[Prewarm]) -> bool:
+    def _step(self, ms: ModelState, now: float, hungry: bool, signals: list[Prewarm],
+              slot: Slot | None = None, live: Container[str] = ()) -> bool:
         cfg = self.cfg
-        cur = ms.current
+        h: Holder = ms if slot is None else slot
+        cur = h.current
+        if cur is not None and cur.state is ShapeState.FINISHED:  # another holder finished it
+            h.current = cur = None
         if cur is not None and cur.state is ShapeState.DRAINING:
             # A lane returns its slot when its last item is dispatched: batches still in flight
             # settle into the finished shape, so no GPU waits for another's tail.
@@ -139,32 +194,111 @@ class Lifecycle:
             self.finish(ms, cur, now)
             cur = None
         if cur is None:
-            if ms.warming is not None:
-                self.activate(ms, ms.warming, now, "warmed")
+            if h.warming is not None:
+                self.activate(ms, h.warming, now, "warmed", slot)
+                return True
+            if slot is not None and self._adopt(ms, slot, now, live):
                 return True
             pick = self.pick_staged(ms, now, hungry)
-            if pick is None:
-                return False
-            self.activate(ms, pick[0], now, pick[1])
-            return True
+            if pick is not None:
+                self.activate(ms, pick[0], now, pick[1], slot)
+                return True
+            if slot is not None and (busy := self._steal_target(ms, slot)) is not None:
+                shape, busy.warming = busy.warming, None  # idle here, still busy there
+                assert shape is not None
+                self.activate(ms, shape, now, "taken while idle", slot)
+                return True
+            if slot is not None and (other := self._join_target(ms, slot)) is not None:
+                self.join(ms, slot, other)
+                return True
+            return False
         # cur is active
         exhausted = cur.items == 0
-        if ms.warming is None and cur.tokens < cfg.prewarm_multiple * ms.budget:
+        if h.warming is None and cur.tokens < cfg.prewarm_multiple * ms.budget:
             pick = self.pick_staged(ms, now, hungry and exhausted)
             if pick is not None:
                 shape = pick[0]
                 shape.epoch = ms.epoch + 1
                 self._transition(ms, shape, ShapeState.WARMING, now, pick[1])
-                ms.warming = shape
+                h.warming = shape
                 lanes = [(lane.id, lane.target) for lane in shape.lanes.lanes.values()]
                 signals.append(Prewarm(ms.name, shape.signature, shape.label, shape.epoch, lanes))
                 self.log.emit(
                     now, EventKind.PREWARM, model=ms.name, signature=shape.signature,
                     label=shape.label, value=shape.epoch, reason=f"{len(lanes)} lanes",
                 )
-        if ms.warming is not None and cur.tokens < cfg.drain_multiple * ms.budget:
-            self._transition(ms, cur, ShapeState.DRAINING, now, "below drain threshold")
-            if ms.open.get(cur.signature) is cur:
-                del ms.open[cur.signature]
+        if slot is not None and exhausted and h.warming is None and (
+            self._orphaned(ms, live) or self._steal_target(ms, slot) is not None
+            or self._join_target(ms, slot) is not None
+        ):
+            self._leave(ms, slot, cur, now)  # nothing staged: help elsewhere
+            return True
+        if h.warming is not None and cur.tokens < cfg.drain_multiple * ms.budget:
+            self._drain(ms, cur, now, "below drain threshold")
             return True
         return False
+
+    def _drain(self, ms: ModelState, cur: Shape, now: float, why: str) -> None:
+        self._transition(ms, cur, ShapeState.DRAINING, now, why)
+        if ms.open.get(cur.signature) is cur:
+            del ms.open[cur.signature]
+
+    # -- "consumer" scope ----------
+
+    def _leave(self, ms: ModelState, slot: Slot, cur: Shape, now: float) -> None:
+        """A consumer leaves its exhausted shape; the last holder drains and finishes it."""
+        slot.current = None
+        if ms.holders(cur):
+            return
+        self._drain(ms, cur, now, "left empty")
+        cur.lanes.release_idle()
+        self.finish(ms, cur, now)
+
+    def _orphaned(self, ms: ModelState, live: Container[str]) -> list[Slot]:
+        """Slots of departed consumers that still hold work."""
+        return [s for c, s in ms.slots.items() if c not in live and (
+            (s.current is not None and s.current.items and s.current.state in _DISPATCHING)
+            or s.warming is not None)]
+
+    def _adopt(self, ms: ModelState, slot: Slot, now: float, live: Container[str]) -> bool:
+        """Take over a departed consumer's shape: its current (with items) or its warming."""
+        for orphan in self._orphaned(ms, live):
+            cur = orphan.current
+            if cur is not None and cur.items and cur.state in _DISPATCHING:
+                orphan.current = None
+                self.join(ms, slot, cur)
+                return True
+            if orphan.warming is not None:
+                shape, orphan.warming = orphan.warming, None
+                self.activate(ms, shape, now, "adopted", slot)
+                return True
+        return False
+
+    def _steal_target(self, ms: ModelState, slot: Slot) -> Slot | None:
+        """Another consumer's slot whose warming shape waits while that consumer still has
+        queued work of its own (the one with the most tokens)."""
+        best: Slot | None = None
+        for s in ms.slots.values():
+            w = s.warming
+            if s is slot or w is None or s.current is None or not s.current.items:
+                continue
+            if best is None or w.tokens > best.warming.tokens:  # type: ignore[union-attr]
+                best = s
+        return best
+
+    def _join_target(self, ms: ModelState, slot: Slot) -> Shape | None:
+        """Another consumer's shape with enough queued tokens to amortise a prefill here."""
+        best: Shape | None = None
+        for s in ms.slots.values():
+            shape = s.current
+            if s is slot or shape is None or shape is slot.current:
+                continue
+            worth = shape.tokens >= self.cfg.join_multiple * ms.budget
+            more = best is None or shape.tokens > best.tokens
+            if worth and more and shape.state in _DISPATCHING:
+                best = shape
+        return best
+
+
+_DISPATCHING = (ShapeState.ACTIVE, ShapeState.DRAINING)
+

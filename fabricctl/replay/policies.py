@@ -1,17 +1,22 @@
 """The schedulers a replay compares: fabric, and what users would run instead.
 
-Contract: a `Policy` gets every arrival (`arrive`), may give an idle-enough GPU work
-(`feed`), hears about finished requests (`finished`) and ticks. Baselines, tuned as their
-real counterparts are:
+Contract: a `Policy` gets every arrival (`arrive`), may give a GPU work (`feed`, called after
+each of its steps and whenever it is idle), hears about finished requests (`finished`) and
+ticks. Baselines, as their real counterparts run:
 - round-robin: each request to the next GPU in turn at arrival; the GPU's continuous
   batching takes whatever waits (vLLM behind a load balancer);
 - prefix-affinity: each request to the GPU that last served its signature, unless that GPU's
   load exceeds 1.25 x the least loaded + 32 requests, then the least loaded (cache-aware
   routers' bounded-load fallback);
-- pow2-buckets: a broker of power-of-two length buckets, blind to shapes: a GPU with nothing
-  waiting takes the fullest bucket's next batch, padded to the bucket.
-fabric is the real `fabricctl.core.Broker` in memory mode, each GPU a consumer pulling a lane
-batch whenever it has nothing waiting, with pre-warm requests on shape switches.
+- pow2-buckets: a broker of power-of-two length buckets, blind to shapes: its consumer hands
+  its GPU the fullest bucket's next batch, padded to the bucket.
+fabric is the real `fabricctl.core.Broker` in memory mode (shape_scope "consumer": each GPU
+drains its own current shape), each GPU a consumer pulling lane batches, with a pre-warm
+request (the shape's prefix, max_tokens 1, a real request on the simulated GPU) to the GPU a
+shape warms for. The brokers' consumers (fabric, pow2-buckets) keep their engine's queue
+filled as `Simulation.wants` says: at least one request waits, and about what one step
+admits in steady state (max_num_seqs / output tokens), so every step mixes new prefills
+with decodes instead of admitting a whole cohort at once; routers hand over at arrival.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ class Policy(Protocol):
     def feed(self, g: int, now: float) -> None: ...
     def finished(self, g: int, r: ReplayItem, tag: object, now: float) -> None: ...
     def tick(self, now: float) -> None: ...
-    def figures(self) -> dict[str, float]: ...
+    def figures(self) -> dict[str, float | None]: ...
 
 
 class _Base:
@@ -56,8 +61,8 @@ class _Base:
     def tick(self, now: float) -> None:
         return None
 
-    def figures(self) -> dict[str, float]:
-        return {"padding_waste": 0.0, "thrash_events": 0.0}
+    def figures(self) -> dict[str, float | None]:
+        return {"padding_waste": 0.0, "thrash_events": None}
 
 
 class RoundRobin(_Base):
@@ -107,18 +112,22 @@ class Pow2Buckets(_Base):
         self.max_batch_size, self.max_batch_tokens = max_batch_size, max_batch_tokens
         self.buckets: dict[int, deque[ReplayItem]] = {}
         self.padded = self.real = 0
+        self.out = 1  # output tokens of the last request handed out
 
     def arrive(self, r: ReplayItem, now: float) -> None:
         self.buckets.setdefault(pow2(r.tokens), deque()).append(r)
 
     def feed(self, g: int, now: float) -> None:
-        if self.sim.gpus[g].waiting or not self.buckets:
-            return
+        while self.buckets and self.sim.wants(g, self.out):
+            self._feed_one(g, now)
+
+    def _feed_one(self, g: int, now: float) -> None:
         size = max(self.buckets, key=lambda b: len(self.buckets[b]))
         q = self.buckets[size]
         n = 0
         while q and n < self.max_batch_size and (n == 0 or (n + 1) * size <= self.max_batch_tokens):
             r = q.popleft()
+            self.out = r.item.max_tokens
             self.real += r.tokens
             self.sim.submit(g, r, now)
             n += 1
@@ -126,13 +135,13 @@ class Pow2Buckets(_Base):
         if not q:
             del self.buckets[size]
 
-    def figures(self) -> dict[str, float]:
+    def figures(self) -> dict[str, float | None]:
         waste = 1 - self.real / self.padded if self.padded else 0.0
-        return {"padding_waste": waste, "thrash_events": 0.0}
+        return {"padding_waste": waste, "thrash_events": None}
 
 
 class Fabric(_Base):
-    """Why: the broker under test, exactly as `fabricctl up` runs it, one consumer per GPU."""
+    """Why: the broker under test (its real core, memory mode), one consumer per GPU."""
 
     def __init__(self, cfg: CoreConfig, max_batch_size: int, max_batch_tokens: int,
                  max_input_len: int, prewarm: bool = True, name: str = "fabric") -> None:
@@ -143,12 +152,15 @@ class Fabric(_Base):
         self.by_id: dict[str, ReplayItem] = {}
         self.outstanding: dict[int, int] = {}
         self.models: list[str] = []
+        self.out = 1  # the output-token limit of the last batch handed out
 
     def attach(self, sim: Simulation) -> None:
         super().attach(sim)
         self.models = sorted({r.item.model for r in sim.items})
+        self.gpu_of: dict[str, int] = {}
         for g in range(len(sim.gpus)):
             for m in self.models:
+                self.gpu_of[f"gpu{g}:{m}"] = g
                 self.broker.register(f"gpu{g}:{m}", Contract(m, *self.limits), 0.0)
 
     def arrive(self, r: ReplayItem, now: float) -> None:
@@ -156,19 +168,23 @@ class Fabric(_Base):
         self.broker.ingest([r.item], now)
 
     def feed(self, g: int, now: float) -> None:
-        if self.sim.gpus[g].waiting:
-            return
+        while self.sim.wants(g, self.out) and self._pull(g, now):
+            pass
+
+    def _pull(self, g: int, now: float) -> bool:
         for m in self.models:
             batch = self.broker.pull(f"gpu{g}:{m}", now)
             self._signals(now)
             if batch is None:
                 continue
             self.outstanding[batch.id] = len(batch.entries)
+            self.out = batch.max_tokens
             for e in batch.entries:
                 assert e.item is not None
                 self.sim.submit(g, self.by_id[e.item.id], now, max_tokens=batch.max_tokens,
                                 tag=batch.id)
-            return
+            return True
+        return False
 
     def _signals(self, now: float) -> None:
         for sig in self.broker.take_signals():
@@ -180,8 +196,8 @@ class Fabric(_Base):
             if sample is None:
                 continue
             r = self.by_id[sample.id]
-            for g in range(len(self.sim.gpus)):
-                self.sim.prewarm(g, r, now)
+            for name in self.broker.prewarm_targets(sig):
+                self.sim.prewarm(self.gpu_of[name], r, now)
 
     def finished(self, g: int, r: ReplayItem, tag: object, now: float) -> None:
         batch_id = int(tag)  # type: ignore[call-overload]
@@ -195,6 +211,8 @@ class Fabric(_Base):
         self.broker.tick(now)
         self._signals(now)
 
-    def figures(self) -> dict[str, float]:
+    def figures(self) -> dict[str, float | None]:
         return {"padding_waste": self.broker.waste(),
+                "midstream_switches": float(sum(
+                    ms.midstream_switches for ms in self.broker.models.values())),
                 "thrash_events": float(self.broker.batches_hist.thrashed)}

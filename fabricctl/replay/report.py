@@ -1,11 +1,27 @@
-"""The figures a replay reports per policy, and the table that shows them.
+"""The figures a replay reports per policy. Every figure is SIMULATED.
 
-Contract: tokens/s = (prompt + generated tokens) / makespan; KV hit rate = cached prompt
-tokens / prompt tokens of the workload's requests (pre-warm requests excluded); achievable =
-every cacheable block hit except one prefill of each shape's prefix on each GPU that served
-it; shape switches per GPU = shape runs - 1 on that GPU, mid-stream = runs - distinct shapes
-(a GPU that returns to a shape left it while it still had work); latency from arrival to
-finish. Every figure is simulated.
+Contract (`summarise(sim)` after `Simulation.run`):
+- tokens/s = (prompt + generated tokens of the workload's requests) / makespan, the makespan
+  running from the first arrival to the last finish; pre-warm requests cost GPU time (they
+  run on the simulated GPUs like any request) but add no tokens;
+- KV hit rate = cached prompt tokens / prompt tokens of the workload's requests (pre-warm
+  requests excluded); achievable = what an unbounded cache would have given the same
+  requests on the same GPUs in the same order: a request can hit the leading prefix blocks
+  (at most floor((L-1)/B)) that any earlier request or pre-warm on its GPU computed. The gap
+  between the two is eviction only; `prefix_refills` counts the requests that recomputed
+  blocks their GPU had computed before (a cache thrash);
+- shape switches per GPU = shape runs - 1 on that GPU, its requests ordered by first token
+  (then hand-over order); a switch is mid-stream when the GPU later returns to the shape it
+  left for an item it already held when it started the next shape (the engine's queue
+  interleaved shapes; with every arrival at t = 0 that is runs - distinct shapes), plus the
+  policy's own count of shapes it left while they still had queued work (the broker's
+  `midstream_switches`);
+- padding waste, thrash events: the policy's own (`Policy.figures`): padded minus real
+  tokens over padded tokens of the batches it formed (0 for routers, which pad nothing), and
+  shapes finishing under `thrash_batches` batches (None for policies without shapes);
+- CUDA-graph rebuilds: graph keys built by the simulated GPUs (vLLM captures its graphs by
+  batch size at start-up, so a replay that passes no key builds none);
+- latency: arrival to finish, p50 and p99.
 """
 
 from __future__ import annotations
@@ -13,8 +29,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import msgspec
-
-from fabricctl.engines.blocks import achievable_cached_tokens
 
 if TYPE_CHECKING:
     from fabricctl.replay.sim import Simulation
@@ -29,12 +43,14 @@ class PolicyResult(msgspec.Struct):
     makespan_s: float
     kv_hit_rate: float
     kv_hit_achievable: float
+    prefix_refills: int
     switches_per_gpu: float
     midstream_switches: int
     padding_waste: float
     graph_builds: int
     preemptions: int
-    thrash_events: int
+    prewarms: int
+    thrash_events: int | None
     p50_latency_s: float
     p99_latency_s: float
 
@@ -46,36 +62,90 @@ def _pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
 
 
-def summarise(sim: Simulation) -> PolicyResult:
+def achievable_hits(sim: Simulation) -> tuple[dict[int, int], int]:
+    """Per workload request (by id of its SimRequest): the tokens an unbounded cache would
+    have hit on its GPU in hand-over order; and how many requests fell short of that."""
     bs = sim.costs.block_size
-    prompt = gen = hits = 0
-    lat = []
-    start = min((r.arrival for r, _ in sim.finished), default=0.0)
-    end = max((q.finish_time for _, q in sim.finished), default=0.0)
-    achievable = 0
-    prefixes: dict[tuple[str, int], int] = {}
-    for r, q in sim.finished:
+    out: dict[int, int] = {}
+    refills = 0
+    for handed in sim.handed:
+        seen: set[int] = set()
+        for r, req, prewarm, _ in handed:
+            prefix = r.hashes[: r.prefix // bs]
+            if not prewarm:
+                n = 0
+                for h in r.hashes[: (req.prompt_len - 1) // bs]:
+                    if h not in seen:
+                        break
+                    n += 1
+                out[id(req)] = n * bs
+                if req.cached_tokens < n * bs:
+                    refills += 1
+            seen.update(prefix)
+    return out, refills
+
+
+def switches(sim: Simulation) -> tuple[list[int], int]:
+    """Shape switches per GPU, and mid-stream switches over every GPU."""
+    per_gpu: list[int] = []
+    midstream = 0
+    for handed in sim.handed:
+        order = []
+        for seq, h in enumerate(handed):
+            if h.prewarm:
+                continue
+            t = h.req.first_token_time
+            if t is None:
+                t = h.req.finish_time if h.req.finish_time is not None else h.t
+            order.append((t, seq, h))
+        order.sort(key=lambda x: (x[0], x[1]))
+        left: dict[tuple[str, int], float] = {}  # shape -> when this GPU started another
+        runs = 0
+        prev: tuple[str, int] | None = None
+        returning: tuple[str, int] | None = None  # a run that returns to a left shape
+        for t, _, h in order:
+            shape = h.r.shape
+            if shape != prev:
+                if prev is not None:
+                    left[prev] = t
+                runs += 1
+                returning = shape if shape in left else None
+                prev = shape
+            if returning is not None and h.t < left[returning]:
+                midstream += 1  # it left this shape while it held this item already
+                returning = None
+        per_gpu.append(max(0, runs - 1))
+    return per_gpu, midstream
+
+
+def summarise(sim: Simulation) -> PolicyResult:
+    prompt = gen = hits = achievable = 0
+    lat: list[float] = []
+    start = min((r.arrival for _, r, _ in sim.finished), default=0.0)
+    end = max((q.finish_time or 0.0 for _, _, q in sim.finished), default=0.0)
+    reachable, refills = achievable_hits(sim)
+    for _, r, q in sim.finished:
         prompt += q.prompt_len
         gen += q.out
         hits += q.cached_tokens
-        lat.append(q.finish_time - r.arrival)
-        achievable += achievable_cached_tokens(r.prefix, q.prompt_len, bs)
-        prefixes[r.shape] = r.prefix
-    achievable -= sum(prefixes.get(shape, 0) // bs * bs for shape, _ in sim.served)
-    runs = [len(seq) for seq in sim.runs]
-    distinct = [len(set(seq)) for seq in sim.runs]
+        achievable += reachable.get(id(q), 0)
+        lat.append((q.finish_time or 0.0) - r.arrival)
+    per_gpu, midstream = switches(sim)
     makespan = max(end - start, 1e-9)
     fig = sim.policy.figures()
+    thrash = fig.get("thrash_events")
     return PolicyResult(
         policy=sim.policy.name, items=len(sim.finished),
         tokens_per_s=round((prompt + gen) / makespan, 1), makespan_s=round(makespan, 3),
         kv_hit_rate=round(hits / prompt, 4) if prompt else 0.0,
-        kv_hit_achievable=round(max(0, achievable) / prompt, 4) if prompt else 0.0,
-        switches_per_gpu=round(sum(max(0, n - 1) for n in runs) / len(runs), 2),
-        midstream_switches=sum(n - d for n, d in zip(runs, distinct, strict=True)),
-        padding_waste=round(fig["padding_waste"], 4),
+        kv_hit_achievable=round(achievable / prompt, 4) if prompt else 0.0,
+        prefix_refills=refills,
+        switches_per_gpu=round(sum(per_gpu) / max(1, len(per_gpu)), 2),
+        midstream_switches=midstream + int(fig.get("midstream_switches") or 0),
+        padding_waste=round(fig.get("padding_waste") or 0.0, 4),
         graph_builds=sum(g.counters.graph_builds for g in sim.gpus),
         preemptions=sum(g.counters.preemptions for g in sim.gpus),
-        thrash_events=int(fig["thrash_events"]),
+        prewarms=sim.prewarms,
+        thrash_events=None if thrash is None else int(thrash),
         p50_latency_s=round(_pct(lat, 50), 3), p99_latency_s=round(_pct(lat, 99), 3),
     )

@@ -4,13 +4,17 @@ Contract: `Simulation(items, policy, gpus, costs).run()` feeds every item to `po
 arrival time and steps the simulated GPUs (vLLM-style continuous batching from
 `fabricctl.engines.simgpu`) in global time order, calling the policy back when GPUs finish
 requests or may take more work, and ticking it every `tick_s`. Nothing reads the wall clock.
-It returns a `PolicyResult` with the figures every policy is compared on.
+It returns a `PolicyResult` with the figures every policy is compared on. Every policy meets
+the same GPUs (fresh ones per run), the same costs and the same arrivals; a GPU that is
+handed a request at `now` first catches its clock up to `now`. `handed[g]` records what GPU
+g was handed (workload requests and pre-warms) in order, `finished` the workload's requests.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Hashable
+from typing import NamedTuple
 
 from fabricctl.engines.costs import SimCosts
 from fabricctl.engines.simgpu import SimGPU
@@ -18,6 +22,15 @@ from fabricctl.engines.simrequest import SimRequest
 from fabricctl.replay.policies import Policy
 from fabricctl.replay.report import PolicyResult, summarise
 from fabricctl.replay.workload import ReplayItem
+
+
+class Handed(NamedTuple):
+    """Why: what a GPU was handed and when, in order: the report's switches and hits."""
+
+    r: ReplayItem
+    req: SimRequest
+    prewarm: bool
+    t: float
 
 
 class Simulation:
@@ -30,9 +43,10 @@ class Simulation:
         self.costs = costs
         self.gpus = [SimGPU(costs, max_input_len=max_input_len) for _ in range(gpus)]
         self.tick_s = tick_s
-        self.runs: list[list[tuple[str, int]]] = [[] for _ in range(gpus)]  # shape sequence
-        self.served: set[tuple[tuple[str, int], int]] = set()
-        self.finished: list[tuple[ReplayItem, SimRequest]] = []
+        # per GPU, every request in the order it was handed over (FCFS: the order of first
+        # admission), pre-warms included (flag True): what the report reads
+        self.handed: list[list[Handed]] = [[] for _ in range(gpus)]
+        self.finished: list[tuple[int, ReplayItem, SimRequest]] = []
         self.prewarms = 0
         self.now = 0.0
         self._finished_early: list[tuple[int, SimRequest]] = []  # from catching a GPU up
@@ -41,12 +55,16 @@ class Simulation:
     def submit(self, g: int, r: ReplayItem, now: float, max_tokens: int | None = None,
                key: Hashable | None = None, tag: object = None) -> None:
         gpu = self._catch_up(g, now)
-        seq = self.runs[g]
-        if not seq or seq[-1] != r.shape:
-            seq.append(r.shape)
-        self.served.add((r.shape, g))
-        gpu.add(r.item.id, r.hashes, r.tokens, max_tokens or r.item.max_tokens, key=key,
-                arrival=r.arrival, tag=(r, tag))
+        req = gpu.add(r.item.id, r.hashes, r.tokens, max_tokens or r.item.max_tokens, key=key,
+                      arrival=r.arrival, tag=(r, tag))
+        self.handed[g].append(Handed(r, req, False, now))
+
+    def wants(self, g: int, out: int = 1) -> bool:
+        """Whether GPU g's consumer should hand it more: fewer requests wait than one step
+        admits in steady state (max_num_seqs / `out`, the output tokens, i.e. steps, of a
+        request), at least one."""
+        gpu = self.gpus[g]
+        return len(gpu.waiting) < max(1, -(-self.costs.max_num_seqs // max(1, out)))
 
     def prewarm(self, g: int, r: ReplayItem, now: float) -> None:
         """Run a shape's prefix (from one of its items) as one request of max_tokens 1."""
@@ -54,8 +72,9 @@ class Simulation:
         if blocks == 0:
             return
         gpu = self._catch_up(g, now)
-        gpu.add(f"prewarm-{self.prewarms}", r.hashes[:blocks], blocks * self.costs.block_size,
-                1, tag=None)
+        req = gpu.add(f"prewarm-{self.prewarms}", r.hashes[:blocks],
+                      blocks * self.costs.block_size, 1, tag=None)
+        self.handed[g].append(Handed(r, req, True, now))
         self.prewarms += 1
 
     def _catch_up(self, g: int, now: float) -> SimGPU:
@@ -99,7 +118,7 @@ class Simulation:
                     r, tag = req.tag if isinstance(req.tag, tuple) else (None, None)
                     if r is None:
                         continue  # a pre-warm request
-                    self.finished.append((r, req))
+                    self.finished.append((g, r, req))
                     done += 1
                     policy.finished(g, r, tag, req.finish_time)
                 for g in {g for g, _ in batch}:

@@ -3,7 +3,9 @@
 Contract: `load(items, block_size, rate, seed)` turns parsed items into `ReplayItem`s sorted
 by arrival: all at t = 0 when `rate` is 0 (an offline batch job), else Poisson arrivals at
 `rate` items per simulated second from `seed`. Block hashes come from the payload exactly as
-the simulated engine derives them, so every policy sees the same requests.
+the simulated engine derives them, so every policy sees the same requests. `generated(...)`
+builds one from the examples' generator; `distinct_prefix_tokens` is what a workload keeps
+alive in a prefix cache.
 """
 
 from __future__ import annotations
@@ -11,9 +13,14 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
+
+import msgspec
 
 from fabricctl.core.types import Item
 from fabricctl.engines.blocks import decode_item_payload, item_blocks, prefix_tokens
+from fabricctl.formats.workload import generate
+from fabricctl.producer import Parsed, parse_lines
 
 
 @dataclass(slots=True)
@@ -46,9 +53,26 @@ def load(items: Iterable[Item], block_size: int, rate: float = 0.0, seed: int = 
     return out
 
 
-def distinct_prefix_tokens(items: list[ReplayItem]) -> int:
-    """The cacheable prefix tokens the workload keeps alive: one prefix per shape."""
-    seen: dict[tuple[str, int], int] = {}
+def parse_items(lines: Iterable[bytes]) -> list[Item]:
+    """Items from JSONL lines exactly as `fabricctl submit` reads them (bad lines dropped)."""
+    return [p.item for p in parse_lines(lines) if isinstance(p, Parsed)]
+
+
+def generated(block_size: int = 16, rate: float = 0.0, seed: int = 0, **workload: Any
+              ) -> list[ReplayItem]:
+    """A replay workload from `fabricctl.formats.workload.generate(**workload)` (the examples'
+    generator), through the same JSONL reader as a real workload."""
+    lines = [msgspec.json.encode(d) for d in generate(**workload)]
+    return load(parse_items(lines), block_size, rate, seed)
+
+
+def distinct_prefix_tokens(items: list[ReplayItem], block_size: int = 16) -> int:
+    """The cacheable prefix tokens the workload keeps alive: its distinct full prefix blocks
+    (shapes that share leading components, e.g. a system prompt, share those blocks)."""
+    blocks: set[int] = set()
+    done: set[tuple[str, int]] = set()
     for r in items:
-        seen[r.shape] = r.prefix
-    return sum(seen.values())
+        if r.shape not in done:
+            done.add(r.shape)
+            blocks.update(r.hashes[: r.prefix // block_size])
+    return len(blocks) * block_size

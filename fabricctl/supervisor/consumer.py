@@ -32,7 +32,12 @@ import msgspec
 
 from fabricctl.client import Client
 from fabricctl.core.types import Contract, ItemResult, Work
-from fabricctl.engines.base import Engine, EngineError
+from fabricctl.engines.base import Engine, EngineError, EngineStats
+from fabricctl.engines.blocks import (
+    achievable_cached_tokens,
+    decode_item_payload,
+    prefix_tokens,
+)
 from fabricctl.errors import BackendMissing, BrokerError
 from fabricctl.server.protocol import PrewarmPush
 
@@ -124,6 +129,7 @@ class Consumer:
                     log.warning("consumer %s: pre-warm failed: %s", self.name, e)
 
     async def _run(self, client: Client, work: Work) -> None:
+        before = self.engine.stats()
         results, why = await self._execute(work)
         if results is None:
             self.failures += 1
@@ -133,7 +139,9 @@ class Consumer:
             return
         self.down_pause_s = 0.0
         # Pipelined: the next pull overlaps this completion's durable commit.
-        task = asyncio.get_running_loop().create_task(self._complete(client, work, results))
+        cache = cache_evidence(work, before, self.engine.stats())
+        task = asyncio.get_running_loop().create_task(
+            self._complete(client, work, results, cache))
         self._unacked.add(task)
         task.add_done_callback(self._unacked.discard)
         if len(self._unacked) >= self.max_unacked:
@@ -207,9 +215,10 @@ class Consumer:
             return None, "the engine aborted it"
         return res[0], ""
 
-    async def _complete(self, client: Client, work: Work, results: list[ItemResult]) -> None:
+    async def _complete(self, client: Client, work: Work, results: list[ItemResult],
+                        cache: tuple[int, int, int] | None = None) -> None:
         try:
-            await client.complete(work.id, results)
+            await client.complete(work.id, results, cache)
         except (BackendMissing, BrokerError, ConnectionError, OSError) as e:
             log.warning("consumer %s: completion of batch %d not confirmed (%s); the broker "
                         "will hand it out again", self.name, work.id, e)
@@ -224,3 +233,28 @@ class Consumer:
             except (BackendMissing, ConnectionError, OSError):
                 return
             await asyncio.sleep(every)
+
+
+def cache_evidence(work: Work, before: EngineStats, after: EngineStats
+                   ) -> tuple[int, int, int] | None:
+    """(queries, hits, achievable) prompt tokens of one batch, for the cache-truth audit.
+
+    Queries and hits are the engine's own counters' deltas over the batch (vLLM's
+    prefix_cache_{queries,hits}_total); achievable is what the items' declared prefixes
+    allow at the engine's block size, scaled from declared to the engine's token counts.
+    """
+    q = after.prefix_cache_queries - before.prefix_cache_queries
+    h = after.prefix_cache_hits - before.prefix_cache_hits
+    block = after.block_size
+    if q <= 0 or h < 0 or block <= 0:
+        return None
+    declared = achievable = 0
+    for item in work.items:
+        payload = decode_item_payload(item)
+        declared += item.input_tokens
+        if payload is not None:
+            achievable += achievable_cached_tokens(prefix_tokens(payload), item.input_tokens,
+                                                   block)
+    if declared <= 0:
+        return None
+    return q, h, round(achievable * q / declared)

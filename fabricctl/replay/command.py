@@ -1,0 +1,144 @@
+"""`fabricctl replay WORKLOAD.jsonl`: the command's body (the CLI only parses flags).
+
+Contract: `run_replay(...)` reads a JSONL workload (native or OpenAI batch lines, exactly as
+`fabricctl submit` reads them; bad lines are reported on stderr with their line numbers and
+skipped), replays it through each requested policy on `gpus` identical simulated GPUs and
+prints either a Rich table (one row per policy, on stdout, the parameters on stderr) or, with
+`json_out`, one JSON object keyed by policy name whose values are `PolicyResult` fields.
+`policy` is one name or "all" (fabric and the three baselines); a comma-separated list of
+names (ablations included) also works. The KV pool is `kv_tokens`, else the pool that gives
+cache `pressure`, else the simulated GPU's default. Arrivals: all at t = 0 when `rate` is 0
+(an offline batch job), else Poisson at `rate` items per simulated second from `seed`.
+Returns the exit code: 0, or 2 for bad arguments or a workload with no readable item.
+Every figure is simulated.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from fabricctl.core.types import Item
+from fabricctl.engines.costs import SimCosts
+from fabricctl.errors import ExitCode
+from fabricctl.producer import LineError, Parsed, parse_stream
+from fabricctl.replay.report import PolicyResult
+from fabricctl.replay.run import (
+    ABLATIONS,
+    BASELINES,
+    POLICIES,
+    costs_for,
+    limits_for,
+    pressure_of,
+    replay,
+)
+from fabricctl.replay.workload import load
+
+
+def policy_names(policy: str) -> list[str]:
+    """`policy` as a list of known names ("all" = fabric and the baselines)."""
+    if policy == "all":
+        return list(POLICIES)
+    names = [p.strip() for p in policy.split(",") if p.strip()]
+    known = set(POLICIES + ABLATIONS)
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise ValueError(f"unknown policy {', '.join(bad) or repr(policy)}; "
+                         f"known: all, {', '.join(POLICIES + ABLATIONS)}")
+    return names
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def read_workload(path: Path) -> list[Item]:
+    """The workload's items; bad lines are reported on stderr (the first 20)."""
+    items: list[Item] = []
+    bad = 0
+    with path.open("rb") as fp:
+        for got in parse_stream(fp):
+            if isinstance(got, LineError):
+                bad += 1
+                if bad <= 20:
+                    _say(f"{path}: {got}")
+            elif isinstance(got, Parsed):
+                items.append(got.item)
+    if bad > 20:
+        _say(f"{path}: {bad - 20} more bad lines")
+    return items
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.1f}%"
+
+
+def results_table(results: dict[str, PolicyResult], title: str) -> Table:
+    """One row per policy; `vs best baseline` compares tokens/s with the best baseline run."""
+    base = max((r.tokens_per_s for n, r in results.items() if n in BASELINES), default=0.0)
+    t = Table(title=title)
+    for col, justify in (("policy", "left"), ("tok/s", "right"), ("vs best baseline", "right"),
+                         ("KV hit", "right"), ("achievable", "right"),
+                         ("switches/GPU", "right"), ("mid-stream", "right"),
+                         ("padding", "right"), ("graph builds", "right"), ("thrash", "right"),
+                         ("refills", "right"), ("p50 s", "right"), ("p99 s", "right")):
+        t.add_column(col, justify=justify, no_wrap=col == "policy")  # type: ignore[arg-type]
+    for name, r in results.items():
+        t.add_row(
+            name, f"{r.tokens_per_s:,.0f}",
+            f"{r.tokens_per_s / base:.2f}x" if base else "-",
+            _pct(r.kv_hit_rate), _pct(r.kv_hit_achievable), f"{r.switches_per_gpu:,.1f}",
+            f"{r.midstream_switches:,}", _pct(r.padding_waste), f"{r.graph_builds:,}",
+            "-" if r.thrash_events is None else f"{r.thrash_events:,}", f"{r.prefix_refills:,}",
+            f"{r.p50_latency_s:.2f}", f"{r.p99_latency_s:.2f}",
+        )
+    return t
+
+
+def run_replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: int | None,
+               pressure: float | None, rate: float, seed: int, max_num_seqs: int) -> int:
+    """Replay `workload` through `policy` on `gpus` simulated GPUs; print; return exit code."""
+    try:
+        names = policy_names(policy)
+        if gpus < 1:
+            raise ValueError("gpus must be at least 1")
+        if max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be at least 1")
+        if rate < 0:
+            raise ValueError("rate must be >= 0")
+        if kv_tokens is not None and pressure is not None:
+            raise ValueError("give kv_tokens or pressure, not both")
+        if not workload.is_file():
+            raise ValueError(f"{workload}: no such file")
+    except ValueError as e:
+        _say(f"fabricctl replay: {e}")
+        return int(ExitCode.USAGE)
+    parsed = read_workload(workload)
+    if not parsed:
+        _say(f"fabricctl replay: {workload}: no readable item")
+        return int(ExitCode.USAGE)
+    base = SimCosts()
+    items = load(parsed, base.block_size, rate, seed)
+    try:
+        costs = costs_for(items, kv_tokens=kv_tokens, pressure=pressure,
+                          max_num_seqs=max_num_seqs, base=base)
+    except ValueError as e:
+        _say(f"fabricctl replay: {e}")
+        return int(ExitCode.USAGE)
+    limits = limits_for(items, costs)
+    results = replay(items, names, gpus, costs, limits)
+    if json_out:
+        sys.stdout.write(msgspec.json.encode(
+            {n: msgspec.structs.asdict(r) for n, r in results.items()}).decode() + "\n")
+        return int(ExitCode.OK)
+    arrivals = "all at t=0" if rate == 0 else f"Poisson {rate:g}/s (seed {seed})"
+    _say(f"simulated: {len(items):,} items, {gpus} GPU(s), KV {costs.kv_tokens:,} tokens "
+         f"(cache pressure {pressure_of(items, costs):.2f}), max_num_seqs {max_num_seqs}, "
+         f"arrivals {arrivals}; cost model: fabricctl/engines/costs.py")
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    console.print(results_table(results, f"fabricctl replay — {workload.name} (simulated)"))
+    return int(ExitCode.OK)
