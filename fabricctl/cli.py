@@ -171,6 +171,30 @@ def consume(
                            token if token is not None else cfg.server.token))
 
 
+@app.command()
+def replay(
+    workload: Path = typer.Argument(..., help="JSONL workload (native or OpenAI batch)."),
+    gpus: int = typer.Option(2, "--gpus", "-g", min=1, help="Simulated GPUs."),
+    policy: str = typer.Option("all", "--policy", "-p", help="fabric, round-robin, "
+                               "prefix-affinity, pow2-buckets, all, or a comma list "
+                               "(ablations: fabric-no-lanes, fabric-no-prewarm, "
+                               "fabric-no-lifecycle, fabric-per-model)."),
+    kv_tokens: int | None = typer.Option(None, "--kv-tokens", help="KV capacity per GPU."),
+    pressure: float | None = typer.Option(None, "--pressure", help="Size the KV capacity so "
+                                          "distinct prefix tokens / free KV = this."),
+    rate: float = typer.Option(0.0, "--rate", help="Poisson arrivals per simulated second "
+                               "(0: all at once, an offline batch job)."),
+    seed: int = typer.Option(0, "--seed"),
+    max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Running sequences per GPU."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON object keyed by policy."),
+) -> None:
+    """Replay a workload through fabric and the schedulers users run instead (simulated)."""
+    from fabricctl.replay.command import run_replay
+
+    raise typer.Exit(run_replay(workload, gpus, policy, json_out, kv_tokens, pressure, rate,
+                                seed, max_num_seqs))
+
+
 register_client_commands(app)
 
 
