@@ -39,7 +39,8 @@ async def run_consumer(cfg: AppConfig, broker: str, engine: str, endpoint: str |
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     consumer = Consumer(broker, name or f"{socket.gethostname()}-gpu{gpu or 0}",
-                        cfg.model_name, eng, gpu, token)
+                        cfg.model_name, eng, gpu, token,
+                        concurrency=1 if engine == "sim" else cfg.consumer.concurrency)
     try:
         await consumer.run(stop)
     finally:

@@ -51,7 +51,7 @@ class Consumer:
     def __init__(
         self, address: str | Path, name: str, model: str, engine: Engine,
         gpu: int | None = None, token: str = "", pull_wait_s: float = 1.0,
-        run_timeout_s: float | None = None, isolate_attempts: int = 2,
+        run_timeout_s: float | None = None, isolate_attempts: int = 2, concurrency: int = 1,
     ) -> None:
         self.address = address
         self.name = name
@@ -62,6 +62,9 @@ class Consumer:
         self.pull_wait_s = pull_wait_s
         self.run_timeout_s = run_timeout_s  # None: only the engine's own timeouts apply
         self.isolate_attempts = max(1, isolate_attempts)
+        # Batches in the engine at once: a real server batches continuously, so one batch at
+        # a time would starve it; the simulated engine runs them one after another anyway.
+        self.concurrency = max(1, concurrency)
         self.batches = 0
         self.items = 0
         self.failures = 0  # batches failed back because the engine was down
@@ -101,22 +104,26 @@ class Consumer:
             self.connected.set()
             beat = asyncio.get_running_loop().create_task(self._heartbeat(client, reg.heartbeat_s))
             try:
-                while not stop.is_set():
-                    await self._prewarm(client)
-                    work = await client.pull(self.pull_wait_s)  # bounded long-poll
-                    if work is None:
-                        continue
-                    await self._prewarm(client)
-                    await self._run(client, work)
-                    if self.down_pause_s:  # the engine is down: let a healthy consumer pull
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(stop.wait(), self.down_pause_s)
+                await asyncio.gather(*(self._work(client, stop)
+                                       for _ in range(self.concurrency)))
             finally:
                 beat.cancel()
                 if self._unacked:  # a batch is ours until the broker confirmed it
                     await asyncio.wait(self._unacked)
         finally:
             await client.close()
+
+    async def _work(self, client: Client, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self._prewarm(client)
+            work = await client.pull(self.pull_wait_s)  # bounded long-poll
+            if work is None:
+                continue
+            await self._prewarm(client)
+            await self._run(client, work)
+            if self.down_pause_s:  # the engine is down: let a healthy consumer pull
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.down_pause_s)
 
     async def _prewarm(self, client: Client) -> None:
         while not client.pushes.empty():
@@ -139,7 +146,8 @@ class Consumer:
             return
         self.down_pause_s = 0.0
         # Pipelined: the next pull overlaps this completion's durable commit.
-        cache = cache_evidence(work, before, self.engine.stats())
+        # counter deltas name this batch only when no other batch ran alongside it
+        cache = cache_evidence(work, before, self.engine.stats()) if self.concurrency == 1 else None
         task = asyncio.get_running_loop().create_task(
             self._complete(client, work, results, cache))
         self._unacked.add(task)

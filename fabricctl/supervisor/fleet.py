@@ -74,7 +74,9 @@ class Fleet:
         loop = asyncio.get_running_loop()
         for i, (engine, gpu) in enumerate(zip(self.engines, self.gpus, strict=True)):
             name = f"{self.kind}-gpu{gpu if gpu is not None else i}"
-            c = Consumer(address, name, self.cfg.model_name, engine, gpu, token)
+            conc = 1 if self.kind == "sim" else self.cfg.consumer.concurrency
+            c = Consumer(address, name, self.cfg.model_name, engine, gpu, token,
+                         concurrency=conc)
             self.consumers.append(c)
             self.tasks.append(loop.create_task(c.run(self.stop_pulls)))
 
