@@ -51,9 +51,6 @@ class Daemon:
     async def start(self) -> None:
         cfg = self.cfg
         self.store = DurableBroker(cfg.data_dir, time.time(), cfg.broker, self.store_cfg)
-        rec = self.store.recovery
-        log.info("data dir %s: recovered %d items (%d tokens) in %.3f s",
-                 cfg.data_dir, rec.items, rec.tokens, rec.seconds)
         self.server = BrokerServer(self.store, server_config(cfg))
         await self.server.start()
         report = self._start_monitors()

@@ -113,8 +113,20 @@ class Consumer:
         finally:
             await client.close()
 
+    def _engine_down(self) -> bool:
+        """An engine that knows its server is restarting (vLLM under the launcher)."""
+        return getattr(self.engine, "ready", True) is False
+
     async def _work(self, client: Client, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            if self._engine_down():  # pull nothing while our server restarts: others can
+                waiter = getattr(self.engine, "wait_ready", None)
+                with contextlib.suppress(EngineError, TimeoutError):
+                    if waiter is not None:
+                        await asyncio.wait_for(waiter(), self.pull_wait_s * 5)
+                    else:
+                        await asyncio.wait_for(stop.wait(), self.pull_wait_s)
+                continue
             await self._prewarm(client)
             work = await client.pull(self.pull_wait_s)  # bounded long-poll
             if work is None:
@@ -136,6 +148,9 @@ class Consumer:
                     log.warning("consumer %s: pre-warm failed: %s", self.name, e)
 
     async def _run(self, client: Client, work: Work) -> None:
+        if self._engine_down():  # it went down after the pull: hand the batch straight back
+            await client.fail(work.id, f"{self.engine.name}: the server is restarting")
+            return
         before = self.engine.stats()
         results, why = await self._execute(work)
         if results is None:

@@ -1,0 +1,57 @@
+"""A consumer whose engine's server is restarting pulls nothing, so healthy GPUs take the work."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from server_helpers import all_results, make_items, running_server, wait_until
+
+from fabricctl.client import Client
+from fabricctl.core.types import ItemResult, Work
+from fabricctl.engines.sim import SimEngine
+from fabricctl.supervisor.consumer import Consumer
+
+
+class Restarting(SimEngine):
+    """A simulated engine that says its server is down until told otherwise."""
+
+    def __init__(self) -> None:
+        super().__init__(time_scale=0.0)
+        self.ready = False
+        self.back = asyncio.Event()
+        self.ran = 0
+
+    async def wait_ready(self) -> None:
+        await self.back.wait()
+
+    async def run(self, work: Work) -> list[ItemResult]:
+        self.ran += 1
+        return await super().run(work)
+
+
+async def test_down_engine_pulls_nothing_and_healthy_consumer_does_it_all(tmp_path: Path) -> None:
+    async with running_server(tmp_path) as server:
+        producer = await Client.connect(server.cfg.socket_path, "producer")
+        stop = asyncio.Event()
+        down = Restarting()
+        loop = asyncio.get_running_loop()
+        sick = Consumer(server.cfg.socket_path, "sick", "m", down, gpu=0, pull_wait_s=0.05)
+        tasks = [loop.create_task(sick.run(stop))]
+        await sick.connected.wait()
+        assert (await producer.submit(make_items(50))).accepted == 50
+        healthy = Consumer(server.cfg.socket_path, "ok", "m", SimEngine(time_scale=0.0), gpu=1)
+        tasks.append(loop.create_task(healthy.run(stop)))
+
+        async def done() -> bool:
+            return len(await all_results(producer)) == 50
+
+        await wait_until(done, timeout=30)
+        assert down.ran == 0
+        assert sick.batches == 0
+        assert healthy.items == 50
+        down.ready = True
+        down.back.set()
+        stop.set()
+        await asyncio.gather(*tasks)
+        await producer.close()
