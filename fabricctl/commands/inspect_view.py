@@ -45,6 +45,9 @@ def _summary(doc: dict[str, Any], view: ShapeView | None) -> Table:
             ("batches", f"{view.batches:,}"),
             ("padding waste", pct(view.waste)),
             ("starving lanes", str(view.starving)),
+            ("KV hits (engines)", f"{pct(view.cache_hit_rate)} of {pct(view.cache_achievable)} "
+             "achievable" + ("  FLAGGED: the declared prefix is not what the engines see"
+                             if view.cache_flagged else "")),
         ]
     rows.append(("thrash", doc["thrash"]))
     for k, v in rows:

@@ -80,6 +80,16 @@ class BrokerCollector(Collector):
         for s in shapes:
             waste.add_metric([s.model, signature_hex(s.signature), s.label], s.waste())
         yield waste
+        audit = GaugeMetricFamily("fabricctl_cache_audit", "per shape: engines' real KV hit "
+                                  "rate, the achievable one, and 1 when flagged",
+                                  labels=["model", "shape", "label", "figure"])
+        for s in shapes:
+            real, achievable, flagged = s.audit()
+            key = [s.model, signature_hex(s.signature), s.label]
+            audit.add_metric([*key, "hit_rate"], real)
+            audit.add_metric([*key, "achievable"], achievable)
+            audit.add_metric([*key, "flagged"], float(flagged))
+        yield audit
         hist = core.batches_hist
         yield CounterMetricFamily("fabricctl_thrash_events", "shapes finished under the "
                                   "thrash line", value=hist.thrashed)
