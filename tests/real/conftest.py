@@ -11,9 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import random
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -21,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from realtext import free_port_pair
 
 from fabricctl.supervisor.launcher import Launcher, LaunchError, vllm_cpu_spec
 
@@ -45,19 +44,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("kills_session_server") is not None)
 
 
-def _port_pair() -> int:
-    """A port p with p and p+1 free on the loopback."""
-    rng = random.Random()
-    for _ in range(200):
-        p = rng.randrange(20000, 60000)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", p))
-                b.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
 
 
 def _kill_leftovers(launcher: Launcher) -> None:
@@ -91,7 +77,7 @@ def tiny_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 async def vllm_servers(tiny_model: Path,
                        tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Launcher]:
     logs = tmp_path_factory.mktemp("vllm-logs")
-    spec = vllm_cpu_spec(VENV, str(tiny_model), "tiny", logs, port_base=_port_pair(),
+    spec = vllm_cpu_spec(VENV, str(tiny_model), "tiny", logs, port_base=free_port_pair(),
                          extra_args=SERVER_ARGS, start_timeout_s=240.0, stop_timeout_s=20.0,
                          backoff_initial_s=1.0, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     launcher = Launcher(spec, [0, 1])

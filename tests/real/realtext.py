@@ -219,3 +219,21 @@ class MultiCopyAPC:
                 (tail if b in self.hash_of else head).append(b)
         self.free = head + self.free + tail
         return len(hit) * self.bs
+
+
+def free_port_pair() -> int:
+    """A port p with p and p+1 free on the loopback (two servers standing in for two GPUs)."""
+    import random
+    import socket
+
+    rng = random.Random()
+    for _ in range(200):
+        p = rng.randrange(20000, 60000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", p))
+                b.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")

@@ -26,7 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from realtext import Shape, Tok, achievable_hits, chain_hashes, make_shapes, nonce, scrape_counters
+from realtext import (
+    Shape,
+    Tok,
+    achievable_hits,
+    chain_hashes,
+    free_port_pair,
+    make_shapes,
+    nonce,
+    scrape_counters,
+)
 
 from fabricctl.batchjob import RunSummary, run_job
 from fabricctl.config import AppConfig, ConsumerSettings, ProducerSettings, VllmSettings
@@ -137,22 +146,6 @@ def wire(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str], int]]:
 def log_tails(logs: Path) -> str:
     return "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-3000:]}"
                      for p in sorted(logs.glob("engine-*.log")))
-
-
-def free_port_pair() -> int:
-    import socket
-
-    rng = random.Random()
-    for _ in range(200):
-        p = rng.randrange(20000, 60000)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", p))
-                b.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
 
 
 async def test_run_engine_vllm_hit_rate(tiny_model: Path, tmp_path: Path,
