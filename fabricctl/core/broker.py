@@ -20,9 +20,9 @@ from fabricctl.core.events import EventKind, EventLog
 from fabricctl.core.lanes import Lane, LaneCounters
 from fabricctl.core.ledger import Ledger
 from fabricctl.core.lifecycle import Lifecycle, ModelState, Slot
+from fabricctl.core.maintenance import Maintenance
 from fabricctl.core.packing import pack
 from fabricctl.core.shape import Shape, ShapeState
-from fabricctl.core.snapshot import Snapshot, take_snapshot
 from fabricctl.core.stats import BatchesHistogram
 from fabricctl.core.types import Batch, Contract, Entry, Item, Prewarm
 
@@ -73,7 +73,7 @@ class Placement:
     lane: Lane
 
 
-class Broker:
+class Broker(Maintenance):
     """Why: one object that owns every scheduling decision, with no I/O and no clock."""
 
     def __init__(self, cfg: CoreConfig | None = None) -> None:
@@ -369,88 +369,3 @@ class Broker:
         if p.shape.staged_since is None:
             p.shape.staged_since = min(e.t for e in b.entries)
         return InFlight(b, p.shape, p.lane)
-
-    # -- maintenance and observation -------------------------------------------------------------
-
-    def tick(self, now: float) -> None:
-        """The 1 s maintenance tick: quiescing lanes, starvation, lifecycle timeouts."""
-        starving = 0
-        for ms in self.models.values():
-            for shape in self._model_shapes(ms):
-                dispatching = shape.state in (ShapeState.ACTIVE, ShapeState.DRAINING)
-                newly = shape.lanes.tick(now) if dispatching else []
-                for lane in newly:
-                    if lane.queue and any(o.queue for o in shape.lanes.lanes.values()
-                                          if o is not lane and not o.quiescing):
-                        self.events.emit(now, EventKind.FORCE_DRAIN, model=ms.name,
-                                         signature=shape.signature, label=shape.label,
-                                         value=lane.id, reason=f"{len(lane.queue)} items")
-                starving += shape.lanes.starving(now)
-            if self.cfg.lifecycle and self.cfg.shape_scope == "consumer":
-                for name, slot in list(ms.slots.items()):
-                    if name in self.consumers:
-                        cur = slot.current
-                        self.signals.extend(self.lifecycle.advance(
-                            ms, now, cur is None or cur.items == 0, slot, self.consumers))
-            elif self.cfg.lifecycle:
-                cur = ms.current
-                self.signals.extend(self.lifecycle.advance(
-                    ms, now, hungry=cur is None or cur.items == 0))
-            for sig, shape in list(ms.open.items()):
-                if shape.items == 0 and shape.inflight_items == 0 and (
-                    shape.state is ShapeState.STAGED
-                ):
-                    shape.lanes.release_idle()  # the lanes its placements opened
-                    del ms.open[sig]  # an empty staged shape (its placement was never admitted)
-        self.starving_lanes = starving
-
-    def record_cache(
-        self, batch_id: int, queries: int, hits: int, achievable: int, now: float
-    ) -> None:
-        """An engine's prefix-cache figures for one batch, for the shape's cache-truth audit."""
-        f = self.inflight.get(batch_id)
-        if f is None:
-            return
-        shape = f.shape
-        was = shape.audit()[2]
-        shape.cache_queries += queries
-        shape.cache_hits += hits
-        shape.cache_achievable += achievable
-        real, achievable_rate, flagged = shape.audit()
-        if flagged and not was:
-            self.events.emit(
-                now, EventKind.GUARD,
-                model=shape.model, signature=shape.signature, label=shape.label, critical=True,
-                reason=f"cache-truth audit: engines hit {real:.0%} of prompt tokens, the "
-                f"declared prefixes allow {achievable_rate:.0%} — the declared components are "
-                "not a token-identical prefix",
-            )
-
-    def waste(self) -> float:
-        """Padding fraction of every batch dispatched so far."""
-        return 1.0 - self.routed_tokens / self.padded_tokens if self.padded_tokens else 0.0
-
-    def take_signals(self) -> list[Prewarm]:
-        out, self.signals = self.signals, []
-        return out
-
-    def shapes(self) -> list[Shape]:
-        """Every live shape: open ones and a draining current one."""
-        out: list[Shape] = []
-        for ms in self.models.values():
-            out.extend(self._model_shapes(ms))
-        return out
-
-    @staticmethod
-    def _model_shapes(ms: ModelState) -> list[Shape]:
-        """A model's open shapes and its draining current one(s)."""
-        out = list(ms.open.values())
-        for h in (ms, *ms.slots.values()):
-            cur = h.current
-            if cur is not None and cur.state is ShapeState.DRAINING and cur not in out:
-                out.append(cur)
-        return out
-
-    def snapshot(self, now: float, lanes: object = "all", events: int = 100) -> Snapshot:
-        """All a dashboard needs; `lanes` is "all", "none" or a set of (model, signature)."""
-        return take_snapshot(self, now, lanes, events)  # type: ignore[arg-type]

@@ -25,15 +25,14 @@ import msgspec
 
 from fabricctl import __version__
 from fabricctl.core.broker import ShapeGuardError
-from fabricctl.core.types import Item, ItemResult
 from fabricctl.server import views
 from fabricctl.server.config import ServerConfig
 from fabricctl.server.groupcommit import GroupCommitter
+from fabricctl.server.handlers import Handlers
 from fabricctl.server.metrics import Metrics
 from fabricctl.server.peer import Peer
 from fabricctl.server.protocol import (
     PROTOCOL_VERSION,
-    Ack,
     Complete,
     Done,
     Error,
@@ -44,23 +43,19 @@ from fabricctl.server.protocol import (
     Pull,
     Query,
     Register,
-    Registered,
-    Reject,
     Shutdown,
     Submit,
     Subscribe,
     Welcome,
-    WorkReply,
     read_frame,
 )
 from fabricctl.server.wakeup import Wakeup
 from fabricctl.store.durable import DurableBroker
-from fabricctl.store.errors import StoreError, StoreFullError
 
 log = logging.getLogger("fabricctl.server")
 
 
-class BrokerServer:
+class BrokerServer(Handlers):
     """Why: the one owner of the store; every client talks to it over a socket."""
 
     def __init__(
@@ -245,122 +240,6 @@ class BrokerServer:
             peer.send(Error("unexpected", f"{type(frame).__name__} is not a request",
                             fatal=True))
             peer.closed = True
-
-    # -- producers ----------
-
-    def _flush_ingest(self, chunks: list[list[Item]]) -> list[list[Reject]]:
-        flat = [item for chunk in chunks for item in chunk]
-        rejects = self.store.ingest(flat, self.clock())
-        out: list[list[Reject]] = [[] for _ in chunks]
-        starts, pos = [], 0
-        for chunk in chunks:
-            starts.append(pos)
-            pos += len(chunk)
-        ci = 0
-        for r in rejects:
-            while ci + 1 < len(starts) and r.index >= starts[ci + 1]:
-                ci += 1
-            out[ci].append(Reject(r.index - starts[ci], r.reason))
-        self.wakeup.notify()
-        return out
-
-    async def _submit(self, peer: Peer, frame: Submit) -> None:
-        try:
-            rejects = await self.ingest.submit(frame.items, max(1, len(frame.items)))
-        except StoreFullError as e:
-            peer.send(Error("store_full", str(e), frame.rid))
-            return
-        except StoreError as e:
-            peer.send(Error("store", str(e), frame.rid))
-            return
-        self.metrics.submitted(len(frame.items) - len(rejects))
-        peer.send(Ack(frame.rid, len(frame.items) - len(rejects), rejects))
-
-    # -- consumers ----------
-
-    def _register(self, peer: Peer, frame: Register) -> None:
-        old = self.consumers.get(frame.name)
-        if old is not None and old is not peer:
-            self._drop(old, "replaced by a new registration")
-        if peer.consumer is not None and peer.consumer != frame.name:
-            # the connection re-registers under another name: the old one holds nothing
-            if self.consumers.get(peer.consumer) is peer:
-                del self.consumers[peer.consumer]
-            self._disconnect_consumer(peer.consumer, f"re-registered as {frame.name}")
-        now = self.clock()
-        self.core.register(frame.name, frame.contract, now)
-        peer.role, peer.consumer, peer.gpu = "consumer", frame.name, frame.gpu
-        peer.engine, peer.simulated = frame.engine, frame.simulated
-        self.consumers[frame.name] = peer
-        peer.send(Registered(frame.rid, frame.name, self.cfg.heartbeat_s,
-                             self.cfg.heartbeat_timeout_s))
-        log.info("consumer %s joined: %s gpu=%s engine=%s", frame.name, frame.contract.model,
-                 frame.gpu, frame.engine or "?")
-        self._push_signals()
-        self.wakeup.notify()
-
-    async def _pull(self, peer: Peer, frame: Pull) -> None:
-        name = peer.consumer
-        if name is None:
-            peer.send(Error("not_registered", "register before pulling", frame.rid))
-            return
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        deadline = t0 + max(0.0, min(frame.wait_s, 30.0))
-        while not peer.closed:
-            if name not in self.core.consumers:
-                return
-            work = self.store.pull(name, self.clock())
-            self._push_signals()
-            if work is not None:
-                self.metrics.pulled(loop.time() - t0, work)
-                if not peer.send(WorkReply(frame.rid, work)):
-                    self.store.fail(work.id, self.clock())  # the channel did not take it
-                    self.wakeup.notify()
-                return
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            await self.wakeup.wait(remaining)
-        peer.send(WorkReply(frame.rid, None))
-
-    def _flush_complete(
-        self, done: list[tuple[int, list[ItemResult], int | None]]
-    ) -> list[int]:
-        stored = self.store.complete_many(done, self.clock())
-        self._push_signals()
-        self.wakeup.notify()
-        return stored
-
-    async def _complete(self, peer: Peer, frame: Complete) -> None:
-        c = self.core.consumers.get(peer.consumer or "")
-        if c is None or frame.batch not in c.batches:
-            peer.send(Done(frame.rid, -1))  # late, duplicate, or another consumer's batch
-            return
-        n = len(frame.results)
-        if len(frame.cache) == 3:  # the cache-truth audit's evidence, while the batch is ours
-            q, h, a = frame.cache
-            self.core.record_cache(frame.batch, q, h, a, self.clock())
-        stored = await self.completer.submit((frame.batch, frame.results, peer.gpu), 1)
-        self.metrics.completed(peer.consumer or "", n, stored)
-        peer.send(Done(frame.rid, stored))
-
-    def _fail(self, peer: Peer, frame: Fail) -> None:
-        c = self.core.consumers.get(peer.consumer or "")
-        ours = c is not None and frame.batch in c.batches
-        if ours:
-            self.store.fail(frame.batch, self.clock(), frame.reason)
-            log.warning("batch %d failed on %s: %s", frame.batch, peer.consumer, frame.reason)
-            self.wakeup.notify()
-        peer.send(Done(frame.rid, 0 if ours else -1))
-
-    def _push_signals(self) -> None:
-        for signal in self.core.take_signals():
-            signal.sample = views.sample_item(self.store, signal.model, signal.signature)
-            for peer in self.consumers.values():
-                c = self.core.consumers.get(peer.consumer or "")
-                if c is not None and c.contract.model == signal.model:
-                    peer.send(views.prewarm_push(signal))
 
     # -- observers ----------
 

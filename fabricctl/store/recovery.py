@@ -104,7 +104,7 @@ def recover(db: DurableBroker, now: float) -> RecoveryReport:
                 done.add(sid)
                 live.pop(sid, None)
     meta.boot += 1
-    from fabricctl.store.durable import delete_segment
+    from fabricctl.store.completion import delete_segment
 
     def write(txn: object) -> None:
         for seg_id in done:
