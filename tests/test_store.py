@@ -353,7 +353,7 @@ def test_recovery_of_100k_queued_items_restores_identical_lanes_and_counts(
         n += len(chunk)
     before = lane_state(store)
     snap_before = snapshot_view(store, 5.0)
-    segs_before = {k: (h.count, h.deleted, h.target) for k, h in store.segs.items()}
+    segs_before = {k: (h.count, h.deleted, h.signature) for k, h in store.segs.items()}
     assert sum(len(v[5]) for v in before.values()) > 100  # many lanes  # type: ignore[index]
     store.close()
 
@@ -365,7 +365,7 @@ def test_recovery_of_100k_queued_items_restores_identical_lanes_and_counts(
         assert rep.segments == len(segs_before)
         assert lane_state(store) == before
         assert snapshot_view(store, 5.0) == snap_before
-        assert {k: (h.count, h.deleted, h.target) for k, h in store.segs.items()} == segs_before
+        assert {k: (h.count, h.deleted, h.signature) for k, h in store.segs.items()} == segs_before
         assert store.core.ledger.items_queued == 100_000
     finally:
         store.close()
@@ -420,7 +420,6 @@ def test_segments_are_deleted_when_fully_tombstoned(tmp_path: Path) -> None:
         assert txn.get(entry_key_of(first << 32), db=store.env.dbs["data"]) is None
     assert drain(store, consumer="gpu") == 12
     assert store.segs == {}
-    assert store.open_segs == {}
     for name in ("seg", "data", "tomb"):
         assert db_entries(store, name) == 0
     assert db_entries(store, "results") == 20
@@ -428,6 +427,60 @@ def test_segments_are_deleted_when_fully_tombstoned(tmp_path: Path) -> None:
     # the lane takes new items in a new segment
     store.ingest(items(3, prefix="later"), 1.0)
     assert [h.count for h in store.segs.values()] == [3]
+    store.close()
+
+
+def data_keys(store: DurableBroker) -> list[bytes]:
+    with store.env.read() as txn:
+        return list(txn.cursor(db=store.env.dbs["data"]).iternext(values=False))
+
+
+def test_every_ingest_appends_above_all_stored_keys_whatever_lanes_it_feeds(
+    tmp_path: Path,
+) -> None:
+    store = DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=64))
+    rng = random.Random(5)
+    seen: list[bytes] = []
+    for c in range(30):
+        sigs = [SIG] if c % 3 == 0 else [SIG, SIG + 1, SIG + 2]
+        chunk = [Item(f"c{c}-{k}", MODEL, rng.choice(sigs), rng.randint(1, 3000), 8, b"x")
+                 for k in range(rng.randint(1, 90))]
+        assert store.ingest(chunk, float(c)) == []
+        keys = data_keys(store)
+        new = keys[len(seen):]
+        assert keys[:len(seen)] == seen  # nothing stored moved...
+        assert len(new) == len(chunk) and min(new) > max(seen, default=b"")  # ...all above it
+        seen = keys
+    # segments are shape-pure (every queued entry's segment has its shape's signature),
+    # while one segment feeds many lanes
+    assert all(h.count <= 64 for h in store.segs.values())
+    lanes_of: dict[int, set[int]] = {}
+    for shape in store.core.model(MODEL).open.values():
+        for lane in shape.lanes.lanes.values():
+            for e in lane.queue:
+                assert store.segs[e.key >> 32].signature == shape.signature
+                lanes_of.setdefault(e.key >> 32, set()).add(lane.id)
+    assert max(len(v) for v in lanes_of.values()) > 3
+    store.close()
+
+
+def test_the_newest_segment_grows_while_its_shape_keeps_coming(tmp_path: Path) -> None:
+    store = DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=8))
+    store.ingest(items(3, prefix="a"), 0.0)
+    store.ingest(items(3, prefix="b"), 0.0)  # same shape: the newest segment grows
+    assert [h.count for h in store.segs.values()] == [6]
+    store.ingest(items(4, prefix="c"), 0.0)  # rolls over at 8
+    assert [h.count for h in store.segs.values()] == [8, 2]
+    store.ingest(items(2, prefix="d", sig=SIG + 1) + items(2, prefix="e"), 0.0)
+    # another shape came first: the newest segment still takes its own shape's items
+    assert [(h.signature - SIG, h.count) for h in store.segs.values()] == [(0, 8), (0, 4), (1, 2)]
+    store.ingest(items(1, prefix="f"), 0.0)  # the newest segment is the other shape's now
+    assert [(h.signature - SIG, h.count) for h in store.segs.values()] == [
+        (0, 8), (0, 4), (1, 2), (0, 1)]
+    store.close()
+    store = DurableBroker(tmp_path / "d", 1.0, store=StoreConfig(segment_entries=8))
+    assert store.recovery.items == 15
+    assert drain(store) == 15
     store.close()
 
 

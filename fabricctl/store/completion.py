@@ -5,7 +5,7 @@ result and its result sequence number, the segments' deleted counts and the ledg
 deletes every segment whose entries are all tombstoned (`delete_segment`) in the same commit;
 a completion for a batch no longer in flight is dropped (-1) and creates no second result.
 `results_since` and `result` read results back. `DurableBroker` inherits this; it needs its
-`core`, `env`, `meta`, `segs`, `open_segs`, `work` and delivery counts.
+`core`, `env`, `meta`, `segs`, `work` and delivery counts.
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ class Completion:
     env: StoreEnv
     meta: Meta
     segs: dict[int, SegHeader]
-    open_segs: dict[tuple[str, int, int], int]
     work: dict[int, list[Item]]
     results_stored: int
     duplicate_completions: int
@@ -193,10 +192,7 @@ class Completion:
         for seg_id, n_done in settled_counts.items():
             segs[seg_id].deleted += n_done
         for seg_id in outcome["gone"]:  # type: ignore[attr-defined]
-            hdr = segs.pop(seg_id)
-            lkey = (hdr.model, hdr.signature, hdr.lane)
-            if self.open_segs.get(lkey) == seg_id:
-                del self.open_segs[lkey]
+            del segs[seg_id]
         stored: list[bool] = outcome["stored"]  # type: ignore[assignment]
         pos = 0
         complete = self.core.complete

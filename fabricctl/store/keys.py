@@ -2,14 +2,19 @@
 
 Contract: keys are big-endian packed integers so LMDB's memcmp order is numeric order and
 one cursor range is one segment. An entry key is seg_id (u64) + offset (u32); in memory the
-same pair is one int, seg_id << 32 | offset. Named databases:
+same pair is one int, seg_id << 32 | offset. A segment is shape-pure: the entries of one
+(model, signature) from one or more consecutive ingest commits, each carrying its lane.
+Segment ids only grow and a segment takes new entries only while it is the newest one, so
+every key an ingest writes is larger than every key on disk: ingest appends at the end of
+the tables (LMDB's append mode, return counts checked), whatever the number of lanes it
+feeds. Named databases:
 
-- `seg`: seg_id -> SegHeader, the routing keys (model, signature, label, lane), stored once;
+- `seg`: seg_id -> SegHeader, the routing keys (model, signature, label), stored once;
   written when the segment is created and when completions change its deleted count;
-- `data`: entry key -> StoredEntry (the item: counts, arrival time, id, payload). Entries are
-  written in the transaction that acknowledges them and deleted only with their whole
-  segment, so a live segment's entries are exactly offsets 0 .. count-1: the last entry on
-  disk is the segment's persisted readable boundary;
+- `data`: entry key -> StoredEntry (the item: lane, counts, arrival time, id, payload).
+  Entries are written in the transaction that acknowledges them and deleted only with their
+  whole segment, so a live segment's entries are exactly offsets 0 .. count-1: the last
+  entry on disk is the segment's persisted readable boundary;
 - `tomb`: entry key -> 4-byte tombstone (the entry is completed);
 - `ids`: item id (UTF-8) -> entry key, for every item ever stored (the duplicate check;
   kept after completion so a completed id stays a duplicate);
@@ -26,7 +31,7 @@ import struct
 import msgspec
 
 TOMBSTONE = b"\x00\x00\x00\x01"
-FORMAT = 2  # bump when the layout above changes; an older data dir is refused with a message
+FORMAT = 3  # bump when the layout above changes; an older data dir is refused with a message
 _SEG = struct.Struct(">Q")
 _ENTRY = struct.Struct(">QI")
 
@@ -37,18 +42,14 @@ class SegHeader(msgspec.Struct, array_like=True):
     """Why: the routing keys of a segment live once, here, not in every entry.
 
     Written when the segment is created and when completions move its deleted count, not
-    on every append (an ingest touching hundreds of lanes would rewrite hundreds of
-    headers). In memory `count` (entries written: the readable boundary), `deleted`
-    (tombstoned) and `target` are kept current; recovery recomputes them from the entries
-    and tombstones on disk (the target as the largest of the stored one and the entries').
+    on every append. In memory `count` (entries written: the readable boundary) and
+    `deleted` (tombstoned) are kept current; recovery recomputes both from the entries and
+    tombstones on disk.
     """
 
     model: str
     signature: int
     label: str
-    lane: int
-    seg_no: int  # this segment's rank among the lane's segments
-    target: int  # the lane's target length when last written
     count: int  # entries written (the readable boundary)
     deleted: int  # entries tombstoned
     created: float
@@ -57,12 +58,16 @@ class SegHeader(msgspec.Struct, array_like=True):
 class StoredEntry(msgspec.Struct, array_like=True):
     """Why: one durable item; its routing keys come from the segment header.
 
-    The scheduling fields come first so recovery can decode just them (`EntryHead`).
+    The scheduling fields come first so recovery can decode just them (`EntryHead`):
+    `lane` is the lane it was assigned to and `target` that lane's target length once it
+    was accepted (recovery restores each lane's target as the largest of its live entries').
     """
 
     tokens: int
     max_tokens: int
     t: float
+    lane: int
+    target: int
     id: str
     payload: bytes
     source: int = 0
@@ -74,6 +79,8 @@ class EntryHead(msgspec.Struct, array_like=True, gc=False):
     tokens: int
     max_tokens: int
     t: float
+    lane: int
+    target: int
 
 
 def seg_key(seg_id: int) -> bytes:

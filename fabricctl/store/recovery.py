@@ -1,13 +1,13 @@
 """Recovery at start: rebuild shapes, lanes and cursors from segments and tombstones.
 
 Contract: every entry of a segment (all of them are below its boundary: LMDB commits are
-atomic) that has no tombstone is queued again, in its lane, in arrival order (segments by
-id, entries by offset); entries that were pending at the crash are simply available again
-(at-least-once; each entry has one tombstone and one result at most, so results stay one
-per item). Recovery decodes only each entry's scheduling head (tokens, max_tokens, arrival),
-never its payload, in one pass over the entries and one over the tombstones. Every shape
-comes back staged, with its lanes' ids and targets (the larger of a header's and its live
-entries' longest); each model keeps its epoch. Segments found fully tombstoned (none should
+atomic) that has no tombstone is queued again, in the lane it records, in arrival order
+(segments by id, entries by offset); entries that were pending at the crash are simply
+available again (at-least-once; each entry has one tombstone and one result at most, so
+results stay one per item). Recovery decodes only each entry's scheduling head (counts,
+arrival, lane), never its payload, in one pass over the entries and one over the tombstones.
+Every shape comes back staged, with its lanes' ids and targets (the largest target its live
+entries recorded); each model keeps its epoch. Segments found fully tombstoned (none should
 be: completion deletes them in its own commit) are deleted; the persisted ledger must then
 equal completed + queued, and the report says whether it does. Afterwards the process lets
 go of the map pages the scan touched. A data dir written in another layout version is
@@ -65,15 +65,16 @@ def recover(db: DurableBroker, now: float) -> RecoveryReport:
         for k in txn.cursor(db=dbs["tomb"]).iternext(keys=True, values=False):
             tombs.setdefault(int.from_bytes(k[:8], "big"), set()).add(
                 int.from_bytes(k[8:], "big"))
-        live: dict[int, list[Entry]] = {}
+        # (model, signature) -> (label, lane id -> [target, its live entries in arrival order])
+        shapes: dict[tuple[str, int], tuple[str, dict[int, list]]] = {}
+        live: set[int] = set()
         small: dict[int, int] = {}  # one int object per distinct count: less memory per entry
         intern = small.setdefault
         t_last = -1.0  # entries of one commit share their arrival time: share the float too
         decode = head_decoder.decode
         seg_id = -1
-        entries: list[Entry] = []
         dead: set[int] = set()
-        top = 0
+        lanes: dict[int, list] = {}
         with env.read(buffers=True) as btxn:
             for k, v in btxn.cursor(db=dbs["data"]):
                 sid = int.from_bytes(k[:8], "big")
@@ -82,27 +83,30 @@ def recover(db: DurableBroker, now: float) -> RecoveryReport:
                     hdr = headers.get(sid)
                     if hdr is None:  # cannot happen (a header is written with its first entry)
                         raise StoreError(f"{env.data_dir}: entries of segment {sid} have no header")
-                    entries = live[sid] = []
+                    hdr.count = 0
                     dead = tombs.get(sid, set())
-                    top = hdr.target
+                    lanes = shapes.setdefault((hdr.model, hdr.signature), (hdr.label, {}))[1]
                     base = sid << 32
                 off = int.from_bytes(k[8:], "big")
+                hdr.count = off + 1
+                if off in dead:
+                    continue
                 h = decode(v)
-                if off >= hdr.count:
-                    hdr.count = off + 1
-                if h.tokens > top:
-                    hdr.target = top = h.tokens
-                if off not in dead:
-                    if h.t != t_last:
-                        t_last = h.t
-                    entries.append(Entry(base | off, intern(h.tokens, h.tokens),
-                                         intern(h.max_tokens, h.max_tokens), t_last))
+                live.add(sid)
+                slot = lanes.get(h.lane)
+                if slot is None:
+                    slot = lanes[h.lane] = [h.target, []]
+                elif h.target > slot[0]:
+                    slot[0] = h.target
+                if h.t != t_last:
+                    t_last = h.t
+                slot[1].append(Entry(base | off, intern(h.tokens, h.tokens),
+                                     intern(h.max_tokens, h.max_tokens), t_last))
         done: set[int] = set()
         for sid, hdr in headers.items():
             hdr.deleted = len(tombs.get(sid, ()))
-            if sid not in live or hdr.deleted >= hdr.count:
+            if sid not in live:
                 done.add(sid)
-                live.pop(sid, None)
     meta.boot += 1
     from fabricctl.store.completion import delete_segment
 
@@ -117,29 +121,21 @@ def recover(db: DurableBroker, now: float) -> RecoveryReport:
     db.meta = meta
     items = tokens = 0
     admit = core.admit
-    for seg_id in sorted(live):
-        hdr = headers[seg_id]
-        ms = core.model(hdr.model)
-        shape = ms.open.get(hdr.signature)
+    for (model, sig), (label, lanes) in shapes.items():
+        ms = core.model(model)
+        shape = ms.open.get(sig)
         if shape is None:
-            shape = Shape(hdr.model, hdr.signature, hdr.label, core.cfg, core.lane_counters, now,
+            shape = Shape(model, sig, label, core.cfg, core.lane_counters, now,
                           ShapeState.STAGED if core.cfg.lifecycle else ShapeState.ACTIVE)
-            ms.open[hdr.signature] = shape
-        lane = shape.lanes.lanes.get(hdr.lane)
-        if lane is None:
-            lane = shape.lanes.open_lane(hdr.lane, hdr.target, now)
-        elif hdr.target > lane.target:
-            shape.lanes.quiesce(lane)  # re-sort: take it out and put it back with the new target
-            lane.quiescing = False
-            lane.target = hdr.target
-            shape.lanes._insert_sorted(lane)
-        p = Placement(shape, lane)
-        for e in live[seg_id]:
-            admit(p, e)
-            tokens += e.tokens
-        items += len(live[seg_id])
-        db.segs[seg_id] = hdr
-        db.open_segs[(hdr.model, hdr.signature, hdr.lane)] = seg_id
+            ms.open[sig] = shape
+        for lane_id, (target, entries) in lanes.items():
+            p = Placement(shape, shape.lanes.open_lane(lane_id, target, now))
+            for e in entries:
+                admit(p, e)
+                tokens += e.tokens
+            items += len(entries)
+    for sid in live:
+        db.segs[sid] = headers[sid]
     for model, epoch in meta.epochs.items():
         core.model(model).epoch = epoch
     lg, pl = core.ledger, meta.ledger
