@@ -7,7 +7,7 @@ popularity, lognormal input lengths with median ~500 tokens) with `--payload`-by
 
 1. ingest `--items` items in chunks of `--chunk` (one `ingest` call = one group commit);
 2. pull every batch with `--consumers` consumers and settle them with `complete_many`,
-   `--group` batches per commit (as the server's completer does);
+   `--group` batches per commit (as the server's writer does);
 3. build a store of `--recovery-items` queued items (1,000,000 by default), then reopen it in
    a fresh subprocess that reports the recovery time and the RSS it grew by (psutil, plus
    RssAnon from /proc for the heap alone).

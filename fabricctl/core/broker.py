@@ -5,7 +5,9 @@ dispatchable (`place` + `admit` do the same in two steps for the durable store, 
 between them); `pull(consumer, now)` returns a batch of one lane of the model's current shape
 or None; `complete(batch_id, now)` and `fail(batch_id, now)` settle a batch (a failed batch
 goes back to the front of its lane); `disconnect` fails every batch a consumer holds;
-`tick(now)` runs lane maintenance and the lifecycle's timeouts; `snapshot(now)` is all an
+a batch in `settling` (its completion is being committed) stays in flight through a
+disconnect, as do the batches a disconnect is told to `keep`; `tick(now)` runs lane
+maintenance and the lifecycle's timeouts; `snapshot(now)` is all an
 observer needs. Time is always an argument. A batch whose entry belongs to another shape
 raises `ShapeGuardError`, which derives from BaseException so no `except Exception` hides it.
 """
@@ -81,6 +83,7 @@ class Broker(Maintenance):
         self.models: dict[str, ModelState] = {}
         self.consumers: dict[str, ConsumerState] = {}
         self.inflight: dict[int, InFlight] = {}
+        self.settling: set[int] = set()  # in flight, their completion being committed
         self.ledger = Ledger()
         self.events = EventLog(self.cfg.events_kept)
         self.lane_counters = LaneCounters()
@@ -115,13 +118,16 @@ class Broker(Maintenance):
         self.model(contract.model).budget = self._budget(contract.model)
         self.events.emit(now, EventKind.CONSUMER_JOINED, model=contract.model, reason=name)
 
-    def disconnect(self, name: str, now: float, why: str = "disconnected") -> int:
-        """Forget a consumer; every batch it held goes back to the front of its lane."""
+    def disconnect(self, name: str, now: float, why: str = "disconnected",
+                   keep: frozenset[int] | set[int] = frozenset()) -> int:
+        """Forget a consumer; every batch it held goes back to the front of its lane, except
+        those whose completion is settling or was received (`keep`): they settle later."""
         c = self.consumers.pop(name, None)
         if c is None:
             return 0
         items = 0
-        for batch_id in sorted(c.batches, reverse=True):  # newest first: oldest ends in front
+        back = c.batches - self.settling - keep
+        for batch_id in sorted(back, reverse=True):  # newest first: oldest ends in front
             items += len(self.fail(batch_id, now).entries)
         ms = self.models.get(c.contract.model)
         if ms is not None:
@@ -149,6 +155,13 @@ class Broker(Maintenance):
             shape.label = label
         return shape
 
+    def placement_live(self, p: Placement) -> bool:
+        """Whether a placement still names its key's open shape and a lane of it (the tick
+        or a shape switch may have retired either while the placement was being written)."""
+        ms = self.models.get(p.shape.model)
+        return (ms is not None and ms.open.get(p.shape.signature) is p.shape
+                and p.shape.lanes.lanes.get(p.lane.id) is p.lane)
+
     def admit(self, placement: Placement, entry: Entry) -> None:
         """Make a placed item dispatchable (second step, after its durable commit)."""
         shape = placement.shape
@@ -159,6 +172,32 @@ class Broker(Maintenance):
         if shape.staged_since is None:
             shape.staged_since = entry.t
         self.ledger.receive(1, entry.tokens)
+
+    def admit_all(self, admits: list[tuple[Placement, Entry]], now: float) -> None:
+        """`admit` for a whole commit's placements (the hot path of durable ingest); one
+        whose shape or lane was retired while its commit ran joins its key's open shape."""
+        live: dict[int, bool] = {}  # id(lane) -> its placements are still live
+        n = tokens = 0
+        for p, e in admits:
+            lane = p.lane
+            ok = live.get(id(lane))
+            if ok is None:
+                ok = live[id(lane)] = self.placement_live(p)
+            if not ok:
+                p = self.place(p.shape.model, p.shape.signature, p.shape.label, e.tokens, now)
+                lane = p.lane
+            shape = p.shape
+            t = e.tokens
+            lane.queue.append(e)
+            lane.tokens += t
+            shape.tokens += t
+            shape.items += 1
+            shape.lengths.add(t)
+            if shape.staged_since is None:
+                shape.staged_since = e.t
+            n += 1
+            tokens += t
+        self.ledger.receive(n, tokens)
 
     def ingest(self, items: Iterable[Item], now: float) -> int:
         """Memory mode: place and admit each item at once; returns how many went in.

@@ -28,6 +28,7 @@ from fabricctl.core.types import Item, ItemResult
 from fabricctl.formats.common import Source
 
 LENGTH_EXCEEDED = "length_exceeded"
+_SOURCES: dict[int, Source] = {int(s): s for s in Source}  # an enum call costs more than this
 
 
 class ResultRecord(msgspec.Struct, array_like=True, gc=False):
@@ -63,7 +64,8 @@ def make_record(
 
     `source` defaults to `item.source`; a plain int is turned into a `Source`.
     """
-    source = Source(item.source if source is None else source)
+    raw = item.source if source is None else source
+    source = _SOURCES[raw] if raw in _SOURCES else Source(raw)
     return ResultRecord(
         id=item.id,
         model=item.model,

@@ -27,7 +27,6 @@ from fabricctl import __version__
 from fabricctl.core.broker import ShapeGuardError
 from fabricctl.server import views
 from fabricctl.server.config import ServerConfig
-from fabricctl.server.groupcommit import GroupCommitter
 from fabricctl.server.handlers import Handlers
 from fabricctl.server.metrics import Metrics
 from fabricctl.server.peer import Peer
@@ -50,6 +49,7 @@ from fabricctl.server.protocol import (
     read_frame,
 )
 from fabricctl.server.wakeup import Wakeup
+from fabricctl.server.writer import Writer
 from fabricctl.store.durable import DurableBroker
 
 log = logging.getLogger("fabricctl.server")
@@ -81,9 +81,9 @@ class BrokerServer(Handlers):
         self.on_fatal: Callable[[BaseException], None] = _stop_process
         self._tasks: list[asyncio.Task[None]] = []
         self._handlers: set[asyncio.Task[Any]] = set()
-        self.ingest = GroupCommitter(self._flush_ingest, cfg.commit_items, cfg.commit_wait_s)
-        self.completer = GroupCommitter(self._flush_complete, cfg.complete_batches,
-                                        cfg.commit_wait_s)
+        store.deferred = []  # quarantine results go through the writer too
+        self.writer = Writer(store, clock, self._after_commit, cfg.commit_items,
+                             cfg.complete_batches, cfg.commit_wait_s, cfg.writer_thread)
 
     # -- lifecycle ----------
 
@@ -109,8 +109,7 @@ class BrokerServer(Handlers):
             self._metrics = await self.metrics.serve(self.cfg.metrics_host,
                                                      self.cfg.metrics_port)
             self._servers.append(self._metrics)
-        self.ingest.start()
-        self.completer.start()
+        self.writer.start()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._ticker()), loop.create_task(self._watchdog())]
         log.info("broker listening on %s%s", path,
@@ -129,8 +128,7 @@ class BrokerServer(Handlers):
             srv.close()
         for t in self._tasks:
             t.cancel()
-        await self.ingest.stop()
-        await self.completer.stop()
+        await self.writer.stop()
         for peer in list(self.peers):
             self._drop(peer, "broker stopping")
         if self._handlers:
@@ -195,8 +193,9 @@ class BrokerServer(Handlers):
             self._disconnect_consumer(peer.consumer, why)
 
     def _disconnect_consumer(self, name: str, why: str) -> None:
-        self.completer.flush_now()  # completions already received still count
-        items = self.store.disconnect(name, self.clock(), why)
+        # completions already received still count: those batches stay to be settled
+        keep = self.writer.pending_batches()
+        items = self.store.disconnect(name, self.clock(), why, keep)
         if items:
             log.warning("consumer %s lost (%s): %d items back to their lanes", name, why, items)
         self.wakeup.notify()

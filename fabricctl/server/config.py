@@ -23,6 +23,7 @@ class ServerConfig:
     commit_items: int = 512
     commit_wait_s: float = 0.002
     complete_batches: int = 16
+    writer_thread: bool = True  # commit on a writer thread: the loop dispatches meanwhile
     tick_s: float = 1.0
     yield_s: float = 0.1  # the dispatch loop yields after this much work
 

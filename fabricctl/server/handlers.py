@@ -13,11 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from fabricctl.core.types import Item, ItemResult
 from fabricctl.server import views
-from fabricctl.server.groupcommit import GroupCommitter
 from fabricctl.server.peer import Peer
 from fabricctl.server.protocol import (
     Ack,
@@ -28,10 +26,10 @@ from fabricctl.server.protocol import (
     Pull,
     Register,
     Registered,
-    Reject,
     Submit,
     WorkReply,
 )
+from fabricctl.server.writer import Writer
 from fabricctl.store.errors import StoreError, StoreFullError
 
 if TYPE_CHECKING:
@@ -54,33 +52,21 @@ class Handlers:
     consumers: dict[str, Peer]
     wakeup: Wakeup
     metrics: Metrics
-    ingest: GroupCommitter[Any, Any]
-    completer: GroupCommitter[Any, Any]
+    writer: Writer
 
     def _drop(self, peer: Peer, why: str, graceful: bool = False) -> None:
         raise NotImplementedError
 
     # -- producers ----------
 
-    def _flush_ingest(self, chunks: list[list[Item]]) -> list[list[Reject]]:
-        flat = [item for chunk in chunks for item in chunk]
-        rejects = self.store.ingest(flat, self.clock())
-        out: list[list[Reject]] = [[] for _ in chunks]
-        starts, pos = [], 0
-        for chunk in chunks:
-            starts.append(pos)
-            pos += len(chunk)
-        ci = 0
-        for r in rejects:
-            while ci + 1 < len(starts) and r.index >= starts[ci + 1]:
-                ci += 1
-            out[ci].append(Reject(r.index - starts[ci], r.reason))
+    def _after_commit(self) -> None:
+        """A commit landed: new items are dispatchable, settled batches may switch shapes."""
+        self._push_signals()
         self.wakeup.notify()
-        return out
 
     async def _submit(self, peer: Peer, frame: Submit) -> None:
         try:
-            rejects = await self.ingest.submit(frame.items, max(1, len(frame.items)))
+            rejects = await self.writer.submit(frame.items)
         except StoreFullError as e:
             peer.send(Error("store_full", str(e), frame.rid))
             return
@@ -125,6 +111,10 @@ class Handlers:
             if name not in self.core.consumers:
                 return
             work = self.store.pull(name, self.clock())
+            if self.store.deferred:  # quarantined entries: their error results, committed next
+                for d in self.store.deferred:
+                    self.writer.enqueue_complete(d)
+                self.store.deferred.clear()
             self._push_signals()
             if work is not None:
                 self.metrics.pulled(loop.time() - t0, work)
@@ -138,14 +128,6 @@ class Handlers:
             await self.wakeup.wait(remaining)
         peer.send(WorkReply(frame.rid, None))
 
-    def _flush_complete(
-        self, done: list[tuple[int, list[ItemResult], int | None]]
-    ) -> list[int]:
-        stored = self.store.complete_many(done, self.clock())
-        self._push_signals()
-        self.wakeup.notify()
-        return stored
-
     async def _complete(self, peer: Peer, frame: Complete) -> None:
         c = self.core.consumers.get(peer.consumer or "")
         if c is None or frame.batch not in c.batches:
@@ -155,7 +137,7 @@ class Handlers:
         if len(frame.cache) == 3:  # the cache-truth audit's evidence, while the batch is ours
             q, h, a = frame.cache
             self.core.record_cache(frame.batch, q, h, a, self.clock())
-        stored = await self.completer.submit((frame.batch, frame.results, peer.gpu), 1)
+        stored = await self.writer.complete((frame.batch, frame.results, peer.gpu))
         self.metrics.completed(peer.consumer or "", n, stored)
         peer.send(Done(frame.rid, stored))
 

@@ -19,11 +19,11 @@ import msgspec
 from fabricctl.core.types import ItemResult
 from fabricctl.faults import fault_point
 from fabricctl.formats.results import ResultRecord, make_record
+from fabricctl.store.ingest import _putmulti
 from fabricctl.store.keys import (
     TOMBSTONE,
     SegHeader,
     entry_key,
-    entry_key_of,
     header_encoder,
     rseq_key,
     seg_key,
@@ -45,13 +45,21 @@ class _Conflict(Exception):
     """A batched put met a key that already exists: redo the commit one put at a time."""
 
 
-def _putmulti(txn: lmdb.Transaction, db: object, rows: list[tuple[bytes, bytes]],
-              append: bool = False) -> int:
-    """Put new rows (never overwriting); returns how many went in."""
-    if not rows:
-        return 0
-    return txn.cursor(db=db).putmulti(rows, overwrite=False, append=append)[1]  # type: ignore[arg-type]
+class CompletePlan:
+    """Why: completion is prepared, committed and applied in three steps, so the commit can
+    run off the event loop; this is what passes between them."""
 
+    __slots__ = ("epochs", "gone", "out", "per_seg", "rows", "seq", "settled", "stored")
+
+    def __init__(self, n: int) -> None:
+        self.out: list[int] = [-1] * n
+        self.settled: list[tuple[int, int]] = []  # (index in the request, batch id)
+        self.rows: list[tuple[bytes, bytes, int, int]] = []  # entry key, record, seg, tokens
+        self.epochs: dict[str, int] = {}
+        self.per_seg: dict[int, int] = {}
+        self.gone: list[int] = []
+        self.seq = 0
+        self.stored: list[bool] = []
 
 
 class Completion:
@@ -65,6 +73,12 @@ class Completion:
     results_stored: int
     duplicate_completions: int
     undone: dict[int, tuple[int, str]]  # entry key -> (times back undone, why)
+
+    def fail(self, batch_id: int, now: float, reason: str = "") -> None:
+        raise NotImplementedError
+
+    def commit(self, ingest: object = None, complete: CompletePlan | None = None) -> None:
+        raise NotImplementedError
 
     # -- completion ----------
 
@@ -82,12 +96,24 @@ class Completion:
         Returns, per batch, the results stored, or -1 for a batch that is not in flight
         (a late or duplicate completion: dropped, it creates no second result).
         """
-        dbs = self.env.dbs
+        plan = self.prepare_complete(done, now)
+        if plan.settled:
+            try:
+                self.commit(complete=plan)
+            except BaseException:
+                self.abort_complete(plan, now)
+                raise
+        return self.apply_complete(plan, now)
+
+    def prepare_complete(
+        self, done: list[tuple[int, list[ItemResult], int | None]], now: float
+    ) -> CompletePlan:
+        """Encode the results of the batches still in flight and mark them settling (a
+        disconnect leaves them in flight); nothing is written yet."""
         inflight, work = self.core.inflight, self.work
-        out: list[int] = [-1] * len(done)
-        settled: list[tuple[int, int]] = []  # (index in done, batch id)
-        settling: set[int] = set()
-        rows: list[tuple[bytes, bytes, int, int]] = []  # entry key, record, seg id, tokens
+        plan = CompletePlan(len(done))
+        settling = self.core.settling
+        rows = plan.rows
         models: set[str] = set()
         created = int(now)
         for i, (batch_id, results, gpu) in enumerate(done):
@@ -97,7 +123,7 @@ class Completion:
                 self.duplicate_completions += 1
                 continue
             batch = f.batch
-            settled.append((i, batch_id))
+            plan.settled.append((i, batch_id))
             settling.add(batch_id)
             models.add(batch.model)
             by_id = {r.id: r for r in results}
@@ -108,46 +134,46 @@ class Completion:
                     error="the engine returned no result for this item")
                 rec = make_record(item, r, source=item.source, lane=lane, epoch=epoch, gpu=gpu,
                                   created=created)
-                rows.append((entry_key_of(e.key), _result_encoder.encode(rec), e.key >> 32,
+                rows.append((e.key.to_bytes(12, "big"), _result_encoder.encode(rec), e.key >> 32,
                              e.tokens))
-        if not settled:
-            return out
-        segs = self.segs
-        epochs = {m: self.core.models[m].epoch for m in models}
-        outcome: dict[str, object] = {}
-        # the common case, planned outside the transaction: every entry is new to the
-        # tombstones and results; a segment whose last entries these are goes whole, so
-        # its tombstones are not even written
-        per_seg: dict[int, int] = {}
-        tokens = 0
-        for _, _, seg_id, tok in rows:
-            per_seg[seg_id] = per_seg.get(seg_id, 0) + 1
-            tokens += tok
-        gone = {s for s, k in per_seg.items() if segs[s].deleted + k >= segs[s].count}
-        by_key = sorted(rows)
-        result_rows = [(k, rec) for k, rec, _, _ in by_key]
-        tomb_rows = [(k, TOMBSTONE) for k, _, seg_id, _ in by_key if seg_id not in gone]
+        plan.epochs = {m: self.core.models[m].epoch for m in models}
+        return plan
 
-        def batched(txn: lmdb.Transaction) -> None:
-            n = len(rows)
-            if _putmulti(txn, dbs["results"], result_rows) != n:
+    def settle_rows(self, txn: lmdb.Transaction, plan: CompletePlan, batched: bool,
+                    grown: dict[int, int]) -> tuple[int, int]:
+        """Write a prepared completion inside the caller's transaction: results, tombstones,
+        result sequence, deleted counts or whole-segment deletes; returns (items, tokens)
+        completed. `batched` assumes every entry is new to the tombstones and results (and
+        raises `_Conflict` when one is not: redo with `batched=False`, one put at a time,
+        the first result kept). `grown`: segments an ingest in the same transaction appends
+        to, with their new counts (never deleted whole here)."""
+        dbs = self.env.dbs
+        segs = self.segs
+        rows = plan.rows
+        seq = self.meta.rseq
+        counts: dict[int, int] = {}
+        items_done = tokens_done = 0
+        stored: list[bool] = []
+        if batched:
+            for _, _, seg_id, tok in rows:
+                counts[seg_id] = counts.get(seg_id, 0) + 1
+                tokens_done += tok
+            items_done = n = len(rows)
+            gone = {s for s, k in counts.items()
+                    if segs[s].deleted + k >= grown.get(s, segs[s].count)}
+            by_key = sorted(rows)
+            if _putmulti(txn, dbs["results"], [(k, rec) for k, rec, _, _ in by_key]) != n:
                 raise _Conflict("results")
+            tomb_rows = [(k, TOMBSTONE) for k, _, seg_id, _ in by_key if seg_id not in gone]
             if _putmulti(txn, dbs["tomb"], tomb_rows) != len(tomb_rows):
                 raise _Conflict("tomb")
-            seq = self.meta.rseq
             seq_rows = [(rseq_key(seq + j + 1), k) for j, (k, _, _, _) in enumerate(rows)]
             if _putmulti(txn, dbs["rseq"], seq_rows, append=True) != n:
                 raise RuntimeError("result sequence out of order: the meta table is stale")
-            fault_point("complete_tombstone")
-            finish(txn, per_seg, n, tokens, seq + n, [True] * n)
-
-        def one_by_one(txn: lmdb.Transaction) -> None:
-            """Some entry already has a tombstone or a result: put each, keep the first."""
+            seq += n
+            stored = [True] * n
+        else:
             tomb, res, rseq = dbs["tomb"], dbs["results"], dbs["rseq"]
-            seq = self.meta.rseq
-            counts: dict[int, int] = {}
-            items_done = tokens_done = 0
-            stored: list[bool] = []
             for k, rec, seg_id, tok in rows:
                 if txn.put(k, TOMBSTONE, db=tomb, overwrite=False):
                     counts[seg_id] = counts.get(seg_id, 0) + 1
@@ -158,46 +184,49 @@ class Completion:
                     seq += 1
                     txn.put(rseq_key(seq), k, db=rseq)
                 stored.append(ok)
-            fault_point("complete_tombstone")
-            finish(txn, counts, items_done, tokens_done, seq, stored)
+        fault_point("complete_tombstone")
+        gone_now = []
+        for seg_id, n_done in counts.items():
+            hdr = segs[seg_id]
+            if hdr.deleted + n_done >= grown.get(seg_id, hdr.count):
+                fault_point("segment_delete")
+                delete_segment(txn, dbs, seg_id)
+                gone_now.append(seg_id)
+            else:
+                txn.put(seg_key(seg_id), header_encoder.encode(
+                    msgspec.structs.replace(hdr, deleted=hdr.deleted + n_done)), db=dbs["seg"])
+        plan.per_seg, plan.gone, plan.seq, plan.stored = counts, gone_now, seq, stored
+        return items_done, tokens_done
 
-        def finish(txn: lmdb.Transaction, counts: dict[int, int], items_done: int,
-                   tokens_done: int, seq: int, stored: list[bool]) -> None:
-            """Deleted counts (or whole-segment deletes), ledger and sequence, same txn."""
-            gone_now = []
-            for seg_id, n_done in counts.items():
-                hdr = segs[seg_id]
-                if hdr.deleted + n_done >= hdr.count:
-                    fault_point("segment_delete")
-                    delete_segment(txn, dbs, seg_id)
-                    gone_now.append(seg_id)
-                else:
-                    txn.put(seg_key(seg_id), header_encoder.encode(
-                        msgspec.structs.replace(hdr, deleted=hdr.deleted + n_done)), db=dbs["seg"])
-            ledger = self.meta.ledger_after(completed=(items_done, tokens_done))
-            self.meta.write(txn, dbs["meta"], ledger=ledger, rseq=seq)
-            for model, epoch in epochs.items():
-                self.meta.write(txn, dbs["meta"], epoch=(model, epoch))
-            outcome.update(per_seg=counts, gone=gone_now, ledger=ledger, seq=seq, stored=stored)
+    def abort_complete(self, plan: CompletePlan, now: float) -> None:
+        """The commit failed: the batches are no longer settling; one whose consumer left
+        meanwhile goes back to its lane (nobody else would ever return it)."""
+        settling, inflight = self.core.settling, self.core.inflight
+        for _, batch_id in plan.settled:
+            settling.discard(batch_id)
+            f = inflight.get(batch_id)
+            if f is not None and f.batch.consumer not in self.core.consumers:
+                self.fail(batch_id, now, "its completion could not be stored")
 
-        try:
-            self.env.write(batched, drain=True)
-        except _Conflict:
-            self.env.write(one_by_one, drain=True)
-        fault_point("complete_after_commit")
-        self.meta.rseq = outcome["seq"]  # type: ignore[assignment]
-        self.meta.ledger = outcome["ledger"]  # type: ignore[assignment]
-        self.meta.epochs.update(epochs)
-        settled_counts: dict[int, int] = outcome["per_seg"]  # type: ignore[assignment]
-        for seg_id, n_done in settled_counts.items():
+    def apply_complete(self, plan: CompletePlan, now: float) -> list[int]:
+        """After the commit: settle the batches in the core; returns results stored per batch."""
+        out = plan.out
+        if not plan.settled:
+            return out
+        segs, work = self.segs, self.work
+        self.meta.rseq = plan.seq
+        self.meta.epochs.update(plan.epochs)
+        for seg_id, n_done in plan.per_seg.items():
             segs[seg_id].deleted += n_done
-        for seg_id in outcome["gone"]:  # type: ignore[attr-defined]
+        for seg_id in plan.gone:
             del segs[seg_id]
-        stored: list[bool] = outcome["stored"]  # type: ignore[assignment]
+        stored = plan.stored
         pos = 0
         complete = self.core.complete
+        settling = self.core.settling
         undone = self.undone
-        for i, batch_id in settled:
+        for i, batch_id in plan.settled:
+            settling.discard(batch_id)
             n = len(work.pop(batch_id))
             out[i] = sum(stored[pos:pos + n])
             pos += n

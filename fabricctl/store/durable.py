@@ -16,12 +16,20 @@ Contract:
   for a batch that is no longer in flight (settled, failed, or from before a restart) is
   dropped and returns -1: it creates no second result.
 - `fail(batch_id, now, reason)` puts a batch back at the front of its lane;
-  `disconnect(consumer, now, why)` does so for every batch a lost consumer held.
+  `disconnect(consumer, now, why, keep)` does so for every batch a lost consumer held,
+  except those whose completion is settling or was received (`keep`).
+- Each write is three steps, so a server can commit off its event loop: `prepare_ingest` /
+  `prepare_complete` (on the caller's thread), `commit(ingest, complete)` (one durable
+  transaction for either or both; LMDB only, so it may run on a writer thread), then
+  `apply_ingest` / `apply_complete` (on the caller's thread). Batches being settled are in
+  `core.settling` from prepare to apply: a fail or disconnect leaves them alone. `ingest`
+  and `complete_many` run the three steps in a row.
 - Crash loops are bounded: every entry that comes back undone (failed, or held by a lost
   consumer) is counted in memory; one that was handed out `max_deliveries` times without a
   result is not handed out again: `pull` completes it with an error result ("quarantined
-  after N deliveries without a result; last: <reason>") and sends the rest of its batch.
-Everything runs on the caller's thread; the server calls it from its event loop only.
+  after N deliveries without a result; last: <reason>") and sends the rest of its batch
+  (with `deferred` set, those error results wait there for the server's next commit).
+Everything but `commit` runs on the caller's thread; the server calls it from its event loop.
 
 Cost model: an LMDB commit costs about one page write per page it dirties, so every write
 here is shaped to touch few pages. A segment holds one shape's entries of consecutive
@@ -42,32 +50,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lmdb
-import msgspec
 
-from fabricctl.core.broker import Broker, Placement, ShapeGuardError, guard_signature
+from fabricctl.core.broker import Broker, ShapeGuardError, guard_signature
 from fabricctl.core.config import CoreConfig
-from fabricctl.core.shape import Shape
-from fabricctl.core.types import Batch, Entry, Item, ItemResult, Work
+from fabricctl.core.types import Batch, Item, ItemResult, Work
 from fabricctl.faults import fault_point
-from fabricctl.store.completion import Completion, _putmulti
-from fabricctl.store.env import MiB, StoreEnv
-from fabricctl.store.errors import SegmentMissingError, StoreFullError
-from fabricctl.store.keys import (
-    _ENTRY,
-    SegHeader,
-    StoredEntry,
-    entry_decoder,
-    entry_encoder,
-    entry_key_of,
-    header_encoder,
-    seg_key,
-)
-from fabricctl.store.meta import Meta
+from fabricctl.store.completion import CompletePlan, Completion, _Conflict
+from fabricctl.store.env import MiB, Staged, StoreEnv
+from fabricctl.store.errors import SegmentMissingError
+from fabricctl.store.ingest import Ingest, IngestPlan, Reject
+
+__all__ = ["DurableBroker", "Reject", "StoreConfig"]
+from fabricctl.store.keys import SegHeader, entry_decoder
+from fabricctl.store.meta import Meta, PersistedLedger
 from fabricctl.store.recovery import RecoveryReport, recover
 
 log = logging.getLogger("fabricctl.store")
-MAX_ID_CHARS = 256
-MAX_ID_BYTES = 511  # LMDB's key size limit: the id is the key of the id index
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,51 +79,17 @@ class StoreConfig:
     max_deliveries: int = 5  # an entry handed out this often without a result is quarantined
 
 
-class Reject(msgspec.Struct, array_like=True):
-    """One item a submit did not take, by its index in the chunk."""
+@dataclass(slots=True)
+class StagedCommit:
+    """Why: the writer thread commits what the event loop staged; this is the handle."""
 
-    index: int
-    reason: str
-
-
-def validate(item: Item) -> str | None:
-    """Why an item cannot be stored, or None."""
-    if not item.id:
-        return "id must be a non-empty string"
-    if len(item.id) > MAX_ID_CHARS:
-        return f"id is longer than {MAX_ID_CHARS} characters"
-    if not item.model:
-        return "model must be a non-empty string"
-    if item.input_tokens < 1:
-        return "input_tokens must be at least 1"
-    if item.max_tokens < 1:
-        return "max_tokens must be at least 1"
-    if not 0 <= item.signature < 1 << 64:
-        return "signature must be an unsigned 64-bit integer"
-    return None
+    txn_staged: Staged
+    ingest: bool
+    complete: bool
+    drain: bool
 
 
-def _valid(item: Item) -> bool:
-    """The common case of `validate` in one expression (the hot path of ingest)."""
-    return (0 < len(item.id) <= MAX_ID_CHARS and bool(item.model) and item.input_tokens >= 1
-            and item.max_tokens >= 1 and 0 <= item.signature < 1 << 64)
-
-
-class _Run:
-    """What one ingest appends to one segment (one shape's entries of this commit)."""
-
-    __slots__ = ("base", "end", "hdr", "new", "rows", "seg_id")
-
-    def __init__(self, seg_id: int, hdr: SegHeader, new: bool) -> None:
-        self.seg_id = seg_id
-        self.base = seg_id << 32
-        self.hdr = hdr
-        self.new = new
-        self.end = hdr.count  # the next offset
-        self.rows: list[tuple[bytes, bytes]] = []
-
-
-class DurableBroker(Completion):
+class DurableBroker(Ingest, Completion):
     """Why: the broker that loses no acknowledged item, whatever kills it."""
 
     def __init__(
@@ -143,118 +107,78 @@ class DurableBroker(Completion):
         self.duplicate_completions = 0
         self.undone: dict[int, tuple[int, str]] = {}  # entry key -> (times back undone, why)
         self.quarantined = 0
+        # set by a server that commits on a writer thread: quarantine results wait here for
+        # its next completion commit instead of being written on the caller's thread
+        self.deferred: list[tuple[int, list[ItemResult], int | None]] | None = None
         try:
             self.recovery: RecoveryReport = recover(self, now)
         except BaseException:
             self.env.close()
             raise
 
-    # -- ingest ----------
-
-    def _screen(self, items: list[Item]) -> tuple[list[Reject], list[tuple[int, Item, bytes]]]:
-        """Split a chunk into rejects and the items to store (index, item, UTF-8 id)."""
-        rejects: list[Reject] = []
-        good: list[tuple[int, Item, bytes]] = []
-        seen: set[str] = set()
-        for i, item in enumerate(items):
-            why = None if _valid(item) else validate(item)
-            if why is None:
-                ident = item.id
-                idb = ident.encode()
-                if len(idb) > MAX_ID_BYTES:
-                    why = f"id is longer than {MAX_ID_BYTES} bytes in UTF-8"
-                elif ident in seen:
-                    why = f"duplicate id {ident!r}"
-                else:
-                    seen.add(ident)
-                    good.append((i, item, idb))
-                    continue
-            rejects.append(Reject(i, why))
-        if good:
-            with self.env.read() as txn:
-                found = txn.cursor(db=self.env.dbs["ids"]).getmulti([g[2] for g in good])
-            if found:
-                stored = {k for k, _ in found}
-                rejects.extend(Reject(i, f"duplicate id {item.id!r}")
-                               for i, item, idb in good if idb in stored)
-                rejects.sort(key=lambda r: r.index)
-                good = [g for g in good if g[2] not in stored]
-        return rejects, good
+    # -- writing ----------
 
     def ingest(self, items: list[Item], now: float) -> list[Reject]:
-        env, dbs = self.env, self.env.dbs
-        if env.free_disk() < self.store_cfg.disk_reserve:
-            raise StoreFullError(env.full_message("the disk is nearly full"))
-        rejects, good = self._screen(items)
-        if not good:
-            return rejects
-        place = self.core.place
-        segs = self.segs
-        limit = self.store_cfg.segment_entries
-        runs: dict[Shape, _Run] = {}  # the open run of each shape this call touches
-        every: list[_Run] = []
-        next_seg = self.meta.next_seg
-        tail = segs.get(self.tail_seg)
-        id_rows: list[tuple[bytes, bytes]] = []
-        admits: list[tuple[Placement, Entry]] = []
-        tokens = 0
-        encode, pack = entry_encoder.encode, _ENTRY.pack
-        for _, item, idb in good:
-            n = item.input_tokens
-            p = place(item.model, item.signature, item.label, n, now)
-            run = runs.get(p.shape)
-            if run is None or run.end >= limit:  # first item of this shape here, or a full run
-                if (run is None and tail is not None and tail.count < limit
-                        and tail.signature == item.signature and tail.model == item.model):
-                    run = _Run(self.tail_seg, tail, False)  # the newest segment grows
-                    tail = None
-                else:
-                    hdr = SegHeader(item.model, item.signature, p.shape.label, 0, 0, now)
-                    run = _Run(next_seg, hdr, True)
-                    next_seg += 1
-                runs[p.shape] = run
-                every.append(run)
-            lane = p.lane
-            off = run.end
-            run.end = off + 1
-            key = pack(run.seg_id, off)
-            run.rows.append((key, encode(StoredEntry(
-                n, item.max_tokens, now, lane.id, lane.target, item.id, item.payload,
-                item.source))))
-            id_rows.append((idb, key))
-            admits.append((p, Entry(run.base | off, n, item.max_tokens, now)))
-            tokens += n
-        every.sort(key=lambda r: r.seg_id)  # then their rows are in key order
-        data_rows = [row for r in every for row in r.rows]
-        seg_rows = [(seg_key(r.seg_id), header_encoder.encode(
-            msgspec.structs.replace(r.hdr, count=r.end))) for r in every if r.new]
-        ledger = self.meta.ledger_after(received=(len(good), tokens))
-        id_rows.sort()
+        """Store a chunk durably and make it dispatchable; returns the rejects."""
+        plan = self.prepare_ingest(items, now)
+        if plan.admits:
+            self.commit(ingest=plan)
+        return self.apply_ingest(plan, now)
 
-        def write(txn: lmdb.Transaction) -> None:
-            # every new key is above every stored one: append (return counts checked)
-            for db, rows, append in (("data", data_rows, True), ("seg", seg_rows, True),
-                                     ("ids", id_rows, False)):
-                added = _putmulti(txn, dbs[db], rows, append=append)
-                if added != len(rows):  # the screen ran just before, and we are the only writer
-                    raise RuntimeError(f"ingest: {len(rows) - added} {db} keys were not "
-                                       "stored (already there, or out of order)")
-            self.meta.write(txn, dbs["meta"], next_seg=next_seg, ledger=ledger)
-            fault_point("ingest_before_commit")
+    def commit(self, ingest: IngestPlan | None = None,
+               complete: CompletePlan | None = None) -> None:
+        """One durable transaction for a prepared ingest and/or completion, with the meta
+        counters they move: `stage_commit`, then `env.finish` (growing a map that filled
+        while committing), then `committed`. Apply the ingest first, then the completion.
+        With an ingest in it, a full map past the ceiling is refused (`StoreFullError`); a
+        completion alone may grow the map into the drain headroom."""
+        while (staged := self.stage_commit(ingest, complete)) is not None:
+            if self.env.finish(staged.txn_staged, staged.drain):
+                self.committed(staged)
+                return
+            self.env.grow(staged.drain)
 
-        env.write(write)
-        fault_point("ingest_after_commit")
-        self.meta.next_seg = next_seg
-        self.meta.ledger = ledger
-        for r in every:
-            r.hdr.count = r.end
-            if r.new:
-                segs[r.seg_id] = r.hdr
-        self.tail_seg = every[-1].seg_id
-        admit = self.core.admit
-        for p, entry in admits:
-            admit(p, entry)
-        return rejects
+    def stage_commit(self, ingest: IngestPlan | None,
+                     complete: CompletePlan | None) -> StagedCommit | None:
+        """Write the plans into a new transaction, not committed yet (None: nothing to
+        write). Its `env.finish` may run on a writer thread, while this thread goes on
+        dispatching; nothing else may write until `committed` (or a failed finish)."""
+        ing = ingest if ingest is not None and ingest.admits else None
+        com = complete if complete is not None and complete.settled else None
+        if ing is None and com is None:
+            return None
+        dbs = self.env.dbs
+        grown = ing.grown() if ing is not None and com is not None else {}
+
+        def write(txn: lmdb.Transaction, batched: bool) -> PersistedLedger:
+            received = completed = (0, 0)
+            if ing is not None:
+                self.ingest_rows(txn, ing)
+                received = ing.received
+            if com is not None:
+                completed = self.settle_rows(txn, com, batched, grown)
+            ledger = self.meta.ledger_after(received, completed)
+            self.meta.write(txn, dbs["meta"], ledger=ledger,
+                            next_seg=ing.next_seg if ing is not None else None,
+                            rseq=com.seq if com is not None else None)
+            for model, epoch in com.epochs.items() if com is not None else ():
+                self.meta.write(txn, dbs["meta"], epoch=(model, epoch))
+            return ledger
+
+        drain = ing is None
+        try:
+            staged = self.env.stage(lambda txn: write(txn, True), drain=drain)
+        except _Conflict:  # an entry already has a result: one put at a time, first one kept
+            staged = self.env.stage(lambda txn: write(txn, False), drain=drain)
+        return StagedCommit(staged, ing is not None, com is not None, drain)
+
+    def committed(self, staged: StagedCommit) -> None:
+        """The staged transaction is durable: the persisted counters move."""
+        self.meta.ledger = staged.txn_staged.result  # type: ignore[assignment]
+        if staged.ingest:
+            fault_point("ingest_after_commit")
+        if staged.complete:
+            fault_point("complete_after_commit")
 
     # -- dispatch ----------
 
@@ -278,7 +202,7 @@ class DurableBroker(Completion):
                     guard_signature(batch.signature, hdr.signature, f"segment {seg_id}")
                     label = hdr.label
                     last = seg_id
-                keys.append(entry_key_of(e.key))
+                keys.append(e.key.to_bytes(12, "big"))
             with self.env.read() as txn:
                 found = txn.cursor(db=self.env.dbs["data"]).getmulti(keys)
             if len(found) != len(keys):
@@ -326,7 +250,10 @@ class DurableBroker(Completion):
         keep = [it for i, it in enumerate(items) if i not in skip]
         qid = batch.id if not keep else self.core.split(batch.id, bad).id
         self.work[qid] = [items[i] for i in bad]
-        self.complete_many([(qid, results, None)], now)
+        if self.deferred is not None:  # the server commits it with its next completions
+            self.deferred.append((qid, results, None))
+        else:
+            self.complete_many([(qid, results, None)], now)
         self.quarantined += len(bad)
         log.warning("quarantined %d item(s) of batch %d after %d deliveries without a result "
                     "(%s); they get an error result", len(bad), batch.id, limit,
@@ -342,18 +269,25 @@ class DurableBroker(Completion):
             undone[e.key] = (undone.get(e.key, (0, ""))[0] + 1, why)
 
     def fail(self, batch_id: int, now: float, reason: str = "") -> None:
+        """A batch came back undone (not one whose completion is settling: it stays)."""
+        if batch_id in self.core.settling:
+            return
         if batch_id in self.core.inflight:
             self._undone(batch_id, reason or "failed back")
             self.core.fail(batch_id, now)
         self.work.pop(batch_id, None)
 
-    def disconnect(self, consumer: str, now: float, why: str) -> int:
-        """A consumer is gone: every batch it held goes back (counted as undone)."""
+    def disconnect(self, consumer: str, now: float, why: str,
+                   keep: frozenset[int] | set[int] = frozenset()) -> int:
+        """A consumer is gone: every batch it held goes back (counted as undone), except
+        those settling or whose completion was received (`keep`)."""
         c = self.core.consumers.get(consumer)
+        stay = self.core.settling | keep
         for batch_id in list(c.batches) if c is not None else []:
-            self._undone(batch_id, f"consumer {consumer} lost: {why}")
-            self.work.pop(batch_id, None)
-        return self.core.disconnect(consumer, now, why)
+            if batch_id not in stay:
+                self._undone(batch_id, f"consumer {consumer} lost: {why}")
+                self.work.pop(batch_id, None)
+        return self.core.disconnect(consumer, now, why, keep)
 
     def close(self) -> None:
         self.env.close()

@@ -8,6 +8,15 @@ its free space; the failed transaction wrote nothing. A write that drains the st
 (`drain=True`: completions, recovery) may grow the map past the ceiling by `headroom`, so a
 store that ingest filled can always complete, delete segments and so make room again.
 Only one process may own a data dir.
+
+A write can also be split in two: `stage(fn)` begins the transaction and runs `fn` (growing
+the map as `write` does), and `finish(txn)` commits it, possibly on another thread (LMDB lets
+go of the GIL for the whole commit: its page writes and syncs). The owner lock above makes
+this process the only one using the environment, so LMDB's own lock table is off
+(`lock=False`): nothing ties a write transaction to its thread, and the caller keeps single
+writer discipline. That needs one rule, kept by every caller: a read transaction never stays
+open across an `await` (or any point where the next write may begin); a reader then only ever
+sees the newest snapshot, whose pages no writer reuses.
 """
 
 from __future__ import annotations
@@ -40,6 +49,20 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def _what(drain: bool) -> str:
+    return "write refused" if drain else "ingest refused"
+
+
+class Staged:
+    """Why: a write transaction whose puts are done and whose commit may run elsewhere."""
+
+    __slots__ = ("result", "txn")
+
+    def __init__(self, txn: lmdb.Transaction, result: object) -> None:
+        self.txn = txn
+        self.result = result
+
+
 class StoreEnv:
     """Why: every LMDB pitfall (map growth, ENOSPC, double open) handled in one place."""
 
@@ -58,9 +81,8 @@ class StoreEnv:
         self.headroom = max(self.map_ceiling // 8, 4 * MiB)  # drains only, past the ceiling
         self.env = lmdb.open(
             str(self.data_dir / "fabric.lmdb"), map_size=map_size, max_dbs=len(DB_NAMES) + 1,
-            subdir=True, sync=True, metasync=True, writemap=False, readahead=True,
+            subdir=True, sync=True, metasync=True, writemap=False, readahead=True, lock=False,
         )
-        self.env.reader_check()
         self.dbs = {name.decode(): self.env.open_db(name) for name in DB_NAMES}
         self.grows = 0
 
@@ -91,14 +113,40 @@ class StoreEnv:
 
     def write(self, fn: Callable[[lmdb.Transaction], T], drain: bool = False) -> T:
         while True:
+            staged = self.stage(fn, drain)
+            if self.finish(staged, drain):
+                return staged.result  # type: ignore[return-value]
+            self.grow(drain)
+
+    def stage(self, fn: Callable[[lmdb.Transaction], T], drain: bool = False) -> Staged:
+        """Begin a write transaction and run `fn` in it (not committed yet); the result of
+        `fn` is on `.result`. A full map grows it and runs `fn` again."""
+        while True:
+            txn = self.env.begin(write=True)
             try:
-                with self.env.begin(write=True) as txn:
-                    return fn(txn)
+                return Staged(txn, fn(txn))
             except lmdb.MapFullError:
+                txn.abort()
                 self.grow(drain)
             except lmdb.Error as e:
-                what = "write refused" if drain else "ingest refused"
-                raise StoreFullError(self.full_message(f"LMDB write failed ({e})", what)) from e
+                txn.abort()
+                raise StoreFullError(self.full_message(f"LMDB write failed ({e})",
+                                                       _what(drain))) from e
+            except BaseException:
+                txn.abort()
+                raise
+
+    def finish(self, staged: Staged, drain: bool = False) -> bool:
+        """Commit a staged transaction (any thread); False: the map filled while committing:
+        `grow` it (on the thread that stages) and stage again."""
+        try:
+            staged.txn.commit()
+        except lmdb.MapFullError:
+            return False
+        except lmdb.Error as e:
+            raise StoreFullError(self.full_message(f"LMDB write failed ({e})",
+                                                   _what(drain))) from e
+        return True
 
     def drop_mapped_pages(self) -> bool:
         """Unmap every page of the map from this process (Linux); returns whether it did.
@@ -132,6 +180,10 @@ class StoreEnv:
         return self.env.begin(write=False, buffers=buffers)
 
     def close(self) -> None:
+        """Close the environment and let go of the data dir (a second call does nothing)."""
+        if self._lock_fd < 0:
+            return
         self.env.close()
         fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         os.close(self._lock_fd)
+        self._lock_fd = -1

@@ -106,7 +106,7 @@ def unref(key: int) -> tuple[int, int]:
 
 
 def entry_key_of(key: int) -> bytes:
-    return _ENTRY.pack(key >> 32, key & 0xFFFFFFFF)
+    return key.to_bytes(12, "big")  # the same bytes as _ENTRY.pack(seg_id, offset)
 
 
 def ref_of(key: bytes) -> int:

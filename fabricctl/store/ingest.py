@@ -1,0 +1,239 @@
+"""Ingest: the half of the durable broker that takes items in.
+
+Contract: `prepare_ingest(items, now)` validates and de-duplicates a chunk (an id already
+stored, or repeated within the chunk, is a reject, in index order), assigns each item to its
+lane and encodes its entry, id and the new segment headers; `ingest_rows(txn, plan)` writes
+them inside the caller's durable transaction (every key above every stored one: append
+mode, return counts checked); `apply_ingest(plan, now)`, after the commit, makes the entries
+dispatchable and returns the rejects. An entry whose lane or shape was retired while its
+commit ran (the tick, a shape switch) joins its key's open shape instead.
+`DurableBroker` inherits this; it needs its `core`, `env`, `meta`, `segs`, `tail_seg` and
+`store_cfg`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import lmdb
+import msgspec
+
+from fabricctl.core.broker import Placement
+from fabricctl.core.shape import Shape
+from fabricctl.core.types import Entry, Item
+from fabricctl.faults import fault_point
+from fabricctl.store.errors import StoreFullError
+from fabricctl.store.keys import (
+    _ENTRY,
+    SegHeader,
+    StoredEntry,
+    entry_encoder,
+    header_encoder,
+    seg_key,
+)
+
+if TYPE_CHECKING:
+    from fabricctl.core.broker import Broker
+    from fabricctl.store.durable import StoreConfig
+    from fabricctl.store.env import StoreEnv
+    from fabricctl.store.meta import Meta
+
+MAX_ID_CHARS = 256
+MAX_ID_BYTES = 511  # LMDB's key size limit: the id is the key of the id index
+
+
+class Reject(msgspec.Struct, array_like=True):
+    """One item a submit did not take, by its index in the chunk."""
+
+    index: int
+    reason: str
+
+
+def validate(item: Item) -> str | None:
+    """Why an item cannot be stored, or None."""
+    if not item.id:
+        return "id must be a non-empty string"
+    if len(item.id) > MAX_ID_CHARS:
+        return f"id is longer than {MAX_ID_CHARS} characters"
+    if not item.model:
+        return "model must be a non-empty string"
+    if item.input_tokens < 1:
+        return "input_tokens must be at least 1"
+    if item.max_tokens < 1:
+        return "max_tokens must be at least 1"
+    if not 0 <= item.signature < 1 << 64:
+        return "signature must be an unsigned 64-bit integer"
+    return None
+
+
+def _valid(item: Item) -> bool:
+    """The common case of `validate` in one expression (the hot path of ingest)."""
+    return (0 < len(item.id) <= MAX_ID_CHARS and bool(item.model) and item.input_tokens >= 1
+            and item.max_tokens >= 1 and 0 <= item.signature < 1 << 64)
+
+
+class _Run:
+    """What one ingest appends to one segment (one shape's entries of this commit)."""
+
+    __slots__ = ("base", "end", "hdr", "new", "rows", "seg_id")
+
+    def __init__(self, seg_id: int, hdr: SegHeader, new: bool) -> None:
+        self.seg_id = seg_id
+        self.base = seg_id << 32
+        self.hdr = hdr
+        self.new = new
+        self.end = hdr.count  # the next offset
+        self.rows: list[tuple[bytes, bytes]] = []
+
+
+class IngestPlan:
+    """Why: ingest is prepared, committed and applied in three steps, so the commit can run
+    off the event loop; this is what passes between them."""
+
+    __slots__ = ("admits", "data_rows", "id_rows", "next_seg", "received", "rejects", "runs",
+                 "seg_rows")
+
+    def __init__(self, rejects: list[Reject]) -> None:
+        self.rejects = rejects
+        self.admits: list[tuple[Placement, Entry]] = []
+        self.id_rows: list[tuple[bytes, bytes]] = []
+        self.data_rows: list[tuple[bytes, bytes]] = []
+        self.seg_rows: list[tuple[bytes, bytes]] = []
+        self.runs: list[_Run] = []
+        self.next_seg = 0
+        self.received = (0, 0)  # items, tokens
+
+    def grown(self) -> dict[int, int]:
+        """Existing segments this ingest appends to -> their new entry count."""
+        return {r.seg_id: r.end for r in self.runs if not r.new}
+
+
+class Ingest:
+    """Why: taking items in is a third of the store's code; it lives apart from the rest."""
+
+    core: Broker
+    env: StoreEnv
+    meta: Meta
+    segs: dict[int, SegHeader]
+    tail_seg: int
+    store_cfg: StoreConfig
+
+    def _screen(self, items: list[Item]) -> tuple[list[Reject], list[tuple[int, Item, bytes]]]:
+        """Split a chunk into rejects and the items to store (index, item, UTF-8 id)."""
+        rejects: list[Reject] = []
+        good: list[tuple[int, Item, bytes]] = []
+        seen: set[str] = set()
+        for i, item in enumerate(items):
+            why = None if _valid(item) else validate(item)
+            if why is None:
+                ident = item.id
+                idb = ident.encode()
+                if len(idb) > MAX_ID_BYTES:
+                    why = f"id is longer than {MAX_ID_BYTES} bytes in UTF-8"
+                elif ident in seen:
+                    why = f"duplicate id {ident!r}"
+                else:
+                    seen.add(ident)
+                    good.append((i, item, idb))
+                    continue
+            rejects.append(Reject(i, why))
+        if good:
+            with self.env.read() as txn:
+                found = txn.cursor(db=self.env.dbs["ids"]).getmulti([g[2] for g in good])
+            if found:
+                stored = {k for k, _ in found}
+                rejects.extend(Reject(i, f"duplicate id {item.id!r}")
+                               for i, item, idb in good if idb in stored)
+                rejects.sort(key=lambda r: r.index)
+                good = [g for g in good if g[2] not in stored]
+        return rejects, good
+
+    def prepare_ingest(self, items: list[Item], now: float) -> IngestPlan:
+        """Screen, place and encode a chunk (nothing is written yet)."""
+        env = self.env
+        if env.free_disk() < self.store_cfg.disk_reserve:
+            raise StoreFullError(env.full_message("the disk is nearly full"))
+        rejects, good = self._screen(items)
+        plan = IngestPlan(rejects)
+        if not good:
+            return plan
+        place = self.core.place
+        segs = self.segs
+        limit = self.store_cfg.segment_entries
+        runs: dict[Shape, _Run] = {}  # the open run of each shape this call touches
+        every: list[_Run] = []
+        next_seg = self.meta.next_seg
+        tail = segs.get(self.tail_seg)
+        id_rows = plan.id_rows
+        admits = plan.admits
+        tokens = 0
+        encode, pack = entry_encoder.encode, _ENTRY.pack
+        for _, item, idb in good:
+            n = item.input_tokens
+            p = place(item.model, item.signature, item.label, n, now)
+            run = runs.get(p.shape)
+            if run is None or run.end >= limit:  # first item of this shape here, or a full run
+                if (run is None and tail is not None and tail.count < limit
+                        and tail.signature == item.signature and tail.model == item.model):
+                    run = _Run(self.tail_seg, tail, False)  # the newest segment grows
+                    tail = None
+                else:
+                    hdr = SegHeader(item.model, item.signature, p.shape.label, 0, 0, now)
+                    run = _Run(next_seg, hdr, True)
+                    next_seg += 1
+                runs[p.shape] = run
+                every.append(run)
+            lane = p.lane
+            off = run.end
+            run.end = off + 1
+            key = pack(run.seg_id, off)
+            run.rows.append((key, encode(StoredEntry(
+                n, item.max_tokens, now, lane.id, lane.target, item.id, item.payload,
+                item.source))))
+            id_rows.append((idb, key))
+            admits.append((p, Entry(run.base | off, n, item.max_tokens, now)))
+            tokens += n
+        every.sort(key=lambda r: r.seg_id)  # then their rows are in key order
+        plan.runs = every
+        plan.data_rows = [row for r in every for row in r.rows]
+        plan.seg_rows = [(seg_key(r.seg_id), header_encoder.encode(
+            msgspec.structs.replace(r.hdr, count=r.end))) for r in every if r.new]
+        plan.next_seg = next_seg
+        plan.received = (len(good), tokens)
+        id_rows.sort()
+        return plan
+
+    def ingest_rows(self, txn: lmdb.Transaction, plan: IngestPlan) -> None:
+        """Write a prepared chunk inside the caller's transaction (the meta counters are the
+        caller's to write)."""
+        dbs = self.env.dbs
+        # every new key is above every stored one: append (return counts checked)
+        for db, rows, append in (("data", plan.data_rows, True), ("seg", plan.seg_rows, True),
+                                 ("ids", plan.id_rows, False)):
+            added = _putmulti(txn, dbs[db], rows, append=append)
+            if added != len(rows):  # the screen ran just before, and we are the only writer
+                raise RuntimeError(f"ingest: {len(rows) - added} {db} keys were not "
+                                   "stored (already there, or out of order)")
+        fault_point("ingest_before_commit")
+
+    def apply_ingest(self, plan: IngestPlan, now: float) -> list[Reject]:
+        """After the commit: the new entries become dispatchable; returns the rejects."""
+        if not plan.admits:
+            return plan.rejects
+        self.meta.next_seg = plan.next_seg
+        segs = self.segs
+        for r in plan.runs:
+            r.hdr.count = r.end
+            if r.new:
+                segs[r.seg_id] = r.hdr
+        self.tail_seg = plan.runs[-1].seg_id
+        self.core.admit_all(plan.admits, now)
+        return plan.rejects
+
+
+def _putmulti(txn: lmdb.Transaction, db: object, rows: list[tuple[bytes, bytes]],
+              append: bool = False) -> int:
+    """Put new rows (never overwriting); returns how many went in."""
+    if not rows:
+        return 0
+    return txn.cursor(db=db).putmulti(rows, overwrite=False, append=append)[1]  # type: ignore[arg-type]
