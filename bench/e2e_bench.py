@@ -148,6 +148,7 @@ async def serve(data_dir: Path, knobs: BrokerKnobs, profile: str | None) -> dict
         "loop_lag_p99_ms": round(pct(lags, 0.99) * 1e3, 3),
         "loop_lag_max_ms": round(max(lags, default=0.0) * 1e3, 3),
         "broker_cpu_s": round(cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime, 3),
+        "broker_sys_s": round(cpu1.ru_stime - cpu0.ru_stime, 3),
         "empty_commit_ms": round(probe_s * 1e3, 3),
         "ingest_commits": server.writer.ingest_commits,
         "complete_commits": server.writer.complete_commits,

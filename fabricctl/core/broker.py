@@ -155,12 +155,12 @@ class Broker(Maintenance):
             shape.label = label
         return shape
 
-    def placement_live(self, p: Placement) -> bool:
+    def placement_live(self, shape: Shape, lane: Lane) -> bool:
         """Whether a placement still names its key's open shape and a lane of it (the tick
         or a shape switch may have retired either while the placement was being written)."""
-        ms = self.models.get(p.shape.model)
-        return (ms is not None and ms.open.get(p.shape.signature) is p.shape
-                and p.shape.lanes.lanes.get(p.lane.id) is p.lane)
+        ms = self.models.get(shape.model)
+        return (ms is not None and ms.open.get(shape.signature) is shape
+                and shape.lanes.lanes.get(lane.id) is lane)
 
     def admit(self, placement: Placement, entry: Entry) -> None:
         """Make a placed item dispatchable (second step, after its durable commit)."""
@@ -173,20 +173,19 @@ class Broker(Maintenance):
             shape.staged_since = entry.t
         self.ledger.receive(1, entry.tokens)
 
-    def admit_all(self, admits: list[tuple[Placement, Entry]], now: float) -> None:
-        """`admit` for a whole commit's placements (the hot path of durable ingest); one
-        whose shape or lane was retired while its commit ran joins its key's open shape."""
+    def admit_all(self, admits: list[tuple[Shape, Lane, Entry]], now: float) -> None:
+        """`admit` for a whole commit's placements (shape, lane, entry: the hot path of
+        durable ingest); one whose shape or lane was retired while its commit ran joins its
+        key's open shape."""
         live: dict[int, bool] = {}  # id(lane) -> its placements are still live
         n = tokens = 0
-        for p, e in admits:
-            lane = p.lane
+        for shape, lane, e in admits:
             ok = live.get(id(lane))
             if ok is None:
-                ok = live[id(lane)] = self.placement_live(p)
+                ok = live[id(lane)] = self.placement_live(shape, lane)
             if not ok:
-                p = self.place(p.shape.model, p.shape.signature, p.shape.label, e.tokens, now)
-                lane = p.lane
-            shape = p.shape
+                p = self.place(shape.model, shape.signature, shape.label, e.tokens, now)
+                shape, lane = p.shape, p.lane
             t = e.tokens
             lane.queue.append(e)
             lane.tokens += t

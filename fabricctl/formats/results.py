@@ -28,7 +28,7 @@ from fabricctl.core.types import Item, ItemResult
 from fabricctl.formats.common import Source
 
 LENGTH_EXCEEDED = "length_exceeded"
-_SOURCES: dict[int, Source] = {int(s): s for s in Source}  # an enum call costs more than this
+SOURCES: dict[int, Source] = {int(s): s for s in Source}  # an enum call costs more than this
 
 
 class ResultRecord(msgspec.Struct, array_like=True, gc=False):
@@ -65,7 +65,7 @@ def make_record(
     `source` defaults to `item.source`; a plain int is turned into a `Source`.
     """
     raw = item.source if source is None else source
-    source = _SOURCES[raw] if raw in _SOURCES else Source(raw)
+    source = SOURCES[raw] if raw in SOURCES else Source(raw)
     return ResultRecord(
         id=item.id,
         model=item.model,

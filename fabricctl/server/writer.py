@@ -4,7 +4,8 @@ Contract: `submit(items)` returns the chunk's rejects once the commit that store
 accepted items returned (or raises the `StoreError` that refused them); `complete(done)`
 returns the results stored for one batch (-1: not in flight) once its commit returned;
 `enqueue_complete` does the same without waiting. A cycle takes up to `max_items` items of
-waiting submits (at least one chunk) and up to `max_batches` waiting completions, waiting
+waiting submits (at least one chunk) and up to `max_batches` waiting completions holding at
+most twice as many results (at least one batch), so no step holds the event loop long, waiting
 up to `max_wait_s` for more when there are fewer, prepares both on the event loop, commits
 them in one transaction on the writer thread (LMDB lets go of the GIL while it writes and
 syncs, so the loop goes on serving pulls and heartbeats), then applies both on the loop and
@@ -108,7 +109,11 @@ class Writer:
             await asyncio.sleep(0)
 
     async def _commit(self, ip: IngestPlan | None, cp: CompletePlan | None) -> None:
-        """Stage the plans here, commit on the writer thread, grow the map here if needed."""
+        """Stage the plans here, commit on the writer thread, grow the map here if needed.
+
+        Only the commit runs on the thread: py-lmdb lets go of the GIL around every put, so
+        a thread doing the puts waits for the GIL once per row while the loop is busy
+        (measured: a 1,000-row write took 150 ms instead of 1 ms against a busy loop)."""
         store = self.store
         loop = asyncio.get_running_loop()
         while (staged := store.stage_commit(ip, cp)) is not None:
@@ -128,7 +133,11 @@ class Writer:
             chunks.append(self._chunks.popleft())
             taken += len(chunks[-1][0])
         self._items -= taken
-        done = [self._done.popleft() for _ in range(min(len(self._done), self.max_batches))]
+        done, results = [], 0  # at most max_batches, and about max_items results
+        while self._done and len(done) < self.max_batches and (
+                not done or results + len(self._done[0][0][1]) <= 2 * self.max_items):
+            done.append(self._done.popleft())
+            results += len(done[-1][0][1])
         store, now = self.store, self.clock()
         ip: IngestPlan | None = None
         cp: CompletePlan | None = None

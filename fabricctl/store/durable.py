@@ -74,7 +74,7 @@ class StoreConfig:
 
     map_size: int = 256 * MiB
     map_ceiling: int = 64 * 1024 * MiB
-    segment_entries: int = 4096  # a segment rolls over after this many entries
+    segment_entries: int = 1024  # a segment rolls over after this many entries
     disk_reserve: int = 4 * MiB  # refuse ingest below this much free disk (room to complete)
     max_deliveries: int = 5  # an entry handed out this often without a result is quarantined
 

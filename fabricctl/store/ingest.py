@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import lmdb
 import msgspec
 
-from fabricctl.core.broker import Placement
+from fabricctl.core.lanes import Lane
 from fabricctl.core.shape import Shape
 from fabricctl.core.types import Entry, Item
 from fabricctl.faults import fault_point
@@ -95,7 +95,7 @@ class IngestPlan:
 
     def __init__(self, rejects: list[Reject]) -> None:
         self.rejects = rejects
-        self.admits: list[tuple[Placement, Entry]] = []
+        self.admits: list[tuple[Shape, Lane, Entry]] = []
         self.id_rows: list[tuple[bytes, bytes]] = []
         self.data_rows: list[tuple[bytes, bytes]] = []
         self.seg_rows: list[tuple[bytes, bytes]] = []
@@ -157,10 +157,10 @@ class Ingest:
         plan = IngestPlan(rejects)
         if not good:
             return plan
-        place = self.core.place
+        open_shape = self.core._open_shape
         segs = self.segs
         limit = self.store_cfg.segment_entries
-        runs: dict[Shape, _Run] = {}  # the open run of each shape this call touches
+        keyed: dict[tuple[str, int], list] = {}  # (model, sig) -> [shape, its run here]
         every: list[_Run] = []
         next_seg = self.meta.next_seg
         tail = segs.get(self.tail_seg)
@@ -170,20 +170,23 @@ class Ingest:
         encode, pack = entry_encoder.encode, _ENTRY.pack
         for _, item, idb in good:
             n = item.input_tokens
-            p = place(item.model, item.signature, item.label, n, now)
-            run = runs.get(p.shape)
+            slot = keyed.get((item.model, item.signature))
+            if slot is None:
+                shape = open_shape(item.model, item.signature, item.label, now)
+                slot = keyed[(item.model, item.signature)] = [shape, None]
+            shape, run = slot
+            lane = shape.lanes.assign(n, now)
             if run is None or run.end >= limit:  # first item of this shape here, or a full run
                 if (run is None and tail is not None and tail.count < limit
                         and tail.signature == item.signature and tail.model == item.model):
                     run = _Run(self.tail_seg, tail, False)  # the newest segment grows
                     tail = None
                 else:
-                    hdr = SegHeader(item.model, item.signature, p.shape.label, 0, 0, now)
+                    hdr = SegHeader(item.model, item.signature, shape.label, 0, 0, now)
                     run = _Run(next_seg, hdr, True)
                     next_seg += 1
-                runs[p.shape] = run
+                slot[1] = run
                 every.append(run)
-            lane = p.lane
             off = run.end
             run.end = off + 1
             key = pack(run.seg_id, off)
@@ -191,7 +194,7 @@ class Ingest:
                 n, item.max_tokens, now, lane.id, lane.target, item.id, item.payload,
                 item.source))))
             id_rows.append((idb, key))
-            admits.append((p, Entry(run.base | off, n, item.max_tokens, now)))
+            admits.append((shape, lane, Entry(run.base | off, n, item.max_tokens, now)))
             tokens += n
         every.sort(key=lambda r: r.seg_id)  # then their rows are in key order
         plan.runs = every
