@@ -152,7 +152,7 @@ async def run_job(
             await client.close()
         wall = time.perf_counter() - t0
         core = daemon.server.core
-        stats = [e.stats() for e in daemon.fleet.engines]
+        stats = await daemon.fleet.settled_stats()
         queries = sum(s.prefix_cache_queries for s in stats)
         hits = sum(s.prefix_cache_hits for s in stats)
         block = max((s.block_size for s in stats), default=0) or 16

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fabricctl.config import AppConfig
-from fabricctl.engines.base import Engine
+from fabricctl.engines.base import Engine, EngineStats
 from fabricctl.errors import BackendMissing, UsageError
 from fabricctl.supervisor.consumer import Consumer
 
@@ -87,12 +87,29 @@ class Fleet:
         except TimeoutError as e:
             raise BackendMissing("consumers did not connect to the broker") from e
 
-    async def stop(self, timeout: float = 60.0) -> None:
+    async def stop_consumers(self, timeout: float = 60.0) -> None:
+        """Stop pulling and wait for each consumer to finish what it is doing (a batch, a
+        pre-warm): afterwards the engines receive nothing more from this fleet."""
         self.stop_pulls.set()
         if self.tasks:
             _, pending = await asyncio.wait(self.tasks, timeout=timeout)
             for t in pending:
                 t.cancel()
+
+    async def settled_stats(self) -> list[EngineStats]:
+        """Every engine's counters once nothing more reaches it: consumers stopped, then one
+        last metrics scrape where the engine has one (a pre-warm that was still running
+        is then counted, as the server counted it)."""
+        await self.stop_consumers()
+        for engine in self.engines:
+            scrape = getattr(engine, "scrape", None)
+            if scrape is not None:
+                with contextlib.suppress(Exception):
+                    await scrape()
+        return [e.stats() for e in self.engines]
+
+    async def stop(self, timeout: float = 60.0) -> None:
+        await self.stop_consumers(timeout)
         for engine in self.engines:
             with contextlib.suppress(Exception):
                 await engine.close()
