@@ -215,13 +215,26 @@ class BrokerServer(Handlers):
             log.exception("request %d from %s failed", rid, peer.consumer or peer.name or "?")
             peer.send(Error("internal", f"{type(e).__name__}: {e}", rid))
 
+    def _now(self, peer: Peer, fn: Callable[[], object], rid: int) -> object:
+        """Run one request synchronously, as `_guarded` runs a task; True when answered."""
+        try:
+            return fn()
+        except ShapeGuardError as e:
+            self.on_fatal(e)
+        except Exception as e:
+            log.exception("request %d from %s failed", rid, peer.consumer or peer.name or "?")
+            peer.send(Error("internal", f"{type(e).__name__}: {e}", rid))
+        return True
+
     def _dispatch(self, peer: Peer, frame: object) -> None:
         if isinstance(frame, Submit):
             self._spawn(peer, self._submit(peer, frame), frame.rid)
-        elif isinstance(frame, Pull):
-            self._spawn(peer, self._pull(peer, frame), frame.rid)
+        elif isinstance(frame, Pull):  # answered at once when work waits, else long-polled
+            t0 = asyncio.get_running_loop().time()
+            if not self._now(peer, lambda: self._try_pull(peer, frame, t0), frame.rid):
+                self._spawn(peer, self._pull(peer, frame, t0), frame.rid)
         elif isinstance(frame, Complete):
-            self._spawn(peer, self._complete(peer, frame), frame.rid)
+            self._now(peer, lambda: self._complete(peer, frame), frame.rid)
         elif isinstance(frame, Heartbeat):
             peer.engine_stats = frame.stats
         elif isinstance(frame, Register):

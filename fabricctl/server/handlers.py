@@ -99,36 +99,43 @@ class Handlers:
         self._push_signals()
         self.wakeup.notify()
 
-    async def _pull(self, peer: Peer, frame: Pull) -> None:
+    def _try_pull(self, peer: Peer, frame: Pull, t0: float) -> bool:
+        """One attempt at a pull; True when it was answered (a batch, or an error)."""
         name = peer.consumer
         if name is None:
             peer.send(Error("not_registered", "register before pulling", frame.rid))
-            return
+            return True
+        if name not in self.core.consumers or peer.closed:
+            return True  # dropped meanwhile: nobody to answer
+        store = self.store
+        work = store.pull(name, self.clock())
+        if store.deferred:  # quarantined entries: their error results, committed next
+            for d in store.deferred:
+                self.writer.enqueue_complete(d)
+            store.deferred.clear()
+        self._push_signals()
+        if work is None:
+            return False
+        self.metrics.pulled(asyncio.get_running_loop().time() - t0, work)
+        if not peer.send(WorkReply(frame.rid, work)):
+            store.fail(work.id, self.clock())  # the channel did not take it
+            self.wakeup.notify()
+        return True
+
+    async def _pull(self, peer: Peer, frame: Pull, t0: float) -> None:
+        """A pull that found nothing at once: long-poll until its wait runs out."""
         loop = asyncio.get_running_loop()
-        t0 = loop.time()
         deadline = t0 + max(0.0, min(frame.wait_s, 30.0))
         while not peer.closed:
-            if name not in self.core.consumers:
-                return
-            work = self.store.pull(name, self.clock())
-            if self.store.deferred:  # quarantined entries: their error results, committed next
-                for d in self.store.deferred:
-                    self.writer.enqueue_complete(d)
-                self.store.deferred.clear()
-            self._push_signals()
-            if work is not None:
-                self.metrics.pulled(loop.time() - t0, work)
-                if not peer.send(WorkReply(frame.rid, work)):
-                    self.store.fail(work.id, self.clock())  # the channel did not take it
-                    self.wakeup.notify()
-                return
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
             await self.wakeup.wait(remaining)
+            if self._try_pull(peer, frame, t0):
+                return
         peer.send(WorkReply(frame.rid, None))
 
-    async def _complete(self, peer: Peer, frame: Complete) -> None:
+    def _complete(self, peer: Peer, frame: Complete) -> None:
         c = self.core.consumers.get(peer.consumer or "")
         if c is None or frame.batch not in c.batches:
             peer.send(Done(frame.rid, -1))  # late, duplicate, or another consumer's batch
@@ -137,9 +144,22 @@ class Handlers:
         if len(frame.cache) == 3:  # the cache-truth audit's evidence, while the batch is ours
             q, h, a = frame.cache
             self.core.record_cache(frame.batch, q, h, a, self.clock())
-        stored = await self.writer.complete((frame.batch, frame.results, peer.gpu))
-        self.metrics.completed(peer.consumer or "", n, stored)
-        peer.send(Done(frame.rid, stored))
+        consumer, rid = peer.consumer or "", frame.rid
+
+        def answer(fut: asyncio.Future[int]) -> None:  # no task per completion: a callback
+            if fut.cancelled():
+                return
+            e = fut.exception()
+            if e is not None:
+                log.error("completion of batch %d from %s failed: %s", frame.batch, consumer, e)
+                peer.send(Error("internal", f"{type(e).__name__}: {e}", rid))
+                return
+            stored = fut.result()
+            self.metrics.completed(consumer, n, stored)
+            peer.send(Done(rid, stored))
+
+        self.writer.enqueue_complete((frame.batch, frame.results, peer.gpu)).add_done_callback(
+            answer)
 
     def _fail(self, peer: Peer, frame: Fail) -> None:
         c = self.core.consumers.get(peer.consumer or "")
