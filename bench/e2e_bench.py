@@ -285,9 +285,20 @@ class Load:
         cpu0 = time.process_time()
         t0 = time.perf_counter()
         producers = [asyncio.ensure_future(self.producer(s)) for s in shares]
+        lags: list[float] = []  # this process's own loop lag: part of what a pull measures
+        loop = asyncio.get_running_loop()
+
+        async def lag_probe() -> None:
+            while True:
+                t = loop.time()
+                await asyncio.sleep(0.001)
+                lags.append(loop.time() - t - 0.001)
+
+        probe = asyncio.ensure_future(lag_probe())
         await asyncio.wait_for(self.done.wait(), a.timeout)
         elapsed = time.perf_counter() - t0
         load_cpu = time.process_time() - cpu0
+        probe.cancel()
         await asyncio.gather(*producers)
         await asyncio.gather(*consumers)
         observer = await Client.connect(self.socket, "observer")
@@ -307,6 +318,7 @@ class Load:
             "items_per_batch": round(self.total / max(self.batches, 1), 1),
             "empty_pulls": self.empty_pulls,
             "load_cpu_s": round(load_cpu, 3),
+            "load_loop_lag_p99_ms": round(pct(lags, 0.99) * 1e3, 3),
             "results": status["extra"]["store"]["results"],
             "difference": status["difference"],
         }
