@@ -133,7 +133,7 @@ class Writer:
             chunks.append(self._chunks.popleft())
             taken += len(chunks[-1][0])
         self._items -= taken
-        done, results = [], 0  # at most max_batches, and about max_items results
+        done, results = [], 0  # at most max_batches, and about twice max_items results
         while self._done and len(done) < self.max_batches and (
                 not done or results + len(self._done[0][0][1]) <= 2 * self.max_items):
             done.append(self._done.popleft())
