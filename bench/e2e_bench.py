@@ -42,7 +42,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -53,19 +53,23 @@ from fabricctl.client import Client
 from fabricctl.core.signature import signature
 from fabricctl.core.types import Contract, Item, ItemResult, Work
 from fabricctl.errors import FabricError
+from fabricctl.server.config import ServerConfig
 
 MODEL = "m"
 TARGET_ITEMS_PER_S = 50_000
 TARGET_PULL_P99_MS = 5.0
 
 
+_SERVER = {f.name: f.default for f in fields(ServerConfig)}  # the daemon's own defaults
+
+
 @dataclass(frozen=True)
 class BrokerKnobs:
     """The server's group-commit knobs the bench may turn."""
 
-    commit_items: int = 512
-    commit_wait_s: float = 0.002
-    complete_batches: int = 16
+    commit_items: int = _SERVER["commit_items"]
+    commit_wait_s: float = _SERVER["commit_wait_s"]
+    complete_batches: int = _SERVER["complete_batches"]
     heartbeat_timeout_s: float = 30.0
 
 
@@ -98,7 +102,6 @@ def commit_probe(where: Path, n: int = 20) -> float:
 
 async def serve(data_dir: Path, knobs: BrokerKnobs, profile: str | None) -> dict[str, Any]:
     from fabricctl.server.app import BrokerServer
-    from fabricctl.server.config import ServerConfig
     from fabricctl.store.durable import DurableBroker
 
     probe_s = commit_probe(data_dir.parent / "commit-probe")

@@ -22,7 +22,7 @@ class ServerConfig:
     metrics_host: str = "127.0.0.1"
     commit_items: int = 512
     commit_wait_s: float = 0.002
-    complete_batches: int = 16
+    complete_batches: int = 8  # per commit: smaller groups keep the loop's steps short
     writer_thread: bool = True  # commit on a writer thread: the loop dispatches meanwhile
     tick_s: float = 1.0
     yield_s: float = 0.1  # the dispatch loop yields after this much work
