@@ -1,6 +1,6 @@
 """Writes in three steps (prepare, commit, apply) and the server's writer that runs them:
 what may happen between the steps (a disconnect, a tick, a shape switch, an ingest into the
-segment a completion empties) loses nothing and stores no second result."""
+segment a completion empties, a refused commit) loses nothing and stores no second result."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from server_helpers import make_items, running_server
 
+from fabricctl.client import Client
 from fabricctl.core.types import Contract, Item, ItemResult, Work
+from fabricctl.errors import BrokerError
 from fabricctl.server.writer import Writer
 from fabricctl.store.durable import DurableBroker, StoreConfig
 from fabricctl.store.env import MiB
@@ -177,3 +180,37 @@ async def test_a_refused_ingest_lets_the_completions_commit_alone(tmp_path: Path
     assert sorted(result_ids(store)) == [f"i{k}" for k in range(4)]
     assert store.core.ledger.difference() == (0, 0)
     store.close()
+
+
+async def test_a_refused_completion_commit_is_an_error_and_the_batch_goes_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with running_server(tmp_path) as server:
+        path = server.cfg.socket_path
+        producer = await Client.connect(path, "producer", "p")
+        assert (await producer.submit(make_items(4))).accepted == 4
+        first = await Client.connect(path, "consumer", "first")
+        await first.register("first", CONTRACT)
+        w = await first.pull(1.0)
+        assert w is not None and len(w.items) == 4
+        store = server.store
+        real = store.stage_commit
+
+        def refuse(ip: object, cp: object) -> object:
+            raise StoreFullError("write refused: the disk is full (test)")
+
+        monkeypatch.setattr(store, "stage_commit", refuse)
+        with pytest.raises(BrokerError, match="disk is full"):
+            await first.complete(w.id, answer(w))
+        monkeypatch.setattr(store, "stage_commit", real)
+        await first.close()  # its batch was not settled: it goes back when it leaves
+        second = await Client.connect(path, "consumer", "second")
+        await second.register("second", CONTRACT)
+        again = await second.pull(5.0)
+        assert again is not None and sorted(it.id for it in again.items) == sorted(
+            it.id for it in w.items)
+        assert await second.complete(again.id, answer(again)) == 4
+        assert store.core.ledger.difference() == (0, 0)
+        assert store.core.settling == set()
+        for c in (producer, second):
+            await c.close()
