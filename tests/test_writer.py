@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from server_helpers import make_items, running_server
@@ -194,15 +195,16 @@ async def test_a_refused_completion_commit_is_an_error_and_the_batch_goes_back(
         w = await first.pull(1.0)
         assert w is not None and len(w.items) == 4
         store = server.store
-        real = store.stage_commit
+        real = store.env.finish
 
-        def refuse(ip: object, cp: object) -> object:
+        def refuse(staged: Any, drain: bool = False) -> bool:  # as a failed LMDB commit does
+            staged.txn.abort()
             raise StoreFullError("write refused: the disk is full (test)")
 
-        monkeypatch.setattr(store, "stage_commit", refuse)
+        monkeypatch.setattr(store.env, "finish", refuse)
         with pytest.raises(BrokerError, match="disk is full"):
             await first.complete(w.id, answer(w))
-        monkeypatch.setattr(store, "stage_commit", real)
+        monkeypatch.setattr(store.env, "finish", real)
         await first.close()  # its batch was not settled: it goes back when it leaves
         second = await Client.connect(path, "consumer", "second")
         await second.register("second", CONTRACT)
