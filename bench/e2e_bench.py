@@ -73,6 +73,15 @@ class BrokerKnobs:
     heartbeat_timeout_s: float = 30.0
 
 
+async def lag_probe(lags: list[float]) -> None:
+    """Record how late a 1 ms timer fires, over and over, until cancelled."""
+    loop = asyncio.get_running_loop()
+    while True:
+        t = loop.time()
+        await asyncio.sleep(0.001)
+        lags.append(loop.time() - t - 0.001)
+
+
 def pct(values: list[float], q: float) -> float:
     """The q-quantile (nearest rank) of values, in the values' unit; 0 for none."""
     if not values:
@@ -114,14 +123,7 @@ async def serve(data_dir: Path, knobs: BrokerKnobs, profile: str | None) -> dict
     await server.start()
     lags: list[float] = []
     loop = asyncio.get_running_loop()
-
-    async def lag_probe() -> None:
-        while True:
-            t = loop.time()
-            await asyncio.sleep(0.001)
-            lags.append(loop.time() - t - 0.001)
-
-    probe = loop.create_task(lag_probe())
+    probe = loop.create_task(lag_probe(lags))
 
     stopping: list[asyncio.Task[None]] = []
 
@@ -289,15 +291,7 @@ class Load:
         t0 = time.perf_counter()
         producers = [asyncio.ensure_future(self.producer(s)) for s in shares]
         lags: list[float] = []  # this process's own loop lag: part of what a pull measures
-        loop = asyncio.get_running_loop()
-
-        async def lag_probe() -> None:
-            while True:
-                t = loop.time()
-                await asyncio.sleep(0.001)
-                lags.append(loop.time() - t - 0.001)
-
-        probe = asyncio.ensure_future(lag_probe())
+        probe = asyncio.ensure_future(lag_probe(lags))
         await asyncio.wait_for(self.done.wait(), a.timeout)
         elapsed = time.perf_counter() - t0
         load_cpu = time.process_time() - cpu0

@@ -28,7 +28,7 @@ from fabricctl.core.types import Item, ItemResult
 from fabricctl.formats.common import Source
 
 LENGTH_EXCEEDED = "length_exceeded"
-SOURCES: dict[int, Source] = {int(s): s for s in Source}  # an enum call costs more than this
+_SOURCES: dict[int, Source] = {int(s): s for s in Source}  # an enum call costs more than this
 
 
 class ResultRecord(msgspec.Struct, array_like=True, gc=False):
@@ -65,23 +65,11 @@ def make_record(
     `source` defaults to `item.source`; a plain int is turned into a `Source`.
     """
     raw = item.source if source is None else source
-    source = SOURCES[raw] if raw in SOURCES else Source(raw)
+    # positional: this runs once per completed item, and keywords cost more
     return ResultRecord(
-        id=item.id,
-        model=item.model,
-        text=result.text,
-        finish_reason=result.finish_reason,
-        prompt_tokens=item.input_tokens,
-        completion_tokens=result.tokens_out,
-        cached_tokens=result.cached_tokens,
-        signature=item.signature,
-        lane=lane,
-        epoch=epoch,
-        gpu=gpu,
-        error=result.error,
-        source=source,
-        created=created,
-    )
+        item.id, item.model, result.text, result.finish_reason, item.input_tokens,
+        result.tokens_out, result.cached_tokens, item.signature, lane, epoch, gpu,
+        result.error, _SOURCES[raw] if raw in _SOURCES else Source(raw), created)
 
 
 # ---- native form -------------------------------------------------------------------------

@@ -209,22 +209,25 @@ class BrokerServer(Handlers):
         """Run one request; a failure answers it with an Error instead of leaving it hanging."""
         try:
             await coro
-        except ShapeGuardError as e:
-            self.on_fatal(e)
-        except Exception as e:
-            log.exception("request %d from %s failed", rid, peer.consumer or peer.name or "?")
-            peer.send(Error("internal", f"{type(e).__name__}: {e}", rid))
+        except (ShapeGuardError, Exception) as e:
+            self._failed(peer, rid, e)
 
     def _now(self, peer: Peer, fn: Callable[[], object], rid: int) -> object:
         """Run one request synchronously, as `_guarded` runs a task; True when answered."""
         try:
             return fn()
-        except ShapeGuardError as e:
-            self.on_fatal(e)
-        except Exception as e:
-            log.exception("request %d from %s failed", rid, peer.consumer or peer.name or "?")
-            peer.send(Error("internal", f"{type(e).__name__}: {e}", rid))
+        except (ShapeGuardError, Exception) as e:
+            self._failed(peer, rid, e)
         return True
+
+    def _failed(self, peer: Peer, rid: int, e: BaseException) -> None:
+        """A request failed: the hard guard stops the broker; anything else is answered."""
+        if isinstance(e, ShapeGuardError):
+            self.on_fatal(e)
+            return
+        log.error("request %d from %s failed", rid, peer.consumer or peer.name or "?",
+                  exc_info=e)
+        peer.send(Error("internal", f"{type(e).__name__}: {e}", rid))
 
     def _dispatch(self, peer: Peer, frame: object) -> None:
         if isinstance(frame, Submit):

@@ -18,8 +18,7 @@ import msgspec
 
 from fabricctl.core.types import ItemResult
 from fabricctl.faults import fault_point
-from fabricctl.formats.common import Source
-from fabricctl.formats.results import SOURCES, ResultRecord
+from fabricctl.formats.results import ResultRecord, make_record
 from fabricctl.store.ingest import _putmulti
 from fabricctl.store.keys import (
     TOMBSTONE,
@@ -134,11 +133,7 @@ class Completion:
                 r = by_id.get(item.id) or ItemResult(
                     item.id, finish_reason="error",
                     error="the engine returned no result for this item")
-                src = item.source
-                rec = ResultRecord(  # make_record's fields, positionally (the hot path)
-                    item.id, item.model, r.text, r.finish_reason, item.input_tokens,
-                    r.tokens_out, r.cached_tokens, item.signature, lane, epoch, gpu, r.error,
-                    SOURCES[src] if src in SOURCES else Source(src), created)
+                rec = make_record(item, r, lane=lane, epoch=epoch, gpu=gpu, created=created)
                 rows.append((e.key.to_bytes(12, "big"), encode(rec), e.key >> 32, e.tokens))
         plan.epochs = {m: self.core.models[m].epoch for m in models}
         return plan

@@ -26,14 +26,8 @@ from pathlib import Path
 
 import httpx
 import xxhash
+from make_tiny_model import OBJECTS, SUBJECTS, VERBS  # the words the tokenizer learnt
 from prometheus_client.parser import text_string_to_metric_families
-
-SUBJECTS = ["the broker", "a lane", "the shape", "every consumer", "the engine", "a batch",
-            "the cache", "one prompt", "the supervisor", "a token"]
-VERBS = ["routes", "packs", "warms", "drains", "reads", "writes", "keeps", "sends",
-         "counts", "evicts"]
-OBJECTS = ["the items", "a prefix", "its blocks", "the queue", "the results", "each request",
-           "the segment", "a few tokens", "the system prompt", "the tools"]
 
 
 def sentence(rng: random.Random) -> str:
