@@ -111,6 +111,7 @@ def commit_probe(where: Path, n: int = 20) -> float:
 
 async def serve(data_dir: Path, knobs: BrokerKnobs, profile: str | None) -> dict[str, Any]:
     from fabricctl.server.app import BrokerServer
+    from fabricctl.server.heap import settle_heap
     from fabricctl.store.durable import DurableBroker
 
     probe_s = commit_probe(data_dir.parent / "commit-probe")
@@ -121,6 +122,7 @@ async def serve(data_dir: Path, knobs: BrokerKnobs, profile: str | None) -> dict
                        heartbeat_timeout_s=knobs.heartbeat_timeout_s)
     server = BrokerServer(store, cfg)
     await server.start()
+    settle_heap()  # as `fabricctl up` does once it serves
     lags: list[float] = []
     loop = asyncio.get_running_loop()
     probe = loop.create_task(lag_probe(lags))

@@ -20,6 +20,7 @@ from fabricctl.config import AppConfig
 from fabricctl.errors import ExitCode
 from fabricctl.server.app import BrokerServer
 from fabricctl.server.config import ServerConfig
+from fabricctl.server.heap import settle_heap
 from fabricctl.store.durable import DurableBroker, StoreConfig
 from fabricctl.supervisor.fleet import Fleet, choose_engine
 
@@ -109,6 +110,7 @@ async def serve_forever(cfg: AppConfig) -> int:
     daemon = Daemon(cfg)
     await daemon.start()
     assert daemon.server is not None
+    settle_heap()  # what recovery and the imports left is never garbage
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     interrupts = 0

@@ -21,12 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from fabricctl import __version__
 from fabricctl.core.broker import ShapeGuardError
 from fabricctl.server import views
 from fabricctl.server.config import ServerConfig
+from fabricctl.server.connection import Connection
 from fabricctl.server.handlers import Handlers
 from fabricctl.server.metrics import Metrics
 from fabricctl.server.peer import Peer
@@ -36,7 +35,6 @@ from fabricctl.server.protocol import (
     Done,
     Error,
     Fail,
-    FrameTooLarge,
     Heartbeat,
     Hello,
     Pull,
@@ -46,7 +44,6 @@ from fabricctl.server.protocol import (
     Submit,
     Subscribe,
     Welcome,
-    read_frame,
 )
 from fabricctl.server.wakeup import Wakeup
 from fabricctl.server.writer import Writer
@@ -80,7 +77,6 @@ class BrokerServer(Handlers):
         self._stopping: asyncio.Task[None] | None = None
         self.on_fatal: Callable[[BaseException], None] = _stop_process
         self._tasks: list[asyncio.Task[None]] = []
-        self._handlers: set[asyncio.Task[Any]] = set()
         store.deferred = []  # quarantine results go through the writer too
         self.writer = Writer(store, clock, self._after_commit, cfg.commit_items,
                              cfg.complete_batches, cfg.commit_wait_s, cfg.writer_thread)
@@ -90,27 +86,26 @@ class BrokerServer(Handlers):
     async def start(self) -> None:
         path = self.cfg.socket_path
         path.parent.mkdir(parents=True, exist_ok=True)
+        loop = asyncio.get_running_loop()
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # the data dir's lock proves no live broker owns it
         old = os.umask(0o177)
         try:
-            srv = await asyncio.start_unix_server(lambda r, w: self._handle(r, w, "unix"),
-                                                  path=str(path), limit=self.cfg.max_frame)
+            srv = await loop.create_unix_server(lambda: Connection(self, "unix"), str(path))
         finally:
             os.umask(old)
         os.chmod(path, 0o600)
         self._servers.append(srv)
         if self.cfg.listen:
             host, _, port = self.cfg.listen.rpartition(":")
-            self._tcp = await asyncio.start_server(lambda r, w: self._handle(r, w, "tcp"),
-                                                   host or "127.0.0.1", int(port))
+            self._tcp = await loop.create_server(lambda: Connection(self, "tcp"),
+                                                 host or "127.0.0.1", int(port))
             self._servers.append(self._tcp)
         if self.cfg.metrics_port is not None:
             self._metrics = await self.metrics.serve(self.cfg.metrics_host,
                                                      self.cfg.metrics_port)
             self._servers.append(self._metrics)
         self.writer.start()
-        loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._ticker()), loop.create_task(self._watchdog())]
         log.info("broker listening on %s%s", path,
                  f" and tcp {self.cfg.listen}" if self.cfg.listen else "")
@@ -131,40 +126,9 @@ class BrokerServer(Handlers):
         await self.writer.stop()
         for peer in list(self.peers):
             self._drop(peer, "broker stopping")
-        if self._handlers:
-            await asyncio.wait(list(self._handlers), timeout=2.0)
         self.stopped.set()
 
     # -- connections ----------
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      kind: str) -> None:
-        peer = Peer(writer, kind, last_seen=self.clock())
-        self.peers.add(peer)
-        me = asyncio.current_task()
-        if me is not None:
-            self._handlers.add(me)
-        try:
-            hello = await read_frame(reader, self.cfg.max_frame)
-            if not self._welcome(peer, hello):
-                return
-            while not peer.closed:
-                frame = await read_frame(reader, self.cfg.max_frame)
-                if frame is None:
-                    break
-                peer.last_seen = self.clock()
-                self._dispatch(peer, frame)
-        except FrameTooLarge as e:
-            peer.send(Error("frame_too_large", str(e), fatal=True))
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            peer.send(Error("bad_frame", f"malformed or unknown frame: {e}", fatal=True))
-        except (ConnectionError, asyncio.IncompleteReadError, OSError):
-            pass
-        finally:
-            # flush what is queued (an Error frame, the last replies), then close
-            self._drop(peer, "connection closed", graceful=True)
-            if me is not None:
-                self._handlers.discard(me)
 
     def _welcome(self, peer: Peer, hello: object) -> bool:
         if not isinstance(hello, Hello):
@@ -263,8 +227,7 @@ class BrokerServer(Handlers):
         while not peer.closed:
             if not peer.send(views.stats_push(self, frame)):
                 return
-            with contextlib.suppress(Exception):
-                await peer.writer.drain()
+            await peer.drain()
             await asyncio.sleep(interval)
 
     # -- background ----------

@@ -1,19 +1,24 @@
-"""One connected client as the server sees it: its role, its writer, when it was last heard."""
+"""One connected client as the server sees it: its role, its transport, when it was last heard."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fabricctl.server.protocol import Frame, encode
 
 
+async def _ready() -> None:
+    return None
+
+
 @dataclass(eq=False, slots=True)
 class Peer:
     """Why: replies, pushes and liveness all hang off the connection they belong to."""
 
-    writer: asyncio.StreamWriter
+    transport: asyncio.Transport
     transport_kind: str  # "unix" or "tcp"
     role: str = ""
     name: str = ""
@@ -25,14 +30,15 @@ class Peer:
     engine_stats: dict[str, Any] = field(default_factory=dict)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     closed: bool = False
+    drain: Callable[[], Awaitable[None]] = _ready  # waits while the write buffer is full
 
     def send(self, frame: Frame) -> bool:
         """Queue a frame; False when the connection is already gone."""
-        if self.closed or self.writer.is_closing():
+        if self.closed or self.transport.is_closing():
             self.closed = True
             return False
         try:
-            self.writer.write(encode(frame))
+            self.transport.write(encode(frame))
         except (ConnectionError, RuntimeError, OSError):
             self.closed = True
             return False
@@ -44,8 +50,8 @@ class Peer:
         self.closed = True
         for t in self.tasks:
             t.cancel()
-        transport = self.writer.transport
-        if transport is None:
+        transport = self.transport
+        if transport.is_closing():
             return
         if graceful and transport.get_write_buffer_size():
             transport.close()

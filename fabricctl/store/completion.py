@@ -19,7 +19,7 @@ import msgspec
 from fabricctl.core.types import ItemResult
 from fabricctl.faults import fault_point
 from fabricctl.formats.results import ResultRecord, make_record
-from fabricctl.store.ingest import _putmulti
+from fabricctl.store.ingest import put_steps
 from fabricctl.store.keys import (
     TOMBSTONE,
     SegHeader,
@@ -28,6 +28,7 @@ from fabricctl.store.keys import (
     rseq_key,
     seg_key,
 )
+from fabricctl.store.steps import STEP_DELETES, STEP_RESULTS, Steps, run_steps
 
 if TYPE_CHECKING:
     from fabricctl.core.broker import Broker
@@ -110,6 +111,12 @@ class Completion:
     ) -> CompletePlan:
         """Encode the results of the batches still in flight and mark them settling (a
         disconnect leaves them in flight); nothing is written yet."""
+        return run_steps(self.complete_steps(done, now))
+
+    def complete_steps(
+        self, done: list[tuple[int, list[ItemResult], int | None]], now: float
+    ) -> Steps[CompletePlan]:
+        """`prepare_complete`, pausing between batches every `STEP_RESULTS` results."""
         inflight, work = self.core.inflight, self.work
         plan = CompletePlan(len(done))
         settling = self.core.settling
@@ -117,7 +124,11 @@ class Completion:
         models: set[str] = set()
         created = int(now)
         encode = _result_encoder.encode
+        mark = STEP_RESULTS
         for i, (batch_id, results, gpu) in enumerate(done):
+            if len(rows) >= mark:
+                mark = len(rows) + STEP_RESULTS
+                yield
             f = inflight.get(batch_id)
             items = work.get(batch_id)
             if f is None or items is None or batch_id in settling:
@@ -138,8 +149,8 @@ class Completion:
         plan.epochs = {m: self.core.models[m].epoch for m in models}
         return plan
 
-    def settle_rows(self, txn: lmdb.Transaction, plan: CompletePlan, batched: bool,
-                    grown: dict[int, int]) -> tuple[int, int]:
+    def settle_steps(self, txn: lmdb.Transaction, plan: CompletePlan, batched: bool,
+                     grown: dict[int, int]) -> Steps[tuple[int, int]]:
         """Write a prepared completion inside the caller's transaction: results, tombstones,
         result sequence, deleted counts or whole-segment deletes; returns (items, tokens)
         completed. `batched` assumes every entry is new to the tombstones and results (and
@@ -161,13 +172,14 @@ class Completion:
             gone = {s for s, k in counts.items()
                     if segs[s].deleted + k >= grown.get(s, segs[s].count)}
             by_key = sorted(rows)
-            if _putmulti(txn, dbs["results"], [(k, rec) for k, rec, _, _ in by_key]) != n:
+            if (yield from put_steps(txn, dbs["results"],
+                                     [(k, rec) for k, rec, _, _ in by_key])) != n:
                 raise _Conflict("results")
             tomb_rows = [(k, TOMBSTONE) for k, _, seg_id, _ in by_key if seg_id not in gone]
-            if _putmulti(txn, dbs["tomb"], tomb_rows) != len(tomb_rows):
+            if (yield from put_steps(txn, dbs["tomb"], tomb_rows)) != len(tomb_rows):
                 raise _Conflict("tomb")
             seq_rows = [(rseq_key(seq + j + 1), k) for j, (k, _, _, _) in enumerate(rows)]
-            if _putmulti(txn, dbs["rseq"], seq_rows, append=True) != n:
+            if (yield from put_steps(txn, dbs["rseq"], seq_rows, append=True)) != n:
                 raise RuntimeError("result sequence out of order: the meta table is stale")
             seq += n
             stored = [True] * n
@@ -189,7 +201,8 @@ class Completion:
             hdr = segs[seg_id]
             if hdr.deleted + n_done >= grown.get(seg_id, hdr.count):
                 fault_point("segment_delete")
-                delete_segment(txn, dbs, seg_id)
+                yield
+                yield from delete_segment_steps(txn, dbs, seg_id)
                 gone_now.append(seg_id)
             else:
                 txn.put(seg_key(seg_id), header_encoder.encode(
@@ -209,6 +222,10 @@ class Completion:
 
     def apply_complete(self, plan: CompletePlan, now: float) -> list[int]:
         """After the commit: settle the batches in the core; returns results stored per batch."""
+        return run_steps(self.apply_complete_steps(plan, now))
+
+    def apply_complete_steps(self, plan: CompletePlan, now: float) -> Steps[list[int]]:
+        """`apply_complete`, pausing every `STEP_RESULTS // 8` batches settled."""
         out = plan.out
         if not plan.settled:
             return out
@@ -224,7 +241,9 @@ class Completion:
         complete = self.core.complete
         settling = self.core.settling
         undone = self.undone
-        for i, batch_id in plan.settled:
+        for j, (i, batch_id) in enumerate(plan.settled):
+            if j and j % (STEP_RESULTS // 8) == 0:
+                yield
             settling.discard(batch_id)
             n = len(work.pop(batch_id))
             out[i] = sum(stored[pos:pos + n])
@@ -265,11 +284,22 @@ class Completion:
 def delete_segment(txn: lmdb.Transaction, dbs: dict[str, object], seg_id: int) -> None:
     """Delete a segment whole: its entries, tombstones and header (ids and results stay: a
     completed id remains a duplicate, and its result remains readable)."""
+    run_steps(delete_segment_steps(txn, dbs, seg_id))
+
+
+def delete_segment_steps(txn: lmdb.Transaction, dbs: dict[str, object],
+                         seg_id: int) -> Steps[None]:
+    """`delete_segment`, pausing every `STEP_DELETES` keys (entries go before their
+    tombstones, so no half-deleted segment shows a completed entry as queued)."""
     lo, hi = entry_key(seg_id, 0), entry_key(seg_id + 1, 0)
     for db_name in ("data", "tomb"):
         cur = txn.cursor(db=dbs[db_name])
         if cur.set_range(lo):
+            n = 0
             while (k := cur.key()) and k < hi:
                 if not cur.delete():
                     break
+                n += 1
+                if n % STEP_DELETES == 0:
+                    yield
     txn.delete(seg_key(seg_id), db=dbs["seg"])

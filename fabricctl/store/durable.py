@@ -64,6 +64,7 @@ __all__ = ["DurableBroker", "Reject", "StoreConfig"]
 from fabricctl.store.keys import SegHeader, entry_decoder
 from fabricctl.store.meta import Meta, PersistedLedger
 from fabricctl.store.recovery import RecoveryReport, recover
+from fabricctl.store.steps import Steps, run_steps
 
 log = logging.getLogger("fabricctl.store")
 
@@ -143,6 +144,12 @@ class DurableBroker(Ingest, Completion):
         """Write the plans into a new transaction, not committed yet (None: nothing to
         write). Its `env.finish` may run on a writer thread, while this thread goes on
         dispatching; nothing else may write until `committed` (or a failed finish)."""
+        return run_steps(self.stage_steps(ingest, complete))
+
+    def stage_steps(self, ingest: IngestPlan | None,
+                    complete: CompletePlan | None) -> Steps[StagedCommit | None]:
+        """`stage_commit` in steps: it pauses after the ingest's rows, after the results and
+        between parts of segment deletes, its transaction open meanwhile."""
         ing = ingest if ingest is not None and ingest.admits else None
         com = complete if complete is not None and complete.settled else None
         if ing is None and com is None:
@@ -150,13 +157,15 @@ class DurableBroker(Ingest, Completion):
         dbs = self.env.dbs
         grown = ing.grown() if ing is not None and com is not None else {}
 
-        def write(txn: lmdb.Transaction, batched: bool) -> PersistedLedger:
+        def write(txn: lmdb.Transaction, batched: bool) -> Steps[PersistedLedger]:
             received = completed = (0, 0)
             if ing is not None:
-                self.ingest_rows(txn, ing)
+                yield from self.ingest_rows(txn, ing)
                 received = ing.received
+                if com is not None:
+                    yield
             if com is not None:
-                completed = self.settle_rows(txn, com, batched, grown)
+                completed = yield from self.settle_steps(txn, com, batched, grown)
             ledger = self.meta.ledger_after(received, completed)
             self.meta.write(txn, dbs["meta"], ledger=ledger,
                             next_seg=ing.next_seg if ing is not None else None,
@@ -167,9 +176,9 @@ class DurableBroker(Ingest, Completion):
 
         drain = ing is None
         try:
-            staged = self.env.stage(lambda txn: write(txn, True), drain=drain)
+            staged = yield from self.env.stage_steps(lambda txn: write(txn, True), drain)
         except _Conflict:  # an entry already has a result: one put at a time, first one kept
-            staged = self.env.stage(lambda txn: write(txn, False), drain=drain)
+            staged = yield from self.env.stage_steps(lambda txn: write(txn, False), drain)
         return StagedCommit(staged, ing is not None, com is not None, drain)
 
     def committed(self, staged: StagedCommit) -> None:

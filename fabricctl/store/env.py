@@ -35,6 +35,7 @@ import lmdb
 from fabricctl.faults import fault_point
 from fabricctl.store.errors import StoreFullError, StoreLockedError
 from fabricctl.store.keys import DB_NAMES
+from fabricctl.store.steps import Steps, run_steps
 
 T = TypeVar("T")
 MiB = 1 << 20
@@ -121,10 +122,18 @@ class StoreEnv:
     def stage(self, fn: Callable[[lmdb.Transaction], T], drain: bool = False) -> Staged:
         """Begin a write transaction and run `fn` in it (not committed yet); the result of
         `fn` is on `.result`. A full map grows it and runs `fn` again."""
+        return run_steps(self.stage_steps(lambda txn: _at_once(fn, txn), drain))
+
+    def stage_steps(self, fn: Callable[[lmdb.Transaction], Steps[T]],
+                    drain: bool = False) -> Steps[Staged]:
+        """`stage`, pausing where `fn` pauses: the transaction stays open across the pauses
+        (the writer's own; reads meanwhile see the last commit). Closing the steps early
+        aborts it."""
         while True:
             txn = self.env.begin(write=True)
             try:
-                return Staged(txn, fn(txn))
+                result = yield from fn(txn)
+                return Staged(txn, result)
             except lmdb.MapFullError:
                 txn.abort()
                 self.grow(drain)
@@ -187,3 +196,9 @@ class StoreEnv:
         fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         os.close(self._lock_fd)
         self._lock_fd = -1
+
+
+def _at_once(fn: Callable[[lmdb.Transaction], T], txn: lmdb.Transaction) -> Steps[T]:
+    result = fn(txn)
+    yield from ()  # a generator with no pause
+    return result

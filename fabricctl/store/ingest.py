@@ -31,6 +31,7 @@ from fabricctl.store.keys import (
     header_encoder,
     seg_key,
 )
+from fabricctl.store.steps import STEP_ADMITS, STEP_ITEMS, STEP_ROWS, Steps, run_steps
 
 if TYPE_CHECKING:
     from fabricctl.core.broker import Broker
@@ -118,12 +119,17 @@ class Ingest:
     tail_seg: int
     store_cfg: StoreConfig
 
-    def _screen(self, items: list[Item]) -> tuple[list[Reject], list[tuple[int, Item, bytes]]]:
-        """Split a chunk into rejects and the items to store (index, item, UTF-8 id)."""
+    def _screen(
+        self, items: list[Item]
+    ) -> Steps[tuple[list[Reject], list[tuple[int, Item, bytes]]]]:
+        """Split a chunk into rejects and the items to store (index, item, UTF-8 id), pausing
+        every `STEP_ROWS` items."""
         rejects: list[Reject] = []
         good: list[tuple[int, Item, bytes]] = []
         seen: set[str] = set()
         for i, item in enumerate(items):
+            if i and i % STEP_ROWS == 0:
+                yield
             why = None if _valid(item) else validate(item)
             if why is None:
                 ident = item.id
@@ -138,8 +144,12 @@ class Ingest:
                     continue
             rejects.append(Reject(i, why))
         if good:
-            with self.env.read() as txn:
-                found = txn.cursor(db=self.env.dbs["ids"]).getmulti([g[2] for g in good])
+            found = []
+            for k in range(0, len(good), STEP_ROWS):  # no read transaction across a pause
+                yield
+                with self.env.read() as txn:
+                    found += txn.cursor(db=self.env.dbs["ids"]).getmulti(
+                        [g[2] for g in good[k:k + STEP_ROWS]])
             if found:
                 stored = {k for k, _ in found}
                 rejects.extend(Reject(i, f"duplicate id {item.id!r}")
@@ -150,13 +160,18 @@ class Ingest:
 
     def prepare_ingest(self, items: list[Item], now: float) -> IngestPlan:
         """Screen, place and encode a chunk (nothing is written yet)."""
+        return run_steps(self.ingest_steps(items, now))
+
+    def ingest_steps(self, items: list[Item], now: float) -> Steps[IngestPlan]:
+        """`prepare_ingest`, pausing after the screen and every `STEP_ITEMS` items placed."""
         env = self.env
         if env.free_disk() < self.store_cfg.disk_reserve:
             raise StoreFullError(env.full_message("the disk is nearly full"))
-        rejects, good = self._screen(items)
+        rejects, good = yield from self._screen(items)
         plan = IngestPlan(rejects)
         if not good:
             return plan
+        yield
         open_shape = self.core._open_shape
         segs = self.segs
         limit = self.store_cfg.segment_entries
@@ -168,7 +183,9 @@ class Ingest:
         admits = plan.admits
         tokens = 0
         encode, pack = entry_encoder.encode, _ENTRY.pack
-        for _, item, idb in good:
+        for placed, (_, item, idb) in enumerate(good, 1):
+            if placed % STEP_ITEMS == 0:
+                yield
             n = item.input_tokens
             slot = keyed.get((item.model, item.signature))
             if slot is None:
@@ -206,14 +223,14 @@ class Ingest:
         id_rows.sort()
         return plan
 
-    def ingest_rows(self, txn: lmdb.Transaction, plan: IngestPlan) -> None:
+    def ingest_rows(self, txn: lmdb.Transaction, plan: IngestPlan) -> Steps[None]:
         """Write a prepared chunk inside the caller's transaction (the meta counters are the
-        caller's to write)."""
+        caller's to write), pausing every `STEP_ROWS` rows."""
         dbs = self.env.dbs
         # every new key is above every stored one: append (return counts checked)
         for db, rows, append in (("data", plan.data_rows, True), ("seg", plan.seg_rows, True),
                                  ("ids", plan.id_rows, False)):
-            added = _putmulti(txn, dbs[db], rows, append=append)
+            added = yield from put_steps(txn, dbs[db], rows, append)
             if added != len(rows):  # the screen ran just before, and we are the only writer
                 raise RuntimeError(f"ingest: {len(rows) - added} {db} keys were not "
                                    "stored (already there, or out of order)")
@@ -221,6 +238,11 @@ class Ingest:
 
     def apply_ingest(self, plan: IngestPlan, now: float) -> list[Reject]:
         """After the commit: the new entries become dispatchable; returns the rejects."""
+        return run_steps(self.apply_ingest_steps(plan, now))
+
+    def apply_ingest_steps(self, plan: IngestPlan, now: float) -> Steps[list[Reject]]:
+        """`apply_ingest`, pausing every `STEP_ADMITS` entries admitted (those admitted are
+        dispatchable at once: they are committed)."""
         if not plan.admits:
             return plan.rejects
         self.meta.next_seg = plan.next_seg
@@ -230,8 +252,23 @@ class Ingest:
             if r.new:
                 segs[r.seg_id] = r.hdr
         self.tail_seg = plan.runs[-1].seg_id
-        self.core.admit_all(plan.admits, now)
+        admits = plan.admits
+        for k in range(0, len(admits), STEP_ADMITS):
+            if k:
+                yield
+            self.core.admit_all(admits[k:k + STEP_ADMITS], now)
         return plan.rejects
+
+
+def put_steps(txn: lmdb.Transaction, db: object, rows: list[tuple[bytes, bytes]],
+              append: bool = False) -> Steps[int]:
+    """`_putmulti` in slices of `STEP_ROWS` rows, pausing between them."""
+    added = 0
+    for k in range(0, len(rows), STEP_ROWS):
+        if k:
+            yield
+        added += _putmulti(txn, db, rows[k:k + STEP_ROWS], append)
+    return added
 
 
 def _putmulti(txn: lmdb.Transaction, db: object, rows: list[tuple[bytes, bytes]],

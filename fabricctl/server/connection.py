@@ -1,0 +1,91 @@
+"""One client connection as the event loop sees it: bytes in, frames dispatched, bytes out.
+
+Contract: the first frame must be `Hello` (`BrokerServer._welcome` answers it); every later
+frame is handed to `BrokerServer._dispatch` from the read callback itself, in order. A frame
+longer than the maximum, malformed, or of an unknown type gets an `Error` and the connection
+is closed after what is queued for it has been sent; so is one whose handler closed it. The
+end of the stream or a socket error drops the peer at once (a consumer's batches go back to
+their lanes). `drain()` waits while the transport's write buffer is over its high mark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from fabricctl.server.peer import Peer
+from fabricctl.server.protocol import Error, FrameReader, FrameTooLarge
+
+if TYPE_CHECKING:
+    from fabricctl.server.app import BrokerServer
+
+log = logging.getLogger("fabricctl.server")
+
+
+class Connection(asyncio.Protocol):
+    """Why: a frame is handled in the callback that read it, with no task per connection."""
+
+    def __init__(self, server: BrokerServer, kind: str) -> None:
+        self.server = server
+        self.kind = kind
+        self.frames = FrameReader(server.cfg.max_frame)
+        self.peer: Peer | None = None
+        self.welcomed = False
+        self._writable: asyncio.Future[None] | None = None  # set while writing is paused
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.peer = Peer(transport, self.kind, last_seen=self.server.clock(), drain=self.drain)
+        self.server.peers.add(self.peer)
+
+    def data_received(self, data: bytes) -> None:
+        peer, server = self.peer, self.server
+        if peer is None or peer.closed:
+            return
+        try:
+            for frame in self.frames.feed(data):
+                if not self.welcomed:
+                    self.welcomed = server._welcome(peer, frame)
+                    if not self.welcomed:
+                        peer.closed = True
+                else:
+                    peer.last_seen = server.clock()
+                    server._dispatch(peer, frame)
+                if peer.closed:
+                    break
+        except FrameTooLarge as e:
+            peer.send(Error("frame_too_large", str(e), fatal=True))
+            peer.closed = True
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            peer.send(Error("bad_frame", f"malformed or unknown frame: {e}", fatal=True))
+            peer.closed = True
+        except Exception:
+            log.exception("connection from %s failed", peer.name or self.kind)
+            peer.closed = True
+        if peer.closed:
+            server._drop(peer, "connection closed", graceful=True)
+
+    def eof_received(self) -> bool:
+        return False  # the peer is done: close our side too, which drops it
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        if self.peer is not None:
+            self.server._drop(self.peer, "connection closed", graceful=True)
+
+    def pause_writing(self) -> None:
+        if self._writable is None or self._writable.done():
+            self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    async def drain(self) -> None:
+        """Wait until the transport takes more (its write buffer fell below the low mark)."""
+        if self._writable is not None and not self._writable.done():
+            await self._writable
