@@ -5,14 +5,17 @@ accepted items returned (or raises the `StoreError` that refused them); `complet
 returns the results stored for one batch (-1: not in flight) once its commit returned;
 `enqueue_complete` does the same without waiting. A cycle takes up to `max_items` items of
 waiting submits (at least one chunk) and up to `max_batches` waiting completions holding at
-most twice as many results (at least one batch), so no step holds the event loop long, waiting
-up to `max_wait_s` for more when there are fewer, prepares both on the event loop, commits
-them in one transaction on the writer thread (LMDB lets go of the GIL while it writes and
-syncs, so the loop goes on serving pulls and heartbeats), then applies both on the loop and
-calls `on_commit`. One cycle at a time. A store refusal of the ingest (full map or disk)
-fails those submits only: the completions are committed alone. `pending_batches()` names the
-batches whose completion was received and is not settled yet; `stop()` commits whatever
-waits and returns once the last cycle finished (a cycle is never cut short).
+most twice as many results (at least one batch), waiting up to `max_wait_s` for more when
+there are fewer and no commit is running. It prepares both on the event loop in short steps
+(`fabricctl.store.steps`), each after the socket events that were waiting, stages them in
+one transaction, and commits it on the writer thread (LMDB lets go of the GIL while it writes
+and syncs). While that commit runs, the next cycle is taken and prepared; then the first is
+applied, answered and `on_commit` called (also after each part of its entries is made
+dispatchable), and only then is the next one staged: one transaction at a time, applied in
+order. A store refusal of the ingest (full map or disk) fails those submits only: the
+completions are committed alone. `pending_batches()` names the batches whose completion was
+received and is not settled yet; `stop()` commits whatever waits and returns once the last
+cycle finished (a cycle is never cut short).
 """
 
 from __future__ import annotations
@@ -21,19 +24,17 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from fabricctl.core.types import Item, ItemResult
+from fabricctl.core.types import Item
+from fabricctl.server.cycle import Cycle, Done, answer_chunks, fail_all
 from fabricctl.server.protocol import Reject
 from fabricctl.store.errors import StoreError
 from fabricctl.store.steps import Steps
 
 if TYPE_CHECKING:
-    from fabricctl.store.completion import CompletePlan
     from fabricctl.store.durable import DurableBroker
-    from fabricctl.store.ingest import IngestPlan
 
-Done = tuple[int, list[ItemResult], "int | None"]  # batch id, results, gpu
 T = TypeVar("T")
 
 
@@ -56,6 +57,7 @@ class Writer:
         self._chunks: deque[tuple[list[Item], asyncio.Future[list[Reject]]]] = deque()
         self._items = 0
         self._done: deque[tuple[Done, asyncio.Future[int]]] = deque()
+        self._taken: set[int] = set()  # batches of cycles being prepared or committed
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -71,8 +73,8 @@ class Writer:
         self._wake.set()
         if self._task is not None:
             await self._task
-        while self._chunks or self._done:  # never started: commit what waits here
-            await self._cycle()
+        else:  # never started: commit what waits here
+            await self._run()
         self.thread.shutdown(wait=True)
 
     async def submit(self, items: list[Item]) -> list[Reject]:
@@ -92,56 +94,62 @@ class Writer:
         return await self.enqueue_complete(done)
 
     def pending_batches(self) -> set[int]:
-        return {d[0] for d, _ in self._done}
+        return {d[0] for d, _ in self._done} | self._taken
+
+    # -- the cycle ----------
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        landing: Cycle | None = None  # staged, its commit running on the thread
         while True:
             if not (self._chunks or self._done):
+                if landing is not None:
+                    if await self._work_before(landing):
+                        continue  # prepared while it lands
+                    await self._finish(landing)
+                    landing = None
+                    continue
                 if self._closing:
                     return
                 await self._wake.wait()
                 self._wake.clear()
                 continue
-            deadline = loop.time() + self.max_wait_s
-            while (not self._closing and self._items < self.max_items
-                   and len(self._done) < self.max_batches and loop.time() < deadline):
-                await asyncio.sleep(min(self.max_wait_s / 4, deadline - loop.time()))
-            await self._cycle()
+            if landing is None:  # no commit to overlap: wait a little for a fuller cycle
+                deadline = loop.time() + self.max_wait_s
+                while (not self._closing and self._items < self.max_items
+                       and len(self._done) < self.max_batches and loop.time() < deadline):
+                    await asyncio.sleep(min(self.max_wait_s / 4, deadline - loop.time()))
+            cycle = self._take()
+            if landing is None:
+                await self._prepare(cycle, None)
+            else:  # prepared while the commit runs; applied as soon as it returned
+                behind = landing.ip is not None and bool(landing.ip.admits)
+                prepared = loop.create_task(self._prepare(cycle, landing))
+                try:
+                    await self._finish(landing)
+                finally:
+                    await prepared
+                if behind and not landing.ingested and cycle.ip is not None:
+                    cycle.ip = None  # screened against ids that were not stored: again
+                    await self._prepare(cycle, None, again=True)
+                landing = None
+            if not cycle.failed:
+                landing = await self._start(cycle)
             await asyncio.sleep(0)
 
-    async def _commit(self, ip: IngestPlan | None, cp: CompletePlan | None) -> None:
-        """Stage the plans here in steps, commit on the writer thread, grow the map here if
-        needed.
-
-        Only the commit runs on the thread: py-lmdb lets go of the GIL around every put, so
-        a thread doing the puts waits for the GIL once per row while the loop is busy
-        (measured: a 1,000-row write took 150 ms instead of 1 ms against a busy loop)."""
-        store = self.store
-        loop = asyncio.get_running_loop()
-        while (staged := await self._steps(store.stage_steps(ip, cp))) is not None:
-            if self.threaded:
-                ok = await loop.run_in_executor(self.thread, store.env.finish,
-                                                staged.txn_staged, staged.drain)
-            else:
-                ok = store.env.finish(staged.txn_staged, staged.drain)
-            if ok:
-                store.committed(staged)
-                return
-            store.env.grow(staged.drain)
-
-    async def _steps(self, steps: Steps[T]) -> T:
-        """Run a store operation, letting the loop serve sockets at each of its pauses."""
+    async def _work_before(self, landing: Cycle) -> bool:
+        """Wait for new work or for the landing commit to return; True: work came first."""
+        if landing.commit is None or landing.commit.done():
+            return False
+        self._wake.clear()
+        woken = asyncio.ensure_future(self._wake.wait())
         try:
-            while True:
-                next(steps)
-                await io_turn()
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            await asyncio.wait({landing.commit, woken}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            steps.close()  # cancelled at a pause: its transaction is aborted
+            woken.cancel()
+        return bool(self._chunks or self._done) and not landing.commit.done()
 
-    async def _cycle(self) -> None:
+    def _take(self) -> Cycle:
         chunks, taken = [], 0
         while self._chunks and (not chunks or taken + len(self._chunks[0][0]) <= self.max_items):
             chunks.append(self._chunks.popleft())
@@ -152,55 +160,152 @@ class Writer:
                 not done or results + len(self._done[0][0][1]) <= 2 * self.max_items):
             done.append(self._done.popleft())
             results += len(done[-1][0][1])
+        self._taken.update(d[0] for d, _ in done)
+        return Cycle(chunks, done)
+
+    async def _prepare(self, c: Cycle, after: Cycle | None, again: bool = False) -> None:
+        """Screen, place and encode the submits; encode the completions (not when `again`)."""
         store, now = self.store, self.clock()
-        ip: IngestPlan | None = None
-        cp: CompletePlan | None = None
-        refused: BaseException | None = None
         try:
-            if chunks:
+            if c.chunks:
                 try:
-                    ip = await self._steps(
-                        store.ingest_steps([it for c, _ in chunks for it in c], now))
+                    c.ip = await self._steps(store.ingest_steps(
+                        [it for ch, _ in c.chunks for it in ch], now, after is not None,
+                        after.ip if after is not None else None))
                 except StoreError as e:
-                    refused = e
+                    c.refused = e
                 await io_turn()
-            if done:
-                cp = await self._steps(store.complete_steps([d for d, _ in done], now))
+            if c.done and not again:
+                c.cp = await self._steps(store.complete_steps([d for d, _ in c.done], now))
                 await io_turn()
-            try:
-                await self._commit(ip, cp)
-            except StoreError as e:
-                if ip is None or cp is None or not cp.settled:
-                    raise
-                refused, ip = e, None  # the ingest was refused: the completions go alone
-                await self._commit(None, cp)
         except BaseException as e:
-            if cp is not None:
-                store.abort_complete(cp, self.clock())
-            if ip is not None:
-                refused = e
-            _fail([f for _, f in chunks], refused or e)
-            _fail([f for _, f in done], e)
+            self._fail(c, e)
+            if not isinstance(e, Exception):
+                raise
+
+    async def _start(self, c: Cycle) -> Cycle | None:
+        """Stage the cycle and start its commit; None once it is over (nothing to commit,
+        or it failed), else the cycle to finish."""
+        try:
+            if await self._begin(c):
+                return c
+        except BaseException as e:
+            self._fail(c, e)
+            if not isinstance(e, Exception):
+                raise
+            return None
+        self._apply(c)  # nothing to write: rejects and duplicates only
+        return None
+
+    async def _begin(self, c: Cycle) -> bool:
+        """Stage the plans (without a refused ingest) and start their commit; False when
+        there is nothing to commit."""
+        while True:
+            try:
+                staged = await self._steps(self.store.stage_steps(c.ip, c.cp))
+            except StoreError as e:
+                if not c.refuse_ingest(e):
+                    raise
+                continue
+            if staged is None:
+                return False
+            c.staged = staged
+            if self.threaded:
+                c.commit = asyncio.get_running_loop().run_in_executor(
+                    self.thread, self.store.env.finish, staged.txn_staged, staged.drain)
+            else:
+                c.commit = asyncio.get_running_loop().create_future()
+                try:
+                    c.commit.set_result(self.store.env.finish(staged.txn_staged, staged.drain))
+                except BaseException as e:
+                    c.commit.set_exception(e)
+            return True
+
+    async def _finish(self, c: Cycle) -> None:
+        """Wait for the cycle's commit (staging again after growing the map, or without a
+        refused ingest), then apply and answer it."""
+        store = self.store
+        committed = False
+        try:
+            while c.commit is not None and c.staged is not None:
+                try:
+                    if await c.commit:
+                        store.committed(c.staged)
+                        committed = True
+                        break
+                    store.env.grow(c.staged.drain)
+                except StoreError as e:
+                    if not c.refuse_ingest(e):
+                        raise
+                c.commit = None
+                if not await self._begin(c):
+                    break
+        except BaseException as e:
+            self._fail(c, e)
             if not isinstance(e, Exception):
                 raise
             return
-        now = self.clock()
+        if not committed:
+            self._apply(c)
+            return
         self.commits += 1
-        if ip is not None:
-            await io_turn()
-            self.ingest_commits += bool(ip.admits)
-            _answer_chunks(chunks, await self._steps(store.apply_ingest_steps(ip, now)))
-            if cp is not None:
+        await io_turn()
+        if c.ip is not None:
+            self.ingest_commits += bool(c.ip.admits)
+            c.ingested = True
+            # pulls waiting for work get each part of it as soon as it is dispatchable
+            admitted = store.apply_ingest_steps(c.ip, self.clock())
+            answer_chunks(c.chunks, await self._steps(admitted, self.on_commit))
+            if c.cp is not None:
                 await io_turn()
-        elif chunks:
-            _fail([f for _, f in chunks], refused or StoreError("ingest refused"))
-        if cp is not None:
+        if c.cp is not None:
             self.complete_commits += 1
-            stored = await self._steps(store.apply_complete_steps(cp, now))
-            for (_, fut), n in zip(done, stored, strict=True):
-                if not fut.done():
-                    fut.set_result(n)
+            c.answer_done(await self._steps(store.apply_complete_steps(c.cp, self.clock())))
+        self._settled(c)
+
+    def _apply(self, c: Cycle) -> None:
+        """Apply a cycle that wrote nothing (every item rejected, every batch late)."""
+        store, now = self.store, self.clock()
+        if c.ip is not None:
+            answer_chunks(c.chunks, store.apply_ingest(c.ip, now))
+        if c.cp is not None:
+            c.answer_done(store.apply_complete(c.cp, now))
+        self._settled(c)
+
+    def _settled(self, c: Cycle) -> None:
+        if c.ip is None and c.chunks:
+            fail_all([f for _, f in c.chunks], c.refused or StoreError("ingest refused"))
+        self._taken.difference_update(d[0] for d, _ in c.done)
         self.on_commit()
+
+    def _fail(self, c: Cycle, e: BaseException) -> None:
+        """The cycle failed: its completions are not settling any more, everyone hears why."""
+        store, now = self.store, self.clock()
+        if c.cp is not None:
+            store.abort_complete(c.cp, now)
+        for (batch_id, _, _), _ in c.done:  # one whose consumer left: nobody else returns it
+            f = store.core.inflight.get(batch_id)
+            if (f is not None and batch_id not in store.core.settling
+                    and f.batch.consumer not in store.core.consumers):
+                store.fail(batch_id, now, "its completion could not be stored")
+        c.failed = True
+        fail_all([f for _, f in c.chunks], c.refused or e)
+        fail_all([f for _, f in c.done], e)
+        self._taken.difference_update(d[0] for d, _ in c.done)
+
+    async def _steps(self, steps: Steps[T], each: Callable[[], None] | None = None) -> T:
+        """Run a store operation, letting the loop serve sockets at each of its pauses (and
+        calling `each` there first)."""
+        try:
+            while True:
+                next(steps)
+                if each is not None:
+                    each()
+                await io_turn()
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        finally:
+            steps.close()  # cancelled at a pause: its transaction is aborted
 
 
 async def io_turn() -> None:
@@ -211,27 +316,3 @@ async def io_turn() -> None:
     one. The second yield puts the step behind them."""
     await asyncio.sleep(0)
     await asyncio.sleep(0)
-
-
-def _answer_chunks(chunks: list[tuple[list[Item], Any]], rejects: list[Any]) -> None:
-    """Split the rejects of the flattened chunks back into each chunk's own indexes."""
-    out: list[list[Reject]] = [[] for _ in chunks]
-    starts, pos = [], 0
-    for c, _ in chunks:
-        starts.append(pos)
-        pos += len(c)
-    ci = 0
-    for r in rejects:
-        while ci + 1 < len(starts) and r.index >= starts[ci + 1]:
-            ci += 1
-        out[ci].append(Reject(r.index - starts[ci], r.reason))
-    for (_, fut), rs in zip(chunks, out, strict=True):
-        if not fut.done():
-            fut.set_result(rs)
-
-
-def _fail(futs: list[asyncio.Future[Any]], e: BaseException) -> None:
-    for fut in futs:
-        if not fut.done():
-            fut.set_exception(e)
-            fut.exception()  # a waiter that went away must not leave it unretrieved

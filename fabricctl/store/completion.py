@@ -125,27 +125,31 @@ class Completion:
         created = int(now)
         encode = _result_encoder.encode
         mark = STEP_RESULTS
-        for i, (batch_id, results, gpu) in enumerate(done):
-            if len(rows) >= mark:
-                mark = len(rows) + STEP_RESULTS
-                yield
-            f = inflight.get(batch_id)
-            items = work.get(batch_id)
-            if f is None or items is None or batch_id in settling:
-                self.duplicate_completions += 1
-                continue
-            batch = f.batch
-            plan.settled.append((i, batch_id))
-            settling.add(batch_id)
-            models.add(batch.model)
-            by_id = {r.id: r for r in results}
-            lane, epoch = batch.lane, batch.epoch
-            for e, item in zip(batch.entries, items, strict=True):
-                r = by_id.get(item.id) or ItemResult(
-                    item.id, finish_reason="error",
-                    error="the engine returned no result for this item")
-                rec = make_record(item, r, lane=lane, epoch=epoch, gpu=gpu, created=created)
-                rows.append((e.key.to_bytes(12, "big"), encode(rec), e.key >> 32, e.tokens))
+        try:
+            for i, (batch_id, results, gpu) in enumerate(done):
+                if len(rows) >= mark:
+                    mark = len(rows) + STEP_RESULTS
+                    yield
+                f = inflight.get(batch_id)
+                items = work.get(batch_id)
+                if f is None or items is None or batch_id in settling:
+                    self.duplicate_completions += 1
+                    continue
+                batch = f.batch
+                plan.settled.append((i, batch_id))
+                settling.add(batch_id)
+                models.add(batch.model)
+                by_id = {r.id: r for r in results}
+                lane, epoch = batch.lane, batch.epoch
+                for e, item in zip(batch.entries, items, strict=True):
+                    r = by_id.get(item.id) or ItemResult(
+                        item.id, finish_reason="error",
+                        error="the engine returned no result for this item")
+                    rec = make_record(item, r, lane=lane, epoch=epoch, gpu=gpu, created=created)
+                    rows.append((e.key.to_bytes(12, "big"), encode(rec), e.key >> 32, e.tokens))
+        except BaseException:  # closed at a pause, or failed: these batches are not settling
+            settling.difference_update(b for _, b in plan.settled)
+            raise
         plan.epochs = {m: self.core.models[m].epoch for m in models}
         return plan
 

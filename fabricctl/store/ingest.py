@@ -120,10 +120,10 @@ class Ingest:
     store_cfg: StoreConfig
 
     def _screen(
-        self, items: list[Item]
+        self, items: list[Item], pending: set[bytes]
     ) -> Steps[tuple[list[Reject], list[tuple[int, Item, bytes]]]]:
         """Split a chunk into rejects and the items to store (index, item, UTF-8 id), pausing
-        every `STEP_ROWS` items."""
+        every `STEP_ROWS` items; ids in `pending` (being committed) count as stored."""
         rejects: list[Reject] = []
         good: list[tuple[int, Item, bytes]] = []
         seen: set[str] = set()
@@ -136,7 +136,7 @@ class Ingest:
                 idb = ident.encode()
                 if len(idb) > MAX_ID_BYTES:
                     why = f"id is longer than {MAX_ID_BYTES} bytes in UTF-8"
-                elif ident in seen:
+                elif ident in seen or idb in pending:
                     why = f"duplicate id {ident!r}"
                 else:
                     seen.add(ident)
@@ -162,12 +162,19 @@ class Ingest:
         """Screen, place and encode a chunk (nothing is written yet)."""
         return run_steps(self.ingest_steps(items, now))
 
-    def ingest_steps(self, items: list[Item], now: float) -> Steps[IngestPlan]:
-        """`prepare_ingest`, pausing after the screen and every `STEP_ITEMS` items placed."""
+    def ingest_steps(self, items: list[Item], now: float, landing: bool = False,
+                     after: IngestPlan | None = None) -> Steps[IngestPlan]:
+        """`prepare_ingest`, pausing after the screen and every `STEP_ITEMS` items placed.
+
+        `landing`: a commit is still running, to be applied before this one, and `after` is
+        its ingest. Its ids count as stored, and this ingest starts new segments above its
+        own: it never grows a segment while that commit (which may delete the segment, or
+        be refused) is not applied. Should `after` be refused, prepare again."""
         env = self.env
         if env.free_disk() < self.store_cfg.disk_reserve:
             raise StoreFullError(env.full_message("the disk is nearly full"))
-        rejects, good = yield from self._screen(items)
+        pending = {idb for idb, _ in after.id_rows} if after is not None else set()
+        rejects, good = yield from self._screen(items, pending)
         plan = IngestPlan(rejects)
         if not good:
             return plan
@@ -179,6 +186,10 @@ class Ingest:
         every: list[_Run] = []
         next_seg = self.meta.next_seg
         tail = segs.get(self.tail_seg)
+        if landing:
+            tail = None
+            if after is not None and after.admits:
+                next_seg = after.next_seg
         id_rows = plan.id_rows
         admits = plan.admits
         tokens = 0
