@@ -1,4 +1,5 @@
-"""The writer prepares the next cycle while a commit runs: what that cycle may assume.
+"""The writer prepares the next cycle while a commit runs (what that cycle may assume), in
+steps the event loop runs between.
 
 Each test holds the first commit on the writer thread until the next cycle is prepared,
 then lets it land (or fail) and checks what was stored, answered and recovered."""
@@ -6,6 +7,7 @@ then lets it land (or fail) and checks what was stored, answered and recovered."
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +19,7 @@ from test_writer import CONTRACT, answer, drain, items, result_ids
 from fabricctl.server.writer import Writer
 from fabricctl.store.durable import DurableBroker, StoreConfig
 from fabricctl.store.errors import StoreFullError
-from fabricctl.store.steps import Steps
+from fabricctl.store.steps import STEP_ITEMS, Steps
 
 
 class Gate:
@@ -134,3 +136,37 @@ async def test_an_ingest_prepared_while_a_completion_empties_the_newest_segment_
     assert sorted(result_ids(again)) == sorted(
         [f"i{k}" for k in range(4)] + [f"late{k}" for k in range(3)])
     again.close()
+
+
+async def test_the_loop_runs_between_the_steps_of_a_large_ingest(
+    store: DurableBroker, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log: list[str] = []
+    loop = asyncio.get_running_loop()
+    real = store.ingest_steps
+
+    def logged(*args: Any) -> Steps[Any]:
+        inner = real(*args)
+        try:
+            while True:
+                log.append("step")
+                next(inner)
+                yield
+        except StopIteration as done:
+            return done.value
+
+    def turn() -> None:  # one call per event-loop iteration
+        log.append("turn")
+        handle[0] = loop.call_soon(turn)
+
+    monkeypatch.setattr(store, "ingest_steps", logged)
+    handle = [loop.call_soon(turn)]
+    writer = Writer(store, lambda: 1.0, lambda: None, max_items=8192, max_wait_s=0.0)
+    writer.start()
+    assert await writer.submit(items(4096)) == []
+    await writer.stop()
+    handle[0].cancel()
+    steps = [k for k, what in enumerate(log) if what == "step"]
+    assert len(steps) > 4096 // STEP_ITEMS  # it pauses at least every STEP_ITEMS placed
+    assert all("turn" in log[a:b] for a, b in itertools.pairwise(steps))
+    assert drain(store) == 4096

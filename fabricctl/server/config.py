@@ -25,7 +25,6 @@ class ServerConfig:
     complete_batches: int = 8  # per commit: smaller groups keep the loop's steps short
     writer_thread: bool = True  # commit on a writer thread: the loop dispatches meanwhile
     tick_s: float = 1.0
-    yield_s: float = 0.1  # the dispatch loop yields after this much work
 
     @property
     def socket_path(self) -> Path:

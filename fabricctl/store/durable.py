@@ -23,7 +23,10 @@ Contract:
   transaction for either or both; LMDB only, so it may run on a writer thread), then
   `apply_ingest` / `apply_complete` (on the caller's thread). Batches being settled are in
   `core.settling` from prepare to apply: a fail or disconnect leaves them alone. `ingest`
-  and `complete_many` run the three steps in a row.
+  and `complete_many` run the three steps in a row. The long ones also come as generators
+  that pause between parts (`ingest_steps`, `complete_steps`, `stage_steps`,
+  `apply_ingest_steps`, `apply_complete_steps`; see `fabricctl.store.steps`): the server's
+  writer lets its event loop serve sockets at each pause.
 - Crash loops are bounded: every entry that comes back undone (failed, or held by a lost
   consumer) is counted in memory; one that was handed out `max_deliveries` times without a
   result is not handed out again: `pull` completes it with an error result ("quarantined
