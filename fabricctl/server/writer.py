@@ -24,18 +24,17 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from fabricctl.core.types import Item
 from fabricctl.server.cycle import Cycle, Done, answer_chunks, fail_all
+from fabricctl.server.pauses import io_turn, run_steps_async
 from fabricctl.server.protocol import Reject
 from fabricctl.store.errors import StoreError
-from fabricctl.store.steps import Steps
 
 if TYPE_CHECKING:
     from fabricctl.store.durable import DurableBroker
 
-T = TypeVar("T")
 
 
 class Writer:
@@ -169,14 +168,14 @@ class Writer:
         try:
             if c.chunks:
                 try:
-                    c.ip = await self._steps(store.ingest_steps(
+                    c.ip = await run_steps_async(store.ingest_steps(
                         [it for ch, _ in c.chunks for it in ch], now, after is not None,
                         after.ip if after is not None else None))
                 except StoreError as e:
                     c.refused = e
                 await io_turn()
             if c.done and not again:
-                c.cp = await self._steps(store.complete_steps([d for d, _ in c.done], now))
+                c.cp = await run_steps_async(store.complete_steps([d for d, _ in c.done], now))
                 await io_turn()
         except BaseException as e:
             self._fail(c, e)
@@ -202,7 +201,7 @@ class Writer:
         there is nothing to commit."""
         while True:
             try:
-                staged = await self._steps(self.store.stage_steps(c.ip, c.cp))
+                staged = await run_steps_async(self.store.stage_steps(c.ip, c.cp))
             except StoreError as e:
                 if not c.refuse_ingest(e):
                     raise
@@ -255,12 +254,12 @@ class Writer:
             c.ingested = True
             # pulls waiting for work get each part of it as soon as it is dispatchable
             admitted = store.apply_ingest_steps(c.ip, self.clock())
-            answer_chunks(c.chunks, await self._steps(admitted, self.on_commit))
+            answer_chunks(c.chunks, await run_steps_async(admitted, self.on_commit))
             if c.cp is not None:
                 await io_turn()
         if c.cp is not None:
             self.complete_commits += 1
-            c.answer_done(await self._steps(store.apply_complete_steps(c.cp, self.clock())))
+            c.answer_done(await run_steps_async(store.apply_complete_steps(c.cp, self.clock())))
         self._settled(c)
 
     def _apply(self, c: Cycle) -> None:
@@ -292,27 +291,3 @@ class Writer:
         fail_all([f for _, f in c.chunks], c.refused or e)
         fail_all([f for _, f in c.done], e)
         self._taken.difference_update(d[0] for d, _ in c.done)
-
-    async def _steps(self, steps: Steps[T], each: Callable[[], None] | None = None) -> T:
-        """Run a store operation, letting the loop serve sockets at each of its pauses (and
-        calling `each` there first)."""
-        try:
-            while True:
-                next(steps)
-                if each is not None:
-                    each()
-                await io_turn()
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        finally:
-            steps.close()  # cancelled at a pause: its transaction is aborted
-
-
-async def io_turn() -> None:
-    """Let the event loop serve what arrived before the writer's next step holds it.
-
-    A task resumed by `sleep(0)` runs ahead of the socket events the next loop turn collects,
-    so one yield would let a long step run before pulls that waited through the previous
-    one. The second yield puts the step behind them."""
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
