@@ -15,7 +15,10 @@ server-side (`server.metrics.latencies`: from the broker starting the pull to th
 which leaves out time the pull waited for the event loop); the broker's event-loop lag
 (how late a 1 ms timer fires), its CPU time and its group-commit counts. At the end every
 item must have exactly one result and the ledger must read zero. Targets on a 2-core box:
->= 50,000 items/s, pull p99 <= 5 ms.
+>= 50,000 items/s, pull p99 <= 5 ms. The broker process settles its heap once serving, as
+`fabricctl up` does (`fabricctl.server.heap`). `cpu_probe_ms` times a fixed Python loop on
+this box after the runs: this VM's speed drifts by a third within an hour, so compare
+figures taken at similar probes.
 
     .venv/bin/python bench/e2e_bench.py                         # a table
     .venv/bin/python bench/e2e_bench.py --json                  # exactly one JSON object
@@ -370,6 +373,17 @@ def table(out: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{width}}  {v:>40}" for k, v in rows)
 
 
+def cpu_probe_ms() -> float:
+    """Milliseconds of a fixed pure-Python loop (best of 5): how fast this box runs Python
+    right now. A shared 2-core VM varies by a third over an hour; compare runs by it."""
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        sum(range(5_000_000))
+        best = min(best, time.perf_counter() - t0)
+    return round(best * 1e3, 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--items", type=int, default=200_000)
@@ -413,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(parent, ignore_errors=True)
     runs.sort(key=lambda r: r["items_per_s"])
     out = runs[len(runs) // 2]  # the median run by throughput
+    out["cpu_probe_ms"] = cpu_probe_ms()
     if len(runs) > 1:
         out["runs_items_per_s"] = [r["items_per_s"] for r in runs]
         out["runs_pull_p99_ms"] = [r["pull_p99_ms"] for r in runs]
