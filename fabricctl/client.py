@@ -22,6 +22,7 @@ import msgspec
 from fabricctl.core.snapshot import Snapshot
 from fabricctl.core.types import Contract, Item, ItemResult, Work
 from fabricctl.errors import BackendMissing, BrokerError, ProtocolError
+from fabricctl.server.flow import WriteFlow
 from fabricctl.server.protocol import (
     DEFAULT_MAX_FRAME,
     PROTOCOL_VERSION,
@@ -67,14 +68,13 @@ def is_tcp(address: str | Path) -> bool:
     return bool(sep and host and port.isdigit() and "/" not in s)
 
 
-class _Wire(asyncio.Protocol):
+class _Wire(WriteFlow):
     """Why: replies are matched to their requests in the callback that read them, with no
     reader task, so a reply reaches its waiter one event-loop turn sooner."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
         self.frames = FrameReader(client._max_frame)
-        self._writable: asyncio.Future[None] | None = None  # set while writing is paused
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -91,18 +91,6 @@ class _Wire(asyncio.Protocol):
         why = f": {exc}" if exc else ""
         self.client._lost(BackendMissing(f"the broker closed the connection{why}"))
         self.resume_writing()
-
-    def pause_writing(self) -> None:
-        if self._writable is None or self._writable.done():
-            self._writable = asyncio.get_running_loop().create_future()
-
-    def resume_writing(self) -> None:
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-
-    async def drain(self) -> None:
-        if self._writable is not None and not self._writable.done():
-            await self._writable
 
 
 class Client:

@@ -1,10 +1,13 @@
-"""Frames cut out of a byte stream as it arrives (`FrameReader`)."""
+"""Frames cut out of a byte stream as it arrives (`FrameReader`), and write pacing."""
 
 from __future__ import annotations
+
+import asyncio
 
 import msgspec
 import pytest
 
+from fabricctl.server.flow import WriteFlow
 from fabricctl.server.protocol import (
     HEADER,
     Done,
@@ -48,3 +51,19 @@ def test_frames_before_a_bad_one_are_delivered_first() -> None:
         for frame in reader.feed(encode(Done(1, 1)) + bad):
             got.append(frame)
     assert got == [Done(1, 1)]
+
+
+async def test_drain_waits_while_writing_is_paused_and_not_otherwise() -> None:
+    flow = WriteFlow()
+    await flow.drain()  # never paused: at once
+    flow.pause_writing()
+    waiter = asyncio.ensure_future(flow.drain())
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    flow.resume_writing()
+    await asyncio.wait_for(waiter, 1.0)
+    flow.pause_writing()
+    flow.pause_writing()  # paused twice: one resume still releases
+    waiter = asyncio.ensure_future(flow.drain())
+    flow.resume_writing()
+    await asyncio.wait_for(waiter, 1.0)

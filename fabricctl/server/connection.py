@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from fabricctl.server.flow import WriteFlow
 from fabricctl.server.peer import Peer
 from fabricctl.server.protocol import Error, FrameReader, FrameTooLarge
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fabricctl.server")
 
 
-class Connection(asyncio.Protocol):
+class Connection(WriteFlow):
     """Why: a frame is handled in the callback that read it, with no task per connection."""
 
     def __init__(self, server: BrokerServer, kind: str) -> None:
@@ -34,7 +35,6 @@ class Connection(asyncio.Protocol):
         self.frames = FrameReader(server.cfg.max_frame)
         self.peer: Peer | None = None
         self.welcomed = False
-        self._writable: asyncio.Future[None] | None = None  # set while writing is paused
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -72,20 +72,6 @@ class Connection(asyncio.Protocol):
         return False  # the peer is done: close our side too, which drops it
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
+        self.resume_writing()
         if self.peer is not None:
             self.server._drop(self.peer, "connection closed", graceful=True)
-
-    def pause_writing(self) -> None:
-        if self._writable is None or self._writable.done():
-            self._writable = asyncio.get_running_loop().create_future()
-
-    def resume_writing(self) -> None:
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-
-    async def drain(self) -> None:
-        """Wait until the transport takes more (its write buffer fell below the low mark)."""
-        if self._writable is not None and not self._writable.done():
-            await self._writable
