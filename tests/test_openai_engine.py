@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 
@@ -249,3 +250,30 @@ async def test_limits_and_unreadable_payload() -> None:
     bad = Item(id="x", model="m", signature=7, input_tokens=5, max_tokens=4, payload=b"\xc1")
     res = await eng.run(work([bad, item(1)]))
     assert res[0].finish_reason == "error" and res[1].finish_reason == "length"
+
+
+async def test_a_scrape_answered_after_a_later_one_is_not_counted_again() -> None:
+    counters = [(100, 40), (150, 60), (160, 70)]  # in the order the scrapes are sent
+    sent: list[int] = []
+    older_arrived, older_may_answer = asyncio.Event(), asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        k = len(sent)
+        sent.append(k)
+        if k == 1:  # the second scrape sent is answered after the third
+            older_arrived.set()
+            await older_may_answer.wait()
+        q, h = counters[k]
+        return httpx.Response(200, text=METRICS.format(q=q, h=h, t=1.0))
+
+    eng = OpenAIEngine("http://srv", "m", max_batch_size=8, max_batch_tokens=1024,
+                       max_input_len=100, transport=httpx.MockTransport(handler),
+                       scrape_metrics=True)
+    assert await eng.scrape() is not None  # the baseline
+    older = asyncio.ensure_future(eng.scrape())
+    await older_arrived.wait()
+    assert await eng.scrape() is not None
+    older_may_answer.set()
+    assert await older is not None
+    st = eng.stats()
+    assert (st.prefix_cache_queries, st.prefix_cache_hits) == (160 - 100, 70 - 40)

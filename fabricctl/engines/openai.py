@@ -125,6 +125,10 @@ class OpenAIEngine:
         self._stats = EngineStats(simulated=False)
         self._scrape_ok = scrape_metrics
         self._last: dict[str, float] = {}
+        # scrapes overlap (a batch's and a pre-warm's); one answered after a later one must
+        # not be folded in: its lower counters would read as a restart and count twice
+        self._scrapes_sent = 0
+        self._scrape_folded = 0
         self._start_time: float | None = None
         self.last_batch_cache: tuple[int, int] = (0, 0)  # (queries, hits) of the latest batch
 
@@ -226,6 +230,8 @@ class OpenAIEngine:
         """Scrape /metrics and fold counter increases into stats(); None when unavailable."""
         if not self._scrape_ok:
             return None
+        self._scrapes_sent += 1
+        mine = self._scrapes_sent
         try:
             resp = await self._client.get("/metrics")
             if resp.status_code == 404:
@@ -236,6 +242,9 @@ class OpenAIEngine:
         except (httpx.HTTPError, ValueError) as e:
             log.debug("%s: metrics scrape failed: %r", self.base_url, e)
             return None
+        if mine < self._scrape_folded:
+            return sample  # a later scrape already answered: its counters are newer
+        self._scrape_folded = mine
         restarted = (self._start_time is not None and sample.start_time is not None
                      and sample.start_time != self._start_time)
         if sample.start_time is not None:
