@@ -25,7 +25,7 @@ POINTS = (
     "dispatch_step1",
     "dispatch_step2",
     "dispatch_step3",
-    "complete_tombstone",
+    "complete_results",
     "complete_after_commit",
     "segment_delete",
     "map_grow",

@@ -397,7 +397,7 @@ def test_recovery_skips_completed_entries_and_requeues_pending_ones(tmp_path: Pa
 # -- segments ----------
 
 
-def test_segments_are_deleted_when_fully_tombstoned(tmp_path: Path) -> None:
+def test_segments_are_deleted_when_every_entry_has_a_result(tmp_path: Path) -> None:
     store = DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=8))
     store.core.register("gpu", Contract(MODEL, 4, 4096, 4096), 0.0)
     store.ingest(items(20), 0.0)  # one lane: segments of 8, 8 and 4 entries
@@ -407,20 +407,21 @@ def test_segments_are_deleted_when_fully_tombstoned(tmp_path: Path) -> None:
     assert w is not None
     store.complete(w.id, answer(w), 0.0)
     assert store.segs[first].deleted == 4
-    assert db_entries(store, "tomb") == 4
+    assert db_entries(store, "results") == 4  # a result marks its entry completed
+    assert db_entries(store, "data") == 20
     w = store.pull("gpu", 0.0)
     assert w is not None
     store.complete(w.id, answer(w), 0.0)
-    assert first not in store.segs  # all 8 tombstoned: gone whole, in the same commit
+    assert first not in store.segs  # all 8 have results: gone whole, in the same commit
     assert len(store.segs) == 2
-    assert db_entries(store, "tomb") == 0
+    assert db_entries(store, "results") == 8
     assert db_entries(store, "data") == 12
     assert db_entries(store, "seg") == 2
     with store.env.read() as txn:
         assert txn.get(entry_key_of(first << 32), db=store.env.dbs["data"]) is None
     assert drain(store, consumer="gpu") == 12
     assert store.segs == {}
-    for name in ("seg", "data", "tomb"):
+    for name in ("seg", "data"):
         assert db_entries(store, name) == 0
     assert db_entries(store, "results") == 20
     assert db_entries(store, "ids") == 20
@@ -559,6 +560,37 @@ def test_a_data_dir_of_another_layout_version_is_refused(tmp_path: Path) -> None
     store.close()
     with pytest.raises(StoreError, match="layout version 1"):
         DurableBroker(tmp_path / "d", 0.0)
+
+
+def test_a_data_dir_of_layout_3_is_taken_over_and_its_tombstones_dropped(
+    tmp_path: Path,
+) -> None:
+    """Layout 3 wrote a tombstone beside every result; its stores open, read by their
+    results, and lose the tombstone table."""
+    store = DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=8))
+    store.core.register("gpu", Contract(MODEL, 4, 4096, 4096), 0.0)
+    store.ingest(items(20), 0.0)
+    w = store.pull("gpu", 0.0)
+    assert w is not None
+    assert store.complete(w.id, answer(w), 0.0) == 4
+
+    def as_layout_3(txn: lmdb.Transaction) -> None:
+        tomb = store.env.env.open_db(b"tomb", txn=txn)
+        for k, _ in txn.cursor(db=store.env.dbs["results"]):
+            txn.put(k, b"\x00\x00\x00\x01", db=tomb)
+        store.meta.write(txn, store.env.dbs["meta"], fmt=3)
+
+    store.env.write(as_layout_3)
+    store.close()
+    store = DurableBroker(tmp_path / "d", 1.0, store=StoreConfig(segment_entries=8))
+    assert (store.recovery.items, store.recovery.ledger_ok) == (16, True)
+    assert store.meta.fmt == 4
+    with store.env.env.begin() as txn, pytest.raises(lmdb.NotFoundError):
+        store.env.env.open_db(b"tomb", txn=txn, create=False)
+    store.core.register("gpu", Contract(MODEL, 4, 4096, 4096), 1.0)
+    assert drain(store, consumer="gpu") == 16
+    assert sorted(result_ids(store)) == sorted(f"i{k}" for k in range(20))
+    store.close()
 
 
 def test_a_completion_meeting_an_existing_result_keeps_the_first(store: DurableBroker) -> None:

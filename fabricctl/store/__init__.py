@@ -1,2 +1,2 @@
 """Durable shape-pure segments in LMDB: group-committed ingest, failure-atomic dispatch,
-tombstones and recovery. `DurableBroker` is the entry point."""
+results that mark entries completed, and recovery. `DurableBroker` is the entry point."""

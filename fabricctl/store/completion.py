@@ -1,11 +1,11 @@
 """Completion and results: the half of the durable broker that settles batches.
 
-Contract: `complete_many` writes, in one durable commit, a tombstone per entry, each item's one
-result and its result sequence number, the segments' deleted counts and the ledger, and
-deletes every segment whose entries are all tombstoned (`delete_segment`) in the same commit;
-a completion for a batch no longer in flight is dropped (-1) and creates no second result.
-`results_since` and `result` read results back. `DurableBroker` inherits this; it needs its
-`core`, `env`, `meta`, `segs`, `work` and delivery counts.
+Contract: `complete_many` writes, in one durable commit, each item's one result (keyed by its
+entry: the result is what marks the entry completed) and its result sequence number, and the
+ledger, and deletes every segment whose entries all have results (`delete_segment`) in the
+same commit; a completion for a batch no longer in flight is dropped (-1) and creates no
+second result. `results_since` and `result` read results back. `DurableBroker` inherits
+this; it needs its `core`, `env`, `meta`, `segs`, `work` and delivery counts.
 """
 
 from __future__ import annotations
@@ -20,14 +20,7 @@ from fabricctl.core.types import ItemResult
 from fabricctl.faults import fault_point
 from fabricctl.formats.results import ResultRecord, make_record
 from fabricctl.store.ingest import put_steps
-from fabricctl.store.keys import (
-    TOMBSTONE,
-    SegHeader,
-    entry_key,
-    header_encoder,
-    rseq_key,
-    seg_key,
-)
+from fabricctl.store.keys import SegHeader, entry_key, rseq_key, seg_key
 from fabricctl.store.steps import STEP_DELETES, STEP_RESULTS, Steps, run_steps
 
 if TYPE_CHECKING:
@@ -155,12 +148,14 @@ class Completion:
 
     def settle_steps(self, txn: lmdb.Transaction, plan: CompletePlan, batched: bool,
                      grown: dict[int, int]) -> Steps[tuple[int, int]]:
-        """Write a prepared completion inside the caller's transaction: results, tombstones,
-        result sequence, deleted counts or whole-segment deletes; returns (items, tokens)
-        completed. `batched` assumes every entry is new to the tombstones and results (and
-        raises `_Conflict` when one is not: redo with `batched=False`, one put at a time,
-        the first result kept). `grown`: segments an ingest in the same transaction appends
-        to, with their new counts (never deleted whole here)."""
+        """Write a prepared completion inside the caller's transaction: results, result
+        sequence, whole-segment deletes; returns (items, tokens) completed. `batched` assumes
+        every entry is new to the results (and raises `_Conflict` when one is not: redo with
+        `batched=False`, one put at a time, the first result kept; such an entry, which the
+        id check should make impossible, still completes). `grown`: segments an
+        ingest in the same transaction appends to, with their new counts (never deleted
+        whole here). A segment's deleted count is kept in memory only: recovery counts its
+        results."""
         dbs = self.env.dbs
         segs = self.segs
         rows = plan.rows
@@ -173,33 +168,26 @@ class Completion:
                 counts[seg_id] = counts.get(seg_id, 0) + 1
                 tokens_done += tok
             items_done = n = len(rows)
-            gone = {s for s, k in counts.items()
-                    if segs[s].deleted + k >= grown.get(s, segs[s].count)}
-            by_key = sorted(rows)
             if (yield from put_steps(txn, dbs["results"],
-                                     [(k, rec) for k, rec, _, _ in by_key])) != n:
+                                     sorted([(k, rec) for k, rec, _, _ in rows]))) != n:
                 raise _Conflict("results")
-            tomb_rows = [(k, TOMBSTONE) for k, _, seg_id, _ in by_key if seg_id not in gone]
-            if (yield from put_steps(txn, dbs["tomb"], tomb_rows)) != len(tomb_rows):
-                raise _Conflict("tomb")
             seq_rows = [(rseq_key(seq + j + 1), k) for j, (k, _, _, _) in enumerate(rows)]
             if (yield from put_steps(txn, dbs["rseq"], seq_rows, append=True)) != n:
                 raise RuntimeError("result sequence out of order: the meta table is stale")
             seq += n
             stored = [True] * n
         else:
-            tomb, res, rseq = dbs["tomb"], dbs["results"], dbs["rseq"]
-            for k, rec, seg_id, tok in rows:
-                if txn.put(k, TOMBSTONE, db=tomb, overwrite=False):
-                    counts[seg_id] = counts.get(seg_id, 0) + 1
-                    items_done += 1
-                    tokens_done += tok
+            res, rseq = dbs["results"], dbs["rseq"]
+            for k, rec, seg_id, tok in rows:  # each entry settles once (the core's in-flight
+                counts[seg_id] = counts.get(seg_id, 0) + 1  # table): it completes here
+                items_done += 1
+                tokens_done += tok
                 ok = txn.put(k, rec, db=res, overwrite=False)
                 if ok:
                     seq += 1
                     txn.put(rseq_key(seq), k, db=rseq)
                 stored.append(ok)
-        fault_point("complete_tombstone")
+        fault_point("complete_results")
         gone_now = []
         for seg_id, n_done in counts.items():
             hdr = segs[seg_id]
@@ -208,9 +196,6 @@ class Completion:
                 yield
                 yield from delete_segment_steps(txn, dbs, seg_id)
                 gone_now.append(seg_id)
-            else:
-                txn.put(seg_key(seg_id), header_encoder.encode(
-                    msgspec.structs.replace(hdr, deleted=hdr.deleted + n_done)), db=dbs["seg"])
         plan.per_seg, plan.gone, plan.seq, plan.stored = counts, gone_now, seq, stored
         return items_done, tokens_done
 
@@ -286,24 +271,22 @@ class Completion:
 
 
 def delete_segment(txn: lmdb.Transaction, dbs: dict[str, object], seg_id: int) -> None:
-    """Delete a segment whole: its entries, tombstones and header (ids and results stay: a
-    completed id remains a duplicate, and its result remains readable)."""
+    """Delete a segment whole: its entries and header (ids and results stay: a completed id
+    remains a duplicate, and its result remains readable)."""
     run_steps(delete_segment_steps(txn, dbs, seg_id))
 
 
 def delete_segment_steps(txn: lmdb.Transaction, dbs: dict[str, object],
                          seg_id: int) -> Steps[None]:
-    """`delete_segment`, pausing every `STEP_DELETES` keys (entries go before their
-    tombstones, so no half-deleted segment shows a completed entry as queued)."""
+    """`delete_segment`, pausing every `STEP_DELETES` keys."""
     lo, hi = entry_key(seg_id, 0), entry_key(seg_id + 1, 0)
-    for db_name in ("data", "tomb"):
-        cur = txn.cursor(db=dbs[db_name])
-        if cur.set_range(lo):
-            n = 0
-            while (k := cur.key()) and k < hi:
-                if not cur.delete():
-                    break
-                n += 1
-                if n % STEP_DELETES == 0:
-                    yield
+    cur = txn.cursor(db=dbs["data"])
+    if cur.set_range(lo):
+        n = 0
+        while (k := cur.key()) and k < hi:
+            if not cur.delete():
+                break
+            n += 1
+            if n % STEP_DELETES == 0:
+                yield
     txn.delete(seg_key(seg_id), db=dbs["seg"])

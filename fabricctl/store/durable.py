@@ -10,9 +10,9 @@ Contract:
 - `pull(consumer, now)` takes a batch from the core, verifies every segment and entry exists
   and carries the batch's shape (the hard guard) before returning its `Work`; a failed
   check puts the batch back untouched. Pending entries live in memory only.
-- `complete(batch_id, results, now)` writes a tombstone per entry, each item's one result
-  and its result sequence number, the segments' deleted counts and the ledger in one commit,
-  and deletes a segment whose entries are all tombstoned in the same commit. A completion
+- `complete(batch_id, results, now)` writes each item's one result (keyed by its entry: it
+  marks the entry completed) and its result sequence number and the ledger in one commit,
+  and deletes a segment whose entries all have results in the same commit. A completion
   for a batch that is no longer in flight (settled, failed, or from before a restart) is
   dropped and returns -1: it creates no second result.
 - `fail(batch_id, now, reason)` puts a batch back at the front of its lane;

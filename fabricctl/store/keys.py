@@ -9,16 +9,17 @@ every key an ingest writes is larger than every key on disk: ingest appends at t
 the tables (LMDB's append mode, return counts checked), whatever the number of lanes it
 feeds. Named databases:
 
-- `seg`: seg_id -> SegHeader, the routing keys (model, signature, label), stored once;
-  written when the segment is created and when completions change its deleted count;
+- `seg`: seg_id -> SegHeader, the routing keys (model, signature, label), written once,
+  when the segment is created;
 - `data`: entry key -> StoredEntry (the item: lane, counts, arrival time, id, payload).
   Entries are written in the transaction that acknowledges them and deleted only with their
   whole segment, so a live segment's entries are exactly offsets 0 .. count-1: the last
   entry on disk is the segment's persisted readable boundary;
-- `tomb`: entry key -> 4-byte tombstone (the entry is completed);
 - `ids`: item id (UTF-8) -> entry key, for every item ever stored (the duplicate check;
   kept after completion so a completed id stays a duplicate);
-- `results`: entry key -> ResultRecord, the item's one result (kept after its segment goes);
+- `results`: entry key -> ResultRecord, the item's one result (kept after its segment goes).
+  A result marks its entry completed: recovery skips the entries of a live segment whose
+  keys are in `results` (layout 3 also wrote a tombstone per entry, in a `tomb` table);
 - `rseq`: result sequence (u64) -> entry key, the order results were stored in;
 - `meta`: counters (meta.py).
 Entry keys are never reused: segment ids only grow.
@@ -30,28 +31,27 @@ import struct
 
 import msgspec
 
-TOMBSTONE = b"\x00\x00\x00\x01"
-FORMAT = 3  # bump when the layout above changes; an older data dir is refused with a message
+FORMAT = 4  # bump when the layout above changes; an older data dir is refused with a message
+TOMB_FORMAT = 3  # the layout before: its `tomb` table only repeated the results, so it is read
 _SEG = struct.Struct(">Q")
 _ENTRY = struct.Struct(">QI")
 
-DB_NAMES = (b"seg", b"data", b"tomb", b"ids", b"results", b"rseq", b"meta")
+DB_NAMES = (b"seg", b"data", b"ids", b"results", b"rseq", b"meta")
 
 
 class SegHeader(msgspec.Struct, array_like=True):
     """Why: the routing keys of a segment live once, here, not in every entry.
 
-    Written when the segment is created and when completions move its deleted count, not
-    on every append. In memory `count` (entries written: the readable boundary) and
-    `deleted` (tombstoned) are kept current; recovery recomputes both from the entries and
-    tombstones on disk.
+    Written once, when the segment is created (with `count` then and `deleted` 0). In
+    memory `count` (entries written: the readable boundary) and `deleted` (entries with a
+    result) are kept current; recovery recomputes both from the entries and results on disk.
     """
 
     model: str
     signature: int
     label: str
     count: int  # entries written (the readable boundary)
-    deleted: int  # entries tombstoned
+    deleted: int  # entries completed (with a result)
     created: float
 
 

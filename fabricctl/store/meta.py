@@ -3,7 +3,7 @@
 Contract: the persisted ledger (items and tokens received and completed), the next segment
 id, the boot counter, the result sequence and each model's epoch are written only inside
 the write transaction of the change they count, so after any crash they agree with the
-segments and tombstones on disk.
+segments and results on disk.
 """
 
 from __future__ import annotations

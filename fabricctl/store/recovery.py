@@ -1,17 +1,19 @@
-"""Recovery at start: rebuild shapes, lanes and cursors from segments and tombstones.
+"""Recovery at start: rebuild shapes, lanes and cursors from segments and results.
 
 Contract: every entry of a segment (all of them are below its boundary: LMDB commits are
-atomic) that has no tombstone is queued again, in the lane it records, in arrival order
+atomic) that has no result is queued again, in the lane it records, in arrival order
 (segments by id, entries by offset); entries that were pending at the crash are simply
-available again (at-least-once; each entry has one tombstone and one result at most, so
-results stay one per item). Recovery decodes only each entry's scheduling head (counts,
-arrival, lane), never its payload, in one pass over the entries and one over the tombstones.
-Every shape comes back staged, with its lanes' ids and targets (the largest target its live
-entries recorded); each model keeps its epoch. Segments found fully tombstoned (none should
-be: completion deletes them in its own commit) are deleted; the persisted ledger must then
-equal completed + queued, and the report says whether it does. Afterwards the process lets
-go of the map pages the scan touched. A data dir written in another layout version is
-refused with a `StoreError` that says so.
+available again (at-least-once; an entry has one result at most, so results stay one per
+item). Recovery decodes only each entry's scheduling head (counts, arrival, lane), never its
+payload, in one pass over the entries and one over the result keys of the live segments
+(the results of deleted segments are not read). Every shape comes back staged, with its
+lanes' ids and targets (the largest target its live entries recorded); each model keeps its
+epoch. Segments found fully completed (none should be: completion deletes them in its own
+commit) are deleted; the persisted ledger must then equal completed + queued, and the report
+says whether it does. Afterwards the process lets go of the map pages the scan touched. A
+data dir of layout 3 (whose tombstones duplicate its results) is taken over: its tombstone
+table is dropped. A data dir written in another layout version is refused with a
+`StoreError` that says so.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+import lmdb
 import msgspec
 
 from fabricctl.core.broker import Placement
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.types import Entry
 from fabricctl.store.errors import StoreError
-from fabricctl.store.keys import FORMAT, head_decoder, header_decoder
+from fabricctl.store.keys import FORMAT, TOMB_FORMAT, entry_key, head_decoder, header_decoder
 from fabricctl.store.meta import Meta
 
 if TYPE_CHECKING:
@@ -54,17 +57,22 @@ def recover(db: DurableBroker, now: float) -> RecoveryReport:
     with env.read() as txn:
         meta = Meta.load(txn, dbs["meta"])
         used = meta.next_seg > 1 or txn.stat(dbs["ids"])["entries"] > 0
-        if meta.fmt != FORMAT and (meta.fmt or used):
+        if meta.fmt not in (FORMAT, TOMB_FORMAT) and (meta.fmt or used):
             raise StoreError(
                 f"{env.data_dir} holds a store in layout version {meta.fmt or 1}, and this "
                 f"fabricctl reads version {FORMAT}: drain it with the fabricctl that wrote it, "
                 "or move it aside and start with an empty data dir")
         headers = {int.from_bytes(k, "big"): header_decoder.decode(v)
                    for k, v in txn.cursor(db=dbs["seg"])}
-        tombs: dict[int, set[int]] = {}
-        for k in txn.cursor(db=dbs["tomb"]).iternext(keys=True, values=False):
-            tombs.setdefault(int.from_bytes(k[:8], "big"), set()).add(
-                int.from_bytes(k[8:], "big"))
+        answered: dict[int, set[int]] = {}  # live segment -> offsets that have a result
+        results = txn.cursor(db=dbs["results"])
+        for sid in headers:
+            hi = entry_key(sid + 1, 0)
+            if results.set_range(entry_key(sid, 0)):
+                for k in results.iternext(keys=True, values=False):
+                    if k >= hi:
+                        break
+                    answered.setdefault(sid, set()).add(int.from_bytes(k[8:], "big"))
         # (model, signature) -> (label, lane id -> [target, its live entries in arrival order])
         shapes: dict[tuple[str, int], tuple[str, dict[int, list]]] = {}
         live: set[int] = set()
@@ -84,7 +92,7 @@ def recover(db: DurableBroker, now: float) -> RecoveryReport:
                     if hdr is None:  # cannot happen (a header is written with its first entry)
                         raise StoreError(f"{env.data_dir}: entries of segment {sid} have no header")
                     hdr.count = 0
-                    dead = tombs.get(sid, set())
+                    dead = answered.get(sid, set())
                     lanes = shapes.setdefault((hdr.model, hdr.signature), (hdr.label, {}))[1]
                     base = sid << 32
                 off = int.from_bytes(k[8:], "big")
@@ -104,13 +112,15 @@ def recover(db: DurableBroker, now: float) -> RecoveryReport:
                                      intern(h.max_tokens, h.max_tokens), t_last))
         done: set[int] = set()
         for sid, hdr in headers.items():
-            hdr.deleted = len(tombs.get(sid, ()))
+            hdr.deleted = len(answered.get(sid, ()))
             if sid not in live:
                 done.add(sid)
     meta.boot += 1
     from fabricctl.store.completion import delete_segment
 
-    def write(txn: object) -> None:
+    def write(txn: lmdb.Transaction) -> None:
+        if meta.fmt == TOMB_FORMAT:
+            txn.drop(env.env.open_db(b"tomb", txn=txn), delete=True)
         for seg_id in done:
             delete_segment(txn, dbs, seg_id)  # type: ignore[arg-type]
         meta.write(txn, dbs["meta"], boot=meta.boot, fmt=FORMAT)  # type: ignore[arg-type]

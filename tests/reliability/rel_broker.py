@@ -201,7 +201,7 @@ class Life:
 
 PROBS = {
     "ingest_before_commit": 0.3, "ingest_after_commit": 0.3, "dispatch_step1": 0.15,
-    "dispatch_step2": 0.15, "dispatch_step3": 0.15, "complete_tombstone": 0.2,
+    "dispatch_step2": 0.15, "dispatch_step3": 0.15, "complete_results": 0.2,
     "complete_after_commit": 0.2, "segment_delete": 0.4, "map_grow": 1.0,
 }
 

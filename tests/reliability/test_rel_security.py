@@ -31,7 +31,7 @@ from fabricctl.errors import BrokerError
 from fabricctl.formats.results import ResultRecord
 from fabricctl.server.protocol import HEADER, PROTOCOL_VERSION, Hello, encode, read_frame
 from fabricctl.store import keys
-from fabricctl.store.keys import DB_NAMES, TOMBSTONE, entry_decoder, header_decoder
+from fabricctl.store.keys import DB_NAMES, entry_decoder, header_decoder
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fabricctl"
 FORBIDDEN = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle",
@@ -94,8 +94,6 @@ def decode_store(data: Path) -> dict[str, int]:
                         entry_decoder.decode(value)
                     elif name == "runs" and decode_run is not None:
                         decode_run(value)
-                    elif name == "tomb":
-                        assert value == TOMBSTONE
                     elif name in ("ids", "rseq"):
                         assert len(value) == 12  # an entry key: u64 segment + u32 offset
                     elif name == "results":
