@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -64,11 +66,11 @@ def load(config: Path | None, **flags: object):  # type: ignore[no-untyped-def]
     return guarded(lambda: load_config(config, flags))
 
 
-def run_async(coro: object) -> object:
+def run_async(coro: object, run: Callable[[Any], object] = asyncio.run) -> object:
     from fabricctl.store.errors import StoreError
 
     try:
-        return asyncio.run(coro)  # type: ignore[arg-type]
+        return run(coro)
     except FabricError as e:
         raise fail(str(e), e.exit_code) from None
     except StoreError as e:  # e.g. another broker owns the data dir
@@ -94,13 +96,14 @@ def up(
 ) -> None:
     """Run the broker with one engine and consumer per GPU (simulated GPUs when none)."""
     from fabricctl.daemon import serve_forever
+    from fabricctl.server import eventloop
 
     setup_logging(verbose)
     flags: dict[str, object] = {"data_dir": data_dir, "engine": engine, "model": model}
     if gpus:
         flags["gpus"] = [int(g) for g in gpus.split(",") if g.strip()]
     cfg = _with_sections(load(config, **flags), listen=listen, metrics_port=metrics_port)
-    raise typer.Exit(int(run_async(serve_forever(cfg))))  # type: ignore[arg-type]
+    raise typer.Exit(int(run_async(serve_forever(cfg), eventloop.run)))  # type: ignore[arg-type]
 
 
 def _with_sections(cfg, listen: str | None = None, metrics_port: int | None = None):  # type: ignore[no-untyped-def]

@@ -15,7 +15,7 @@ import contextlib
 import itertools
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import msgspec
 
@@ -126,8 +126,7 @@ class Client:
         except (OSError, TimeoutError) as e:
             raise BackendMissing(f"no broker at {address}: {e.__class__.__name__}: {e}. "
                                  f"Start one with `fabricctl up`.") from e
-        assert isinstance(transport, asyncio.Transport)
-        client._transport = transport
+        client._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         transport.write(encode(Hello(PROTOCOL_VERSION, role, name, token)))
         try:
             first = await asyncio.wait_for(asyncio.shield(client._first), timeout)

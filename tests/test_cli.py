@@ -215,6 +215,7 @@ def test_status_json_and_table(broker: Broker) -> None:
     assert set(doc["states"]) == {"staged", "warming", "active", "draining", "finished"}
     assert doc["extra"]["store"]["data_dir"] == str(broker.data_dir)
     assert doc["extra"]["store"]["recovery"]["ledger_ok"] is True
+    assert doc["extra"]["loop"] == "uvloop"  # `fabricctl up` serves on uvloop
     text = broker.run("status").stdout.decode()
     for part in ("ledger difference", "0 items, 0 tokens (ok)", "consumers (2)", "LMDB used",
                  "last recovery"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 
@@ -37,8 +37,8 @@ class Connection(WriteFlow):
         self.welcomed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.peer = Peer(transport, self.kind, last_seen=self.server.clock(), drain=self.drain)
+        self.peer = Peer(cast(asyncio.Transport, transport),  # uvloop's are not subclasses
+                         self.kind, last_seen=self.server.clock(), drain=self.drain)
         self.server.peers.add(self.peer)
 
     def data_received(self, data: bytes) -> None:

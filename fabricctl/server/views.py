@@ -13,6 +13,7 @@ import msgspec
 from fabricctl.core.signature import signature_hex
 from fabricctl.core.snapshot import Snapshot, shape_view
 from fabricctl.core.types import Item, Prewarm
+from fabricctl.server.eventloop import loop_name
 from fabricctl.server.protocol import (
     Answer,
     Error,
@@ -70,6 +71,7 @@ def extras(server: BrokerServer) -> dict[str, Any]:
                     "results": server.store.meta.rseq,
                     "recovery": msgspec.to_builtins(server.store.recovery)}
     out["uptime_s"] = round(server.clock() - server.started, 1)
+    out["loop"] = loop_name()
     return out
 
 
