@@ -16,7 +16,7 @@ from fabricctl.formats.results import ResultRecord
 from fabricctl.store.durable import DurableBroker, Reject, StoreConfig
 from fabricctl.store.env import MiB, StoreEnv
 from fabricctl.store.errors import SegmentMissingError, StoreError, StoreFullError, StoreLockedError
-from fabricctl.store.keys import entry_key_of
+from fabricctl.store.keys import entry_key_of, rseq_key
 
 MODEL = "m"
 SIG = 0xC0FFEE
@@ -521,6 +521,26 @@ def test_results_since_pages_in_order(store: DurableBroker) -> None:
     assert store.result("nope") is None
 
 
+def test_results_since_starts_inside_a_commits_run_at_every_number(tmp_path: Path) -> None:
+    """A commit numbers its results in one row; a page may start and end anywhere in one."""
+    store = DurableBroker(tmp_path / "d", 0.0)
+    store.core.register("gpu", Contract(MODEL, 3, 4096, 4096), 0.0)
+    store.ingest(items(20), 0.0)
+    batches = []
+    while (w := store.pull("gpu", 0.0)) is not None:
+        batches.append(w)
+    for group in (batches[:1], batches[1:4], batches[4:5], batches[5:]):  # runs of 3, 9, 3, 5
+        store.complete_many([(w.id, answer(w), None) for w in group], 0.0)
+    order = [it.id for w in batches for it in w.items]
+    assert db_entries(store, "rseq") == 4
+    for since in range(22):
+        for limit in (1, 2, 4, 7, 100):
+            page = store.results_since(since, limit)
+            assert [s for s, _ in page] == list(range(since + 1, min(since + limit, 20) + 1))
+            assert [r.id for _, r in page] == order[since:since + limit]
+    store.close()
+
+
 # -- guards ----------
 
 
@@ -578,6 +598,11 @@ def test_a_data_dir_of_layout_3_is_taken_over_and_its_tombstones_dropped(
         tomb = store.env.env.open_db(b"tomb", txn=txn)
         for k, _ in txn.cursor(db=store.env.dbs["results"]):
             txn.put(k, b"\x00\x00\x00\x01", db=tomb)
+        rseq = store.env.dbs["rseq"]
+        (first, run), = list(txn.cursor(db=rseq))  # layout 3 numbered each result in a row
+        txn.delete(first, db=rseq)
+        for j in range(len(run) // 12):
+            txn.put(rseq_key(int.from_bytes(first, "big") + j), run[12 * j:12 * j + 12], db=rseq)
         store.meta.write(txn, store.env.dbs["meta"], fmt=3)
 
     store.env.write(as_layout_3)
@@ -590,6 +615,7 @@ def test_a_data_dir_of_layout_3_is_taken_over_and_its_tombstones_dropped(
     store.core.register("gpu", Contract(MODEL, 4, 4096, 4096), 1.0)
     assert drain(store, consumer="gpu") == 16
     assert sorted(result_ids(store)) == sorted(f"i{k}" for k in range(20))
+    assert [s for s, _ in store.results_since(2)] == list(range(3, 21))  # in a layout-3 row
     store.close()
 
 

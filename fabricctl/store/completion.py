@@ -171,22 +171,22 @@ class Completion:
             if (yield from put_steps(txn, dbs["results"],
                                      sorted([(k, rec) for k, rec, _, _ in rows]))) != n:
                 raise _Conflict("results")
-            seq_rows = [(rseq_key(seq + j + 1), k) for j, (k, _, _, _) in enumerate(rows)]
-            if (yield from put_steps(txn, dbs["rseq"], seq_rows, append=True)) != n:
-                raise RuntimeError("result sequence out of order: the meta table is stale")
+            _put_sequence(txn, dbs["rseq"], seq, [k for k, _, _, _ in rows])
             seq += n
             stored = [True] * n
         else:
-            res, rseq = dbs["results"], dbs["rseq"]
+            res = dbs["results"]
+            new: list[bytes] = []
             for k, rec, seg_id, tok in rows:  # each entry settles once (the core's in-flight
                 counts[seg_id] = counts.get(seg_id, 0) + 1  # table): it completes here
                 items_done += 1
                 tokens_done += tok
                 ok = txn.put(k, rec, db=res, overwrite=False)
                 if ok:
-                    seq += 1
-                    txn.put(rseq_key(seq), k, db=rseq)
+                    new.append(k)
                 stored.append(ok)
+            _put_sequence(txn, dbs["rseq"], seq, new)
+            seq += len(new)
         fault_point("complete_results")
         gone_now = []
         for seg_id, n_done in counts.items():
@@ -249,14 +249,23 @@ class Completion:
     def results_since(self, seq: int, limit: int = 1000) -> list[tuple[int, ResultRecord]]:
         """Up to `limit` results stored after sequence number `seq`, oldest first."""
         dbs = self.env.dbs
+        start = seq + 1
         with self.env.read() as txn:
             cur = txn.cursor(db=dbs["rseq"])
             order: list[tuple[int, bytes]] = []
-            if cur.set_range(rseq_key(seq + 1)):
-                for k, key in cur:
-                    order.append((_seq_of(k, "big"), key))
+            # the run that holds `start` begins at or before it
+            at = cur.set_range(rseq_key(start))
+            if not at or cur.key() != rseq_key(start):
+                at = cur.prev() if at else cur.last()
+                if not at:
+                    at = cur.first()
+            while at and len(order) < limit:
+                first, keys = _seq_of(cur.key(), "big"), cur.value()
+                for j in range(max(0, start - first), len(keys) // 12):
+                    order.append((first + j, keys[12 * j:12 * j + 12]))
                     if len(order) >= limit:
                         break
+                at = cur.next()
             found = dict(txn.cursor(db=dbs["results"]).getmulti([k for _, k in order]))
         decode = _result_decoder.decode
         return [(s, decode(found[k])) for s, k in order if k in found]
@@ -268,6 +277,13 @@ class Completion:
             key = txn.get(item_id.encode(), db=dbs["ids"])
             raw = txn.get(key, db=dbs["results"]) if key is not None else None
         return _result_decoder.decode(raw) if raw is not None else None
+
+
+def _put_sequence(txn: lmdb.Transaction, db: object, last: int, keys: list[bytes]) -> None:
+    """Number a commit's new results `last + 1`, `last + 2`, ...: one row, keyed by the first
+    number, holding their entry keys in order."""
+    if keys and not txn.put(rseq_key(last + 1), b"".join(keys), db=db, append=True):
+        raise RuntimeError("result sequence out of order: the meta table is stale")
 
 
 def delete_segment(txn: lmdb.Transaction, dbs: dict[str, object], seg_id: int) -> None:

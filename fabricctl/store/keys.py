@@ -20,7 +20,9 @@ feeds. Named databases:
 - `results`: entry key -> ResultRecord, the item's one result (kept after its segment goes).
   A result marks its entry completed: recovery skips the entries of a live segment whose
   keys are in `results` (layout 3 also wrote a tombstone per entry, in a `tomb` table);
-- `rseq`: result sequence (u64) -> entry key, the order results were stored in;
+- `rseq`: the order results were stored in: a commit's new results are numbered on from the
+  last, in one row keyed by the first number (u64) holding their entry keys (12 bytes
+  each) in order (layout 3 wrote one row per result: a run of one);
 - `meta`: counters (meta.py).
 Entry keys are never reused: segment ids only grow.
 """

@@ -94,8 +94,11 @@ def decode_store(data: Path) -> dict[str, int]:
                         entry_decoder.decode(value)
                     elif name == "runs" and decode_run is not None:
                         decode_run(value)
-                    elif name in ("ids", "rseq"):
+                    elif name == "ids":
                         assert len(value) == 12  # an entry key: u64 segment + u32 offset
+                    elif name == "rseq":  # a run of entry keys: count the results numbered
+                        assert value and len(value) % 12 == 0, (key, value)
+                        n += len(value) // 12 - 1
                     elif name == "results":
                         results.decode(value)
                     elif name == "meta":
