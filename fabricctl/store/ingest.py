@@ -31,7 +31,7 @@ from fabricctl.store.keys import (
     header_encoder,
     seg_key,
 )
-from fabricctl.store.steps import STEP_ADMITS, STEP_ITEMS, STEP_ROWS, Steps, run_steps
+from fabricctl.store.steps import STEP_ADMITS, STEP_ITEMS, STEP_PUTS, STEP_ROWS, Steps, run_steps
 
 if TYPE_CHECKING:
     from fabricctl.core.broker import Broker
@@ -236,7 +236,7 @@ class Ingest:
 
     def ingest_rows(self, txn: lmdb.Transaction, plan: IngestPlan) -> Steps[None]:
         """Write a prepared chunk inside the caller's transaction (the meta counters are the
-        caller's to write), pausing every `STEP_ROWS` rows."""
+        caller's to write), pausing every `STEP_PUTS` rows and between tables."""
         dbs = self.env.dbs
         # every new key is above every stored one: append (return counts checked)
         for db, rows, append in (("data", plan.data_rows, True), ("seg", plan.seg_rows, True),
@@ -273,12 +273,13 @@ class Ingest:
 
 def put_steps(txn: lmdb.Transaction, db: object, rows: list[tuple[bytes, bytes]],
               append: bool = False) -> Steps[int]:
-    """`_putmulti` in slices of `STEP_ROWS` rows, pausing between them."""
+    """`_putmulti` in slices of `STEP_PUTS` rows, pausing before each but a first one of
+    fewer than `STEP_PUTS // 4` rows (a small table's rows go with what came before)."""
     added = 0
-    for k in range(0, len(rows), STEP_ROWS):
-        if k:
+    for k in range(0, len(rows), STEP_PUTS):
+        if k or len(rows) >= STEP_PUTS // 4:
             yield
-        added += _putmulti(txn, db, rows[k:k + STEP_ROWS], append)
+        added += _putmulti(txn, db, rows[k:k + STEP_PUTS], append)
     return added
 
 

@@ -16,7 +16,8 @@ T = TypeVar("T")
 Steps = Generator[None, None, T]
 
 STEP_ITEMS = 128  # items an ingest screens and places between pauses
-STEP_ROWS = 1024  # rows put (or items screened) between pauses
+STEP_ROWS = 1024  # items screened between pauses
+STEP_PUTS = 512  # rows put between pauses (a transaction's tables each start after one)
 STEP_DELETES = 512  # keys a segment delete removes between pauses
 STEP_ADMITS = 512  # committed entries made dispatchable between pauses
 STEP_RESULTS = 256  # results encoded between pauses (and batches settled, over 8)
