@@ -197,7 +197,7 @@ class BrokerServer(Handlers):
         if isinstance(frame, Submit):
             self._spawn(peer, self._submit(peer, frame), frame.rid)
         elif isinstance(frame, Pull):  # answered at once when work waits, else long-polled
-            t0 = asyncio.get_running_loop().time()
+            t0 = time.perf_counter()  # not loop.time(): uvloop's counts whole milliseconds
             if not self._now(peer, lambda: self._try_pull(peer, frame, t0), frame.rid):
                 self._spawn(peer, self._pull(peer, frame, t0), frame.rid)
         elif isinstance(frame, Complete):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -116,7 +117,7 @@ class Handlers:
         self._push_signals()
         if work is None:
             return False
-        self.metrics.pulled(asyncio.get_running_loop().time() - t0, work)
+        self.metrics.pulled(time.perf_counter() - t0, work)
         if not peer.send(WorkReply(frame.rid, work)):
             store.fail(work.id, self.clock())  # the channel did not take it
             self.wakeup.notify()
@@ -125,7 +126,7 @@ class Handlers:
     async def _pull(self, peer: Peer, frame: Pull, t0: float) -> None:
         """A pull that found nothing at once: long-poll until its wait runs out."""
         loop = asyncio.get_running_loop()
-        deadline = t0 + max(0.0, min(frame.wait_s, 30.0))
+        deadline = loop.time() + max(0.0, min(frame.wait_s, 30.0)) - (time.perf_counter() - t0)
         while not peer.closed:
             remaining = deadline - loop.time()
             if remaining <= 0:
