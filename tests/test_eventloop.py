@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ from server_helpers import CONTRACT, make_items, running_server
 from fabricctl.client import Client
 from fabricctl.core.types import ItemResult
 from fabricctl.server import eventloop
+from fabricctl.server.writer import Writer
+from fabricctl.store.durable import DurableBroker
 
 
 async def _which() -> str:
@@ -54,3 +57,25 @@ def test_the_broker_serves_on_uvloop_and_times_pulls_below_a_millisecond(
     assert (name, n) == ("uvloop", 8)
     assert len(latencies) == 1
     assert 0.0 < latencies[0] < 0.5
+
+
+async def _lone_submits(data: Path, n: int) -> tuple[str, float, float]:
+    store = DurableBroker(data, 0.0)
+    writer = Writer(store, lambda: 1.0, lambda: None)  # waits up to 2 ms for company
+    writer.start()
+    t, cpu = time.perf_counter(), time.thread_time()
+    for k in range(n):
+        assert await writer.submit(make_items(1, prefix=f"lone{k}-")) == []
+    wall, cpu = time.perf_counter() - t, time.thread_time() - cpu
+    await writer.stop()
+    store.close()
+    return eventloop.loop_name(), wall, cpu
+
+
+def test_the_writer_sleeps_while_it_waits_for_a_fuller_cycle_on_uvloop(tmp_path: Path) -> None:
+    """A lone submit waits `max_wait_s` for company. uvloop runs a sub-millisecond sleep at
+    once, so waiting in such sleeps spun the loop for the whole wait."""
+    name, wall, cpu = eventloop.run(_lone_submits(tmp_path / "d", 20))
+    assert name == "uvloop"
+    assert wall >= 20 * 0.002  # each one waited
+    assert cpu < 0.4 * wall  # asleep meanwhile, not spinning

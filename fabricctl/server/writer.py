@@ -21,6 +21,8 @@ cycle finished (a cycle is never cut short).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -114,10 +116,7 @@ class Writer:
                 self._wake.clear()
                 continue
             if landing is None:  # no commit to overlap: wait a little for a fuller cycle
-                deadline = loop.time() + self.max_wait_s
-                while (not self._closing and self._items < self.max_items
-                       and len(self._done) < self.max_batches and loop.time() < deadline):
-                    await asyncio.sleep(min(self.max_wait_s / 4, deadline - loop.time()))
+                await self._fill()
             cycle = self._take()
             if landing is None:
                 await self._prepare(cycle, None)
@@ -135,6 +134,20 @@ class Writer:
             if not cycle.failed:
                 landing = await self._start(cycle)
             await asyncio.sleep(0)
+
+    async def _fill(self) -> None:
+        """Wait up to `max_wait_s` while the next cycle is not full, woken by new work. Never
+        under a millisecond at a time: uvloop's timers count whole milliseconds, and a
+        shorter wait would spin."""
+        deadline = time.perf_counter() + self.max_wait_s
+        while (not self._closing and self._items < self.max_items
+               and len(self._done) < self.max_batches):
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(left, 0.001))
 
     async def _work_before(self, landing: Cycle) -> bool:
         """Wait for new work or for the landing commit to return; True: work came first."""
