@@ -217,6 +217,8 @@ class Load:
         self.done = asyncio.Event()
         self.pull_latencies: list[float] = []
         self.submit_latencies: list[float] = []
+        self.last_ack = 0.0  # when the last submit was acknowledged
+        self.completed_at_last_ack = 0
         self.batches = 0
         self.empty_pulls = 0
         self.registered = 0
@@ -232,6 +234,7 @@ class Load:
                 t0 = time.perf_counter()
                 ack = await client.submit(part)
                 self.submit_latencies.append(time.perf_counter() - t0)
+                self.last_ack, self.completed_at_last_ack = time.perf_counter(), self.completed
                 if ack.accepted != len(part):
                     raise RuntimeError(f"broker rejected items: {ack.rejects[:3]}")
             finally:
@@ -322,6 +325,10 @@ class Load:
         await observer.close()
         return {
             "items_per_s": round(self.total / elapsed),
+            # one shape runs at a time: the others queue up while items go in, and are
+            # dispatched after the last submit, in a second phase of completions alone
+            "ingest_phase_s": round(self.last_ack - t0, 3),
+            "completed_in_ingest_phase": self.completed_at_last_ack,
             "pull_p50_ms": round(pct(self.pull_latencies, 0.50) * 1e3, 3),
             "pull_p99_ms": round(pct(self.pull_latencies, 0.99) * 1e3, 3),
             "pull_max_ms": round(max(self.pull_latencies, default=0.0) * 1e3, 3),
