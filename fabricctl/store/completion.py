@@ -189,12 +189,12 @@ class Completion:
             seq += len(new)
         fault_point("complete_results")
         gone_now = []
+        budget = [0]  # keys left to delete before the next pause: pause before the first
         for seg_id, n_done in counts.items():
             hdr = segs[seg_id]
             if hdr.deleted + n_done >= grown.get(seg_id, hdr.count):
                 fault_point("segment_delete")
-                yield
-                yield from delete_segment_steps(txn, dbs, seg_id)
+                yield from delete_segment_steps(txn, dbs, seg_id, budget)
                 gone_now.append(seg_id)
         plan.per_seg, plan.gone, plan.seq, plan.stored = counts, gone_now, seq, stored
         return items_done, tokens_done
@@ -292,17 +292,20 @@ def delete_segment(txn: lmdb.Transaction, dbs: dict[str, object], seg_id: int) -
     run_steps(delete_segment_steps(txn, dbs, seg_id))
 
 
-def delete_segment_steps(txn: lmdb.Transaction, dbs: dict[str, object],
-                         seg_id: int) -> Steps[None]:
-    """`delete_segment`, pausing every `STEP_DELETES` keys."""
+def delete_segment_steps(txn: lmdb.Transaction, dbs: dict[str, object], seg_id: int,
+                         budget: list[int] | None = None) -> Steps[None]:
+    """`delete_segment`, pausing every `STEP_DELETES` keys, counted across the calls that
+    share `budget` (the keys left before the next pause: 0 pauses first), so a commit that
+    deletes many small segments does not pause for each one."""
+    left = budget if budget is not None else [STEP_DELETES]
     lo, hi = entry_key(seg_id, 0), entry_key(seg_id + 1, 0)
     cur = txn.cursor(db=dbs["data"])
     if cur.set_range(lo):
-        n = 0
         while (k := cur.key()) and k < hi:
+            if left[0] <= 0:
+                left[0] = STEP_DELETES
+                yield
             if not cur.delete():
                 break
-            n += 1
-            if n % STEP_DELETES == 0:
-                yield
+            left[0] -= 1
     txn.delete(seg_key(seg_id), db=dbs["seg"])
