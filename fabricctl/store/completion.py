@@ -152,10 +152,9 @@ class Completion:
         sequence, whole-segment deletes; returns (items, tokens) completed. `batched` assumes
         every entry is new to the results (and raises `_Conflict` when one is not: redo with
         `batched=False`, one put at a time, the first result kept; such an entry, which the
-        id check should make impossible, still completes). `grown`: segments an
-        ingest in the same transaction appends to, with their new counts (never deleted
-        whole here). A segment's deleted count is kept in memory only: recovery counts its
-        results."""
+        id check should make impossible, still completes). `grown`: segments an ingest in
+        the same transaction appends to, with their new counts (never deleted whole here).
+        A segment's deleted count is kept in memory only: recovery counts its results."""
         dbs = self.env.dbs
         segs = self.segs
         rows = plan.rows
