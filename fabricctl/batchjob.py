@@ -2,17 +2,23 @@
 
 Contract: `run_job` starts a `Daemon` in a data dir of its own (a temporary one unless given),
 streams the input through the producer reader (a bad line is reported with its line number
-and the rest still goes in; token counts from `[producer] tokenizer` when set, else the
-estimate), waits until every accepted item has its result, writes the
-results in the input's form (native or OpenAI batch output) and returns a `RunSummary` whose
-figures come from the broker's and the engines' own counters. KV hit rate achievable is every
-cacheable prefix block hit except one prefill of each shape's prefix on each GPU serving it.
+and the rest still goes in; token counts from `formats.tokens.choose_counter`: `[producer]
+tokenizer` when set, else the configured model directory's `tokenizer.json`, else the
+estimate, named in the summary's `token_counter`), waits until every accepted item has its
+result, writes the results in the input's form (native or OpenAI batch output) and returns a
+`RunSummary` whose figures come from the broker's and the engines' own counters. KV hit rate
+achievable is every cacheable prefix block hit except one prefill of each shape's prefix on
+each GPU serving it. Results are written in completion order, or with `ordered` in input
+order (`commands.ordered.InputOrder`: the accepted ids in input order, and only the results
+that came out of order, are held). Only results stored after the job began are its own (a
+kept data dir may hold older ones); the job keeps running totals of them, not the records.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import shutil
 import sys
 import tempfile
@@ -24,15 +30,18 @@ from typing import IO
 import msgspec
 
 from fabricctl.client import Client
+from fabricctl.commands.ordered import InputOrder
 from fabricctl.config import AppConfig
 from fabricctl.core.types import Item
 from fabricctl.daemon import Daemon
 from fabricctl.engines.blocks import achievable_cached_tokens, decode_item_payload, prefix_tokens
 from fabricctl.formats.results import ResultRecord, result_line
-from fabricctl.formats.tokens import TokenCounter, load_counter
+from fabricctl.formats.tokens import TokenCounter, choose_counter
 from fabricctl.producer import LineError, parse_stream
 
 CHUNK = 512
+
+log = logging.getLogger("fabricctl.run")
 
 
 class RunSummary(msgspec.Struct):
@@ -54,6 +63,7 @@ class RunSummary(msgspec.Struct):
     simulated: bool
     gpus: int
     ledger_difference: tuple[int, int]
+    token_counter: str = "estimate"  # "estimate" or "tokenizer:<path>" (choose_counter)
 
 
 class _Shapes:
@@ -76,7 +86,10 @@ class _Shapes:
 
 
 async def _submit(client: Client, path: Path, shapes: _Shapes, errors: Callable[[str], None],
-                  max_line_bytes: int, counter: TokenCounter) -> tuple[int, int]:
+                  max_line_bytes: int, counter: TokenCounter,
+                  order: InputOrder | None = None) -> tuple[int, int]:
+    """Submit the input in chunks; (accepted, rejected). `order` learns the accepted ids in
+    input order."""
     accepted = rejected = 0
     chunk: list[Item] = []
     lines: list[int] = []
@@ -88,6 +101,9 @@ async def _submit(client: Client, path: Path, shapes: _Shapes, errors: Callable[
         for r in ack.rejects:
             rejected += 1
             errors(f"line {lines[r.index]}: {r.reason}")
+        if order is not None:
+            refused = {r.index for r in ack.rejects}
+            order.expect(it.id for i, it in enumerate(chunk) if i not in refused)
 
     with path.open("rb") if str(path) != "-" else sys.stdin.buffer as fp:  # type: ignore[attr-defined]
         for parsed in parse_stream(fp, counter=counter, max_line_bytes=max_line_bytes):
@@ -106,9 +122,26 @@ async def _submit(client: Client, path: Path, shapes: _Shapes, errors: Callable[
     return accepted, rejected
 
 
-async def _collect(client: Client, expected: int, out: IO[bytes]) -> list[ResultRecord]:
-    seq, records = 0, []
-    while len(records) < expected:
+class _Totals:
+    """Why: the summary needs token sums and who served what, not every result record."""
+
+    def __init__(self) -> None:
+        self.results = self.tokens_in = self.tokens_out = 0
+        self.served: set[tuple[str, int, int | None]] = set()
+
+    def add(self, rec: ResultRecord) -> None:
+        self.results += 1
+        self.tokens_in += rec.prompt_tokens
+        self.tokens_out += rec.completion_tokens
+        self.served.add((rec.model, rec.signature, rec.gpu))
+
+
+async def _collect(client: Client, since: int, expected: int, out: IO[bytes],
+                   order: InputOrder | None = None) -> _Totals:
+    """Write the results stored after sequence number `since` until `expected` came: as
+    they come, or through `order` (input order)."""
+    seq, totals = since, _Totals()
+    while totals.results < expected:
         batch = await client.query("results", since=seq, limit=5000,
                                    type=list[tuple[int, ResultRecord]])
         if not batch:
@@ -116,18 +149,25 @@ async def _collect(client: Client, expected: int, out: IO[bytes]) -> list[Result
             continue
         for s, rec in batch:
             seq = s
-            records.append(rec)
-            out.write(result_line(rec))
+            totals.add(rec)
+            if order is not None:
+                order.add(rec)
+            else:
+                out.write(result_line(rec))
+        out.flush()
+    if order is not None:
+        order.finish()  # empty by now: every expected result came
     out.flush()
-    return records
+    return totals
 
 
 async def run_job(
     cfg: AppConfig, input_path: Path, out: IO[bytes],
     errors: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
-    keep_data: bool = False,
+    keep_data: bool = False, ordered: bool = False,
 ) -> RunSummary:
-    counter = load_counter(cfg.producer.tokenizer or None)  # [producer] tokenizer, else estimate
+    counter = choose_counter(cfg.producer.tokenizer, cfg.model)
+    log.info("token counts: %s", counter.name)
     tmp = None
     if not keep_data:
         tmp = Path(tempfile.mkdtemp(prefix="fabricctl-run-"))
@@ -141,11 +181,13 @@ async def run_job(
         client = await Client.connect(daemon.server.cfg.socket_path, "producer", "run")
         shapes = _Shapes()
         collector = None
+        order = InputOrder(lambda rec: out.write(result_line(rec))) if ordered else None
         try:
+            since = daemon.store.meta.rseq if daemon.store is not None else 0  # older: not ours
             accepted, rejected = await _submit(client, input_path, shapes, errors,
-                                               cfg.producer.max_line_bytes, counter)
-            collector = asyncio.ensure_future(_collect(client, accepted, out))
-            records = await collector
+                                               cfg.producer.max_line_bytes, counter, order)
+            collector = asyncio.ensure_future(_collect(client, since, accepted, out, order))
+            totals = await collector
         finally:
             if collector is not None and not collector.done():
                 collector.cancel()
@@ -156,12 +198,10 @@ async def run_job(
         queries = sum(s.prefix_cache_queries for s in stats)
         hits = sum(s.prefix_cache_hits for s in stats)
         block = max((s.block_size for s in stats), default=0) or 16
-        served = {(r.model, r.signature, r.gpu) for r in records}
-        achievable = shapes.achievable(block, served)
+        achievable = shapes.achievable(block, totals.served)
         return RunSummary(
             items=accepted, rejected=rejected,
-            tokens_in=sum(r.prompt_tokens for r in records),
-            tokens_out=sum(r.completion_tokens for r in records),
+            tokens_in=totals.tokens_in, tokens_out=totals.tokens_out,
             wall_s=round(wall, 3), shapes=len(shapes.prefix),
             shape_switches=sum(m.switches for m in core.models.values()),
             midstream_switches=sum(m.midstream_switches for m in core.models.values()),
@@ -170,6 +210,7 @@ async def run_job(
             padding_waste=round(core.waste(), 4), thrash_events=core.batches_hist.thrashed,
             engine=daemon.fleet.kind, simulated=daemon.fleet.kind == "sim",
             gpus=len(daemon.fleet.engines), ledger_difference=core.ledger.difference(),
+            token_counter=counter.name,
         )
     finally:
         await daemon.stop()

@@ -3,6 +3,9 @@
 Exit codes (one IntEnum, `fabricctl.errors.ExitCode`): 0 ok, 1 runtime error, 2 usage or
 config error, 3 backend missing (no broker, no engine), 4 timeout, 130 interrupted.
 Diagnostics go to stderr as one `fabricctl: error: ...` line; data goes to stdout.
+Logs (`up`, `consume`, `run -v`) go to stderr through `setup_logging`: fabricctl's own
+loggers at INFO (DEBUG with `-v`), every other library (httpx, httpcore, asyncio, ...) at
+WARNING unless `-v`, so a health probe's request line never fills the broker's log.
 """
 
 from __future__ import annotations
@@ -51,13 +54,19 @@ def _root(
     """Shape-aware batch inference on your own GPUs: broker, supervisor and dashboard."""
 
 
+FABRIC_LOGGER = "fabricctl"  # every fabricctl module logs under it ("fabricctl.server", ...)
+
+
 def setup_logging(verbose: bool = False) -> None:
+    """Rich log lines on stderr: fabricctl's own at INFO, third-party loggers at WARNING
+    (the root's level, which they inherit); with `verbose` everything at DEBUG."""
     from rich.console import Console
     from rich.logging import RichHandler
 
     handler = RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=False)
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
-                        datefmt="[%X]", handlers=[handler], force=True)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                        format="%(message)s", datefmt="[%X]", handlers=[handler], force=True)
+    logging.getLogger(FABRIC_LOGGER).setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
 def load(config: Path | None, **flags: object):  # type: ignore[no-untyped-def]
@@ -127,9 +136,18 @@ def run(
     model: str | None = typer.Option(None, "--model", "-m"),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON: on stdout "
                                   "with --output, else on stderr after the results."),
+    ordered: bool = typer.Option(False, "--ordered", help="Write the results in input order "
+                                 "(as vllm run-batch does) instead of as they complete; each "
+                                 "is written once every earlier line's result has been. "
+                                 "Rejected lines have no result."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """One-shot batch job: embedded broker and engines; submit, wait, write results, summarise."""
+    """One-shot batch job: embedded broker and engines; submit, wait, write results, summarise.
+
+    Results are written in completion order, or in input order with --ordered. Token counts
+    come from [producer] tokenizer, else the model directory's tokenizer.json (--model
+    DIR), else an estimate of 4 bytes a token; the --json summary names it (token_counter).
+    """
     import msgspec
 
     from fabricctl.batchjob import run_job
@@ -141,7 +159,7 @@ def run(
         raise fail(f"{file}: no such file", ExitCode.USAGE)
     out = output.open("wb") if output else sys.stdout.buffer
     try:
-        summary = run_async(run_job(cfg, file, out))
+        summary = run_async(run_job(cfg, file, out, ordered=ordered))
     finally:
         if output:
             out.close()

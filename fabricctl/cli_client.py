@@ -38,6 +38,10 @@ def submit(
                                          help="With --wait: give up (exit 4) this many "
                                          "seconds after the input ended if results are still "
                                          "missing."),
+    ordered: bool = typer.Option(False, "--ordered", help="With --wait: print the results "
+                                 "in input order (as vllm run-batch does) instead of as they "
+                                 "complete; each is printed once every earlier line's result "
+                                 "has been. Refused lines have no result."),
     data_dir: Path | None = DataDir,
     config: Path | None = ConfigFile,
 ) -> None:
@@ -45,12 +49,16 @@ def submit(
 
     Input is read and sent in chunks, so memory stays flat on any input size.
     Each refused line is one "fabricctl: error: line N: reason" on stderr; the rest goes in.
-    stdout stays empty unless --wait, which prints each result as JSONL as it completes.
+    stdout stays empty unless --wait, which prints each result as JSONL as it completes
+    (in input order with --ordered).
     Exit status: 0 all lines accepted, 1 some refused, 3 no broker, 4 --timeout expired.
     """
     from fabricctl.commands.progress import ProgressView, input_size, stderr_is_tty
     from fabricctl.commands.submit import run_submit
 
+    if ordered and not wait:
+        raise fail("--ordered orders the results that --wait prints; add --wait",
+                   ExitCode.USAGE)
     cfg = settings(data_dir, config)
     if file != "-" and not Path(file).is_file():
         raise fail(f"{file}: no such file", ExitCode.USAGE)
@@ -64,7 +72,8 @@ def submit(
         def body() -> int:
             with view if view is not None else contextlib.nullcontext():
                 return asyncio.run(run_submit(cfg, fp, wait=wait, timeout=timeout,
-                                              out=sys.stdout.buffer, progress=view))
+                                              out=sys.stdout.buffer, progress=view,
+                                              ordered=ordered))
 
         code = guarded(body)  # errors are written after the progress bar is gone
     raise typer.Exit(code)
@@ -79,18 +88,34 @@ def results(
                               "stored)."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document: {results, since, "
                                   "next} (not with --follow)."),
+    ordered: bool = typer.Option(False, "--ordered", help="In ingest order instead (the "
+                                 "broker's entry-key order): commit by commit as the broker "
+                                 "acknowledged the submits, within a commit grouped by "
+                                 "shape. Not with --since or --follow."),
     data_dir: Path | None = DataDir,
     config: Path | None = ConfigFile,
 ) -> None:
-    """Print the broker's stored results as JSONL, in the order they were stored."""
+    """Print the broker's stored results as JSONL, in the order they were stored.
+
+    With --ordered, in the order their items were stored (ingest order): the broker's
+    entry-key order, which is commit by commit in the order it acknowledged the submits,
+    and within one commit (which may hold several submit chunks) grouped by shape, each
+    group in input order. One submit's results are in its input order when it had a single
+    shape; with several shapes they are grouped by shape within each commit.
+    """
     from fabricctl.commands.results import print_results
 
     if follow and json_out:
         raise fail("--json prints one document and cannot follow; drop one of them",
                    ExitCode.USAGE)
+    if ordered and (follow or since):
+        raise fail("--ordered lists every stored result in ingest order; it cannot take "
+                   "--since or --follow (they count results in storage order)",
+                   ExitCode.USAGE)
     cfg = settings(data_dir, config)
     guarded(lambda: asyncio.run(print_results(cfg, sys.stdout.buffer, since=since,
-                                              follow=follow, as_json=json_out)))
+                                              follow=follow, as_json=json_out,
+                                              ordered=ordered)))
 
 
 shapes_app = typer.Typer(help="List and inspect the broker's shapes.", no_args_is_help=True)
@@ -128,7 +153,12 @@ def shapes_inspect(
 @_command
 def status(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
            config: Path | None = ConfigFile) -> None:
-    """Show the broker's ledger, shape states, consumers, store usage and last recovery."""
+    """Show the broker's ledger, shape states, consumers, store usage and last recovery.
+
+    Also the token counter a `fabricctl submit` with this configuration counts input
+    tokens with ("estimate" or "tokenizer:PATH"; --json: token_counter): producers count
+    tokens, the broker does not.
+    """
     from fabricctl.commands.status import show_status
 
     cfg = settings(data_dir, config)

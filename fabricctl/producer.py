@@ -171,7 +171,8 @@ def build_item(draft: Draft, counter: TokenCounter, cache: ComponentCache | None
     comp = [count_component(c) for c in draft.components]
     prompt = None if draft.input_tokens is not None else counter.count(draft.prompt)
     comp, prompt_tokens, total = split_counts(comp, prompt, draft.input_tokens)
-    payload = Payload(draft.components, draft.prompt, comp, prompt_tokens)
+    payload = Payload(draft.components, draft.prompt, comp, prompt_tokens, draft.chat,
+                      draft.body)
     return Item(
         id=draft.id,
         model=draft.model,

@@ -14,7 +14,7 @@ from fabricctl.config import AppConfig
 from fabricctl.engines.base import Engine
 from fabricctl.errors import UsageError
 from fabricctl.supervisor.consumer import Consumer
-from fabricctl.supervisor.fleet import build_sim_engines
+from fabricctl.supervisor.fleet import build_sim_engines, consumer_window
 
 
 def build_engine(cfg: AppConfig, engine: str, endpoint: str | None) -> Engine:
@@ -27,7 +27,8 @@ def build_engine(cfg: AppConfig, engine: str, endpoint: str | None) -> Engine:
 
         c = cfg.consumer
         return OpenAIEngine(endpoint, cfg.model_name, max_batch_size=c.max_batch_size,
-                            max_batch_tokens=c.max_batch_tokens, max_input_len=c.max_input_len)
+                            max_batch_tokens=c.max_batch_tokens, max_input_len=c.max_input_len,
+                            window=consumer_window(cfg, "openai") or 0)
     raise UsageError(f"--engine must be sim or openai, not {engine!r}")
 
 
@@ -40,7 +41,7 @@ async def run_consumer(cfg: AppConfig, broker: str, engine: str, endpoint: str |
         loop.add_signal_handler(sig, stop.set)
     consumer = Consumer(broker, name or f"{socket.gethostname()}-gpu{gpu or 0}",
                         cfg.model_name, eng, gpu, token,
-                        concurrency=1 if engine == "sim" else cfg.consumer.concurrency)
+                        window=consumer_window(cfg, engine))
     try:
         await consumer.run(stop)
     finally:

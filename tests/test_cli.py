@@ -216,9 +216,10 @@ def test_status_json_and_table(broker: Broker) -> None:
     assert doc["extra"]["store"]["data_dir"] == str(broker.data_dir)
     assert doc["extra"]["store"]["recovery"]["ledger_ok"] is True
     assert doc["extra"]["loop"] == "uvloop"  # `fabricctl up` serves on uvloop
+    assert doc["token_counter"] == "estimate"  # what a submit with this config counts with
     text = broker.run("status").stdout.decode()
     for part in ("ledger difference", "0 items, 0 tokens (ok)", "consumers (2)", "LMDB used",
-                 "last recovery"):
+                 "last recovery", "token counts"):
         assert part in text
 
 

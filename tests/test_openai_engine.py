@@ -29,11 +29,14 @@ def work(items: list[Item], max_input_len: int = 100) -> Work:
                 max_input_len=max_input_len, items=items)
 
 
-def completion(prompts: list[str] | str, reason: str = "length", cached: int = 0) -> dict:
-    prompts = [prompts] if isinstance(prompts, str) else prompts
-    return {"choices": [{"index": i, "text": f"out:{p[-12:]}", "finish_reason": reason}
-                        for i, p in enumerate(prompts)],
-            "usage": {"prompt_tokens": 10 * len(prompts), "completion_tokens": 4 * len(prompts),
+def completion(prompt: str, reason: str = "length", cached: int = 0, tokens: int = 4,
+               n: int = 1) -> dict:
+    """A vLLM /v1/completions answer to one prompt."""
+    return {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+            "choices": [{"index": j, "text": f"out:{prompt[-12:]}", "logprobs": None,
+                         "finish_reason": reason, "stop_reason": None} for j in range(n)],
+            "usage": {"prompt_tokens": 10, "completion_tokens": tokens * n,
+                      "total_tokens": 10 + tokens * n,
                       "prompt_tokens_details": {"cached_tokens": cached}}}
 
 
@@ -71,28 +74,71 @@ class Recorder:
         return self.respond(body, len(self.bodies))
 
 
-async def test_request_body_shape_and_results() -> None:
-    rec = Recorder(lambda b, n: httpx.Response(200, json=completion(b["prompt"])))
+async def test_one_request_per_item_with_its_own_body() -> None:
+    rec = Recorder(lambda b, n: httpx.Response(200, json=completion(b["prompt"], cached=3)))
     eng = engine(rec)
     res = await eng.run(work([item(0), item(1)]))
-    assert len(rec.bodies) == 1
-    body = rec.bodies[0]
-    assert body["model"] == "m" and body["max_tokens"] == 4
-    assert body["temperature"] == 0 and body["ignore_eos"] is True
-    assert body["prompt"] == ["".join(PREFIX) + "question 0?", "".join(PREFIX) + "question 1?"]
+    assert len(rec.bodies) == 2
+    # nothing added: no temperature, no ignore_eos, the item's own max_tokens
+    assert sorted(rec.bodies, key=lambda b: b["prompt"]) == [
+        {"model": "m", "prompt": "".join(PREFIX) + f"question {i}?", "max_tokens": 4}
+        for i in (0, 1)]
     assert [r.id for r in res] == ["q0", "q1"]
     assert all(r.finish_reason == "length" and r.tokens_out == 4 for r in res)
-    assert all(r.cached_tokens is None for r in res)  # list request: not trustworthy
+    assert all(r.cached_tokens == 3 and r.prompt_tokens == 10 for r in res)  # vLLM's usage
+    assert all(r.body == b"" for r in res)  # a native item keeps no body of one choice
     assert eng.stats().batches == 1 and eng.stats().items == 2
     await eng.close()
 
 
-async def test_single_prompt_keeps_cached_tokens() -> None:
-    rec = Recorder(lambda b, n: httpx.Response(200, json=completion(b["prompt"], cached=32)))
-    eng = engine(rec)
-    [res] = await eng.run(work([item(0)]))
-    assert isinstance(rec.bodies[0]["prompt"], str)
-    assert res.cached_tokens == 32 and res.tokens_out == 4
+def body_item(i: int, body: dict, chat: bool = False, source: int = 0,
+              max_tokens: int = 4) -> Item:
+    p = Payload(components=PREFIX, prompt=f"question {i}?", component_tokens=[4, 6],
+                prompt_tokens=3, chat=chat, body=json.dumps(body).encode())
+    return Item(id=f"q{i}", model="m", signature=7, input_tokens=10, max_tokens=max_tokens,
+                payload=encode_payload(p), source=source)
+
+
+async def test_items_of_one_batch_keep_their_own_params() -> None:
+    rec = Recorder(lambda b, n: httpx.Response(200, json=completion(b["prompt"])))
+    items = [body_item(0, {"max_tokens": 5, "seed": 1, "stop": ["."]}),
+             body_item(1, {"max_tokens": 40, "temperature": 0.9, "weird_field": [1]})]
+    await engine(rec).run(work(items))
+    got = {b["max_tokens"]: {k: v for k, v in b.items() if k != "prompt"} for b in rec.bodies}
+    assert got == {5: {"model": "m", "max_tokens": 5, "seed": 1, "stop": ["."]},
+                   40: {"model": "m", "max_tokens": 40, "temperature": 0.9,
+                        "weird_field": [1]}}
+
+
+async def test_chat_items_go_to_the_chat_endpoint_as_written() -> None:
+    seen: list[tuple[str, dict]] = []
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    answer = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                           "logprobs": None, "finish_reason": "stop", "stop_reason": None}],
+              "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13,
+                        "prompt_tokens_details": None}}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, json.loads(request.content)))
+        return httpx.Response(200, content=json.dumps(answer, indent=2).encode())
+
+    eng = engine(handler)
+    [res] = await eng.run(work([body_item(0, {"messages": messages, "max_tokens": 3},
+                                          chat=True, source=2)]))
+    assert seen == [("/v1/chat/completions",
+                     {"messages": messages, "max_tokens": 3, "model": "m"})]
+    assert (res.text, res.finish_reason, res.tokens_out, res.prompt_tokens) == ("hi", "stop",
+                                                                                  1, 12)
+    assert res.cached_tokens is None
+    # an OpenAI batch item keeps the body as sent, on one line
+    assert b"\n" not in res.body and json.loads(res.body) == answer
+
+
+async def test_n_choices_and_logprobs_keep_the_body_of_a_native_item() -> None:
+    rec = Recorder(lambda b, n: httpx.Response(200, json=completion(b["prompt"], n=2)))
+    [res] = await engine(rec).run(work([body_item(0, {"max_tokens": 4, "n": 2})]))
+    assert res.tokens_out == 8 and len(json.loads(res.body)["choices"]) == 2
 
 
 async def test_length_exceeded_is_not_sent() -> None:
@@ -101,10 +147,10 @@ async def test_length_exceeded_is_not_sent() -> None:
     res = await eng.run(work([item(0), item(1, tokens=500), item(2)], max_input_len=100))
     assert [r.id for r in res] == ["q0", "q1", "q2"]
     assert res[1].finish_reason == "length_exceeded" and res[1].text == ""
-    assert len(rec.bodies[0]["prompt"]) == 2
+    assert len(rec.bodies) == 2
     # A batch of only oversized items sends nothing at all.
     res = await eng.run(work([item(3, tokens=500)], max_input_len=100))
-    assert res[0].finish_reason == "length_exceeded" and len(rec.bodies) == 1
+    assert res[0].finish_reason == "length_exceeded" and len(rec.bodies) == 2
 
 
 async def test_retries_500_then_succeeds() -> None:
@@ -114,8 +160,8 @@ async def test_retries_500_then_succeeds() -> None:
         return httpx.Response(200, json=completion(b["prompt"]))
 
     rec = Recorder(respond)
-    res = await engine(rec, attempts=3).run(work([item(0), item(1)]))
-    assert len(rec.bodies) == 3 and [r.finish_reason for r in res] == ["length", "length"]
+    res = await engine(rec, attempts=3).run(work([item(0)]))
+    assert len(rec.bodies) == 3 and [r.finish_reason for r in res] == ["length"]
 
 
 async def test_retries_exhausted_raise() -> None:
@@ -123,6 +169,26 @@ async def test_retries_exhausted_raise() -> None:
     with pytest.raises(EngineError, match="503"):
         await engine(rec, attempts=2).run(work([item(0)]))
     assert len(rec.bodies) == 2
+
+
+async def test_the_window_bounds_requests_in_flight() -> None:
+    in_flight = peak = 0
+    gate = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        if peak >= 3:
+            gate.set()
+        await gate.wait()
+        in_flight -= 1
+        return httpx.Response(200, json=completion(json.loads(request.content)["prompt"]))
+
+    eng = engine(handler, window=3)
+    res = await eng.run(work([item(i) for i in range(8)]))
+    assert len(res) == 8 and peak == 3
+    assert engine(handler).window == 16  # default: twice the max batch size (8)
 
 
 async def test_connection_error_raises_engine_error() -> None:
@@ -145,40 +211,44 @@ async def test_timeout_raises_engine_error() -> None:
     assert len(calls) == 3
 
 
-async def test_4xx_isolates_the_bad_item() -> None:
+async def test_4xx_is_that_items_error_and_the_batch_goes_on() -> None:
+    refusal = {"error": {"message": "temperature must be non-negative", "type":
+                         "BadRequestError", "param": None, "code": 400}}
+
     def respond(b: dict, n: int) -> httpx.Response:
-        prompts = b["prompt"] if isinstance(b["prompt"], list) else [b["prompt"]]
-        if any("BAD" in p for p in prompts):
-            return httpx.Response(400, json={"error": {"message": "too long", "code": 400}})
+        if "BAD" in b["prompt"]:
+            return httpx.Response(400, json=refusal)
         return httpx.Response(200, json=completion(b["prompt"]))
 
     rec = Recorder(respond)
     res = await engine(rec).run(work([item(0), item(1, prompt="BAD"), item(2)]))
     assert [r.id for r in res] == ["q0", "q1", "q2"]
-    assert res[1].finish_reason == "error" and "too long" in (res[1].error or "")
+    assert res[1].finish_reason == "error" and res[1].status == 400
+    assert res[1].error == "HTTP 400: temperature must be non-negative"
+    assert json.loads(res[1].body) == refusal
     assert res[0].finish_reason == res[2].finish_reason == "length"
     assert res[0].error is None
-    assert len(rec.bodies) == 4  # the list, then one request per item
+    assert len(rec.bodies) == 3  # each once: a refusal is not retried
 
 
 async def test_abort_is_retried() -> None:
     def respond(b: dict, n: int) -> httpx.Response:
-        data = completion(b["prompt"])
-        if n == 1:
-            data["choices"][1]["finish_reason"] = "abort"
-        return httpx.Response(200, json=data)
+        aborted = n == 1
+        return httpx.Response(200, json=completion(b["prompt"], "abort" if aborted else "length"))
 
     rec = Recorder(respond)
-    res = await engine(rec).run(work([item(0), item(1), item(2)]))
-    assert [r.finish_reason for r in res] == ["length"] * 3
-    assert rec.bodies[1]["prompt"] == "".join(PREFIX) + "question 1?"  # only the aborted one
-    assert res[1].text.startswith("out:")
+    eng = engine(rec)
+    res = await eng.run(work([item(1)]))
+    assert [r.finish_reason for r in res] == ["length"]
+    assert len(rec.bodies) == 2 and rec.bodies[0] == rec.bodies[1]
+    assert res[0].text.startswith("out:")
 
 
-async def test_abort_forever_raises() -> None:
+async def test_abort_forever_is_the_items_abort() -> None:
     rec = Recorder(lambda b, n: httpx.Response(200, json=completion(b["prompt"], "abort")))
-    with pytest.raises(EngineError, match="aborted"):
-        await engine(rec, attempts=2).run(work([item(0), item(1)]))
+    res = await engine(rec, attempts=2).run(work([item(0), item(1)]))
+    assert [r.finish_reason for r in res] == ["abort", "abort"]  # the consumer isolates them
+    assert len(rec.bodies) == 4
 
 
 def test_parse_metrics_and_block_size() -> None:
@@ -195,9 +265,9 @@ def test_counter_delta_reset() -> None:
 
 
 async def test_metrics_deltas_accumulate_with_reset() -> None:
-    scrapes = iter([(100, 0, 1.0), (160, 32, 1.0),  # batch 1: +60 / +32
-                    (160, 32, 1.0), (40, 10, 1.0),  # batch 2: counter went down: reset
-                    (40, 10, 1.0), (90, 20, 2.0)])  # batch 3: new start time: reset
+    scrapes = iter([(100, 0, 1.0), (160, 32, 1.0),  # the baseline, batch 1: +60 / +32
+                    (40, 10, 1.0),  # batch 2: counter went down: reset
+                    (90, 20, 2.0)])  # batch 3: new start time: reset
 
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/metrics":
@@ -208,9 +278,7 @@ async def test_metrics_deltas_accumulate_with_reset() -> None:
 
     eng = engine(handler, scrape_metrics=True)
     await eng.run(work([item(0), item(1)]))
-    assert eng.last_batch_cache == (60, 32)
     await eng.run(work([item(0)]))
-    assert eng.last_batch_cache == (40, 10)
     await eng.run(work([item(0)]))
     st = eng.stats()
     assert (st.prefix_cache_queries, st.prefix_cache_hits) == (60 + 40 + 90, 32 + 10 + 20)
@@ -237,8 +305,7 @@ async def test_prewarm_sends_prefix_with_one_token() -> None:
     eng = engine(rec)
     await eng.prewarm(Prewarm(model="m", signature=7, label="x", epoch=2, lanes=[(0, 16)],
                               sample=item(5)))
-    assert rec.bodies == [{"model": "m", "prompt": "".join(PREFIX), "max_tokens": 1,
-                           "temperature": 0.0, "ignore_eos": True}]
+    assert rec.bodies == [{"model": "m", "prompt": "".join(PREFIX), "max_tokens": 1}]
     await eng.prewarm(Prewarm(model="m", signature=7, label="x", epoch=2, lanes=[]))
     assert len(rec.bodies) == 1  # no sample: nothing to warm
 
@@ -277,3 +344,20 @@ async def test_a_scrape_answered_after_a_later_one_is_not_counted_again() -> Non
     assert await older is not None
     st = eng.stats()
     assert (st.prefix_cache_queries, st.prefix_cache_hits) == (160 - 100, 70 - 40)
+
+
+async def test_prewarm_of_a_chat_shape_sends_its_shared_messages() -> None:
+    seen: list[tuple[str, dict]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, json.loads(request.content)))
+        return httpx.Response(200, json={"choices": [{"index": 0, "message": {"content": ""},
+                                                      "finish_reason": "length"}]})
+
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    sample = body_item(0, {"messages": messages, "tools": tools, "max_tokens": 9}, chat=True)
+    await engine(handler).prewarm(Prewarm(model="m", signature=7, label="x", epoch=1,
+                                           lanes=[], sample=sample))
+    assert seen == [("/v1/chat/completions", {"model": "m", "messages": messages[:1],
+                                              "max_tokens": 1, "tools": tools})]

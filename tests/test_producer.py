@@ -13,7 +13,7 @@ import pytest
 from fabricctl.core.payload import decode_payload
 from fabricctl.core.signature import signature, signature_hex
 from fabricctl.core.types import Item, ItemResult
-from fabricctl.formats.openai_batch import ASSISTANT_CUE, render_message
+from fabricctl.formats.chat import ASSISTANT_CUE, render_message
 from fabricctl.formats.results import ResultRecord
 from fabricctl.formats.tokens import ComponentCache, EstimateCounter, split_counts
 from fabricctl.producer import (
@@ -95,7 +95,7 @@ MATRIX: list[tuple[bytes, str | None]] = [
     (j(native("x", prompt=None)), "prompt must be a string"),
     (j(native("x", prefix="SYS")), "prefix must be a list of strings"),
     (j(native("x", prefix=["SYS", 3])), "prefix[1] must be a string"),
-    (j(native("x", prefix=[])), "prefix must be a non-empty list; omit it for no shared prefix"),
+    (j(native("x", params=[1])), "params must be a JSON object, not an array"),
     (j(native("x", max_tokens="8")), "max_tokens must be an integer"),
     (j(native("x", max_tokens=True)), "max_tokens must be an integer"),
     (j(native("x", max_tokens=8.0)), "max_tokens must be an integer"),
@@ -118,10 +118,11 @@ MATRIX: list[tuple[bytes, str | None]] = [
     (j({**comp("x"), "body": [1]}), "body must be a JSON object, not an array"),
     (j({**comp("x"), "body": {"prompt": "p"}}), "body.model is missing"),
     (j(comp("x", prompt=["a", "b"])), "body.prompt must be a single string"),
-    (j(comp("x", prefix=[])), "body.prefix must be a non-empty list; omit it for no shared prefix"),
+    (j(native("x", params={"prompt": "p"})),
+     "params.prompt is not allowed: give prompt at top level"),
     (j(comp("x", max_tokens=0)), "body.max_tokens must be at least 1"),
     (j(comp("x", stream=True)), "body.stream must be false in a batch"),
-    (j(comp("x", n=2)), "body.n must be 1"),
+    (j(native("x", params={"stream": True})), "params.stream must be false in a batch"),
     (j(comp("c1")), "custom_id 'c1' is a duplicate of line 34"),
     (j(chat("h1")), None),
     (j(chat("x", messages=[])), "body.messages must be a non-empty list"),
@@ -276,6 +277,48 @@ def test_chat_components_are_every_message_but_the_last_in_order() -> None:
     assert parse_one(chat("h2", messages=other)).item.signature == p.item.signature
     changed = [{"role": "system", "content": "You are verbose."}, *messages[1:]]
     assert parse_one(chat("h3", messages=changed)).item.signature != p.item.signature
+
+
+def test_empty_prefix_is_no_prefix() -> None:
+    for line in (native("e1", prefix=[]), comp("e2", prefix=[]), without(native("e3"), "prefix")):
+        assert parse_one(line).item.signature == 0
+
+
+def test_native_params_and_max_tokens_are_the_request_body() -> None:
+    params = {"temperature": 0.5, "seed": 3, "stop": ["."], "n": 2, "logprobs": 1,
+              "response_format": {"type": "json_object"}}
+    p = parse_one(native("p1", params=params, max_tokens=9))
+    payload = decode_payload(p.item.payload)
+    assert not payload.chat
+    assert json.loads(payload.body) == {**params, "max_tokens": 9}
+    assert payload.text() == "SYSFEWhi"  # what the engine sends as the prompt
+    assert p.item.max_tokens == 9
+
+
+def test_native_messages_are_a_chat_request() -> None:
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    p = parse_one({"id": "m1", "model": "m", "messages": messages, "max_tokens": 3,
+                   "params": {"seed": 1}})
+    payload = decode_payload(p.item.payload)
+    assert payload.chat and json.loads(payload.body) == {"seed": 1, "max_tokens": 3,
+                                                         "messages": messages}
+    assert p.item.signature == parse_one(chat("h9", messages=messages)).item.signature
+    assert p.source is Source.NATIVE
+
+
+def test_openai_body_is_kept_as_written_less_model_prompt_and_prefix() -> None:
+    p = parse_one(comp("k1", prefix=["SYS "], n=2, seed=5, logprobs=2, extra_knob=[1]))
+    payload = decode_payload(p.item.payload)
+    assert json.loads(payload.body) == {"max_tokens": 4, "n": 2, "seed": 5, "logprobs": 2,
+                                        "extra_knob": [1]}
+    assert payload.text() == "SYS hello"
+    h = parse_one(chat("k2", tools=[{"type": "function", "function": {"name": "f"}}],
+                       tool_choice="auto"))
+    hp = decode_payload(h.item.payload)
+    assert hp.chat and json.loads(hp.body)["tool_choice"] == "auto"
+    assert hp.components[0] == '[{"function":{"name":"f"},"type":"function"}]'
+    # the tools are part of the shape
+    assert h.item.signature != parse_one(chat("k3")).item.signature
 
 
 def test_single_message_chat_has_no_components() -> None:
@@ -496,6 +539,55 @@ def test_openai_usage_details_null_without_cached_tokens() -> None:
     rec = ResultRecord(id="c1", model="m", text="t", source=Source.COMPLETIONS)
     usage = json.loads(openai_line(rec))["response"]["body"]["usage"]
     assert usage["prompt_tokens_details"] is None
+
+
+VLLM_BODY = (b'{"id":"chatcmpl-9","object":"chat.completion","created":5,"model":"tiny",'
+             b'"choices":[{"index":0,"message":{"role":"assistant","content":"hi",'
+             b'"tool_calls":[]},"logprobs":null,"finish_reason":"stop","stop_reason":null}],'
+             b'"usage":{"prompt_tokens":12,"total_tokens":13,"completion_tokens":1,'
+             b'"prompt_tokens_details":{"cached_tokens":0}}}')
+
+
+def test_openai_output_carries_the_engines_body_byte_for_byte() -> None:
+    item = msgspec.structs.replace(_item("h1"), source=2)
+    res = ItemResult(id="h1", text="hi", tokens_out=1, cached_tokens=0, prompt_tokens=12,
+                     body=VLLM_BODY)
+    rec = make_record(item, res, created=7)
+    assert rec.prompt_tokens == 12  # the engine's count, not the item's 40
+    line = openai_line(rec)
+    assert b'"body":' + VLLM_BODY + b"}" in line
+    out = json.loads(line)
+    assert out["response"]["status_code"] == 200 and out["error"] is None
+
+
+def test_openai_output_of_an_engine_refusal_is_its_status_and_error() -> None:
+    refusal = (b'{"error":{"message":"top_k must be -1 (disable), or at least 1, got -5.",'
+               b'"type":"BadRequestError","param":null,"code":400}}')
+    item = msgspec.structs.replace(_item("c9"), source=1)
+    res = ItemResult(id="c9", finish_reason="error", error="HTTP 400: top_k ...", status=400,
+                     body=refusal)
+    out = json.loads(openai_line(make_record(item, res)))
+    assert out["response"] == {"status_code": 400, "request_id": out["response"]["request_id"],
+                               "body": None}
+    assert out["error"] == json.loads(refusal)
+    native = json.loads(native_line(make_record(_item("c9"), res)))
+    assert native["error"] == "HTTP 400: top_k ..." and "choices" not in native
+
+
+def test_native_output_has_choices_when_the_engine_gave_several_or_logprobs() -> None:
+    two = (b'{"choices":[{"index":0,"text":"a","logprobs":null,"finish_reason":"stop"},'
+           b'{"index":1,"text":"b","logprobs":null,"finish_reason":"length"}],'
+           b'"usage":{"prompt_tokens":3,"completion_tokens":5}}')
+    res = ItemResult(id="q1", text="a", tokens_out=5, prompt_tokens=3, body=two)
+    out = json.loads(native_line(make_record(_item(), res)))
+    assert [c["text"] for c in out["choices"]] == ["a", "b"] and out["text"] == "a"
+    assert out["usage"]["prompt_tokens"] == 3
+    lp = b'{"choices":[{"index":0,"text":"a","logprobs":{"tokens":["a"]}}]}'
+    out = json.loads(native_line(make_record(_item(), ItemResult(id="q1", body=lp))))
+    assert out["choices"][0]["logprobs"] == {"tokens": ["a"]}
+    one = b'{"choices":[{"index":0,"text":"a","logprobs":null}]}'
+    assert "choices" not in json.loads(native_line(make_record(_item(), ItemResult(
+        id="q1", body=one))))
 
 
 def test_build_item_from_a_draft_directly() -> None:

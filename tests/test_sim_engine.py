@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,9 +21,12 @@ SMALL = SimCosts(block_size=16, num_blocks=40, max_num_seqs=8, max_num_batched_t
 
 
 def make_item(
-    iid: str, comps: list[str], comp_tokens: list[int], prompt_tokens: int, max_tokens: int = 4
+    iid: str, comps: list[str], comp_tokens: list[int], prompt_tokens: int, max_tokens: int = 4,
+    **params: object,
 ) -> Item:
-    payload = Payload(comps, f"prompt of {iid}", comp_tokens, prompt_tokens)
+    """An item whose request runs to max_tokens (ignore_eos) unless `params` say otherwise."""
+    body = msgspec.json.encode({"ignore_eos": True, **params, "max_tokens": max_tokens})
+    payload = Payload(comps, f"prompt of {iid}", comp_tokens, prompt_tokens, body=body)
     total = sum(comp_tokens) + prompt_tokens
     return Item(iid, "m", signature(comps), total, max_tokens, encode_payload(payload))
 
@@ -353,3 +357,40 @@ async def test_engine_prewarm_warms_prefix_and_graphs() -> None:
 def test_engine_rejects_negative_time_scale() -> None:
     with pytest.raises(ValueError):
         SimEngine(time_scale=-1)
+
+
+# --- the request's own semantics (engines/simanswer.py) ----------------------------------------
+
+
+def test_each_item_runs_to_its_own_max_tokens_or_stops_early() -> None:
+    """Two items of one batch: 5 (ignore_eos: exactly 5) and 40 (stops when it "emits" EOS)."""
+    gpu = SimGPU(SMALL, max_input_len=200)
+    short = make_item("short", ["S"], [16], 8, max_tokens=5)
+    long = make_item("long0", ["S"], [16], 8, max_tokens=40, ignore_eos=False)
+    results, _ = gpu.run_work(make_work([short, long], max_tokens=40))
+    assert (results[0].tokens_out, results[0].finish_reason) == (5, "length")
+    assert results[1].tokens_out < 40 and results[1].finish_reason == "stop"
+
+
+def test_drawn_output_lengths_mostly_stop_before_max_tokens() -> None:
+    gpu = SimGPU(SMALL, max_input_len=200)
+    items = [make_item(f"d{k}", ["S"], [16], 4, max_tokens=20, ignore_eos=False)
+             for k in range(200)]
+    results, _ = gpu.run_work(make_work(items))
+    assert all(1 <= r.tokens_out <= 20 for r in results)
+    stopped = sum(r.finish_reason == "stop" for r in results)
+    assert all((r.finish_reason == "length") == (r.tokens_out == 20) for r in results)
+    assert 0.65 * 200 <= stopped <= 0.95 * 200  # about 4 in 5 by construction
+    again, _ = SimGPU(SMALL, max_input_len=200).run_work(make_work(items))
+    assert [r.tokens_out for r in again] == [r.tokens_out for r in results]
+
+
+def test_n_choices_run_and_come_back_as_a_body() -> None:
+    gpu = SimGPU(SMALL, max_input_len=200)
+    item = make_item("n2", ["S"], [16], 8, max_tokens=6, n=2)
+    [res], _ = gpu.run_work(make_work([item]))
+    body = msgspec.json.decode(res.body)
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    assert all(c["finish_reason"] == "length" for c in body["choices"])
+    assert res.tokens_out == body["usage"]["completion_tokens"] == 12
+    assert gpu.counters.requests >= 2

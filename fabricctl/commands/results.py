@@ -6,11 +6,24 @@ output, as its input line came), flushed per page. `as_json` writes one document
 `{"results": [<result line objects>], "since": N, "next": M}` where M is the `since` to
 pass next time; it is streamed, so memory stays constant either way. `follow` keeps polling
 for new results until interrupted (exit 130) and cannot be combined with `as_json`.
+
+`ordered` lists every stored result in *ingest order* instead, paged by entry key (the
+broker's `results_by_key` query): the entry key is seg_id << 32 | offset and segment ids
+only grow (store/keys.py), so the order is the order of the broker's ingest commits, as it
+acknowledged the submits (one commit may hold several submit chunks, from one producer or
+several); within one commit, grouped by shape: the shape that continues the newest segment
+first, then the others in the order their first item came, a shape that filled a segment
+continuing after them; within a shape, input order. So one submit's results are in its
+input order when its items have one shape. It takes no `since` and cannot `follow`
+(a late result can belong anywhere in the order); with `as_json`, `since` is 0 and
+`next` the number of results stored when the listing began (every one of them is in it;
+a result stored while it ran may be too). Memory stays constant: one page at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any, BinaryIO
 
 from fabricctl.client import Client
@@ -35,23 +48,47 @@ async def _pages(client: Client, since: int, follow: bool) -> Any:
             await asyncio.sleep(FOLLOW_POLL_S)
 
 
+async def _key_pages(client: Client) -> AsyncIterator[list[tuple[str, ResultRecord]]]:
+    """Every stored result in entry-key order, a page at a time (each key as hex)."""
+    after = ""
+    while True:
+        page = await client.query("results_by_key", after, limit=PAGE,
+                                  type=list[tuple[str, ResultRecord]])
+        if page:
+            after = page[-1][0]
+            yield page
+        if len(page) < PAGE:
+            return
+
+
+async def _stored(client: Client) -> int:
+    """How many results the broker has stored (its result sequence number)."""
+    status = await client.query("status")
+    return int(status.get("extra", {}).get("store", {}).get("results", 0))
+
+
 async def print_results(cfg: AppConfig, out: BinaryIO, *, since: int, follow: bool,
-                        as_json: bool) -> None:
+                        as_json: bool, ordered: bool = False) -> None:
     client = await Client.connect(cfg.data_dir, "observer", "fabricctl-results")
     try:
+        pages = _key_pages(client) if ordered else _pages(client, since, follow and not as_json)
         if as_json:
             out.write(b'{"results":[')
             first, last = True, since
-            async for page in _pages(client, since, False):
-                for seq, rec in page:
+            if ordered:
+                last = await _stored(client)  # before the listing: all of those are in it
+            async for page in pages:
+                for key, rec in page:
                     if not first:
                         out.write(b",")
                     out.write(result_line(rec).rstrip(b"\n"))
-                    first, last = False, seq
+                    first = False
+                    if not ordered:
+                        last = key
             out.write(b'],"since":%d,"next":%d}\n' % (since, last))
             out.flush()
             return
-        async for page in _pages(client, since, follow):
+        async for page in pages:
             out.write(b"".join(result_line(rec) for _, rec in page))
             out.flush()
     finally:

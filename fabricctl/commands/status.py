@@ -4,8 +4,13 @@ Contract:
 - `status --json` is one document: the broker's `status` answer (`version`, `ledger`,
   `difference`, `states`, `models`, `counters`, `extra` with `store`, `engine`, `gpus`,
   `processes`, `uptime_s`) with `consumers` being the list of registered consumers rather
-  than their count. Without `--json`: the ledger and its difference (which must read 0),
-  shape states, consumers, store usage and the last recovery, as Rich tables.
+  than their count, and `token_counter` added: the counter a `fabricctl submit` (or `run`)
+  with this command's configuration counts input tokens with, `choose_counter`'s name
+  ("estimate" or "tokenizer:<path>"; "error: ..." when the configured tokenizer does not
+  load). The broker itself counts no tokens: producers do, before they submit, so this is
+  the client-side choice, not something the broker reports. Without `--json`: the ledger
+  and its difference (which must read 0), shape states, consumers, store usage, the last
+  recovery and the token counter, as Rich tables.
 - `down` asks the broker to stop (in-flight batches finish, LMDB closes) and waits, at most
   `DOWN_WAIT_S`, until its socket stops answering. No broker → `BackendMissing` (exit 3).
 """
@@ -22,6 +27,7 @@ from rich.table import Table
 from fabricctl.client import Client
 from fabricctl.config import AppConfig
 from fabricctl.errors import BackendMissing, FabricTimeout
+from fabricctl.formats.tokens import choose_counter
 
 from .common import ago, call, console, human_bytes, pct, write_json
 
@@ -34,7 +40,17 @@ def fetch_status(cfg: AppConfig) -> dict[str, Any]:
         status["consumers"] = await c.query("consumers")
         return status  # type: ignore[no-any-return]
 
-    return call(cfg, "observer", fetch)
+    status = call(cfg, "observer", fetch)
+    status["token_counter"] = submit_counter(cfg)
+    return status
+
+
+def submit_counter(cfg: AppConfig) -> str:
+    """The name of the token counter `fabricctl submit` uses with this configuration."""
+    try:
+        return choose_counter(cfg.producer.tokenizer, cfg.model).name
+    except Exception as e:  # a configured tokenizer that does not load: submit fails too
+        return f"error: {e}"
 
 
 def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -86,6 +102,9 @@ def render_status(st: dict[str, Any], data_dir: str) -> list[Table]:
         line = (f"{len(gpus.get('gpus', []))} GPU(s)" if gpus.get("available")
                 else gpus.get("reason") or "NVML unavailable")
         out.append(_kv("host", [("GPUs", line)]))
+    if "token_counter" in st:
+        out.append(_kv("producers", [("token counts (fabricctl submit, this config)",
+                                      st["token_counter"])]))
     return out
 
 

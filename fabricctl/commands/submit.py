@@ -13,9 +13,15 @@ Contract:
   written as one JSONL line (`result_line`: native or OpenAI batch output, as the input
   line came) as soon as the broker has stored it, and nothing else. Results are polled from
   the broker's result sequence, starting where it stood when the submit began.
+- `ordered` (with `wait`): the same results in input order instead of completion order,
+  through an `InputOrder` (ordered.py): each is written once every earlier accepted line's
+  result has been, so output still streams; refused lines have no place in the order. It
+  holds the ids sent and not yet written, and only the results that came out of order.
 - Exit: 0 every line accepted (and with `wait` every result written), 1 some line refused,
   4 `timeout` seconds passed after the input ended with results still missing (what has
-  arrived is written). No broker raises `BackendMissing` (3).
+  arrived is written, in input order with `ordered`). No broker raises `BackendMissing` (3).
+- Token counts: `formats.tokens.choose_counter([producer] tokenizer, model)` of this
+  command's configuration (the broker counts nothing; `fabricctl status` names the choice).
 - A progress line (Rich, `ProgressView`) is drawn on stderr only when the CLI passes one:
   stderr is a terminal and results are not streaming to a terminal. It starts on the
   first chunk, so a failed connect leaves no bar; refused lines print above it.
@@ -31,11 +37,13 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from fabricctl.client import Client
+from fabricctl.commands.ordered import InputOrder
 from fabricctl.config import AppConfig
 from fabricctl.core.types import Item
 from fabricctl.errors import ExitCode
 from fabricctl.formats.results import ResultRecord, result_line
-from fabricctl.producer import LineError, load_counter, parse_stream
+from fabricctl.formats.tokens import choose_counter
+from fabricctl.producer import LineError, parse_stream
 
 CHUNK = 512  # items per Submit frame: big enough to amortise a commit, small on the wire
 IN_FLIGHT = 4  # submits awaiting their ack at once
@@ -71,7 +79,7 @@ def _read(fp: BinaryIO, cfg: AppConfig, put: Any) -> None:
     """Reader thread: parse the stream and `put` chunks, then None (or the exception)."""
     try:
         counting = _Counting(fp)
-        counter = load_counter(cfg.producer.tokenizer or None)
+        counter = choose_counter(cfg.producer.tokenizer, cfg.model)
         chunk = Chunk()
         for p in parse_stream(counting, counter=counter,  # type: ignore[arg-type]
                               max_line_bytes=cfg.producer.max_line_bytes):
@@ -98,10 +106,12 @@ class Submitter:
     """Why: the state one submit shares between its reader, its acks and its result poller."""
 
     def __init__(self, client: Client, cfg: AppConfig, *, wait: bool, out: BinaryIO,
-                 err: Any = None, progress: Any = None) -> None:
+                 err: Any = None, progress: Any = None, ordered: bool = False) -> None:
         self.client, self.cfg, self.wait, self.out, self.err = client, cfg, wait, out, err
         self.progress = progress
         self.accepted = self.rejected = self.written = self.lines = self.bytes_read = 0
+        # --ordered: results go through the input order, which calls _emit in its turn
+        self.order = InputOrder(self._emit) if ordered and wait else None
         self.pending: set[str] = set()  # accepted, result not written yet
         self.unacked: set[str] = set()  # sent, ack not back yet
         self.early: dict[str, ResultRecord] = {}  # results that beat their ack
@@ -142,6 +152,8 @@ class Submitter:
                 self._check()
                 if self.wait:
                     self.unacked.update(i.id for i in got.items)
+                if self.order is not None:  # sent in input order; refusals dropped on ack
+                    self.order.expect(i.id for i in got.items)
                 task = asyncio.ensure_future(self._send(got, slots))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -175,6 +187,8 @@ class Submitter:
                 self.unacked.discard(item.id)
                 if i in refused:
                     self.early.pop(item.id, None)
+                    if self.order is not None:
+                        self.order.drop(item.id)
                 elif (rec := self.early.pop(item.id, None)) is not None:
                     self._write(rec)
                 else:
@@ -184,8 +198,20 @@ class Submitter:
         self.changed.set()
 
     def _write(self, rec: ResultRecord) -> None:
+        """A result of this submit: out now, or into the input order (`ordered`)."""
+        if self.order is not None:
+            self.order.add(rec)
+        else:
+            self._emit(rec)
+
+    def _emit(self, rec: ResultRecord) -> None:
         self.out.write(result_line(rec))
         self.written += 1
+
+    def finish(self) -> None:
+        """Write what the input order still holds (results whose earlier ones never came)."""
+        if self.order is not None:
+            self.order.finish()
 
     def done(self) -> bool:
         return self.input_done and not self.pending and not self.unacked
@@ -219,7 +245,8 @@ class Submitter:
 
 
 async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float | None,
-                     out: BinaryIO, err: Any = None, progress: Any = None) -> int:
+                     out: BinaryIO, err: Any = None, progress: Any = None,
+                     ordered: bool = False) -> int:
     """Submit a stream; the exit code (see the module contract)."""
     client = await Client.connect(cfg.data_dir, "producer", "fabricctl-submit")
     try:
@@ -227,13 +254,17 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
         if wait:
             status = await client.query("status")
             since = int(status.get("extra", {}).get("store", {}).get("results", 0))
-        sub = Submitter(client, cfg, wait=wait, out=out, err=err, progress=progress)
+        sub = Submitter(client, cfg, wait=wait, out=out, err=err, progress=progress,
+                        ordered=ordered)
         collector = asyncio.ensure_future(sub.collect(since)) if wait else None
         try:
             await sub.feed(fp)
             if collector is not None:
                 await asyncio.wait_for(asyncio.shield(collector), timeout)
         except TimeoutError:
+            if collector is not None and not collector.done():
+                collector.cancel()  # no result may come in while the held ones go out
+            sub.finish()
             sub.error(f"timed out after {timeout:g} s with {len(sub.pending)} result(s) "
                       f"missing ({sub.written} written)")
             return ExitCode.TIMEOUT

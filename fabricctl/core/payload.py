@@ -1,8 +1,13 @@
 """The payload convention between producers and engines (the broker never reads it).
 
 A payload is msgpack of `Payload`: the cacheable components in order, the part that differs,
-and token counts for each, so a simulated engine can derive prompt blocks without a tokenizer
-and a real engine can send `"".join(components) + prompt`.
+and token counts for each, so a simulated engine can derive prompt blocks without a tokenizer;
+and the request as its producer wrote it, so a real engine sends exactly that:
+- `chat`: the request goes to `/v1/chat/completions` (else `/v1/completions`);
+- `body`: the request body as JSON, as written, less `model` (the engine sets the served
+  name) and, for completions, less `prompt` (the engine sends `"".join(components) + prompt`,
+  which is the prompt as written). Native lines have their `params` and top-level
+  `max_tokens` here. Empty (an older payload): the body is `{"prompt", "max_tokens"}`.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ class Payload(msgspec.Struct, omit_defaults=True):
     prompt: str
     component_tokens: list[int]
     prompt_tokens: int
+    chat: bool = False
+    body: bytes = b""  # JSON object; see the module contract
 
     def text(self) -> str:
         """The full prompt a real engine receives: the components then the varying part."""

@@ -80,7 +80,12 @@ class Work(msgspec.Struct, array_like=True):
 
 
 class ItemResult(msgspec.Struct, omit_defaults=True):
-    """What an engine produced for one item; exactly one is kept per item id."""
+    """What an engine produced for one item; exactly one is kept per item id.
+
+    `prompt_tokens` is the engine's own count (None: it gave none, the item's estimate
+    stands); `body` is the engine's response body as it sent it (JSON: the completion, or
+    for a refused request its error object) and `status` the HTTP status of a refusal.
+    """
 
     id: str
     text: str = ""
@@ -88,6 +93,9 @@ class ItemResult(msgspec.Struct, omit_defaults=True):
     tokens_out: int = 0
     cached_tokens: int | None = None
     error: str | None = None
+    prompt_tokens: int | None = None
+    body: bytes = b""
+    status: int = 0
 
 
 class Prewarm(msgspec.Struct):

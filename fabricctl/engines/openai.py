@@ -1,23 +1,32 @@
-"""An Engine for any OpenAI-compatible completions server (vLLM first of all).
+"""An Engine for any OpenAI-compatible server (vLLM first of all): one request per item.
 
 Contract (on top of `fabricctl.engines.base.Engine`):
-- `run(work)` sends ONE `POST /v1/completions` with the list of prompts of the items that fit
-  (`Payload.text()` of each payload), `max_tokens = work.max_tokens`, `temperature 0` and
-  `ignore_eos` (vLLM extension; off with `ignore_eos=False`). It returns one ItemResult per
-  item in order. Items with `input_tokens > work.max_input_len` are not sent and get an empty
-  result with finish_reason "length_exceeded"; an unreadable payload gets an "error" result.
+- `run(work)` sends every item of the batch as its own request, concurrently, on its own
+  endpoint with the body its producer wrote (`fabricctl.engines.request.request_of`): the
+  engine sets `model` to the served name and adds nothing. Requests in flight are bounded by
+  one window per engine (`window`, FIFO, shared by every batch the consumer has in hand),
+  so a later batch's requests queue behind an earlier one's. It returns one ItemResult per
+  item, in order. Items with `input_tokens > work.max_input_len` are not sent and get an
+  empty result with finish_reason "length_exceeded"; an unreadable payload gets an "error"
+  result.
+- A 200 answer: text and finish_reason of choice 0 (`text`, or `message.content` for chat),
+  vLLM's `usage` (prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens),
+  and the body as the server sent it, kept for OpenAI-batch items (their output line
+  carries it) and for native items whose answer has several choices or logprobs.
+- A 4xx (not 408/429) is that item's error result: the server's message in `error`, its
+  status in `status`, its error body in `body`; the batch goes on.
 - Connection errors, timeouts, 408/429 and 5xx are retried with exponential backoff
-  (`attempts` in all), then `EngineError`. A 4xx for a list is retried one prompt at a time,
-  so only the offending item gets an "error" result. Choices with finish_reason "abort"
-  (server shutting down) are resent; still aborted after `attempts` -> `EngineError`.
-- `cached_tokens` comes from `usage.prompt_tokens_details` only for single-prompt requests:
-  for a list vLLM copies the LAST prompt's value, so list results carry None.
-- Cache accounting: `/metrics` is scraped before and after each batch;
+  (`attempts` in all), then `EngineError` for the batch. An answer whose choices have
+  finish_reason "abort" (the server is shutting down) is resent; still aborted after
+  `attempts`, the item's result has finish_reason "abort" (the consumer isolates it).
+- Cache accounting: `/metrics` is scraped after each batch (and once before the first);
   `vllm:prefix_cache_{queries,hits}_total` deltas accumulate into `stats()` (a decrease, or a
   new `process_start_time_seconds`, is a restart: the new value is the delta). Block size is
   read once from `vllm:cache_config_info{block_size=...}`. A server without /metrics (404)
   is simply not scraped again.
-- `prewarm(signal)` sends the sample item's components joined, `max_tokens 1`; best effort.
+- `prewarm(signal)` sends the sample item's shared prefix with `max_tokens 1`: its
+  components joined to /v1/completions, or for a chat shape its messages but the last to
+  /v1/chat/completions (tools included); best effort.
 """
 
 from __future__ import annotations
@@ -34,6 +43,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from fabricctl.core.payload import decode_payload
 from fabricctl.core.types import ItemResult, Prewarm, Work
 from fabricctl.engines.base import EngineError, EngineLimits, EngineStats
+from fabricctl.engines.request import (
+    ABORT,
+    error_message,
+    prewarm_request,
+    read_answer,
+    request_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,17 +101,7 @@ class Rejected(Exception):
 
 
 def _error_message(resp: httpx.Response) -> str:
-    try:
-        body = resp.json()
-    except ValueError:
-        return resp.text[:300]
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict) and "message" in err:
-            return str(err["message"])[:300]
-        if "message" in body:
-            return str(body["message"])[:300]
-    return str(body)[:300]
+    return error_message(resp.content)
 
 
 class OpenAIEngine:
@@ -107,8 +113,8 @@ class OpenAIEngine:
                  max_batch_tokens: int, max_input_len: int, name: str = "openai",
                  transport: httpx.AsyncBaseTransport | None = None, timeout_s: float = 120.0,
                  attempts: int = 4, backoff_s: float = 0.5, backoff_max_s: float = 8.0,
-                 ignore_eos: bool = True, scrape_metrics: bool = True,
-                 api_key: str | None = None, extra_body: dict[str, Any] | None = None) -> None:
+                 scrape_metrics: bool = True, api_key: str | None = None,
+                 window: int = 0) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -117,8 +123,10 @@ class OpenAIEngine:
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
-        self.ignore_eos = ignore_eos
-        self.extra_body = dict(extra_body or {})
+        # requests in flight at once; 0: twice the contract's max batch size
+        self.window = window if window > 0 else 2 * max(1, max_batch_size)
+        self._slots = asyncio.Semaphore(self.window)
+        self.requests = 0  # requests answered (any status), for tests and benches
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(base_url=self.base_url, transport=transport,
                                          timeout=timeout_s, headers=headers)
@@ -130,7 +138,6 @@ class OpenAIEngine:
         self._scrapes_sent = 0
         self._scrape_folded = 0
         self._start_time: float | None = None
-        self.last_batch_cache: tuple[int, int] = (0, 0)  # (queries, hits) of the latest batch
 
     def limits(self) -> EngineLimits:
         return self._limits
@@ -146,83 +153,51 @@ class OpenAIEngine:
     def _backoff(self, attempt: int) -> float:
         return min(self.backoff_s * (2**attempt), self.backoff_max_s)
 
-    async def _request(self, prompt: str | list[str], max_tokens: int) -> dict[str, Any]:
-        """POST /v1/completions, retrying transient failures; Rejected on a 4xx."""
-        body: dict[str, Any] = {"model": self.model, "prompt": prompt,
-                                "max_tokens": max_tokens, "temperature": 0.0}
-        if self.ignore_eos:
-            body["ignore_eos"] = True
-        body.update(self.extra_body)
+    async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """POST, retrying transient failures; any answer that is not one comes back."""
         last = ""
         for attempt in range(self.attempts):
             try:
-                resp = await self._client.post("/v1/completions", json=body)
+                resp = await self._client.post(path, json=body)
             except httpx.TimeoutException:
                 last = f"timed out after {self.timeout_s} s"
             except httpx.TransportError as e:
                 last = f"connection error: {e!r}"
             else:
-                if resp.status_code < 400:
-                    try:
-                        return resp.json()
-                    except ValueError:
-                        last = f"HTTP {resp.status_code} with a body that is not JSON"
-                elif resp.status_code >= 500 or resp.status_code in RETRYABLE_STATUS:
-                    last = f"HTTP {resp.status_code}: {_error_message(resp)}"
-                else:
-                    raise Rejected(resp.status_code, _error_message(resp))
+                self.requests += 1
+                if resp.status_code < 500 and resp.status_code not in RETRYABLE_STATUS:
+                    return resp
+                last = f"HTTP {resp.status_code}: {_error_message(resp)}"
             if attempt + 1 < self.attempts:
                 log.debug("%s: %s; retry %d", self.base_url, last, attempt + 1)
                 await asyncio.sleep(self._backoff(attempt))
         raise EngineError(f"{self.base_url}: {last} (after {self.attempts} attempts)")
 
-    async def _complete(self, prompts: list[str], max_tokens: int) -> list[ItemResult]:
-        """Run prompts as one request; results (ids blank) in the prompts' order."""
-        out: list[ItemResult | None] = [None] * len(prompts)
-        todo = list(range(len(prompts)))
-        for attempt in range(self.attempts):
-            batch = [prompts[i] for i in todo]
-            try:
-                data = await self._request(batch[0] if len(batch) == 1 else batch, max_tokens)
-            except Rejected as e:
-                if len(todo) == 1:
-                    out[todo[0]] = ItemResult(id="", finish_reason="error", error=str(e))
-                else:  # find the bad item(s): one request per prompt
-                    singles = await asyncio.gather(
-                        *(self._complete([prompts[i]], max_tokens) for i in todo))
-                    for i, res in zip(todo, singles, strict=True):
-                        out[i] = res[0]
-                todo = []
-                break
-            choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
-            if len(choices) != len(todo):
-                raise EngineError(f"{self.base_url}: {len(choices)} choices for "
-                                  f"{len(todo)} prompts")
-            usage = data.get("usage") or {}
-            details = usage.get("prompt_tokens_details") or {}
-            aborted = []
-            for i, ch in zip(todo, choices, strict=True):
-                reason = ch.get("finish_reason") or "stop"
-                if reason == "abort":
-                    aborted.append(i)
-                    continue
-                if len(todo) == 1:
-                    tokens_out = int(usage.get("completion_tokens") or 0)
-                    cached = details.get("cached_tokens")
-                else:  # list usage is summed, cached_tokens is the last prompt's only
-                    tokens_out = max_tokens if reason == "length" else 0
-                    cached = None
-                out[i] = ItemResult(id="", text=ch.get("text") or "", finish_reason=reason,
-                                    tokens_out=tokens_out, cached_tokens=cached)
-            todo = aborted
-            if not todo:
-                break
-            if attempt + 1 < self.attempts:
-                await asyncio.sleep(self._backoff(attempt))
-        if todo:
-            raise EngineError(f"{self.base_url}: {len(todo)} prompts aborted "
-                              f"after {self.attempts} attempts")
-        return [r for r in out if r is not None]
+    async def _request(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST and decode a 2xx answer; Rejected on a 4xx."""
+        resp = await self._post(path, body)
+        if resp.status_code >= 400:
+            raise Rejected(resp.status_code, _error_message(resp))
+        try:
+            return resp.json()
+        except ValueError:
+            raise EngineError(f"{self.base_url}: HTTP {resp.status_code} with a body that "
+                              "is not JSON") from None
+
+    async def _one(self, path: str, body: dict[str, Any], keep_body: bool) -> ItemResult:
+        """One item's request, resent while its answer is aborted; result id left blank."""
+        async with self._slots:
+            for attempt in range(self.attempts):
+                resp = await self._post(path, body)
+                res = read_answer(resp.status_code, resp.content, keep_body)
+                if res is None:
+                    raise EngineError(f"{self.base_url}: HTTP {resp.status_code} with a body "
+                                      "that is not a completion")
+                if res.finish_reason != ABORT:
+                    return res
+                if attempt + 1 < self.attempts:
+                    await asyncio.sleep(self._backoff(attempt))
+            return res
 
     # -- metrics ------------------------------------------------------------------------
 
@@ -264,26 +239,29 @@ class OpenAIEngine:
         t0 = time.monotonic()
         results: list[ItemResult | None] = [None] * len(work.items)
         send: list[int] = []
-        prompts: list[str] = []
+        calls = []
         for i, item in enumerate(work.items):
             if item.input_tokens > work.max_input_len:
                 results[i] = ItemResult(id=item.id, finish_reason="length_exceeded")
                 continue
             try:
-                prompts.append(decode_payload(item.payload).text())
-            except msgspec.MsgspecError as e:
+                path, body, keep = request_of(item, decode_payload(item.payload), self.model)
+            except (msgspec.MsgspecError, ValueError) as e:
                 results[i] = ItemResult(id=item.id, finish_reason="error",
                                         error=f"unreadable payload: {e}")
                 continue
             send.append(i)
+            calls.append(self._one(path, body, keep))
         if send:
+            if not self._last:  # no baseline yet: without one this batch goes uncounted
+                await self.scrape()
+            done = await asyncio.gather(*calls, return_exceptions=True)
+            failed = next((r for r in done if isinstance(r, BaseException)), None)
+            if failed is not None:  # the server is down or broken: the batch goes back
+                raise failed
             await self.scrape()
-            before = (self._stats.prefix_cache_queries, self._stats.prefix_cache_hits)
-            done = await self._complete(prompts, work.max_tokens)
-            await self.scrape()
-            self.last_batch_cache = (self._stats.prefix_cache_queries - before[0],
-                                     self._stats.prefix_cache_hits - before[1])
             for i, res in zip(send, done, strict=True):
+                assert isinstance(res, ItemResult)
                 res.id = work.items[i].id
                 results[i] = res
         self._stats.batches += 1
@@ -295,16 +273,16 @@ class OpenAIEngine:
         if signal.sample is None:
             return
         try:
-            prefix = "".join(decode_payload(signal.sample.payload).components)
-        except msgspec.MsgspecError as e:
+            req = prewarm_request(decode_payload(signal.sample.payload), self.model)
+        except (msgspec.MsgspecError, ValueError) as e:
             log.warning("%s: prewarm sample has an unreadable payload: %s", self.name, e)
             return
-        if not prefix:
+        if req is None:
             return
         if not self._last:  # no baseline yet: without one this request's tokens go uncounted
             await self.scrape()
         try:
-            await self._request(prefix, 1)
+            await self._request(*req)
         except (EngineError, Rejected) as e:
             log.warning("%s: prewarm of shape %x failed: %s", self.name, signal.signature, e)
             return

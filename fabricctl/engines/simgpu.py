@@ -26,11 +26,18 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 
-from fabricctl.core.types import ItemResult, Work
-from fabricctl.engines.blocks import item_blocks
+from fabricctl.core.types import Item, ItemResult, Work
+from fabricctl.engines.blocks import decode_item_payload, item_blocks
 from fabricctl.engines.costs import DEFAULT_COSTS, SimCosts
 from fabricctl.engines.prefix_cache import PrefixCache
-from fabricctl.engines.simrequest import LENGTH_EXCEEDED, SimCounters, SimRequest, item_result
+from fabricctl.engines.simanswer import SimSpec, choice_plan, sim_body, sim_spec
+from fabricctl.engines.simrequest import (
+    LENGTH_EXCEEDED,
+    SimCounters,
+    SimRequest,
+    item_result,
+    sim_text,
+)
 
 
 class SimGPU:
@@ -106,22 +113,29 @@ class SimGPU:
         return finished
 
     def run_work(self, work: Work) -> tuple[list[ItemResult], float]:
-        """Batch mode: run every item of `work` to completion; results in order, and seconds."""
+        """Batch mode: run every item of `work` to completion; results in order, and seconds.
+
+        Each item runs as its request asks (`simanswer`: n choices, each a request of its
+        own with a drawn output length, unless ignore_eos)."""
         start, key, bs = self.now, (work.lane, work.epoch), self.block_size
         cap = work.max_tokens if work.max_tokens > 0 else None
-        reqs: list[SimRequest | None] = []
+        runs: list[tuple[SimSpec, list[tuple[int, str]], list[SimRequest]] | None] = []
         for item in work.items:
             chain = item_blocks(item, bs) if item.input_tokens <= work.max_input_len else None
             if chain is None or chain.tokens > self.max_input_len:
                 self.counters.length_exceeded += 1
-                reqs.append(None)
+                runs.append(None)
                 continue
             max_tokens = item.max_tokens if cap is None else min(item.max_tokens, cap)
-            reqs.append(self.add(item.id, chain.hashes, chain.tokens, max_tokens, key=key))
-        pending = {r for r in reqs if r is not None}
+            spec = sim_spec(decode_item_payload(item))
+            plan = choice_plan(item, spec, max_tokens)
+            reqs = [self.add(item.id if j == 0 else f"{item.id}#{j}", chain.hashes,
+                             chain.tokens, tokens, key=key) for j, (tokens, _) in enumerate(plan)]
+            runs.append((spec, plan, reqs))
+        pending = {r for run in runs if run is not None for r in run[2]}
         while pending:
             pending.difference_update(self._step(math.inf))
-        results = [item_result(item.id, r) for item, r in zip(work.items, reqs, strict=True)]
+        results = [_result(item, run) for item, run in zip(work.items, runs, strict=True)]
         self.counters.batches += 1
         self.counters.items += len(work.items)
         return results, self.now - start
@@ -307,3 +321,20 @@ class SimGPU:
         if finished:
             self.running = [r for r in running if r.finish_time is None]
         return finished
+
+
+def _result(item: Item, run: tuple[SimSpec, list[tuple[int, str]], list[SimRequest]] | None
+            ) -> ItemResult:
+    """The ItemResult of one item's finished requests (None: refused as too long)."""
+    if run is None:
+        return item_result(item.id, None)
+    spec, plan, reqs = run
+    choices = [(sim_text(r.rid, r.out), reason if r.out == tokens else "length", r.out)
+               for (tokens, reason), r in zip(plan, reqs, strict=True)]
+    first = reqs[0]
+    body = b""
+    if item.source or spec.n > 1:  # an OpenAI batch line, or several choices
+        body = sim_body(item, spec, choices, first.prompt_len, first.cached_tokens)
+    return ItemResult(id=item.id, text=choices[0][0], finish_reason=choices[0][1],
+                      tokens_out=sum(n for *_, n in choices), cached_tokens=first.cached_tokens,
+                      body=body)

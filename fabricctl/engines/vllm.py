@@ -1,6 +1,6 @@
 """The vLLM engine: an OpenAIEngine bound to one launcher-managed vLLM server (one per GPU).
 
-Contract: same as `OpenAIEngine` (one list request per batch, counters from /metrics), plus
+Contract: same as `OpenAIEngine` (one request per item, counters from /metrics), plus
 the server's lifecycle: `run` and `prewarm` first wait up to `ready_timeout_s` for the
 server's /health readiness (it may be restarting) and raise `EngineError` if it does not
 come back, so the broker puts the batch back. The URL and the served model name come from

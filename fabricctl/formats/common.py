@@ -59,6 +59,8 @@ class Draft(msgspec.Struct, gc=False):
     source: Source
     input_tokens: int | None = None
     label: str = ""
+    chat: bool = False  # the request goes to /v1/chat/completions
+    body: bytes = b""  # the request body to send (JSON), as `fabricctl.core.payload` says
 
 
 def json_type(value: Any) -> str:
@@ -118,11 +120,9 @@ def as_count(value: Any, name: str) -> int:
 
 
 def as_prefix(value: Any, name: str) -> list[str]:
-    """A declared shared prefix: a non-empty list of strings (omit the field for none)."""
+    """A declared shared prefix: a list of strings; empty (or absent) means none."""
     if not isinstance(value, list):
         raise Invalid(f"{name} must be a list of strings")
-    if not value:
-        raise Invalid(f"{name} must be a non-empty list; omit it for no shared prefix")
     for i, part in enumerate(value):
         if not isinstance(part, str):
             raise Invalid(f"{name}[{i}] must be a string")

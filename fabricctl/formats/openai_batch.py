@@ -2,19 +2,18 @@
 
 Contract: `custom_id` becomes the item id (same rules as a native id); `method` must be
 "POST"; `url` must be "/v1/completions" or "/v1/chat/completions"; `body` must be an object
-with a non-empty string `model`. `max_tokens` comes from `body.max_tokens`, else
-`body.max_completion_tokens`, else 16 (the completions API's default). `body.stream` must
-not be true and `body.n`, when given, must be 1: a batch returns one choice per line.
+with a non-empty string `model`. The body goes to the engine as written (see
+`fabricctl.core.payload`): every field, known to fabricctl or not, reaches vLLM untouched, and
+vLLM's answer (or its refusal) is the line's result. fabricctl reads only what it schedules
+by: `max_tokens` (else `max_completion_tokens`, else 16, the completions API's default, for
+sizing only: an absent field stays absent) and the shape. `body.stream` must not be true.
 
 - /v1/completions: the prompt is `body.prompt` (one string). A shared prefix may be
-  declared with the fabricctl extension `body.prefix` (a non-empty list of strings, the
-  same rule as native `prefix`); without it the line has no components (signature 0).
-- /v1/chat/completions: `body.messages` is a non-empty list of `{"role", "content"}`
-  objects, content a string or a list of `{"type": "text", "text"}` parts. Every message
-  before the last is one component, in order, rendered as "<|role|>\\ncontent\\n"; the last
-  is the prompt, rendered the same way followed by "<|assistant|>\\n" so a plain
-  completions endpoint continues as the assistant. A chat template of the served model is
-  not applied: the broker needs the prefix text to be the same for every item of a shape.
+  declared with the fabricctl extension `body.prefix` (a list of strings, the same rule as
+  native `prefix`); the engine then sends `"".join(prefix) + prompt` as the prompt and no
+  `prefix` field. Without it the line has no components (signature 0).
+- /v1/chat/completions: `body.messages` as `fabricctl.formats.chat` reads them: every
+  message before the last (after `body.tools`, when given) is one component, in order.
 
 `body.metadata.label` (a string), when present, names the shape like native `label`.
 """
@@ -23,6 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
+from fabricctl.formats.chat import chat_components
 from fabricctl.formats.common import (
     DEFAULT_OPENAI_MAX_TOKENS,
     URL_SOURCES,
@@ -40,12 +42,7 @@ from fabricctl.formats.common import (
 # Any of these keys marks a line as meant to be an OpenAI batch request.
 OPENAI_KEYS = ("custom_id", "method", "url", "body")
 
-ASSISTANT_CUE = "<|assistant|>\n"
-
-
-def render_message(role: str, content: str) -> str:
-    """One chat message as prompt text: the role tag, a newline, the content, a newline."""
-    return f"<|{role}|>\n{content}\n"
+_encode = msgspec.json.encode
 
 
 def parse_openai(obj: dict[str, Any]) -> Draft:
@@ -65,17 +62,17 @@ def parse_openai(obj: dict[str, Any]) -> Draft:
     max_tokens = _max_tokens(body)
     if body.get("stream") is True:
         raise Invalid("body.stream must be false in a batch")
-    n = body.get("n")
-    if n is not None and (n != 1 or isinstance(n, bool)):
-        raise Invalid("body.n must be 1")
     if source is Source.COMPLETIONS:
         prompt = need(body, "prompt", "body.prompt")
         if not isinstance(prompt, str):
             raise Invalid("body.prompt must be a single string")
         prefix = body.get("prefix")
         components = [] if prefix is None else as_prefix(prefix, "body.prefix")
+        sent = {k: v for k, v in body.items() if k not in ("model", "prompt", "prefix")}
     else:
-        components, prompt = _chat(need(body, "messages", "body.messages"))
+        components, prompt = chat_components(
+            need(body, "messages", "body.messages"), body.get("tools"), "body.messages")
+        sent = {k: v for k, v in body.items() if k != "model"}
     return Draft(
         id=ident,
         model=model,
@@ -84,6 +81,8 @@ def parse_openai(obj: dict[str, Any]) -> Draft:
         max_tokens=max_tokens,
         source=source,
         label=_label(body),
+        chat=source is Source.CHAT,
+        body=_encode(sent),
     )
 
 
@@ -102,36 +101,3 @@ def _label(body: dict[str, Any]) -> str:
         if label is not None:
             return as_str(label, "body.metadata.label")
     return ""
-
-
-def _chat(messages: Any) -> tuple[list[str], str]:
-    """The rendered components (all messages but the last) and prompt (the last)."""
-    if not isinstance(messages, list) or not messages:
-        raise Invalid("body.messages must be a non-empty list")
-    rendered = []
-    for i, msg in enumerate(messages):
-        name = f"body.messages[{i}]"
-        if not isinstance(msg, dict):
-            raise Invalid(f"{name} must be an object with role and content")
-        role = as_str(need(msg, "role", f"{name}.role"), f"{name}.role", nonempty=True)
-        content = _content(need(msg, "content", f"{name}.content"), f"{name}.content")
-        rendered.append(render_message(role, content))
-    return rendered[:-1], rendered[-1] + ASSISTANT_CUE
-
-
-def _content(content: Any, name: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not (
-                isinstance(part, dict)
-                and part.get("type") == "text"
-                and isinstance(part.get("text"), str)
-            ):
-                break
-            texts.append(part["text"])
-        else:
-            return "".join(texts)
-    raise Invalid(f"{name} must be a string or a list of text parts")

@@ -5,15 +5,22 @@ client writes it with `result_line`, which picks the form from `record.source`:
 
 - native (`Source.NATIVE`): `{"id", "model", "text", "finish_reason", "usage":
   {"prompt_tokens", "completion_tokens", "cached_tokens"}, "shape", "lane", "epoch",
-  "gpu", "error"}` with `shape` the signature as 16 hex digits;
+  "gpu", "error"}` with `shape` the signature as 16 hex digits; the usage is the engine's
+  own (vLLM's `usage`) when it gave one, else fabricctl's estimate of the prompt. When the
+  engine's answer has more than one choice or logprobs, `"choices"` follows with its
+  choices exactly as the engine wrote them (text and finish_reason are choice 0's).
 - OpenAI (`Source.COMPLETIONS` / `Source.CHAT`): `{"id", "custom_id", "response":
   {"status_code", "request_id", "body"}, "error"}` as vLLM's `run_batch` writes it (its
-  `BatchRequestOutput`), the body a `text_completion` or `chat.completion` object with
-  `usage.prompt_tokens_details.cached_tokens` when the engine reported it. An item the
-  engine refused as too long (`finish_reason == "length_exceeded"`) is status 400 with a
-  `BadRequestError`, any other failed item status 500; both have `body: null` and vLLM's
-  `ErrorResponse` shape in `error`. The ids (`fabric-…`, `fabric-batch-…`, `cmpl-…`,
-  `chatcmpl-…`) are derived from the custom_id and `created`, so output is reproducible.
+  `BatchRequestOutput`). The body is the engine's response body byte for byte when it sent
+  one (`record.response`); an engine's refusal (HTTP 4xx, `record.status`) is that status
+  with `body: null` and the engine's own error object in `error`. Without an engine body
+  (the simulated engine, older records) a `text_completion` or `chat.completion` object is
+  written from the record, with `usage.prompt_tokens_details.cached_tokens` when known. An
+  item refused as too long before it was sent (`finish_reason == "length_exceeded"`) is
+  status 400 with a `BadRequestError`, any other failed item status 500; both have
+  `body: null` and vLLM's `ErrorResponse` shape in `error`. The ids (`fabric-…`,
+  `fabric-batch-…`, and `cmpl-…`, `chatcmpl-…` for written bodies) are derived from the
+  custom_id and `created`, so output is reproducible.
 
 Every line is compact JSON (msgspec) ending in one newline.
 """
@@ -48,6 +55,8 @@ class ResultRecord(msgspec.Struct, array_like=True, gc=False):
     error: str | None = None
     source: Source = Source.NATIVE
     created: int = 0  # unix seconds when the result was recorded
+    response: bytes = b""  # the engine's response body (JSON) as it sent it, when kept
+    status: int = 0  # the HTTP status of an engine's refusal (4xx), else 0
 
 
 def make_record(
@@ -65,11 +74,13 @@ def make_record(
     `source` defaults to `item.source`; a plain int is turned into a `Source`.
     """
     raw = item.source if source is None else source
+    prompt = item.input_tokens if result.prompt_tokens is None else result.prompt_tokens
     # positional: this runs once per completed item, and keywords cost more
     return ResultRecord(
-        item.id, item.model, result.text, result.finish_reason, item.input_tokens,
+        item.id, item.model, result.text, result.finish_reason, prompt,
         result.tokens_out, result.cached_tokens, item.signature, lane, epoch, gpu,
-        result.error, _SOURCES[raw] if raw in _SOURCES else Source(raw), created)
+        result.error, _SOURCES[raw] if raw in _SOURCES else Source(raw), created,
+        result.body, result.status)
 
 
 # ---- native form -------------------------------------------------------------------------
@@ -98,12 +109,54 @@ class _NativeResult(msgspec.Struct):
     error: str | None
 
 
+class _NativeResultChoices(_NativeResult):
+    """Why: a native result whose engine answer had several choices, or logprobs."""
+
+    choices: list[msgspec.Raw]
+
+
+class _Choices(msgspec.Struct):
+    """Why: reads only the choices of an engine's response body."""
+
+    choices: list[msgspec.Raw] = []
+
+
+class _ChoiceHead(msgspec.Struct):
+    """Why: reads whether one choice carries logprobs."""
+
+    logprobs: msgspec.Raw = msgspec.Raw(b"null")  # msgspec has no Raw | None
+
+
 _encoder = msgspec.json.Encoder()
+_choices_decoder = msgspec.json.Decoder(_Choices)
+_head_decoder = msgspec.json.Decoder(_ChoiceHead)
+_NULL = b"null"
+
+
+def extra_choices(response: bytes) -> list[msgspec.Raw] | None:
+    """The choices of a response body worth a native line's `choices`: more than one, or
+    one with logprobs; None otherwise (or when the body is not readable)."""
+    if not response:
+        return None
+    try:
+        choices = _choices_decoder.decode(response).choices
+        if len(choices) > 1:
+            return choices
+        if choices:
+            head = _head_decoder.decode(choices[0])
+            if bytes(head.logprobs) != _NULL:
+                return choices
+    except msgspec.DecodeError:
+        return None
+    return None
 
 
 def native_line(rec: ResultRecord) -> bytes:
     """The native result line of a record."""
-    out = _NativeResult(
+    choices = extra_choices(rec.response) if rec.status == 0 else None
+    cls = _NativeResult if choices is None else _NativeResultChoices
+    extra = {} if choices is None else {"choices": choices}
+    out = cls(
         id=rec.id,
         model=rec.model,
         text=rec.text,
@@ -114,6 +167,7 @@ def native_line(rec: ResultRecord) -> bytes:
         epoch=rec.epoch,
         gpu=rec.gpu,
         error=rec.error,
+        **extra,
     )
     return _encoder.encode(out) + b"\n"
 
@@ -195,7 +249,7 @@ class _Response(msgspec.Struct):
 
     status_code: int
     request_id: str
-    body: _Body | None
+    body: _Body | msgspec.Raw | None
 
 
 class _BatchOutput(msgspec.Struct):
@@ -204,13 +258,30 @@ class _BatchOutput(msgspec.Struct):
     id: str
     custom_id: str
     response: _Response | None
-    error: _ErrorResponse | None
+    error: _ErrorResponse | msgspec.Raw | None
 
 
 def openai_line(rec: ResultRecord) -> bytes:
     """The OpenAI batch output line of a record (chat form when it came from a chat line)."""
     h = xxhash.xxh3_128_hexdigest(f"{rec.id}\x00{rec.created}".encode())
     request_id = f"fabric-batch-{h}"
+    if rec.status and rec.response:  # the engine refused it: its own status and error
+        out = _BatchOutput(
+            id=f"fabric-{h}",
+            custom_id=rec.id,
+            response=_Response(status_code=rec.status, request_id=request_id, body=None),
+            error=msgspec.Raw(rec.response),
+        )
+        return _encoder.encode(out) + b"\n"
+    if rec.response and rec.error is None:  # the engine's answer, as it sent it
+        out = _BatchOutput(
+            id=f"fabric-{h}",
+            custom_id=rec.id,
+            response=_Response(status_code=200, request_id=request_id,
+                               body=msgspec.Raw(rec.response)),
+            error=None,
+        )
+        return _encoder.encode(out) + b"\n"
     error = _error_of(rec)
     if error is not None:
         out = _BatchOutput(
@@ -263,7 +334,9 @@ def _error_of(rec: ResultRecord) -> _ErrorResponse | None:
         )
         return _ErrorResponse(_ErrorInfo(message, "BadRequestError", None, 400))
     if rec.error is not None:
-        return _ErrorResponse(_ErrorInfo(rec.error, "InternalServerError", None, 500))
+        code = rec.status or 500
+        kind = "BadRequestError" if 400 <= code < 500 else "InternalServerError"
+        return _ErrorResponse(_ErrorInfo(rec.error, kind, None, code))
     return None
 
 

@@ -6,9 +6,13 @@ Contract:
   how long each one is; the prompt gets the rest, and when the declared total is smaller
   than the counted prefix the component counts are scaled down to fit and the prompt
   counts 0. So `input_tokens == sum(component_tokens) + prompt_tokens` always holds.
-- Otherwise, with a tokenizer configured (a Hugging Face `tokenizer.json`, read with the
-  optional `tokenizers` package, `pip install fabricctl[tokenizer]`), each component and
-  the prompt are tokenized separately without special tokens.
+- Otherwise, with a tokenizer (a Hugging Face `tokenizer.json`, read with the optional
+  `tokenizers` package, `pip install fabricctl[tokenizer]`), each component and the prompt
+  are tokenized separately without special tokens. Which tokenizer is decided in one place,
+  `choose_counter(tokenizer, model)`: `[producer] tokenizer` when set (it must load); else
+  `<model>/tokenizer.json` when the configured `model` is a local directory holding one and
+  `tokenizers` imports (a file that does not load falls back, with a warning); else the
+  estimate. The counter's `name` says which: "estimate" or "tokenizer:<path>".
 - Otherwise the **estimate**: `max(1, ceil(len(text.encode("utf-8")) / 4))` per component
   and for the prompt, i.e. four UTF-8 bytes a token, at least one. It is exact for no
   model, but deterministic, cheap, and in the usual range for English text with BPE
@@ -19,10 +23,16 @@ Contract:
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from collections import OrderedDict
+from pathlib import Path
 from typing import Protocol
 
 ESTIMATE_BYTES_PER_TOKEN = 4
+TOKENIZER_FILE = "tokenizer.json"
+
+log = logging.getLogger("fabricctl.tokens")
 
 
 def estimate_tokens(text: str) -> int:
@@ -69,6 +79,32 @@ class TokenizerCounter:
 def load_counter(tokenizer_path: str | None = None) -> TokenCounter:
     """A tokenizer counter for a configured path, else the estimate."""
     return TokenizerCounter(tokenizer_path) if tokenizer_path else EstimateCounter()
+
+
+def model_tokenizer(model: str) -> str | None:
+    """`<model>/tokenizer.json` when `model` is a local directory holding one and the
+    `tokenizers` package is installed, else None (a hub name, a missing dir, no package)."""
+    if not model:
+        return None
+    path = Path(model).expanduser() / TOKENIZER_FILE
+    if not path.is_file() or importlib.util.find_spec("tokenizers") is None:
+        return None
+    return str(path)
+
+
+def choose_counter(tokenizer_path: str, model: str) -> TokenCounter:
+    """The token counter for a configuration: `[producer] tokenizer` when set (as
+    `load_counter`: an error if it cannot be loaded), else the served model's own
+    `tokenizer.json` (`model_tokenizer`), else the estimate. `name` says which."""
+    if tokenizer_path:
+        return TokenizerCounter(tokenizer_path)
+    found = model_tokenizer(model)
+    if found is not None:
+        try:
+            return TokenizerCounter(found)
+        except Exception as e:  # found, but not a tokenizer this package reads
+            log.warning("token counts: %s does not load (%s); using the estimate", found, e)
+    return EstimateCounter()
 
 
 class ComponentCache:

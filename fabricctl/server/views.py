@@ -2,6 +2,9 @@
 
 Contract: every answer is msgpack of plain Structs/dicts, so `--json` readers and the
 dashboard decode the same bytes. Unknown queries and unknown shapes get an `Error`.
+`results` pages the results in storage order as (sequence number, ResultRecord);
+`results_by_key` pages them in entry-key (ingest) order as (entry key in 24 hex digits,
+ResultRecord), after the key in `arg` ("" from the first): `fabricctl results --ordered`.
 """
 
 from __future__ import annotations
@@ -46,6 +49,23 @@ def sample_item(store: DurableBroker, model: str, signature: int) -> Item | None
             return Item(s.id, model, signature, s.tokens, s.max_tokens, s.payload, shape.label,
                         s.source)
     return None
+
+
+def results_by_key(store: DurableBroker, after: str, limit: int) -> list[tuple[str, Any]]:
+    """Up to `limit` stored results in entry-key order, after the entry key `after` (24 hex
+    digits; "" from the first). The `results` table is keyed by entry key, so this is one
+    cursor walk; the records go out as stored (msgpack `ResultRecord`), not re-encoded."""
+    start = bytes.fromhex(after) if after else b""
+    out: list[tuple[str, Any]] = []
+    with store.env.read() as txn:
+        cur = txn.cursor(db=store.env.dbs["results"])
+        at = cur.set_range(start) if start else cur.first()
+        if at and start and cur.key() == start:
+            at = cur.next()
+        while at and len(out) < limit:
+            out.append((cur.key().hex(), msgspec.Raw(cur.value())))
+            at = cur.next()
+    return out
 
 
 def prewarm_push(signal: Prewarm) -> PrewarmPush:
@@ -115,6 +135,11 @@ def answer(server: BrokerServer, q: Query) -> Answer | Error:
         data = core.events.since(q.since, q.limit)
     elif q.what == "results":
         data = server.store.results_since(q.since, q.limit)
+    elif q.what == "results_by_key":
+        if len(q.arg) not in (0, 24) or any(c not in "0123456789abcdef" for c in q.arg):
+            return Error("bad_query", f"results_by_key takes an entry key in 24 lower-case "
+                         f"hex digits or nothing, not {q.arg!r}", q.rid)
+        data = results_by_key(server.store, q.arg, q.limit)
     elif q.what == "result":
         data = server.store.result(q.arg)
     elif q.what == "snapshot":

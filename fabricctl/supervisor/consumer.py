@@ -4,9 +4,14 @@ Contract: `Consumer.run(stop)` connects to a broker (Unix socket or TCP with a t
 registers `Contract(model, *engine.limits())`, heartbeats every `heartbeat_s` with the
 engine's counters, and loops: handle any pre-warm pushes first (so the engine prefills the
 next shape's prefix before its first batch), pull (long-poll), run the batch on the engine,
-complete it. A lost broker is retried with backoff (back to the shortest pause once a
-session had registered) until `stop` is set. When `stop` is set it finishes the batch in
-hand and returns; nothing it held is lost either way.
+complete it. With `window` None it runs one batch at a time (the simulated engine, whose
+GPU runs batches one after another anyway). With a `window` of W requests (a real server,
+which batches continuously) it pulls the next batch as soon as fewer than W of its items
+are in the engine, so the engine's queue is refilled from the next batch before the current
+one drains; the engine sends them in the order the broker handed them out. A lost broker is
+retried with backoff (back to the shortest pause once a session had registered) until
+`stop` is set. When `stop` is set it finishes the batches in hand and returns; nothing it
+held is lost either way.
 
 Engine failures are isolated. When `engine.run(work)` raises `EngineError` (or runs past
 `run_timeout_s`, when set), or returns items with finish_reason "abort" (vLLM: the request
@@ -38,11 +43,11 @@ from fabricctl.engines.blocks import (
     decode_item_payload,
     prefix_tokens,
 )
+from fabricctl.engines.request import ABORT
 from fabricctl.errors import BackendMissing, BrokerError
 from fabricctl.server.protocol import PrewarmPush
 
 log = logging.getLogger("fabricctl.consumer")
-ABORT = "abort"  # vLLM's finish_reason for a request it dropped (shutdown, preemption)
 
 
 class Consumer:
@@ -51,7 +56,8 @@ class Consumer:
     def __init__(
         self, address: str | Path, name: str, model: str, engine: Engine,
         gpu: int | None = None, token: str = "", pull_wait_s: float = 1.0,
-        run_timeout_s: float | None = None, isolate_attempts: int = 2, concurrency: int = 1,
+        run_timeout_s: float | None = None, isolate_attempts: int = 2,
+        window: int | None = None,
     ) -> None:
         self.address = address
         self.name = name
@@ -62,9 +68,11 @@ class Consumer:
         self.pull_wait_s = pull_wait_s
         self.run_timeout_s = run_timeout_s  # None: only the engine's own timeouts apply
         self.isolate_attempts = max(1, isolate_attempts)
-        # Batches in the engine at once: a real server batches continuously, so one batch at
-        # a time would starve it; the simulated engine runs them one after another anyway.
-        self.concurrency = max(1, concurrency)
+        # Items in the engine at once (None: one batch at a time); see the module contract.
+        self.window = None if window is None else max(1, window)
+        self._in_engine = 0  # items of the batches being run
+        self._room = asyncio.Event()  # set when _in_engine falls
+        self._running: set[asyncio.Task[None]] = set()
         self.batches = 0
         self.items = 0
         self.failures = 0  # batches failed back because the engine was down
@@ -104,9 +112,10 @@ class Consumer:
             self.connected.set()
             beat = asyncio.get_running_loop().create_task(self._heartbeat(client, reg.heartbeat_s))
             try:
-                await asyncio.gather(*(self._work(client, stop)
-                                       for _ in range(self.concurrency)))
+                await self._work(client, stop)
             finally:
+                if self._running:  # batches in the engine finish and complete
+                    await asyncio.wait(self._running)
                 beat.cancel()
                 if self._unacked:  # a batch is ours until the broker confirmed it
                     await asyncio.wait(self._unacked)
@@ -128,14 +137,37 @@ class Consumer:
                         await asyncio.wait_for(stop.wait(), self.pull_wait_s)
                 continue
             await self._prewarm(client)
+            if self.window is not None and self._in_engine >= self.window:
+                self._room.clear()
+                await self._room.wait()  # a batch in the engine finished
+                continue
             work = await client.pull(self.pull_wait_s)  # bounded long-poll
             if work is None:
                 continue
             await self._prewarm(client)
-            await self._run(client, work)
+            if self.window is None:
+                await self._run(client, work)
+            else:
+                self._start(client, work)
             if self.down_pause_s:  # the engine is down: let a healthy consumer pull
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.down_pause_s)
+
+    def _start(self, client: Client, work: Work) -> None:
+        """Run a batch beside the ones already in the engine (windowed mode)."""
+        n = len(work.items)
+        self._in_engine += n
+        task = asyncio.get_running_loop().create_task(self._run(client, work))
+        self._running.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._running.discard(t)
+            self._in_engine -= n
+            self._room.set()
+            if not t.cancelled() and t.exception() is not None:
+                log.error("consumer %s: batch %d: %r", self.name, work.id, t.exception())
+
+        task.add_done_callback(done)
 
     async def _prewarm(self, client: Client) -> None:
         while not client.pushes.empty():
@@ -162,7 +194,10 @@ class Consumer:
         self.down_pause_s = 0.0
         # Pipelined: the next pull overlaps this completion's durable commit.
         # counter deltas name this batch only when no other batch ran alongside it
-        cache = cache_evidence(work, before, self.engine.stats()) if self.concurrency == 1 else None
+        after = self.engine.stats()
+        cache = result_evidence(work, results, after.block_size)
+        if cache is None and self.window is None:
+            cache = cache_evidence(work, before, after)
         task = asyncio.get_running_loop().create_task(
             self._complete(client, work, results, cache))
         self._unacked.add(task)
@@ -256,6 +291,29 @@ class Consumer:
             except (BackendMissing, ConnectionError, OSError):
                 return
             await asyncio.sleep(every)
+
+
+def result_evidence(work: Work, results: list[ItemResult], block: int
+                    ) -> tuple[int, int, int] | None:
+    """(queries, hits, achievable) prompt tokens of one batch from its items' own answers:
+    one request per item, so the engine's per-request prompt and cached tokens are exact
+    whatever ran beside it. None unless every item that ran reported both."""
+    q = h = declared = achievable = 0
+    for item, res in zip(work.items, results, strict=False):
+        if res.finish_reason in ("length_exceeded", "error"):
+            continue
+        if res.prompt_tokens is None or res.cached_tokens is None:
+            return None
+        q += res.prompt_tokens
+        h += res.cached_tokens
+        declared += item.input_tokens
+        payload = decode_item_payload(item)
+        if payload is not None:
+            achievable += achievable_cached_tokens(prefix_tokens(payload), item.input_tokens,
+                                                   block)
+    if q <= 0 or declared <= 0 or block <= 0:
+        return None
+    return q, h, round(achievable * q / declared)
 
 
 def cache_evidence(work: Work, before: EngineStats, after: EngineStats

@@ -45,6 +45,15 @@ def build_sim_engines(cfg: AppConfig) -> list[Engine]:
                       time_scale=cfg.sim.time_scale) for i in range(cfg.sim.gpus)]
 
 
+def consumer_window(cfg: AppConfig, kind: str) -> int | None:
+    """Items a consumer keeps in its engine: None (one batch at a time) for the simulated
+    engine, else `[consumer] window` or, at 0, twice the contract's max batch size."""
+    if kind == "sim":
+        return None
+    c = cfg.consumer
+    return c.window if c.window > 0 else 2 * c.max_batch_size
+
+
 @dataclass
 class Fleet:
     """Why: `up` and `run` start and stop the same set of engines and consumers."""
@@ -74,9 +83,8 @@ class Fleet:
         loop = asyncio.get_running_loop()
         for i, (engine, gpu) in enumerate(zip(self.engines, self.gpus, strict=True)):
             name = f"{self.kind}-gpu{gpu if gpu is not None else i}"
-            conc = 1 if self.kind == "sim" else self.cfg.consumer.concurrency
             c = Consumer(address, name, self.cfg.model_name, engine, gpu, token,
-                         concurrency=conc)
+                         window=consumer_window(self.cfg, self.kind))
             self.consumers.append(c)
             self.tasks.append(loop.create_task(c.run(self.stop_pulls)))
 

@@ -31,7 +31,7 @@ def launch_spec(cfg: AppConfig) -> LaunchSpec:
 async def build_real_engines(cfg: AppConfig, kind: str) -> tuple[list[Engine], list[Any], Any]:
     c = cfg.consumer
     limits = {"max_batch_size": c.max_batch_size, "max_batch_tokens": c.max_batch_tokens,
-              "max_input_len": c.max_input_len}
+              "max_input_len": c.max_input_len, "window": c.window}
     if kind == "openai":
         from fabricctl.engines.openai import OpenAIEngine
 

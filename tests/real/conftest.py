@@ -31,7 +31,8 @@ NUM_BLOCKS = 64  # small, so a few shapes evict each other
 MAX_MODEL_LEN = 512
 SERVER_ARGS = ("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
                "--max-num-seqs", "16", "--enforce-eager", "--enable-prefix-caching",
-               "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(NUM_BLOCKS))
+               "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(NUM_BLOCKS),
+               "--enable-prompt-tokens-details")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -82,7 +82,8 @@ class Workload:
                 self.info[s.prefix + prompt] = (s.index, s.prefix_tokens, len(ids))
                 self.lines.append({"id": f"{s.label}-{i}", "model": model, "label": s.label,
                                    "prefix": s.components, "prompt": prompt,
-                                   "max_tokens": MAX_TOKENS, "input_tokens": len(ids)})
+                                   "max_tokens": MAX_TOKENS, "input_tokens": len(ids),
+                                   "params": {"ignore_eos": True, "temperature": 0}})
         rng.shuffle(self.lines)  # shapes arrive interleaved, as from a real producer
 
     def write(self, path: Path) -> Path:
@@ -130,16 +131,17 @@ def check_results(sink: ResultSink, wl: Workload, summary: RunSummary) -> list[d
 def wire(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str], int]]:
     """Every completions request that succeeded: (server, prompts, max_tokens), in order."""
     log: list[tuple[str, list[str], int]] = []
-    orig = OpenAIEngine._request
+    orig = OpenAIEngine._post
 
-    async def recorded(self: OpenAIEngine, prompt: str | list[str],
-                       max_tokens: int) -> dict[str, Any]:
-        data = await orig(self, prompt, max_tokens)
-        log.append((self.base_url, [prompt] if isinstance(prompt, str) else list(prompt),
-                    max_tokens))
-        return data
+    async def recorded(self: OpenAIEngine, path: str, body: dict[str, Any]) -> Any:
+        resp = await orig(self, path, body)
+        if path == "/v1/completions" and resp.status_code == 200:
+            prompt = body["prompt"]
+            log.append((self.base_url, [prompt] if isinstance(prompt, str) else list(prompt),
+                        body["max_tokens"]))
+        return resp
 
-    monkeypatch.setattr(OpenAIEngine, "_request", recorded)
+    monkeypatch.setattr(OpenAIEngine, "_post", recorded)
     return log
 
 

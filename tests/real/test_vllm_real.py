@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -25,7 +26,8 @@ def make_items(prefix: list[str], n: int, tokens: int = 100, tag: str = "") -> l
     out = []
     for i in range(n):
         p = Payload(components=prefix, prompt=f" question {tag}{i}: what does lane {i} do?",
-                    component_tokens=[0] * len(prefix), prompt_tokens=0)
+                    component_tokens=[0] * len(prefix), prompt_tokens=0,
+                    body=json.dumps({"max_tokens": 8, "ignore_eos": True}).encode())
         out.append(Item(id=f"{tag}q{i}", model="tiny", signature=1, input_tokens=tokens,
                         max_tokens=8, payload=encode_payload(p)))
     return out
@@ -55,7 +57,9 @@ async def test_batch_returns_one_result_per_item(vllm_servers: Launcher) -> None
     res = await eng.run(work(items))
     assert [r.id for r in res] == [i.id for i in items]
     assert all(r.finish_reason == "length" and r.tokens_out == 8 and r.text for r in res)
-    assert all(r.error is None and r.cached_tokens is None for r in res)
+    # one request per item: vLLM's own per-request counts
+    assert all(r.error is None and r.cached_tokens is not None for r in res)
+    assert all(r.prompt_tokens is not None and r.prompt_tokens > 50 for r in res)
     st = eng.stats()
     assert st.block_size == BLOCK_SIZE and st.batches == 1 and st.items == 6
     await eng.close()
@@ -67,9 +71,13 @@ async def test_prefix_cache_counters_show_hits(vllm_servers: Launcher) -> None:
     items = make_items(prefix, 8, tag="p")
     await eng.prewarm(Prewarm(model="tiny", signature=1, label="p", epoch=1, lanes=[(0, 104)],
                               sample=items[0]))
+    before = eng.stats()
     res = await eng.run(work(items))
     assert len(res) == 8
-    queries, hits = eng.last_batch_cache
+    after = eng.stats()
+    queries = after.prefix_cache_queries - before.prefix_cache_queries
+    hits = after.prefix_cache_hits - before.prefix_cache_hits
+    assert hits == sum(r.cached_tokens or 0 for r in res)  # counters agree with each answer
     print(f"\nvLLM: batch of 8 after prewarm: {hits} of {queries} prompt tokens hit")
     assert queries > 0
     # every prompt shares the warmed prefix: at least its first full blocks hit, per prompt

@@ -1,0 +1,683 @@
+"""Grouping by shape against arrival order on ONE real vLLM CPU server: req/s and KV hits.
+
+Contract. One run builds a random ~12M-parameter Llama (`bench/make_bench_model.py`, run
+with `.venv-vllm`'s python; its BPE tokenizer is trained on prose from the docstrings of
+a fixed list of Python stdlib modules, so nothing is downloaded), starts one vLLM 0.32 CPU
+server through fabricctl's own launcher (`vllm_cpu_spec`, 127.0.0.1, pinned to core 0)
+with prefix caching, `--block-size 32`, `--enforce-eager`, `--dtype float32`,
+`--max-num-seqs 16`, `--enable-prompt-tokens-details`, `VLLM_SERVER_DEV_MODE=1`, and a KV
+cache of `--num-gpu-blocks-override N` blocks: room for 16 in-flight requests' own blocks
+plus TWO prefixes (policy_bench's "cache pressure" = shapes / 2), and stops it at the end,
+also on an error, Ctrl-C or SIGTERM.
+
+The workload (seeded, built before any clock starts): `--shapes` shapes, each a prefix of
+exactly `PREFIX_TOKENS` tokens of real stdlib prose (a system line naming the shape, then a
+passage; the pieces join at pre-token boundaries, checked), Zipf popularity (1/rank);
+`--items` items (480 by default), each its shape's prefix + a unique suffix (" Item
+<code>:" and a sentence, 8-40 tokens), `MAX_TOKENS` output tokens with `ignore_eos` and
+temperature 0, so every ordering does identical work; items arrive shuffled. No two items
+share a block past their prefix, and every request of a shape (item or bare-prefix
+pre-warm) can hit exactly F = floor(PREFIX_TOKENS / 32) * 32 tokens.
+
+Phases, on the same server, each after `POST /reset_prefix_cache` (and one unmeasured
+warm-up before the first), with vLLM's `/metrics` scraped before and after:
+  a. arrival:   the bench's httpx client, one `POST /v1/completions` per item, 16 in
+                flight, in arrival (shuffled) order;
+  b. grouped:   the same with the items stably sorted by shape;
+  c. fabricctl: the items as native JSONL (`prefix` components, `prompt`, `max_tokens`,
+                `params`) through `fabricctl.batchjob.run_job` (what `fabricctl run` does),
+                engine "openai" against the same server, contract 16 items a batch.
+(A phase d, fabricctl without pre-warm, would need a config knob to switch pre-warm off;
+fabricctl has none, so it is skipped and reported as such.)
+
+Per phase: wall seconds, req/s (items / wall), vLLM's hit rate (Δhits / Δqueries of
+`vllm:prefix_cache_{hits,queries}_total`), prompt tokens computed (Δqueries - Δhits),
+Δ`vllm:prompt_tokens_total`, requests vLLM finished (Δ`vllm:request_success_total`),
+preemptions, and the achievable hit rate: F x (requests - shapes) / Δqueries, i.e. every
+full prefix block of every request is a hit except one cold prefill of each prefix
+(requests include fabricctl's pre-warms: extra requests whose tokens are bare prefixes).
+Ratios: req/s of b and c over a, c over b; c's hit rate minus its achievable, in points;
+prompt tokens computed by c over b. Exit status 0 when every phase completed every item.
+
+    .venv/bin/python bench/vllm_bench.py                    # a table (a few minutes)
+    .venv/bin/python bench/vllm_bench.py --json             # exactly one JSON object
+    .venv/bin/python bench/vllm_bench.py --items 96 --keep  # quicker; keep the temp dir
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import asyncio
+import atexit
+import contextlib
+import dataclasses
+import io
+import json
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from fabricctl.batchjob import RunSummary, run_job
+from fabricctl.config import AppConfig, ConsumerSettings, ProducerSettings, VllmSettings
+from fabricctl.supervisor.launcher import Launcher, LaunchError, vllm_cpu_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = Path(os.environ.get("FABRICCTL_VLLM_VENV", ROOT / ".venv-vllm"))
+MAKE_MODEL = Path(__file__).with_name("make_bench_model.py")
+SERVED = "bench"
+BLOCK = 32  # the CPU backend needs a multiple of 32
+IN_FLIGHT = 16  # = --max-num-seqs, and the bench client's concurrency
+PREFIX_TOKENS = 300  # 9 full blocks + 12 tokens: the item's code lands in block 10
+MAX_TOKENS = 4
+SUFFIX_TOKENS = (8, 40)  # an item's own tokens after its prefix, min and max
+MAX_MODEL_LEN = 512
+KV_PREFIXES = 2  # prefixes the KV cache holds beside the in-flight requests' own blocks
+PARAMS = {"ignore_eos": True, "temperature": 0}
+COUNTERS = {
+    "vllm:prefix_cache_queries_total": "queries",
+    "vllm:prefix_cache_hits_total": "hits",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:generation_tokens_total": "generation_tokens",
+    "vllm:request_success_total": "requests",
+    "vllm:num_preemptions_total": "preemptions",
+}
+# prose sources for the tokenizer and the prompts: stdlib modules' docstrings (fixed list)
+STDLIB_MODULES = (
+    "argparse", "textwrap", "difflib", "heapq", "bisect", "random", "statistics", "fractions",
+    "_pydecimal", "logging/__init__", "pickle", "tarfile", "zipfile", "subprocess",
+    "threading", "queue", "sched", "calendar", "csv", "shlex", "functools", "contextlib",
+    "dataclasses", "enum", "inspect", "pathlib", "shutil", "tempfile", "typing",
+    "unittest/case", "json/__init__", "email/message", "http/client", "urllib/parse",
+    "collections/__init__", "string", "configparser", "optparse", "asyncio/events",
+    "asyncio/tasks", "asyncio/streams", "socket", "selectors", "ssl", "codecs", "locale",
+    "gettext", "imaplib", "smtplib", "ftplib", "mailbox", "pdb", "cmd", "doctest", "trace",
+    "timeit", "profile", "pstats", "tokenize", "ast", "dis", "importlib/__init__", "pkgutil",
+    "zipimport", "weakref", "copy", "pprint", "reprlib", "numbers", "operator", "base64",
+    "hashlib", "hmac", "secrets", "uuid", "datetime", "glob", "fnmatch", "filecmp",
+    "fileinput", "gzip", "bz2", "lzma", "mimetypes", "netrc", "plistlib", "quopri", "wave",
+    "colorsys", "getopt", "getpass", "platform", "signal", "sysconfig", "traceback",
+    "warnings", "abc", "types",
+)
+
+
+# -- corpus, tokenizer, workload ----------
+
+def corpus_paragraphs() -> list[str]:
+    """Prose paragraphs (ASCII, >= 8 words, no doctests) from the stdlib modules' docstrings,
+    whitespace collapsed, in a fixed order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    paras: list[str] = []
+    for name in STDLIB_MODULES:
+        path = root / f"{name}.py"
+        if not path.exists():
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        nodes: list[ast.AST] = [tree]
+        nodes += [n for n in ast.walk(tree)
+                  if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]
+        for node in nodes:
+            doc = ast.get_docstring(node)  # type: ignore[arg-type]
+            for para in re.split(r"\n\s*\n", doc or ""):
+                words = para.split()
+                if len(words) < 8 or ">>>" in para or "::" in para:
+                    continue
+                if not all(w.isascii() and w.isprintable() for w in words):
+                    continue
+                text = "".join(words)
+                if sum(c.isalpha() for c in text) < 0.7 * len(text):
+                    continue
+                paras.append(" ".join(words))
+    if len(paras) < 500:
+        raise RuntimeError(f"only {len(paras)} prose paragraphs found under {root}")
+    return paras
+
+
+class Tok:
+    """Why: the bench must know each prompt's exact token ids, as vLLM computes them."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(path))
+
+    def ids(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids  # vLLM adds no BOS here
+
+
+@dataclass
+class Shape:
+    index: int
+    components: list[str]
+    ids: list[int]
+
+    @property
+    def prefix(self) -> str:
+        return "".join(self.components)
+
+
+@dataclass
+class Item:
+    id: str
+    shape: int
+    prompt: str  # the part after the prefix
+    tokens: int  # prefix + prompt
+
+
+@dataclass
+class Workload:
+    shapes: list[Shape]
+    items: list[Item]  # in arrival order
+    full_prefix_tokens: int  # F: what a warm cache gives every request of a shape
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(i.tokens for i in self.items)
+
+    @property
+    def shapes_used(self) -> int:
+        return len({i.shape for i in self.items})
+
+    @property
+    def max_len(self) -> int:
+        return max(i.tokens for i in self.items)
+
+
+class WordStream:
+    """Why: prefixes and suffixes are cut from the corpus word by word, each word tokenized
+    on its own (" word"), so pieces join at pre-token boundaries."""
+
+    def __init__(self, tok: Tok, words: list[str], start: int) -> None:
+        self.tok = tok
+        self.words = words
+        self.pos = start
+
+    def take(self, budget: int, filler: str) -> tuple[str, list[int]]:
+        """Exactly `budget` tokens: words that fit, then one-token fillers."""
+        text, ids = [], []
+        misses = 0
+        while len(ids) < budget and misses < 200:
+            piece = " " + self.words[self.pos % len(self.words)]
+            self.pos += 1
+            pid = self.tok.ids(piece)
+            if len(ids) + len(pid) > budget:
+                misses += 1
+                continue
+            text.append(piece)
+            ids += pid
+        while len(ids) < budget:
+            text.append(filler)
+            ids += self.tok.ids(filler)
+        return "".join(text), ids
+
+
+def one_token_filler(tok: Tok) -> str:
+    for cand in (" the", " a", " of", " to", " is"):
+        if len(tok.ids(cand)) == 1:
+            return cand
+    raise RuntimeError("the tokenizer has no one-token filler word")
+
+
+def make_workload(tok: Tok, paras: list[str], shapes: int, items: int,
+                  seed: int) -> Workload:
+    """Shapes of exactly PREFIX_TOKENS tokens, Zipf-popular items with unique suffixes."""
+    rng = random.Random(seed)
+    words = " ".join(paras).split()
+    filler = one_token_filler(tok)
+    out_shapes = []
+    stride = len(words) // (shapes + 1)
+    for k in range(shapes):
+        system = f"Shape {k}: you answer questions about the passage that follows."
+        sys_ids = tok.ids(system)
+        passage, pids = WordStream(tok, words, k * stride).take(
+            PREFIX_TOKENS - len(sys_ids), filler)
+        s = Shape(k, [system, passage], sys_ids + pids)
+        if tok.ids(s.prefix) != s.ids or len(s.ids) != PREFIX_TOKENS:
+            raise RuntimeError(f"shape {k}: components do not join at token boundaries")
+        out_shapes.append(s)
+    tail = WordStream(tok, words, shapes * stride)  # suffix text, apart from every prefix
+    weights = [1.0 / (k + 1) for k in range(shapes)]
+    picks = rng.choices(range(shapes), weights=weights, k=items)
+    codes = rng.sample(range(1000, 100000), items)
+    lo, hi = SUFFIX_TOKENS
+    out_items, private = [], set()
+    for n, (k, code) in enumerate(zip(picks, codes, strict=True)):
+        head = f" Item {code}:"
+        body, _ = tail.take(rng.randint(lo, hi) - len(tok.ids(head)), filler)
+        prompt = head + body
+        s = out_shapes[k]
+        ids = tok.ids(s.prefix + prompt)
+        if ids[:PREFIX_TOKENS] != s.ids or ids[PREFIX_TOKENS:] != tok.ids(prompt):
+            raise RuntimeError(f"item {n}: prompt does not join its prefix at a boundary")
+        first_own = tuple(ids[:PREFIX_TOKENS // BLOCK * BLOCK + BLOCK])  # its first own block
+        if first_own in private:
+            raise RuntimeError(f"item {n} shares a block past its prefix with another item")
+        private.add(first_own)
+        out_items.append(Item(f"item-{n}", k, prompt, len(ids)))
+    rng.shuffle(out_items)  # shapes arrive interleaved, as from a real producer
+    return Workload(out_shapes, out_items, PREFIX_TOKENS // BLOCK * BLOCK)
+
+
+def kv_blocks(wl: Workload) -> tuple[int, str]:
+    """Blocks for IN_FLIGHT requests' own blocks plus KV_PREFIXES prefixes (+ the null block)."""
+    prefix_blocks = PREFIX_TOKENS // BLOCK  # full, cacheable blocks
+    own = math.ceil((wl.max_len + MAX_TOKENS) / BLOCK) - prefix_blocks
+    n = 1 + IN_FLIGHT * own + KV_PREFIXES * prefix_blocks
+    n = max(n, math.ceil(MAX_MODEL_LEN / BLOCK) + 1)  # vLLM needs one max-length request
+    why = (f"1 null + {IN_FLIGHT} in flight x {own} own blocks + {KV_PREFIXES} prefixes x "
+           f"{prefix_blocks} full blocks")
+    return n, why
+
+
+# -- the server ----------
+
+def free_port() -> int:
+    rng = random.Random()
+    for _ in range(200):
+        p = rng.randrange(20000, 60000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                continue
+            return p
+    raise RuntimeError("no free port on 127.0.0.1")
+
+
+def _kill_leftovers(launcher: Launcher) -> None:
+    """atexit: SIGKILL a server's process group the normal stop did not reach."""
+    for pid in launcher.pids().values():
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+@dataclass
+class Scrape:
+    values: dict[str, float] = field(default_factory=dict)
+    block_size: int = 0
+    num_blocks: int = 0
+
+    def minus(self, before: Scrape) -> dict[str, float]:
+        return {k: v - before.values.get(k, 0.0) for k, v in self.values.items()}
+
+
+async def scrape(client: httpx.AsyncClient) -> Scrape:
+    resp = await client.get("/metrics")
+    resp.raise_for_status()
+    out = Scrape(dict.fromkeys(COUNTERS.values(), 0.0))
+    for family in text_string_to_metric_families(resp.text):
+        for s in family.samples:
+            if s.name in COUNTERS:
+                out.values[COUNTERS[s.name]] += s.value
+            elif s.name == "vllm:cache_config_info":
+                out.block_size = int(s.labels.get("block_size") or 0)
+                out.num_blocks = int(s.labels.get("num_gpu_blocks") or 0)
+    return out
+
+
+async def reset_prefix_cache(client: httpx.AsyncClient) -> None:
+    """POST /reset_prefix_cache until it succeeds (it fails while blocks are held)."""
+    for _ in range(40):
+        resp = await client.post("/reset_prefix_cache")
+        resp.raise_for_status()
+        if resp.json().get("success"):
+            return
+        await asyncio.sleep(0.25)
+    raise RuntimeError("/reset_prefix_cache kept failing (blocks still held?)")
+
+
+# -- the phases ----------
+
+@dataclass
+class Phase:
+    name: str
+    wall_s: float = 0.0
+    items_done: int = 0
+    deltas: dict[str, float] = field(default_factory=dict)
+    client_cached_tokens: int | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+async def client_phase(client: httpx.AsyncClient, name: str, wl: Workload,
+                       order: list[Item]) -> Phase:
+    """One request per item, IN_FLIGHT workers taking the items in `order`."""
+    shapes = wl.shapes
+    todo = iter(order)
+    phase = Phase(name)
+    cached = 0
+    bad: list[str] = []
+
+    async def worker() -> None:
+        nonlocal cached
+        for item in todo:  # shared iterator: bounded by the items
+            body = {"model": SERVED, "prompt": shapes[item.shape].prefix + item.prompt,
+                    "max_tokens": MAX_TOKENS, **PARAMS}
+            resp = await client.post("/v1/completions", json=body)
+            if resp.status_code != 200:
+                bad.append(f"{item.id}: HTTP {resp.status_code} {resp.text[:200]}")
+                continue
+            data = resp.json()
+            usage = data.get("usage") or {}
+            choice = (data.get("choices") or [{}])[0]
+            if (usage.get("prompt_tokens") != item.tokens
+                    or usage.get("completion_tokens") != MAX_TOKENS
+                    or choice.get("finish_reason") != "length"):
+                bad.append(f"{item.id}: usage {usage} finish {choice.get('finish_reason')} "
+                           f"(expected {item.tokens} prompt tokens)")
+                continue
+            cached += int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+            phase.items_done += 1
+
+    before = await scrape(client)
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
+    phase.wall_s = time.perf_counter() - t0
+    phase.deltas = (await scrape(client)).minus(before)
+    phase.client_cached_tokens = cached
+    if bad:
+        phase.error = f"{len(bad)} bad responses, first: {bad[0]}"
+    return phase
+
+
+def native_lines(wl: Workload) -> str:
+    return "".join(json.dumps({"id": i.id, "model": SERVED,
+                               "prefix": wl.shapes[i.shape].components, "prompt": i.prompt,
+                               "max_tokens": MAX_TOKENS, "params": PARAMS}) + "\n"
+                   for i in wl.items)
+
+
+async def fabricctl_phase(client: httpx.AsyncClient, wl: Workload, base_url: str,
+                          model_dir: Path, work: Path) -> Phase:
+    """The items as native JSONL through `run_job`, engine "openai" on the same server."""
+    phase = Phase("fabricctl")
+    sink = io.BytesIO()
+    errors: list[str] = []
+    before = await scrape(client)
+    t0 = time.perf_counter()
+    summary: RunSummary | None = None
+    try:  # the tree may be mid-change: any failure is this phase's error, not the bench's
+        path = work / "items.jsonl"
+        path.write_text(native_lines(wl))
+        cfg = AppConfig(
+            data_dir=work / "fabric-data", engine="openai", model=SERVED,
+            vllm=VllmSettings(endpoints=[base_url]),
+            consumer=ConsumerSettings(max_batch_size=IN_FLIGHT,
+                                      max_batch_tokens=IN_FLIGHT * wl.max_len,
+                                      max_input_len=wl.max_len),
+            producer=ProducerSettings(tokenizer=str(model_dir / "tokenizer.json")),
+        )
+        phase.extra["consumer"] = dataclasses.asdict(cfg.consumer)
+        summary = await asyncio.wait_for(
+            run_job(cfg, path, sink, errors=errors.append, keep_data=True), 1800.0)
+    except Exception as e:
+        phase.error = f"run_job failed: {e!r}"
+    phase.wall_s = time.perf_counter() - t0
+    phase.deltas = (await scrape(client)).minus(before)
+    recs = [json.loads(line) for line in sink.getvalue().splitlines() if line.strip()]
+    per_id = Counter(r.get("id") for r in recs)
+    good = [r for r in recs if r.get("finish_reason") == "length"
+            and (r.get("usage") or {}).get("completion_tokens") == MAX_TOKENS]
+    phase.items_done = len(good) if set(per_id.values()) <= {1} else 0
+    phase.extra["results"] = len(recs)
+    phase.extra["finish_reasons"] = dict(Counter(r.get("finish_reason") for r in recs))
+    if errors:
+        phase.extra["input_errors"] = errors[:3]
+    if summary is not None:
+        phase.extra.update(summary_kv_hit_rate=summary.kv_hit_rate,
+                           summary_kv_hit_achievable=summary.kv_hit_achievable,
+                           shape_switches=summary.shape_switches,
+                           midstream_switches=summary.midstream_switches,
+                           summary_wall_s=summary.wall_s)
+    if phase.error is None and phase.items_done != len(wl.items):
+        phase.error = (f"{phase.items_done} of {len(wl.items)} items completed as expected "
+                       f"({len(recs)} results, finish reasons {phase.extra['finish_reasons']})")
+    return phase
+
+
+async def warm_up(client: httpx.AsyncClient, tok: Tok, paras: list[str]) -> None:
+    """Unmeasured: IN_FLIGHT prompts of the workload's length, none of its prefixes."""
+    async def one(k: int) -> None:
+        text = f"Warm-up {k}:"
+        pos = 0
+        while len(tok.ids(text)) < PREFIX_TOKENS and pos < len(paras):
+            text += " " + paras[-1 - k * 37 - pos]
+            pos += 1
+        resp = await client.post("/v1/completions", json={
+            "model": SERVED, "prompt": text, "max_tokens": MAX_TOKENS,
+            "truncate_prompt_tokens": PREFIX_TOKENS, **PARAMS})
+        resp.raise_for_status()
+
+    await asyncio.gather(*(one(k) for k in range(IN_FLIGHT)))
+
+
+# -- figures ----------
+
+def figures(p: Phase, wl: Workload) -> dict[str, Any]:
+    d = p.deltas
+    queries, hits = d.get("queries", 0.0), d.get("hits", 0.0)
+    requests = round(d.get("requests", 0.0))
+    n = len(wl.items)
+    extra_requests = requests - n
+    extra_tokens = round(d.get("prompt_tokens", 0.0)) - wl.prompt_tokens
+    achievable = wl.full_prefix_tokens * max(0, requests - wl.shapes_used)
+    out: dict[str, Any] = {
+        "wall_s": round(p.wall_s, 2),
+        "req_per_s": round(n / p.wall_s, 2) if p.wall_s else 0.0,
+        "items_done": p.items_done,
+        "hit_rate": round(hits / queries, 4) if queries else 0.0,
+        "achievable_hit_rate": round(achievable / queries, 4) if queries else 0.0,
+        "prompt_tokens_computed": round(queries - hits),
+        "prefix_cache_queries": round(queries),
+        "prefix_cache_hits": round(hits),
+        "prompt_tokens": round(d.get("prompt_tokens", 0.0)),
+        "requests": requests,
+        "extra_requests": extra_requests,  # fabricctl: pre-warms (bare prefixes)
+        "extra_requests_bare_prefixes": extra_tokens == extra_requests * PREFIX_TOKENS,
+        "preemptions": round(d.get("preemptions", 0.0)),
+    }
+    if p.client_cached_tokens is not None:
+        out["client_cached_tokens"] = p.client_cached_tokens
+    out.update(p.extra)
+    if p.error:
+        out["error"] = p.error
+    return out
+
+
+def ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
+
+
+def ratios(ph: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    a, b, c = ph["arrival"], ph["grouped"], ph.get("fabricctl")
+    out: dict[str, float | None] = {
+        "rps_grouped_over_arrival": ratio(b["req_per_s"], a["req_per_s"]),
+        "rps_fabricctl_over_arrival": None, "rps_fabricctl_over_grouped": None,
+        "fabricctl_hit_minus_achievable_pts": None,
+        "computed_fabricctl_over_grouped": None,
+        "computed_grouped_over_arrival": ratio(b["prompt_tokens_computed"],
+                                               a["prompt_tokens_computed"]),
+    }
+    if c is not None and "error" not in c:
+        out.update(
+            rps_fabricctl_over_arrival=ratio(c["req_per_s"], a["req_per_s"]),
+            rps_fabricctl_over_grouped=ratio(c["req_per_s"], b["req_per_s"]),
+            fabricctl_hit_minus_achievable_pts=round(
+                (c["hit_rate"] - c["achievable_hit_rate"]) * 100, 2),
+            computed_fabricctl_over_grouped=ratio(c["prompt_tokens_computed"],
+                                                  b["prompt_tokens_computed"]),
+        )
+    return out
+
+
+def table(out: dict[str, Any]) -> str:
+    cols = [("wall_s", "wall s", "{:.1f}"), ("req_per_s", "req/s", "{:.2f}"),
+            ("hit_rate", "hit", "{:.1%}"), ("achievable_hit_rate", "achievable", "{:.1%}"),
+            ("prompt_tokens_computed", "computed", "{:,}"),
+            ("prompt_tokens", "prompt tok", "{:,}"), ("requests", "requests", "{:,}"),
+            ("preemptions", "preempt", "{:,}"), ("items_done", "items ok", "{:,}")]
+    head = f"{'phase':<10}" + "".join(f"{h:>12}" for _, h, _ in cols)
+    lines = [head, "-" * len(head)]
+    for name, ph in out["phases"].items():
+        row = f"{name:<10}" + "".join(f"{fmt.format(ph.get(k, 0)):>12}" for k, _, fmt in cols)
+        lines.append(row)
+    lines.append("")
+    fab = out["phases"].get("fabricctl", {})
+    if "summary_kv_hit_rate" in fab:
+        lines.append(f"fabricctl: {fab['extra_requests']} extra requests (bare prefixes: "
+                     f"{fab['extra_requests_bare_prefixes']}, i.e. pre-warms), "
+                     f"{fab['shape_switches']} shape switches "
+                     f"({fab['midstream_switches']} mid-stream); its RunSummary: "
+                     f"kv_hit_rate {fab['summary_kv_hit_rate']}, kv_hit_achievable "
+                     f"{fab['summary_kv_hit_achievable']}, wall {fab['summary_wall_s']} s")
+    for name, ph in out["phases"].items():
+        if "error" in ph:
+            lines.append(f"{name}: ERROR {ph['error']}")
+    width = 40
+    for k, v in out["ratios"].items():
+        lines.append(f"{k:<{width}}{'n/a' if v is None else v:>14}")
+    for k, v in out.items():
+        if k not in ("phases", "ratios"):
+            lines.append(f"{k:<{width}}{v!s:>14}" if len(str(v)) <= 14 else f"{k}: {v}")
+    return "\n".join(lines)
+
+
+# -- driver ----------
+
+def build_model(work: Path, paras: list[str]) -> tuple[Path, dict[str, Any]]:
+    py = VENV / "bin" / "python"
+    if not py.exists():
+        raise RuntimeError(f"{py} is missing: run scripts/vllm_env.sh (make test does)")
+    corpus = work / "corpus.txt"
+    corpus.write_text("\n".join(paras) + "\n", encoding="utf-8")
+    out = work / "model"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+    done = subprocess.run([str(py), str(MAKE_MODEL), str(out), str(corpus)], check=True,
+                          env=env, timeout=300, capture_output=True, text=True)
+    return out, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    t_start = time.perf_counter()
+    paras = corpus_paragraphs()
+    model_dir, built = build_model(work, paras)
+    tok = Tok(model_dir / "tokenizer.json")
+    wl = make_workload(tok, paras, args.shapes, args.items, args.seed)
+    blocks, why = kv_blocks(wl)
+    logs = work / "logs"
+    extra_args = ("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
+                  "--max-num-seqs", str(IN_FLIGHT), "--enforce-eager",
+                  "--enable-prefix-caching", "--block-size", str(BLOCK),
+                  "--num-gpu-blocks-override", str(blocks), "--enable-prompt-tokens-details")
+    spec = vllm_cpu_spec(VENV, str(model_dir), SERVED, logs, port_base=free_port(),
+                         extra_args=extra_args, start_timeout_s=300.0, stop_timeout_s=20.0,
+                         env={"VLLM_SERVER_DEV_MODE": "1"})
+    launcher = Launcher(spec, [0])
+    atexit.register(_kill_leftovers, launcher)
+    server = launcher.servers[0]
+    out: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    try:
+        try:
+            await launcher.start()
+        except LaunchError as e:
+            tail = server.log_path.read_text(errors="replace")[-3000:] \
+                if server.log_path.exists() else ""
+            raise RuntimeError(f"{e}\n{tail}") from None
+        started_s = time.perf_counter() - t0
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=300.0) as client:
+            cfg = await scrape(client)
+            if cfg.block_size != BLOCK or cfg.num_blocks != blocks:
+                raise RuntimeError(f"server has {cfg.num_blocks} blocks of {cfg.block_size}, "
+                                   f"asked for {blocks} of {BLOCK}")
+            await warm_up(client, tok, paras)
+            phases: dict[str, Phase] = {}
+            await reset_prefix_cache(client)
+            phases["arrival"] = await client_phase(client, "arrival", wl, list(wl.items))
+            await reset_prefix_cache(client)
+            grouped = sorted(wl.items, key=lambda i: i.shape)  # stable: arrival within shape
+            phases["grouped"] = await client_phase(client, "grouped", wl, grouped)
+            await reset_prefix_cache(client)
+            phases["fabricctl"] = await fabricctl_phase(client, wl, server.base_url,
+                                                        model_dir, work)
+        ph = {name: figures(p, wl) for name, p in phases.items()}
+        out = {"phases": ph, "ratios": ratios(ph)}
+        out.update({
+            "phase_d": "skipped: fabricctl has no config knob that turns pre-warm off",
+            "items": len(wl.items), "shapes": args.shapes, "shapes_used": wl.shapes_used,
+            "seed": args.seed, "prefix_tokens": PREFIX_TOKENS,
+            "full_prefix_tokens": wl.full_prefix_tokens,
+            "item_tokens_min": min(i.tokens for i in wl.items), "item_tokens_max": wl.max_len,
+            "items_per_shape": [sum(1 for i in wl.items if i.shape == k)
+                                for k in range(args.shapes)],
+            "max_tokens": MAX_TOKENS, "in_flight": IN_FLIGHT, "block_size": BLOCK,
+            "kv_blocks": blocks, "kv_blocks_why": why,
+            "cache_pressure": round(wl.shapes_used / KV_PREFIXES, 1),
+            "model_params": built["params"], "vocab": built["vocab"],
+            "model_build_s": built["seconds"], "server_start_s": round(started_s, 1),
+            "server_cpu_bind": spec.env.get("VLLM_CPU_OMP_THREADS_BIND", "").replace(
+                "{index}", "0"),
+            "total_s": 0.0,
+        })
+    finally:
+        await launcher.stop()
+        atexit.unregister(_kill_leftovers)
+    out["total_s"] = round(time.perf_counter() - t_start, 1)
+    if args.keep:
+        out["kept"] = str(work)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--items", type=int, default=480)
+    ap.add_argument("--shapes", type=int, default=12)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the temp dir (model, server log, items, fabricctl data)")
+    args = ap.parse_args(argv)
+    if args.items < 1 or args.shapes < 1:
+        ap.error("--items and --shapes must be >= 1")
+    work = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
+
+    async def runner() -> dict[str, Any]:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        return await drive(args, work)
+
+    try:
+        out = asyncio.run(runner())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("vllm_bench: interrupted; the server was stopped", file=sys.stderr)
+        return 130
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(out) if args.json else table(out))
+    return 0 if all("error" not in p for p in out["phases"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

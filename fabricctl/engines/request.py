@@ -1,0 +1,182 @@
+"""What one item sends to an OpenAI-compatible server, and what its answer means.
+
+Contract:
+- `request_of(item, payload, model)` is (path, body, keep): `/v1/chat/completions` for a
+  chat payload, else `/v1/completions`; the body is the payload's body as the producer
+  wrote it with `model` set to the served name and, for completions, `prompt` set to
+  `payload.text()` (an older payload without a body gets `{"prompt", "max_tokens"}`);
+  nothing else is added. `keep` says whether the answer's body must be kept whole: always
+  for OpenAI-batch items, whose output line carries it.
+- `read_answer(status, content, keep)` turns an HTTP answer into an ItemResult (id blank):
+  for a 2xx, choice 0's text (`text`, or `message.content` for chat) and finish_reason,
+  and vLLM's usage (completion tokens summed over the choices by vLLM itself, prompt
+  tokens, cached tokens from `prompt_tokens_details`); the body is kept when `keep`, or when
+  the answer has several choices or logprobs. For a 4xx: finish_reason "error", the server's
+  message, its status and its error body. None when a 2xx body is not a completion.
+- `prewarm_request(payload, model)` is (path, body) for a request that prefills the shape's
+  shared prefix (max_tokens 1), or None when the payload shares nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from fabricctl.core.payload import Payload
+from fabricctl.core.types import Item, ItemResult
+
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
+ABORT = "abort"  # vLLM's finish_reason for a request it dropped (shutdown, preemption)
+NATIVE_SOURCE = 0  # formats.common.Source.NATIVE (engines do not import formats)
+
+_decode = msgspec.json.decode
+_encode = msgspec.json.encode
+
+
+class _Details(msgspec.Struct):
+    """Why: `usage.prompt_tokens_details`, where vLLM reports prefix-cache hits."""
+
+    cached_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct):
+    """Why: the counts vLLM made of the request, which fabricctl reports as its usage."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+    prompt_tokens_details: _Details | None = None
+
+
+class _Message(msgspec.Struct):
+    """Why: a chat choice's text is its message's content."""
+
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    """Why: the fields of a choice fabricctl reads; the rest stays in the kept body."""
+
+    index: int = 0
+    text: str | None = None
+    message: _Message | None = None
+    finish_reason: str | None = None
+    logprobs: msgspec.Raw = msgspec.Raw(b"null")  # msgspec has no Raw | None
+
+
+class _Answer(msgspec.Struct):
+    """Why: a completion or chat.completion body, read just as far as results need."""
+
+    choices: list[_Choice]
+    usage: _Usage | None = None
+
+
+class _ErrorInfo(msgspec.Struct):
+    """Why: the message of vLLM's `ErrorResponse` (`{"error": {"message", ...}}`)."""
+
+    message: str = ""
+
+
+class _Error(msgspec.Struct):
+    """Why: vLLM's error body, and a server's that says only `message` or `detail`."""
+
+    error: _ErrorInfo | str | None = None
+    message: str | None = None
+    detail: Any = None
+
+
+_answer = msgspec.json.Decoder(_Answer)
+_error = msgspec.json.Decoder(_Error)
+_NULL = b"null"
+
+
+def request_of(item: Item, payload: Payload, model: str) -> tuple[str, dict[str, Any], bool]:
+    """(path, body, keep the answer's body) for one item; see the module contract."""
+    if payload.body:
+        body = _decode(payload.body)
+        if not isinstance(body, dict):
+            raise ValueError("the request body is not a JSON object")
+    else:
+        body = {"max_tokens": item.max_tokens}
+    body["model"] = model
+    if payload.chat:
+        return CHAT_PATH, body, item.source != NATIVE_SOURCE
+    body["prompt"] = payload.text()
+    return COMPLETIONS_PATH, body, item.source != NATIVE_SOURCE
+
+
+def prewarm_request(payload: Payload, model: str) -> tuple[str, dict[str, Any]] | None:
+    """A request that prefills the shared prefix of the payload's shape, or None."""
+    if payload.chat:
+        body = _decode(payload.body) if payload.body else {}
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if not isinstance(messages, list) or len(messages) < 2:
+            return None
+        warm: dict[str, Any] = {"model": model, "messages": messages[:-1], "max_tokens": 1}
+        if body.get("tools") is not None:
+            warm["tools"] = body["tools"]
+        return CHAT_PATH, warm
+    prefix = "".join(payload.components)
+    if not prefix:
+        return None
+    return COMPLETIONS_PATH, {"model": model, "prompt": prefix, "max_tokens": 1}
+
+
+def error_message(content: bytes) -> str:
+    """The message of an error body, as short as a result line should carry it."""
+    try:
+        err = _error.decode(content)
+    except msgspec.DecodeError:
+        return content.decode("utf-8", "replace")[:300]
+    if isinstance(err.error, _ErrorInfo) and err.error.message:
+        return err.error.message[:1000]
+    if isinstance(err.error, str):
+        return err.error[:1000]
+    if err.message:
+        return err.message[:1000]
+    if err.detail is not None:
+        return str(err.detail)[:1000]
+    return content.decode("utf-8", "replace")[:300]
+
+
+def _compact(content: bytes) -> bytes:
+    """The body as one line: a server's JSON may carry newlines; the result line cannot."""
+    content = content.strip()
+    return _encode(_decode(content)) if b"\n" in content else content
+
+
+def read_answer(status: int, content: bytes, keep: bool) -> ItemResult | None:
+    """The ItemResult (id blank) of one HTTP answer; see the module contract."""
+    if status >= 400:
+        try:
+            body = _compact(content)
+            _decode(body)
+        except msgspec.DecodeError:
+            body = b""
+        return ItemResult(id="", finish_reason="error",
+                          error=f"HTTP {status}: {error_message(content)}", status=status,
+                          body=body)
+    try:
+        answer = _answer.decode(content)
+    except msgspec.DecodeError:
+        return None
+    if not answer.choices:
+        return None
+    choices = sorted(answer.choices, key=lambda c: c.index)
+    first = choices[0]
+    text = first.text if first.message is None else first.message.content
+    usage = answer.usage or _Usage()
+    details = usage.prompt_tokens_details
+    logprobs = bytes(first.logprobs) != _NULL
+    reason = next((c.finish_reason for c in choices if c.finish_reason == ABORT),
+                  first.finish_reason or "stop")
+    return ItemResult(
+        id="",
+        text=text or "",
+        finish_reason=reason,
+        tokens_out=usage.completion_tokens,
+        cached_tokens=None if details is None else details.cached_tokens,
+        prompt_tokens=usage.prompt_tokens,
+        body=_compact(content) if keep or len(choices) > 1 or logprobs else b"",
+    )

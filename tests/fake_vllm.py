@@ -1,0 +1,130 @@
+"""An in-process stand-in for a vLLM server on a real socket, answering as vLLM does.
+
+`FakeVllm()` serves on 127.0.0.1 (a free port) from a thread until `close()`. It records
+every request as `(path, body)` in `requests`, and answers `/v1/completions` and
+`/v1/chat/completions` one request at a time the way vLLM does: each request's own
+`max_tokens` (default 16), `n` choices, `ignore_eos`, with the simulated engine's drawn output
+lengths (`fabricctl.engines.simanswer`), vLLM's usage (a character a
+token), and HTTP 400 with vLLM's error body
+for a bad value (a negative temperature, n < 1, a prompt that is not a string, no
+messages). `GET /metrics` gives zero counters with block size 16, `GET /health` 200. It is
+the simulated engine seen through the HTTP path, so a test on it fails where the wire is
+wrong, as one on the real vLLM would.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from fabricctl.core.types import Item
+from fabricctl.engines.simanswer import SimSpec, choice_plan
+
+METRICS = """# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0"} 1.0
+"""
+
+
+def _bad(message: str) -> tuple[int, dict[str, Any]]:
+    return 400, {"error": {"message": message, "type": "BadRequestError", "param": None,
+                           "code": 400}}
+
+
+def answer(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """(status, response body) of one request, as vLLM would give them."""
+    chat = path == "/v1/chat/completions"
+    temperature = body.get("temperature", 1.0)
+    if isinstance(temperature, int | float) and temperature < 0:
+        return _bad("temperature must be non-negative, got -1.0.")
+    n = body.get("n", 1)
+    if not isinstance(n, int) or n < 1:
+        return _bad("n must be at least 1, got 0.")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return _bad("messages: Field required")
+        prompt = json.dumps(messages)
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            return _bad("prompt must be a string")
+    max_tokens = body.get("max_tokens") or 16
+    # the drawn lengths depend on the prompt and seed only, as a model's output would
+    item = Item(id=f"{body.get('seed')}|{prompt}", model=str(body.get("model")),
+                signature=0, input_tokens=1, max_tokens=max_tokens)
+    plan = choice_plan(item, SimSpec(n=n, ignore_eos=body.get("ignore_eos") is True),
+                       max_tokens)
+    choices = []
+    for j, (tokens, reason) in enumerate(plan):
+        text = " ".join(["tok"] * tokens)
+        if chat:
+            choices.append({"index": j, "message": {"role": "assistant", "content": text},
+                            "logprobs": None, "finish_reason": reason, "stop_reason": None})
+        else:
+            choices.append({"index": j, "text": text, "logprobs": None,
+                            "finish_reason": reason, "stop_reason": None})
+    prompt_tokens = len(prompt)  # a character a token: unlike fabricctl's estimate
+    completion = sum(t for t, _ in plan)
+    return 200, {"id": "cmpl-fake", "object": "chat.completion" if chat else "text_completion",
+                 "created": 1, "model": body.get("model"), "choices": choices,
+                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                           "total_tokens": prompt_tokens + completion,
+                           "prompt_tokens_details": {"cached_tokens": 0}}}
+
+
+class FakeVllm:
+    """Why: the HTTP path's semantics without a 2.5 GB vLLM, for the fast suite."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _send(self, status: int, payload: bytes, kind: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def do_GET(self) -> None:
+                if self.path == "/metrics":
+                    self._send(200, METRICS.encode(), "text/plain")
+                elif self.path == "/health":
+                    self._send(200, b"", "text/plain")
+                else:
+                    self._send(404, b'{"detail":"Not Found"}', "application/json")
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length))
+                with fake._lock:
+                    fake.requests.append((self.path, body))
+                if self.path not in ("/v1/completions", "/v1/chat/completions"):
+                    self._send(404, b'{"detail":"Not Found"}', "application/json")
+                    return
+                status, out = answer(self.path, body)
+                self._send(status, json.dumps(out).encode(), "application/json")
+
+            def log_message(self, fmt: str, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def bodies(self, path: str = "/v1/completions") -> list[dict[str, Any]]:
+        with self._lock:
+            return [b for p, b in self.requests if p == path]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
