@@ -297,7 +297,10 @@ def result_evidence(work: Work, results: list[ItemResult], block: int
                     ) -> tuple[int, int, int] | None:
     """(queries, hits, achievable) prompt tokens of one batch from its items' own answers:
     one request per item, so the engine's per-request prompt and cached tokens are exact
-    whatever ran beside it. None unless every item that ran reported both."""
+    whatever ran beside it. None unless every item that ran reported both, or while the
+    engine's block size is unknown (no /metrics read yet)."""
+    if block <= 0:
+        return None
     q = h = declared = achievable = 0
     for item, res in zip(work.items, results, strict=False):
         if res.finish_reason in ("length_exceeded", "error"):
@@ -311,7 +314,7 @@ def result_evidence(work: Work, results: list[ItemResult], block: int
         if payload is not None:
             achievable += achievable_cached_tokens(prefix_tokens(payload), item.input_tokens,
                                                    block)
-    if q <= 0 or declared <= 0 or block <= 0:
+    if q <= 0 or declared <= 0:
         return None
     return q, h, round(achievable * q / declared)
 
