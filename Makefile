@@ -23,7 +23,7 @@ $(VLLM_STAMP):
 	PYTHON=$(PYTHON) bash scripts/vllm_env.sh $(VLLM_VENV)
 
 demo: $(STAMP)
-	$(PY) -m fabricctl.demo
+	$(PY) -m fabricctl.cli.demo
 
 lint: $(STAMP)
 	$(PY) -m ruff check fabricctl tests bench examples scripts

@@ -54,12 +54,12 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fabricctl.client import Client
 from fabricctl.core.signature import signature
 from fabricctl.core.types import Contract, Item, ItemResult, Work
 from fabricctl.errors import FabricError
 from fabricctl.server import eventloop
 from fabricctl.server.config import ServerConfig
+from fabricctl.wire.client import Client
 
 MODEL = "m"
 TARGET_ITEMS_PER_S = 50_000

@@ -36,6 +36,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tui_synthetic
 
 TARGET = 0.25  # of one core
 SCENARIOS = ("overview", "lanes", "all-lanes")
@@ -45,10 +46,10 @@ JUDGED = ("overview", "lanes")  # what `top` subscribes to
 def child(args: argparse.Namespace) -> None:
     """Run the app on this terminal and write the measurement to `args.report`."""
     import msgspec
+    from tui_synthetic import SyntheticSource
 
     from fabricctl.core.snapshot import Snapshot
     from fabricctl.tui.app import TopApp
-    from fabricctl.tui.synthetic import SyntheticSource
 
     source = SyntheticSource(args.shapes, args.lanes, all_lanes=args.scenario == "all-lanes")
     first = msgspec.msgpack.decode(source.prepare([])[0], type=Snapshot).shapes[0]

@@ -25,7 +25,7 @@ warm-up before the first), with vLLM's `/metrics` scraped before and after:
                 flight, in arrival (shuffled) order;
   b. grouped:   the same with the items stably sorted by shape;
   c. fabricctl: the items as native JSONL (`prefix` components, `prompt`, `max_tokens`,
-                `params`) through `fabricctl.batchjob.run_job` (what `fabricctl run` does),
+                `params`) through `fabricctl.cli.run.run_job` (what `fabricctl run` does),
                 engine "openai" against the same server, contract 16 items a batch.
 (A phase d, fabricctl without pre-warm, would need a config knob to switch pre-warm off;
 fabricctl has none, so it is skipped and reported as such.)
@@ -77,7 +77,7 @@ if __package__ in (None, ""):
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from fabricctl.batchjob import RunSummary, run_job
+from fabricctl.cli.run import RunSummary, run_job
 from fabricctl.config import AppConfig, ConsumerSettings, ProducerSettings, VllmSettings
 from fabricctl.supervisor.launcher import Launcher, LaunchError, vllm_cpu_spec
 

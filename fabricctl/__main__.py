@@ -1,5 +1,5 @@
 """`python -m fabricctl` is the `fabricctl` command."""
 
-from fabricctl.cli import main
+from fabricctl.cli.app import main
 
 main()

@@ -76,7 +76,7 @@ def commands() -> list[tuple[list[str], Any, Any]]:
     """(path, command, context) for the root and every command below it, in help order."""
     import typer
 
-    from fabricctl.cli import app
+    from fabricctl.cli.app import app
 
     root = typer.main.get_command(app)
     out: list[tuple[list[str], Any, Any]] = []

@@ -60,7 +60,7 @@ class Broker:
 
     def wait_ready(self) -> None:
         """Bounded polling until the socket answers a status query with both consumers."""
-        from fabricctl.client import Client
+        from fabricctl.wire.client import Client
 
         async def consumers() -> int:
             c = await Client.connect(self.data_dir, "observer", "test", timeout=1.0)

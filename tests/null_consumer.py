@@ -19,9 +19,9 @@ import sys
 
 from server_helpers import CONTRACT
 
-from fabricctl.client import Client
 from fabricctl.core.types import ItemResult
 from fabricctl.errors import FabricError
+from fabricctl.wire.client import Client
 
 
 def say(**kw: object) -> None:

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fabricctl.client import Client
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.types import Contract, Item, ItemResult, Work
 from fabricctl.formats.results import ResultRecord
 from fabricctl.server.app import BrokerServer
 from fabricctl.server.config import ServerConfig
-from fabricctl.server.protocol import (
+from fabricctl.store.durable import DurableBroker
+from fabricctl.wire.client import Client
+from fabricctl.wire.protocol import (
     PROTOCOL_VERSION,
     Complete,
     Done,
@@ -41,7 +42,6 @@ from fabricctl.server.protocol import (
     encode,
     read_frame,
 )
-from fabricctl.store.durable import DurableBroker
 
 NULL_CONSUMER = str(Path(__file__).with_name("null_consumer.py"))
 REPO = str(Path(__file__).resolve().parent.parent)

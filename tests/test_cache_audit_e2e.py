@@ -8,12 +8,12 @@ from pathlib import Path
 
 from server_helpers import all_results, running_server, wait_until
 
-from fabricctl.client import Client
 from fabricctl.core.payload import Payload, encode_payload
 from fabricctl.core.signature import signature
 from fabricctl.core.types import Item
 from fabricctl.engines.sim import SimEngine
 from fabricctl.supervisor.consumer import Consumer
+from fabricctl.wire.client import Client
 
 SYSTEM = "You are a careful assistant. " * 64  # ~1.8k bytes, 448 declared tokens
 

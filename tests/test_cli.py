@@ -77,7 +77,7 @@ def test_help_lists_the_exit_codes_and_version_prints(tmp_path: Path) -> None:
 def test_every_command_has_help(args: list[str]) -> None:
     from typer.testing import CliRunner
 
-    from fabricctl.cli import app
+    from fabricctl.cli.app import app
 
     out = CliRunner().invoke(app, [*args, "--help"], prog_name="fabricctl")
     assert out.exit_code == 0, out.output

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import Broker, clean_env, error_lines, fabricctl
 
-from fabricctl.commands.ordered import InputOrder
+from fabricctl.cli.ordered import InputOrder
 from fabricctl.formats.results import ResultRecord
 
 
@@ -148,7 +148,7 @@ class _EarlyClient:
         self.served = asyncio.Event()
 
     async def submit(self, items: list) -> object:
-        from fabricctl.server.protocol import Ack, Reject
+        from fabricctl.wire.protocol import Ack, Reject
 
         for it in reversed(items):  # completion order: last first
             if it.id != "refused":
@@ -165,7 +165,7 @@ class _EarlyClient:
 
 
 def test_submitter_orders_results_that_beat_their_ack() -> None:
-    from fabricctl.commands.submit import Submitter
+    from fabricctl.cli.submit import Submitter
     from fabricctl.config import AppConfig
 
     ids = ["x1", "x2", "refused", "x3", "x4"]

@@ -203,7 +203,7 @@ class _FakeClient:
         self.sizes: list[int] = []
 
     async def submit(self, items: list) -> object:
-        from fabricctl.server.protocol import Ack
+        from fabricctl.wire.protocol import Ack
 
         self.inflight += 1
         self.most = max(self.most, self.inflight)
@@ -214,7 +214,7 @@ class _FakeClient:
 
 
 def test_submit_sends_bounded_chunks_with_bounded_submits_in_flight() -> None:
-    from fabricctl.commands.submit import CHUNK, IN_FLIGHT, Submitter
+    from fabricctl.cli.submit import CHUNK, IN_FLIGHT, Submitter
     from fabricctl.config import AppConfig
 
     data = b"".join(j(native(f"m{i}")) for i in range(20 * CHUNK + 7))
@@ -254,7 +254,7 @@ def test_submit_memory_does_not_grow_with_the_input() -> None:
     """36 MB of input through the submit path peaks far below its size (ids seen aside)."""
     import tracemalloc
 
-    from fabricctl.commands.submit import Submitter
+    from fabricctl.cli.submit import Submitter
     from fabricctl.config import AppConfig
 
     n, size = 12_000, 3000

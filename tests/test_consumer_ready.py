@@ -7,10 +7,10 @@ from pathlib import Path
 
 from server_helpers import all_results, make_items, running_server, wait_until
 
-from fabricctl.client import Client
 from fabricctl.core.types import ItemResult, Work
 from fabricctl.engines.sim import SimEngine
 from fabricctl.supervisor.consumer import Consumer
+from fabricctl.wire.client import Client
 
 
 class Restarting(SimEngine):

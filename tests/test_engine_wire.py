@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from fake_vllm import FakeVllm
 
-from fabricctl.batchjob import run_job
+from fabricctl.cli.run import run_job
 from fabricctl.config import AppConfig, ConsumerSettings, VllmSettings
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from server_helpers import CONTRACT, make_items, running_server
 
-from fabricctl.client import Client
 from fabricctl.core.types import ItemResult
 from fabricctl.server import eventloop
 from fabricctl.server.writer import Writer
 from fabricctl.store.durable import DurableBroker
+from fabricctl.wire.client import Client
 
 
 async def _which() -> str:

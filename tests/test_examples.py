@@ -16,8 +16,8 @@ import msgspec
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.payload import decode_payload
+from fabricctl.formats.reader import LineError, Parsed, Source, parse_lines, parse_stream
 from fabricctl.formats.workload import generate, make_shapes, zipf_weights
-from fabricctl.producer import LineError, Parsed, Source, parse_lines, parse_stream
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 PRODUCE = EXAMPLES / "produce.py"

@@ -8,7 +8,7 @@ import sys
 
 PROBE = """
 import json, sys
-import fabricctl.core.broker, fabricctl.core.snapshot, fabricctl.cli
+import fabricctl.core.broker, fabricctl.core.snapshot, fabricctl.cli.app
 print(json.dumps(sorted(m for m in sys.modules if m == "textual" or m.startswith("textual."))))
 """
 

@@ -1,4 +1,4 @@
-"""The JSONL reader, token counting and the two result forms (fabricctl.producer)."""
+"""The JSONL reader, token counting and the two result forms (fabricctl.formats.reader)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ from fabricctl.core.payload import decode_payload
 from fabricctl.core.signature import signature, signature_hex
 from fabricctl.core.types import Item, ItemResult
 from fabricctl.formats.chat import ASSISTANT_CUE, render_message
-from fabricctl.formats.results import ResultRecord
-from fabricctl.formats.tokens import ComponentCache, EstimateCounter, split_counts
-from fabricctl.producer import (
+from fabricctl.formats.reader import (
     MAX_LINE_BYTES,
     LineError,
     Parsed,
@@ -31,6 +29,8 @@ from fabricctl.producer import (
     read_lines,
     result_line,
 )
+from fabricctl.formats.results import ResultRecord
+from fabricctl.formats.tokens import ComponentCache, EstimateCounter, split_counts
 
 
 def j(obj: object) -> bytes:
@@ -363,7 +363,7 @@ def _word_tokenizer(tmp_path) -> str:
 
 
 def test_token_count_precedence(tmp_path) -> None:
-    from fabricctl.producer import load_counter
+    from fabricctl.formats.reader import load_counter
 
     counter = load_counter(_word_tokenizer(tmp_path))
     assert counter.count("one two three") == 3
@@ -413,7 +413,7 @@ def test_component_counts_are_cached() -> None:
 
 
 def test_tokenizers_is_imported_lazily() -> None:
-    code = "import sys, fabricctl.producer; print('tokenizers' in sys.modules)"
+    code = "import sys, fabricctl.formats.reader; print('tokenizers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

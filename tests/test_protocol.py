@@ -7,8 +7,8 @@ import asyncio
 import msgspec
 import pytest
 
-from fabricctl.server.flow import WriteFlow
-from fabricctl.server.protocol import (
+from fabricctl.wire.flow import WriteFlow
+from fabricctl.wire.protocol import (
     HEADER,
     Done,
     FrameReader,

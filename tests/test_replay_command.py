@@ -9,8 +9,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from fabricctl.cli.replay import run_replay
 from fabricctl.formats.workload import generate
-from fabricctl.replay.command import run_replay
 from fabricctl.replay.run import ABLATIONS, POLICIES
 
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import msgspec
 
-import fabricctl.batchjob as batchjob
+import fabricctl.cli.run as batchjob
 from fabricctl.config import load_config
 from fabricctl.core.signature import signature_hex
+from fabricctl.formats.reader import Parsed, parse_lines
 from fabricctl.formats.workload import generate
-from fabricctl.producer import Parsed, parse_lines
 
 SHAPES, PER_SHAPE = 20, 2000
 

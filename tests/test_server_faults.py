@@ -28,13 +28,13 @@ from server_helpers import (
     spawn_consumer,
 )
 
-from fabricctl.client import Client
 from fabricctl.core.broker import ShapeGuardError, guard_signature
 from fabricctl.core.types import ItemResult, Work
 from fabricctl.errors import BackendMissing, BrokerError
 from fabricctl.formats.results import ResultRecord
 from fabricctl.server.app import BrokerServer
-from fabricctl.server.protocol import (
+from fabricctl.wire.client import Client
+from fabricctl.wire.protocol import (
     HEADER,
     PROTOCOL_VERSION,
     Error,

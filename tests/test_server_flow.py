@@ -26,10 +26,10 @@ from server_helpers import (
     running_server,
 )
 
-from fabricctl.client import Client
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.types import Contract, Item
 from fabricctl.errors import BrokerError
+from fabricctl.wire.client import Client
 
 
 async def produce(address: Path, items: list[Item], chunk: int) -> int:

@@ -16,7 +16,6 @@ from rich.style import Style
 from server_helpers import MODEL, SIG_A, SIG_B, fast_config, running_server
 from textual.pilot import Pilot
 
-from fabricctl.client import Client
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.types import Contract, Item, ItemResult
 from fabricctl.server.app import BrokerServer
@@ -26,6 +25,7 @@ from fabricctl.tui.palette import CRITICAL
 from fabricctl.tui.sources import BrokerSource
 from fabricctl.tui.widgets.lines import LineList, TextBox
 from fabricctl.tui.widgets.shapes import ShapesTable
+from fabricctl.wire.client import Client
 
 HOLD = CoreConfig(stage_timeout_s=3600.0, activate_when_idle=False)  # staged until B allows
 SLOW_WATCHDOG = {"heartbeat_timeout_s": 60.0}  # a test consumer may sit between pulls

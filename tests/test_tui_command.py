@@ -21,12 +21,12 @@ import msgspec
 import pytest
 from server_helpers import MODEL, SIG_A, fast_config
 
-from fabricctl.client import Client
+from fabricctl.cli.top import run_top
 from fabricctl.core.snapshot import Snapshot
 from fabricctl.core.types import Item
 from fabricctl.server.app import BrokerServer
 from fabricctl.store.durable import DurableBroker
-from fabricctl.tui.command import run_top
+from fabricctl.wire.client import Client
 
 REPO = str(Path(__file__).resolve().parent.parent)
 
@@ -76,7 +76,7 @@ def probe(data: Path, once: bool, json_out: bool) -> subprocess.CompletedProcess
     code = (
         "import sys, json\n"
         "from pathlib import Path\n"
-        "from fabricctl.tui.command import run_top\n"
+        "from fabricctl.cli.top import run_top\n"
         f"rc = run_top(Path({str(data)!r}), once={once}, json_out={json_out}, interval=1.0)\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'textual')\n"
         "sys.stderr.write(json.dumps({'rc': rc, 'textual': loaded}))\n"

@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable
 
 from textual.pilot import Pilot
+from tui_synthetic import make_snapshot
 
 from fabricctl.core.signature import signature_hex
 from fabricctl.tui.app import TopApp
 from fabricctl.tui.sources import FixedSource
-from fabricctl.tui.synthetic import make_snapshot
 from fabricctl.tui.widgets.help import HelpScreen
 from fabricctl.tui.widgets.lines import LineList, TextBox
 from fabricctl.tui.widgets.shapes import ShapesTable

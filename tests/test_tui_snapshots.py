@@ -12,10 +12,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from textual.pilot import Pilot
+from tui_synthetic import make_snapshot
 
 from fabricctl.tui.app import TopApp
 from fabricctl.tui.sources import FixedSource
-from fabricctl.tui.synthetic import make_snapshot
 from fabricctl.tui.widgets.lines import LineList
 
 SnapCompare = Callable[..., bool]

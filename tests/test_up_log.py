@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import FABRICCTL, START_TIMEOUT_S, clean_env, fabricctl
 
-from fabricctl.cli import setup_logging
+from fabricctl.cli.app import setup_logging
 
 THIRD_PARTY = ("httpx", "httpcore", "asyncio")
 
@@ -115,7 +115,7 @@ def _wait_ready(data_dir: Path, proc: subprocess.Popen[bytes], log: Path) -> Non
     """Bounded polling until the broker answers with its one consumer registered."""
     import asyncio
 
-    from fabricctl.client import Client
+    from fabricctl.wire.client import Client
 
     async def consumers() -> int:
         c = await Client.connect(data_dir, "observer", "test", timeout=1.0)

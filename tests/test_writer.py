@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from server_helpers import make_items, running_server
 
-from fabricctl.client import Client
 from fabricctl.core.types import Contract, Item, ItemResult, Work
 from fabricctl.errors import BrokerError
 from fabricctl.server.writer import Writer
 from fabricctl.store.durable import DurableBroker, StoreConfig
 from fabricctl.store.env import MiB
 from fabricctl.store.errors import StoreFullError
+from fabricctl.wire.client import Client
 
 MODEL = "m"
 SIG = 0xBEEF

@@ -2,7 +2,7 @@
 
 Contract: a format parser takes one decoded JSON object and returns a `Draft` or raises
 `Invalid(reason)`, where `reason` is one short human sentence naming the offending field
-(e.g. "max_tokens must be at least 1"). `Invalid` never escapes `fabricctl.producer`: the
+(e.g. "max_tokens must be at least 1"). `Invalid` never escapes `fabricctl.formats.reader`: the
 reader turns it into a `LineError`. `Source` records which format a line came in, because
 results must go back out in the same form.
 """

@@ -19,8 +19,8 @@ import msgspec
 
 from fabricctl.core.types import Item
 from fabricctl.engines.blocks import decode_item_payload, item_blocks, prefix_tokens
+from fabricctl.formats.reader import Parsed, parse_lines
 from fabricctl.formats.workload import generate
-from fabricctl.producer import Parsed, parse_lines
 
 
 @dataclass(slots=True)

@@ -29,7 +29,10 @@ from fabricctl.server.connection import Connection
 from fabricctl.server.handlers import Handlers
 from fabricctl.server.metrics import Metrics
 from fabricctl.server.peer import Peer
-from fabricctl.server.protocol import (
+from fabricctl.server.wakeup import Wakeup
+from fabricctl.server.writer import Writer
+from fabricctl.store.durable import DurableBroker
+from fabricctl.wire.protocol import (
     PROTOCOL_VERSION,
     Complete,
     Done,
@@ -45,9 +48,6 @@ from fabricctl.server.protocol import (
     Subscribe,
     Welcome,
 )
-from fabricctl.server.wakeup import Wakeup
-from fabricctl.server.writer import Writer
-from fabricctl.store.durable import DurableBroker
 
 log = logging.getLogger("fabricctl.server")
 

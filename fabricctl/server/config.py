@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fabricctl.server.protocol import DEFAULT_MAX_FRAME
+from fabricctl.wire.protocol import DEFAULT_MAX_FRAME
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, cast
 
 import msgspec
 
-from fabricctl.server.flow import WriteFlow
 from fabricctl.server.peer import Peer
-from fabricctl.server.protocol import Error, FrameReader, FrameTooLarge
+from fabricctl.wire.flow import WriteFlow
+from fabricctl.wire.protocol import Error, FrameReader, FrameTooLarge
 
 if TYPE_CHECKING:
     from fabricctl.server.app import BrokerServer

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fabricctl.core.types import Item, ItemResult
-from fabricctl.server.protocol import Reject
+from fabricctl.wire.protocol import Reject
 
 if TYPE_CHECKING:
     from fabricctl.store.completion import CompletePlan

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING
 
 from fabricctl.server import views
 from fabricctl.server.peer import Peer
-from fabricctl.server.protocol import (
+from fabricctl.server.writer import Writer
+from fabricctl.store.errors import StoreError, StoreFullError
+from fabricctl.wire.protocol import (
     Ack,
     Complete,
     Done,
@@ -30,8 +32,6 @@ from fabricctl.server.protocol import (
     Submit,
     WorkReply,
 )
-from fabricctl.server.writer import Writer
-from fabricctl.store.errors import StoreError, StoreFullError
 
 if TYPE_CHECKING:
     from fabricctl.core.broker import Broker

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fabricctl.server.protocol import Frame, encode
+from fabricctl.wire.protocol import Frame, encode
 
 
 async def _ready() -> None:

@@ -17,7 +17,8 @@ from fabricctl.core.signature import signature_hex
 from fabricctl.core.snapshot import Snapshot, shape_view
 from fabricctl.core.types import Item, Prewarm
 from fabricctl.server.eventloop import loop_name
-from fabricctl.server.protocol import (
+from fabricctl.store.keys import entry_decoder, entry_key_of
+from fabricctl.wire.protocol import (
     Answer,
     Error,
     PrewarmPush,
@@ -26,7 +27,6 @@ from fabricctl.server.protocol import (
     Subscribe,
     encode_raw,
 )
-from fabricctl.store.keys import entry_decoder, entry_key_of
 
 if TYPE_CHECKING:
     from fabricctl.server.app import BrokerServer

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 from fabricctl.core.types import Item
 from fabricctl.server.cycle import Cycle, Done, answer_chunks, fail_all
 from fabricctl.server.pauses import io_turn, run_steps_async
-from fabricctl.server.protocol import Reject
 from fabricctl.store.errors import StoreError
+from fabricctl.wire.protocol import Reject
 
 if TYPE_CHECKING:
     from fabricctl.store.durable import DurableBroker

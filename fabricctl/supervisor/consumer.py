@@ -35,7 +35,6 @@ from pathlib import Path
 
 import msgspec
 
-from fabricctl.client import Client
 from fabricctl.core.types import Contract, ItemResult, Work
 from fabricctl.engines.base import Engine, EngineError, EngineStats
 from fabricctl.engines.blocks import (
@@ -45,7 +44,8 @@ from fabricctl.engines.blocks import (
 )
 from fabricctl.engines.request import ABORT
 from fabricctl.errors import BackendMissing, BrokerError
-from fabricctl.server.protocol import PrewarmPush
+from fabricctl.wire.client import Client
+from fabricctl.wire.protocol import PrewarmPush
 
 log = logging.getLogger("fabricctl.consumer")
 

@@ -37,7 +37,7 @@ class BrokerSource:
         self.token = token
 
     async def stream(self, interval: float, lanes: Lanes) -> AsyncIterator[Snapshot]:
-        from fabricctl.client import Client
+        from fabricctl.wire.client import Client
 
         client = await Client.connect(self.address, "observer", "fabricctl-top",
                                       token=self.token, timeout=5.0)

@@ -27,7 +27,7 @@ import httpx
 import pytest
 from conftest import SERVER_ARGS, VENV
 
-from fabricctl.batchjob import run_job
+from fabricctl.cli.run import run_job
 from fabricctl.config import AppConfig, ConsumerSettings, ProducerSettings, VllmSettings
 from fabricctl.supervisor.launcher import Launcher
 

@@ -28,11 +28,11 @@ from typing import Any
 
 from rel_history import MODEL, TOTALS, History, make_item
 
-from fabricctl.client import Client
 from fabricctl.core.types import Contract, Item
 from fabricctl.engines.sim import SimEngine
 from fabricctl.errors import BackendMissing, BrokerError
 from fabricctl.formats.results import ResultRecord
+from fabricctl.wire.client import Client
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent

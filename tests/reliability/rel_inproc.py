@@ -19,7 +19,6 @@ from typing import Any
 from rel_history import History
 from server_helpers import fast_config
 
-from fabricctl.client import Client
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.types import Item, ItemResult, Prewarm, Work
 from fabricctl.engines.base import EngineError, EngineLimits, EngineStats
@@ -28,6 +27,7 @@ from fabricctl.formats.results import ResultRecord
 from fabricctl.server.app import BrokerServer
 from fabricctl.store.durable import DurableBroker, StoreConfig
 from fabricctl.supervisor.consumer import Consumer
+from fabricctl.wire.client import Client
 
 
 @contextlib.asynccontextmanager

@@ -20,10 +20,10 @@ from rel_history import MODEL, TOTALS, History, check, make_item
 from rel_inproc import FaultyEngine, live_broker, results, settled, submit, until
 
 import fabricctl.supervisor.consumer as consumer_mod
-from fabricctl.client import Client
 from fabricctl.core.config import CoreConfig
 from fabricctl.server.app import BrokerServer
 from fabricctl.supervisor.consumer import Consumer
+from fabricctl.wire.client import Client
 
 SLOW = """\
 model = "m"

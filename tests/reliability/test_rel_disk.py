@@ -21,13 +21,13 @@ from rel_broker import child_env, fabricctl_cmd
 from rel_history import MODEL, History, check, make_item
 from rel_inproc import FaultyEngine, live_broker, results, settled, until
 
-from fabricctl.client import Client
 from fabricctl.core.payload import Payload, decode_payload, encode_payload
 from fabricctl.core.types import Item
 from fabricctl.errors import BrokerError
 from fabricctl.server.app import BrokerServer
 from fabricctl.store.durable import StoreConfig
 from fabricctl.supervisor.consumer import Consumer
+from fabricctl.wire.client import Client
 
 KiB, MiB = 1 << 10, 1 << 20
 TINY = StoreConfig(map_size=256 * KiB, map_ceiling=1 * MiB, disk_reserve=0, segment_entries=64)

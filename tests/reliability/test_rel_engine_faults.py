@@ -16,10 +16,10 @@ import pytest
 from rel_history import MODEL, History, check, make_item
 from rel_inproc import FaultyEngine, Watched, live_broker, results, settled, submit, until
 
-from fabricctl.client import Client
 from fabricctl.core.types import Contract
 from fabricctl.server.app import BrokerServer
 from fabricctl.store.durable import StoreConfig
+from fabricctl.wire.client import Client
 
 N = 96
 

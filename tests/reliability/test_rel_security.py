@@ -25,13 +25,13 @@ import pytest
 from rel_broker import CONFIG, BrokerProc, child_env, fabricctl_cmd, write_config
 from rel_history import PREFIXES
 
-from fabricctl.client import Client
 from fabricctl.engines.simrequest import sim_text
 from fabricctl.errors import BrokerError
 from fabricctl.formats.results import ResultRecord
-from fabricctl.server.protocol import HEADER, PROTOCOL_VERSION, Hello, encode, read_frame
 from fabricctl.store import keys
 from fabricctl.store.keys import DB_NAMES, entry_decoder, header_decoder
+from fabricctl.wire.client import Client
+from fabricctl.wire.protocol import HEADER, PROTOCOL_VERSION, Hello, encode, read_frame
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fabricctl"
 FORBIDDEN = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle",

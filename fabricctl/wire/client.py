@@ -22,8 +22,8 @@ import msgspec
 from fabricctl.core.snapshot import Snapshot
 from fabricctl.core.types import Contract, Item, ItemResult, Work
 from fabricctl.errors import BackendMissing, BrokerError, ProtocolError
-from fabricctl.server.flow import WriteFlow
-from fabricctl.server.protocol import (
+from fabricctl.wire.flow import WriteFlow
+from fabricctl.wire.protocol import (
     DEFAULT_MAX_FRAME,
     PROTOCOL_VERSION,
     Ack,

@@ -47,6 +47,6 @@ def guarded(fn: Callable[[], T]) -> T:
 
 
 def settings(data_dir: Path | None, config: Path | None) -> AppConfig:
-    from fabricctl.commands.common import settings as load_settings
+    from fabricctl.cli.common import settings as load_settings
 
     return guarded(lambda: load_settings(data_dir, config))

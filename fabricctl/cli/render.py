@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from fabricctl.batchjob import RunSummary
+from fabricctl.cli.run import RunSummary
 
 
 def pct(x: float) -> str:

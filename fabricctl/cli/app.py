@@ -20,8 +20,8 @@ from typing import Any
 import typer
 
 from fabricctl import __version__
-from fabricctl.cli_client import register_client_commands
-from fabricctl.cli_support import ConfigFile, DataDir, fail, guarded
+from fabricctl.cli.client_commands import register_client_commands
+from fabricctl.cli.support import ConfigFile, DataDir, fail, guarded
 from fabricctl.errors import ExitCode, FabricError
 
 EXIT_CODES_HELP = (
@@ -104,7 +104,7 @@ def up(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run the broker with one engine and consumer per GPU (simulated GPUs when none)."""
-    from fabricctl.daemon import serve_forever
+    from fabricctl.cli.up import serve_forever
     from fabricctl.server import eventloop
 
     setup_logging(verbose)
@@ -150,8 +150,8 @@ def run(
     """
     import msgspec
 
-    from fabricctl.batchjob import run_job
-    from fabricctl.render import print_run_summary
+    from fabricctl.cli.render import print_run_summary
+    from fabricctl.cli.run import run_job
 
     setup_logging(verbose) if verbose else logging.basicConfig(level=logging.WARNING)
     cfg = load(config, engine=engine, model=model)
@@ -184,7 +184,7 @@ def consume(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run one consumer against a broker (for example on another GPU host)."""
-    from fabricctl.remote import run_consumer
+    from fabricctl.cli.consume import run_consumer
 
     setup_logging(verbose)
     cfg = load(config, model=model)
@@ -210,7 +210,7 @@ def replay(
     json_out: bool = typer.Option(False, "--json", help="One JSON object keyed by policy."),
 ) -> None:
     """Replay a workload through fabric and the schedulers users run instead (simulated)."""
-    from fabricctl.replay.command import run_replay
+    from fabricctl.cli.replay import run_replay
 
     raise typer.Exit(run_replay(workload, gpus, policy, json_out, kv_tokens, pressure, rate,
                                 seed, max_num_seqs))

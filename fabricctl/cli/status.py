@@ -24,10 +24,10 @@ from typing import Any
 
 from rich.table import Table
 
-from fabricctl.client import Client
 from fabricctl.config import AppConfig
 from fabricctl.errors import BackendMissing, FabricTimeout
 from fabricctl.formats.tokens import choose_counter
+from fabricctl.wire.client import Client
 
 from .common import ago, call, console, human_bytes, pct, write_json
 

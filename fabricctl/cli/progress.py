@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
-    from fabricctl.commands.submit import Submitter
+    from fabricctl.cli.submit import Submitter
 
 
 def input_size(fp: BinaryIO) -> int | None:

@@ -29,15 +29,15 @@ from typing import IO
 
 import msgspec
 
-from fabricctl.client import Client
-from fabricctl.commands.ordered import InputOrder
+from fabricctl.cli.ordered import InputOrder
+from fabricctl.cli.up import Daemon
 from fabricctl.config import AppConfig
 from fabricctl.core.types import Item
-from fabricctl.daemon import Daemon
 from fabricctl.engines.blocks import achievable_cached_tokens, decode_item_payload, prefix_tokens
+from fabricctl.formats.reader import LineError, parse_stream
 from fabricctl.formats.results import ResultRecord, result_line
 from fabricctl.formats.tokens import TokenCounter, choose_counter
-from fabricctl.producer import LineError, parse_stream
+from fabricctl.wire.client import Client
 
 CHUNK = 512
 

@@ -1,5 +1,5 @@
 """The client commands of `fabricctl` (submit, results, shapes, status, doctor, config, down,
-top): Typer declarations only; each calls into `fabricctl.commands`.
+top): Typer declarations only; each calls into `fabricctl.cli`.
 
 Contract: every command finds its broker through `--data-dir`, else `FABRICCTL_DATA_DIR`,
 else the config's `data_dir`; data goes to stdout, diagnostics to stderr; `--json` prints
@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from fabricctl.cli_support import ConfigFile, DataDir, JsonOut, fail, guarded, settings
+from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, fail, guarded, settings
 from fabricctl.errors import ExitCode
 
 _COMMANDS: list[Callable[..., Any]] = []
@@ -53,8 +53,8 @@ def submit(
     (in input order with --ordered).
     Exit status: 0 all lines accepted, 1 some refused, 3 no broker, 4 --timeout expired.
     """
-    from fabricctl.commands.progress import ProgressView, input_size, stderr_is_tty
-    from fabricctl.commands.submit import run_submit
+    from fabricctl.cli.progress import ProgressView, input_size, stderr_is_tty
+    from fabricctl.cli.submit import run_submit
 
     if ordered and not wait:
         raise fail("--ordered orders the results that --wait prints; add --wait",
@@ -103,7 +103,7 @@ def results(
     group in input order. One submit's results are in its input order when it had a single
     shape; with several shapes they are grouped by shape within each commit.
     """
-    from fabricctl.commands.results import print_results
+    from fabricctl.cli.results import print_results
 
     if follow and json_out:
         raise fail("--json prints one document and cannot follow; drop one of them",
@@ -128,7 +128,7 @@ def shapes_list(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
 
     A table on a terminal, tab-separated values with a header line when piped.
     """
-    from fabricctl.commands.shapes import show_list
+    from fabricctl.cli.shapes import show_list
 
     cfg = settings(data_dir, config)
     guarded(lambda: show_list(cfg, json_out))
@@ -144,7 +144,7 @@ def shapes_inspect(
 
     Exit status 1 when no shape matches.
     """
-    from fabricctl.commands.shapes import show_inspect
+    from fabricctl.cli.shapes import show_inspect
 
     cfg = settings(data_dir, config)
     guarded(lambda: show_inspect(cfg, shape, json_out))
@@ -159,7 +159,7 @@ def status(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
     tokens with ("estimate" or "tokenizer:PATH"; --json: token_counter): producers count
     tokens, the broker does not.
     """
-    from fabricctl.commands.status import show_status
+    from fabricctl.cli.status import show_status
 
     cfg = settings(data_dir, config)
     guarded(lambda: show_status(cfg, json_out))
@@ -172,7 +172,7 @@ def doctor(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
 
     One line per check: ok, warn or fail. Exit status 0 when no check failed, else 1.
     """
-    from fabricctl.commands.doctor import doctor as run_doctor
+    from fabricctl.cli.doctor import doctor as run_doctor
 
     raise typer.Exit(guarded(lambda: run_doctor(config, {"data_dir": data_dir}, json_out)))
 
@@ -184,8 +184,8 @@ config_app = typer.Typer(help="Print the configuration as TOML.", no_args_is_hel
 def config_show(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
                 config: Path | None = ConfigFile) -> None:
     """Print the effective configuration, each key set by a file, env or flag marked so."""
-    from fabricctl.commands import configcmd
-    from fabricctl.commands.common import write_json
+    from fabricctl.cli import configcmd
+    from fabricctl.cli.common import write_json
 
     flags = {"data_dir": data_dir}
     if json_out:
@@ -198,8 +198,8 @@ def config_show(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
 @config_app.command("default")
 def config_default(json_out: bool = JsonOut) -> None:
     """Print every setting with its default value."""
-    from fabricctl.commands import configcmd
-    from fabricctl.commands.common import write_json
+    from fabricctl.cli import configcmd
+    from fabricctl.cli.common import write_json
     from fabricctl.config import AppConfig
 
     if json_out:
@@ -211,7 +211,7 @@ def config_default(json_out: bool = JsonOut) -> None:
 @_command
 def down(data_dir: Path | None = DataDir, config: Path | None = ConfigFile) -> None:
     """Stop the broker: in-flight batches finish, LMDB closes. Exit status 3 if none runs."""
-    from fabricctl.commands.status import down as stop_broker
+    from fabricctl.cli.status import down as stop_broker
 
     cfg = settings(data_dir, config)
     guarded(lambda: stop_broker(cfg))
@@ -231,11 +231,11 @@ def top(
     Without a terminal (or with --once) it prints one snapshot instead.
     """
     try:
-        from fabricctl.tui.command import run_top
+        from fabricctl.cli.top import run_top
     except ModuleNotFoundError as e:
         if e.name and not e.name.startswith("fabricctl"):
             raise
-        raise fail("the dashboard is not available in this build (fabricctl.tui.command is "
+        raise fail("the dashboard is not available in this build (fabricctl.cli.top is "
                    "missing)", ExitCode.BACKEND_MISSING) from None
     cfg = settings(data_dir, config)
     raise typer.Exit(guarded(lambda: run_top(cfg.data_dir, once=once, json_out=json_out,

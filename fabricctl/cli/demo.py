@@ -16,10 +16,10 @@ from pathlib import Path
 
 import msgspec
 
-from fabricctl.batchjob import run_job
+from fabricctl.cli.render import print_run_summary
+from fabricctl.cli.run import run_job
 from fabricctl.config import load_config
 from fabricctl.formats.workload import generate
-from fabricctl.render import print_run_summary
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,7 @@ def settings(data_dir: Path | None, config: Path | None, **flags: Any) -> AppCon
 
 
 async def with_client(cfg: AppConfig, role: str, fn: Callable[[Any], Awaitable[T]]) -> T:
-    from fabricctl.client import Client
+    from fabricctl.wire.client import Client
 
     client = await Client.connect(cfg.data_dir, role, "fabricctl")  # type: ignore[arg-type]
     try:

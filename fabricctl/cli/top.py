@@ -27,7 +27,7 @@ MIN_INTERVAL = 0.1
 
 async def fetch_snapshot(address: str | Path) -> Snapshot:
     """One snapshot (no lane lists) from the broker at `address`."""
-    from fabricctl.client import Client
+    from fabricctl.wire.client import Client
 
     client = await Client.connect(address, "observer", "fabricctl-top", timeout=5.0)
     try:

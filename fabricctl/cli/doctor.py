@@ -102,7 +102,7 @@ def check_broker(cfg: AppConfig) -> Check:
                                        "(start one with `fabricctl up`)")
 
     async def ask() -> dict[str, object]:
-        from fabricctl.client import Client
+        from fabricctl.wire.client import Client
 
         c = await Client.connect(cfg.data_dir, "observer", "fabricctl-doctor", timeout=3.0)
         try:

@@ -36,14 +36,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from fabricctl.client import Client
-from fabricctl.commands.ordered import InputOrder
+from fabricctl.cli.ordered import InputOrder
 from fabricctl.config import AppConfig
 from fabricctl.core.types import Item
 from fabricctl.errors import ExitCode
+from fabricctl.formats.reader import LineError, parse_stream
 from fabricctl.formats.results import ResultRecord, result_line
 from fabricctl.formats.tokens import choose_counter
-from fabricctl.producer import LineError, parse_stream
+from fabricctl.wire.client import Client
 
 CHUNK = 512  # items per Submit frame: big enough to amortise a commit, small on the wire
 IN_FLIGHT = 4  # submits awaiting their ack at once

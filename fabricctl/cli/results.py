@@ -26,9 +26,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, BinaryIO
 
-from fabricctl.client import Client
 from fabricctl.config import AppConfig
 from fabricctl.formats.results import ResultRecord, result_line
+from fabricctl.wire.client import Client
 
 PAGE = 2000
 FOLLOW_POLL_S = 0.25

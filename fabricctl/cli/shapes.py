@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fabricctl.client import Client
 from fabricctl.config import AppConfig
 from fabricctl.core.events import Event
 from fabricctl.core.snapshot import ShapeView, Snapshot
 from fabricctl.errors import BrokerError, FabricError
+from fabricctl.wire.client import Client
 
 from .common import ago, call, console, pct, shape_hex, stdout_is_tty, write_json, write_tsv
 

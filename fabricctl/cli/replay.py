@@ -25,7 +25,7 @@ from rich.table import Table
 from fabricctl.core.types import Item
 from fabricctl.engines.costs import SimCosts
 from fabricctl.errors import ExitCode
-from fabricctl.producer import LineError, Parsed, parse_stream
+from fabricctl.formats.reader import LineError, Parsed, parse_stream
 from fabricctl.replay.report import PolicyResult
 from fabricctl.replay.run import (
     ABLATIONS,
