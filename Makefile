@@ -25,8 +25,11 @@ $(VLLM_STAMP):
 demo: $(STAMP)
 	$(PY) -m fabricctl.cli.demo
 
+# ruff, the layering contracts (import-linter, pyproject.toml) and the type checker
 lint: $(STAMP)
 	$(PY) -m ruff check fabricctl tests bench examples scripts
+	$(VENV)/bin/lint-imports
+	$(PY) -m mypy
 
 # groff lints the man pages in the tests; Debian's groff-base provides it.
 groff:
@@ -36,12 +39,10 @@ groff:
 man: $(STAMP)
 	$(PY) scripts/gen_man.py
 
-test-fast: $(STAMP) groff
-	$(PY) -m ruff check fabricctl tests bench examples scripts
+test-fast: $(STAMP) groff lint
 	$(PY) -m pytest -q -m "not real_vllm"
 
-test: $(STAMP) $(VLLM_STAMP) groff
-	$(PY) -m ruff check fabricctl tests bench examples scripts
+test: $(STAMP) $(VLLM_STAMP) groff lint
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

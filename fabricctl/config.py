@@ -150,7 +150,7 @@ def load_config(
     cwd: Path | None = None, env: dict[str, str] | None = None,
 ) -> AppConfig:
     """Build the configuration; `overrides` are the flags given (None values are ignored)."""
-    env = os.environ if env is None else env
+    env = dict(os.environ) if env is None else env
     cfg = AppConfig()
     user = user_config_path()
     if user.is_file():

@@ -10,6 +10,8 @@ Text here is already roff: write `\\-` for a minus sign and `\\fB...\\fR` for bo
 
 from __future__ import annotations
 
+from fabricctl.wire.protocol import SOCKET_NAME
+
 _CODES = [
     ("0", "Success."),
     ("1", "Runtime error: a refused input line, a broker error, a failed check."),
@@ -71,7 +73,7 @@ Precedence of settings: command\-line flag, then environment, then the project f
 \fI./fabric.toml\fR, then the user file, then the defaults.
 """
 
-FILES = r"""
+FILES = rf"""
 .TP
 .I $XDG_CONFIG_HOME/fabricctl/config.toml
 User configuration (TOML); \fBfabricctl config default\fR prints every key.
@@ -79,7 +81,7 @@ User configuration (TOML); \fBfabricctl config default\fR prints every key.
 .I ./fabric.toml
 Project configuration, read from the working directory.
 .TP
-.I DATA_DIR/broker.sock
+.I DATA_DIR/{SOCKET_NAME}
 The broker's Unix socket; every client command connects to it.
 .TP
 .I DATA_DIR/fabric.lmdb

@@ -13,7 +13,7 @@ Logs in LOG_DIR, each line appended and fsync'd:
 - `acked.log`: "c" after `ingest` returned for chunk c with no reject, or with every item
   rejected as a duplicate (the chunk was committed in an earlier life, unacknowledged).
 Any other outcome is an invariant violation: the worker exits 3 with a message on stderr.
-Fault points (fabricctl.faults) kill it with SIGKILL when FABRICCTL_FAULTS says so. Before
+Fault points (fabricctl.store.faults) kill it with SIGKILL when FABRICCTL_FAULTS says so. Before
 each step it prints "@ingest", "@pull", "@complete" or "@late" (flushed), so the parent can
 tell where a kill landed.
 """

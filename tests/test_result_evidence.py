@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fabricctl.core.payload import Payload, encode_payload
 from fabricctl.core.types import Item, ItemResult, Work
-from fabricctl.supervisor.consumer import result_evidence
+from fabricctl.supervisor.evidence import result_evidence
 
 
 def _work() -> Work:

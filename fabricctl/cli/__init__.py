@@ -1,7 +1,17 @@
-"""The logic behind fabricctl's client commands; `fabricctl.cli` only declares them.
+"""The `fabricctl` command line: one module per command, the root app in `app`.
 
-One module per command family: `submit` (+ `progress`), `results`, `shapes`
-(+ `inspect_view`), `status` (+ `down`), `doctor`, `configcmd`; `common` holds what they
-share (finding the broker, JSON/TSV/Rich output rules). Modules import Rich lazily where
-they can, never Textual.
+Contract:
+- Each command lives in one module with its logic: `up` (+ the `Daemon` that `run` reuses),
+  `run`, `consume`, `replay`, `submit` (+ `progress`), `results`, `status`, `doctor`,
+  `down`, `top`, and the groups `shapes` (+ `inspect_view`) and `configcmd` (`config`).
+  A module declares its Typer function as `command` (a group as `group`); `app` only builds
+  the root app and registers them. `demo` is `make demo`'s script, not a command.
+- Shared pieces: `support` (the common options, logging, and `guarded`/`report`, which
+  apply `fabricctl.errors.exit_code_of`, the one error-to-exit-code mapping), `common`
+  (finding the broker, JSON/TSV/Rich output rules), `ordered` (input-order output).
+  Numbers, percentages, ages and bytes are formatted by `fabricctl.tui.fmt`, shared with the
+  dashboard; shape signatures by `fabricctl.core.signature.signature_hex`.
+- Building the app imports Typer and the command modules only: Rich, the server, the store,
+  the supervisor and the simulator are imported when a command runs, Textual only when
+  `top` opens the live dashboard on a terminal.
 """

@@ -10,7 +10,10 @@ Contract:
   (64-bit shape signatures also appear as 16-hex-digit `shape` strings, since JSON readers
   such as jq lose integers above 2**53); `console()` is a Rich console on stdout that
   never forces colour, so `NO_COLOR`, `TERM=dumb` and pipes get plain text.
-- `stdout_is_tty()` decides human tables vs plain TSV.
+- `stdout_is_tty()` decides human tables vs plain TSV (`write_tsv`).
+- Numbers, percentages, ages and bytes are formatted by `fabricctl.tui.fmt`, the one
+  formatting module the CLI shares with the dashboard; signatures by
+  `fabricctl.core.signature.signature_hex`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from fabricctl.config import AppConfig, load_config
+from fabricctl.core.signature import signature_hex
 
 T = TypeVar("T")
 
@@ -55,10 +59,6 @@ def query(cfg: AppConfig, what: str, arg: str = "", type: Any = Any, **kw: Any) 
     return call(cfg, "observer", lambda c: c.query(what, arg, type=type, **kw))
 
 
-def shape_hex(signature: int) -> str:
-    return f"{signature:016x}"
-
-
 def to_builtins(obj: Any) -> Any:
     """Plain JSON-able data, with a `shape` hex string next to every `signature`."""
     data = msgspec.to_builtins(obj, enc_hook=_enc)
@@ -76,7 +76,7 @@ def _add_hex(data: Any) -> Any:
         out = {k: _add_hex(v) for k, v in data.items()}
         sig = out.get("signature")
         if isinstance(sig, int) and "shape" not in out:
-            out = {"shape": shape_hex(sig), **out}
+            out = {"shape": signature_hex(sig), **out}
         return out
     if isinstance(data, list):
         return [_add_hex(v) for v in data]
@@ -107,27 +107,3 @@ def write_tsv(header: list[str], rows: list[list[Any]]) -> None:
     for row in rows:
         out.write("\t".join("" if v is None else str(v) for v in row) + "\n")
     out.flush()
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def pct(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:.1f}%"
-
-
-def ago(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"

@@ -1,6 +1,9 @@
 """`fabricctl config show|default`: the configuration as TOML.
 
-Contract: `default` prints `config.to_toml(AppConfig())`, every key with its default.
+Contract: `group` is the `config` Typer group with `show` and `default` (the module is not
+named `config` so that it never reads as `fabricctl.config`, the settings themselves); with
+`--json` each prints the configuration as one JSON document instead.
+`default` prints `config.to_toml(AppConfig())`, every key with its default.
 `show` prints the effective configuration (`load_config` with the flags given) in the same
 form, preceded by comment lines naming its sources in precedence order, and with
 `# from <source>` after every key that a file, the environment or a flag set (a key without
@@ -11,18 +14,46 @@ The environment variables mirrored here are the ones `config.load_config` reads.
 from __future__ import annotations
 
 import os
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
+import typer
+
+from fabricctl.cli.common import write_json
+from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded, settings
 from fabricctl.config import AppConfig, load_config, to_toml, user_config_path
 
 ENV_KEYS = {"FABRICCTL_DATA_DIR": "data_dir", "FABRICCTL_ENGINE": "engine",
             "FABRICCTL_MODEL": "model"}
 
+group = typer.Typer(help="Print the configuration as TOML.", no_args_is_help=True)
+
+
+@group.command("show")
+def show_command(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
+                 config: Path | None = ConfigFile) -> None:
+    """Print the effective configuration, each key set by a file, env or flag marked so."""
+    flags = {"data_dir": data_dir}
+    if json_out:
+        cfg = settings(data_dir, config)
+        guarded(lambda: write_json(cfg))
+        return
+    sys.stdout.write(guarded(lambda: show(config, flags)))
+
+
+@group.command("default")
+def default_command(json_out: bool = JsonOut) -> None:
+    """Print every setting with its default value."""
+    if json_out:
+        write_json(AppConfig())
+        return
+    sys.stdout.write(default())
+
 
 def _keys(data: dict[str, Any]) -> list[str]:
-    out = []
+    out: list[str] = []
     for k, v in data.items():
         if isinstance(v, dict):
             out.extend(f"{k}.{sub}" for sub in v)

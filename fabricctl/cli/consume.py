@@ -1,7 +1,10 @@
 """`fabricctl consume`: one consumer on this host against a broker elsewhere (TCP + token).
 
-Contract: builds the engine (simulated, or an OpenAI-compatible endpoint) and runs one
-`Consumer` until SIGINT/SIGTERM, after which it finishes the batch in its hands and exits.
+Contract: the `consume` command (`command`) builds the engine (simulated, or an
+OpenAI-compatible endpoint) and runs one `Consumer` until SIGINT/SIGTERM, after which it
+finishes the batch in its hands and exits. The token is `--token`, else `FABRICCTL_TOKEN`,
+else the config's `server.token`; a bad `--engine` is exit 2. The supervisor and the
+engines are imported when the consumer starts.
 """
 
 from __future__ import annotations
@@ -9,15 +12,42 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+import typer
+
+from fabricctl.cli.support import ConfigFile, Verbose, load, run_async, setup_logging
 from fabricctl.config import AppConfig
-from fabricctl.engines.base import Engine
 from fabricctl.errors import UsageError
-from fabricctl.supervisor.consumer import Consumer
-from fabricctl.supervisor.fleet import build_sim_engines, consumer_window
+
+if TYPE_CHECKING:
+    from fabricctl.engines.base import Engine
+
+
+def command(
+    broker: str = typer.Option(..., "--broker", "-b", help="HOST:PORT of a broker's --listen, "
+                               "or its data dir / socket path."),
+    engine: str = typer.Option("sim", "--engine", "-e", help="sim or openai."),
+    endpoint: str | None = typer.Option(None, "--endpoint", help="OpenAI-compatible base URL "
+                                        "(engine openai)."),
+    model: str | None = typer.Option(None, "--model", "-m"),
+    name: str | None = typer.Option(None, "--name", help="Consumer name (default: host-gpu)."),
+    gpu: int | None = typer.Option(None, "--gpu"),
+    token: str | None = typer.Option(None, "--token", envvar="FABRICCTL_TOKEN"),
+    config: Path | None = ConfigFile,
+    verbose: bool = Verbose,
+) -> None:
+    """Run one consumer against a broker (for example on another GPU host)."""
+    setup_logging(verbose)
+    cfg = load(config, model=model)
+    run_async(run_consumer(cfg, broker, engine, endpoint, name, gpu,
+                           token if token is not None else cfg.server.token))
 
 
 def build_engine(cfg: AppConfig, engine: str, endpoint: str | None) -> Engine:
+    from fabricctl.supervisor.fleet import build_sim_engines, consumer_window
+
     if engine == "sim":
         return build_sim_engines(cfg)[0]
     if engine == "openai":
@@ -34,6 +64,9 @@ def build_engine(cfg: AppConfig, engine: str, endpoint: str | None) -> Engine:
 
 async def run_consumer(cfg: AppConfig, broker: str, engine: str, endpoint: str | None,
                        name: str | None, gpu: int | None, token: str) -> None:
+    from fabricctl.supervisor.consumer import Consumer
+    from fabricctl.supervisor.fleet import consumer_window
+
     eng = build_engine(cfg, engine, endpoint)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,5 +1,6 @@
 """`make demo`: the main job on embedded defaults — a realistic workload through `fabricctl run`.
 
+Not a `fabricctl` command: `python -m fabricctl.cli.demo [--items N --shapes N --dir DIR]`.
 Contract: writes a 20-shape workload (Zipf popularity, lognormal lengths) under ./data/demo,
 runs it through an embedded broker whose LMDB lives in ./data/demo/broker (the simulated
 engine when there is no GPU), writes the results next to it and prints the run summary.
@@ -16,8 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-from fabricctl.cli.render import print_run_summary
-from fabricctl.cli.run import run_job
+from fabricctl.cli.run import print_run_summary, run_job
 from fabricctl.config import load_config
 from fabricctl.formats.workload import generate
 

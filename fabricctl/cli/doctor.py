@@ -8,7 +8,8 @@ PATH, the configured `vllm.command`), `data_dir` (exists, writable, free space),
 the configured setup from working (e.g. no GPUs with `engine = "vllm"`, an unwritable data
 dir, an invalid config); what merely degrades (no NVML with the simulated engine, no broker
 running yet) is a warning. Exit 0 when no check failed, else 1. `--json`:
-`{"ok": bool, "checks": [{"name", "status", "detail"}]}`.
+`{"ok": bool, "checks": [{"name", "status", "detail"}]}`. The `doctor` command (`command`)
+runs `doctor` and exits with its status.
 """
 
 from __future__ import annotations
@@ -20,12 +21,26 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import typer
+
+from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded
 from fabricctl.config import AppConfig, load_config, user_config_path
 from fabricctl.errors import FabricError
+from fabricctl.tui.fmt import human_bytes
+from fabricctl.wire.protocol import SOCKET_NAME
 
-from .common import console, human_bytes, write_json
+from .common import console, write_json
 
 LOW_DISK = 1 << 30  # warn below 1 GiB free in the data dir's file system
+
+
+def command(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
+            config: Path | None = ConfigFile) -> None:
+    """Check the host: config files, NVML and GPUs, vLLM, the data dir, a running broker.
+
+    One line per check: ok, warn or fail. Exit status 0 when no check failed, else 1.
+    """
+    raise typer.Exit(guarded(lambda: doctor(config, {"data_dir": data_dir}, json_out)))
 
 
 @dataclass(frozen=True)
@@ -96,7 +111,7 @@ def check_data_dir(cfg: AppConfig) -> Check:
 
 
 def check_broker(cfg: AppConfig) -> Check:
-    sock = cfg.data_dir / "broker.sock"
+    sock = cfg.data_dir / SOCKET_NAME
     if not sock.exists():
         return Check("broker", "warn", f"no socket at {sock}: no broker running "
                                        "(start one with `fabricctl up`)")
@@ -106,7 +121,7 @@ def check_broker(cfg: AppConfig) -> Check:
 
         c = await Client.connect(cfg.data_dir, "observer", "fabricctl-doctor", timeout=3.0)
         try:
-            return await asyncio.wait_for(c.query("status"), 5.0)  # type: ignore[no-any-return]
+            return await asyncio.wait_for(c.query("status"), 5.0)
         finally:
             await c.close()
 

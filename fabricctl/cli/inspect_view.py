@@ -3,7 +3,7 @@ percentiles, the lanes table and the shape's recent events.
 
 Contract: pure rendering of the document `shapes.inspect_doc` builds (the same one `--json`
 prints) onto a Rich console given by the caller; no colour is forced, so pipes and
-`NO_COLOR` get plain text.
+`NO_COLOR` get plain text. Ages and percentages are `fabricctl.tui.fmt`'s, as `top` shows them.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from typing import Any
 
 from rich.table import Table
 
+from fabricctl.core.signature import signature_hex
 from fabricctl.core.snapshot import ShapeView
-
-from .common import ago, pct, shape_hex
+from fabricctl.tui.fmt import age, pct
 
 RECENT_EVENTS = 10
 
 
 def _when(t: float, now: float) -> str:
     stamp = time.strftime("%H:%M:%S", time.localtime(t)) if t > 1e9 else f"t={t:.1f}"
-    return f"{stamp} ({ago(max(0.0, now - t))} ago)"
+    return f"{stamp} ({age(max(0.0, now - t))} ago)"
 
 
 def _summary(doc: dict[str, Any], view: ShapeView | None) -> Table:
@@ -30,7 +30,7 @@ def _summary(doc: dict[str, Any], view: ShapeView | None) -> Table:
     t.add_column("field", style="bold")
     t.add_column("value")
     rows: list[tuple[str, str]] = [
-        ("shape", shape_hex(doc["signature"])),
+        ("shape", signature_hex(doc["signature"])),
         ("label", doc.get("label") or "-"),
         ("model", doc["model"]),
         ("state", doc["state"] + ("" if doc["live"] else " (no longer live)")),
@@ -38,7 +38,7 @@ def _summary(doc: dict[str, Any], view: ShapeView | None) -> Table:
     if view is not None:
         rows += [
             ("epoch", str(view.epoch)),
-            ("age", ago(view.age)),
+            ("age", age(view.age)),
             ("queued", f"{view.items:,} items, {view.tokens:,} tokens"),
             ("in flight", f"{view.inflight_items:,} items, {view.inflight_tokens:,} tokens"),
             ("lanes in use", f"{view.lanes_in_use} (new-lane threshold {pct(view.threshold)})"),
@@ -81,7 +81,7 @@ def _lanes(view: ShapeView) -> Table:
         mark = ", ".join(m for m, on in (("starving", la.starving),
                                          ("quiescing", la.quiescing)) if on) or "-"
         t.add_row(str(la.id), f"{la.target:,}", f"{la.items:,}", f"{la.tokens:,}",
-                  pct(la.waste), ago(la.oldest_age), str(la.inflight), mark)
+                  pct(la.waste), age(la.oldest_age), str(la.inflight), mark)
     return t
 
 

@@ -20,7 +20,7 @@ from fabricctl.formats.results import ResultRecord
 class InputOrder:
     """Why: completions come in any order; `--ordered` readers want their input's order."""
 
-    def __init__(self, write: Callable[[ResultRecord], None]) -> None:
+    def __init__(self, write: Callable[[ResultRecord], object]) -> None:
         self._write = write
         self._order: deque[str] = deque()  # ids in input order, result not written yet
         self._held: dict[str, ResultRecord] = {}  # results whose turn has not come

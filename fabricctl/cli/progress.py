@@ -13,10 +13,20 @@ import os
 import stat
 import sys
 import time
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO, Protocol
 
-if TYPE_CHECKING:
-    from fabricctl.cli.submit import Submitter
+
+class Submitting(Protocol):
+    """What the view reads of `submit.Submitter` (a protocol: submit imports this module)."""
+
+    lines: int
+    accepted: int
+    rejected: int
+    written: int
+    bytes_read: int
+    wait: bool
+
+    def done(self) -> bool: ...
 
 
 def input_size(fp: BinaryIO) -> int | None:
@@ -49,7 +59,7 @@ class ProgressView:
         if self._started:
             self.p.stop()
 
-    def __call__(self, s: Submitter) -> None:
+    def __call__(self, s: Submitting) -> None:
         if not self._started:
             self._started = True
             self.p.start()

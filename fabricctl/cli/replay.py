@@ -1,6 +1,7 @@
-"""`fabricctl replay WORKLOAD.jsonl`: the command's body (the CLI only parses flags).
+"""`fabricctl replay WORKLOAD.jsonl`: the command and its body.
 
-Contract: `run_replay(...)` reads a JSONL workload (native or OpenAI batch lines, exactly as
+Contract: the `replay` command (`command`) parses the flags and exits with `run_replay`'s
+status. `run_replay(...)` reads a JSONL workload (native or OpenAI batch lines, exactly as
 `fabricctl submit` reads them; bad lines are reported on stderr with their line numbers and
 skipped), replays it through each requested policy on `gpus` identical simulated GPUs and
 prints either a Rich table (one row per policy, on stdout, the parameters on stderr) or, with
@@ -9,38 +10,54 @@ prints either a Rich table (one row per policy, on stdout, the parameters on std
 names (ablations included) also works. The KV pool is `kv_tokens`, else the pool that gives
 cache `pressure`, else the simulated GPU's default. Arrivals: all at t = 0 when `rate` is 0
 (an offline batch job), else Poisson at `rate` items per simulated second from `seed`.
-Returns the exit code: 0, or 2 for bad arguments or a workload with no readable item.
-Every figure is simulated.
+Returns the exit code: 0, or 2 (a `UsageError`, written as one `fabricctl replay: ...` line
+on stderr) for bad arguments or a workload with no readable item. Every figure is simulated.
+The simulator and Rich are imported when a replay runs.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import msgspec
-from rich.console import Console
-from rich.table import Table
+import typer
 
-from fabricctl.core.types import Item
-from fabricctl.engines.costs import SimCosts
-from fabricctl.errors import ExitCode
-from fabricctl.formats.reader import LineError, Parsed, parse_stream
-from fabricctl.replay.report import PolicyResult
-from fabricctl.replay.run import (
-    ABLATIONS,
-    BASELINES,
-    POLICIES,
-    costs_for,
-    limits_for,
-    pressure_of,
-    replay,
-)
-from fabricctl.replay.workload import load
+from fabricctl.cli.support import guarded
+from fabricctl.errors import ExitCode, UsageError, exit_code_of
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from fabricctl.core.types import Item
+    from fabricctl.replay.report import PolicyResult
+
+
+def command(
+    workload: Path = typer.Argument(..., help="JSONL workload (native or OpenAI batch)."),
+    gpus: int = typer.Option(2, "--gpus", "-g", min=1, help="Simulated GPUs."),
+    policy: str = typer.Option("all", "--policy", "-p", help="fabric, round-robin, "
+                               "prefix-affinity, pow2-buckets, all, or a comma list "
+                               "(ablations: fabric-no-lanes, fabric-no-prewarm, "
+                               "fabric-no-lifecycle, fabric-per-model)."),
+    kv_tokens: int | None = typer.Option(None, "--kv-tokens", help="KV capacity per GPU."),
+    pressure: float | None = typer.Option(None, "--pressure", help="Size the KV capacity so "
+                                          "distinct prefix tokens / free KV = this."),
+    rate: float = typer.Option(0.0, "--rate", help="Poisson arrivals per simulated second "
+                               "(0: all at once, an offline batch job)."),
+    seed: int = typer.Option(0, "--seed"),
+    max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Running sequences per GPU."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON object keyed by policy."),
+) -> None:
+    """Replay a workload through fabric and the schedulers users run instead (simulated)."""
+    raise typer.Exit(guarded(lambda: run_replay(workload, gpus, policy, json_out, kv_tokens,
+                                                pressure, rate, seed, max_num_seqs)))
 
 
 def policy_names(policy: str) -> list[str]:
     """`policy` as a list of known names ("all" = fabric and the baselines)."""
+    from fabricctl.replay.run import ABLATIONS, POLICIES
+
     if policy == "all":
         return list(POLICIES)
     names = [p.strip() for p in policy.split(",") if p.strip()]
@@ -58,6 +75,8 @@ def _say(message: str) -> None:
 
 def read_workload(path: Path) -> list[Item]:
     """The workload's items; bad lines are reported on stderr (the first 20)."""
+    from fabricctl.formats.reader import LineError, Parsed, parse_stream
+
     items: list[Item] = []
     bad = 0
     with path.open("rb") as fp:
@@ -73,12 +92,13 @@ def read_workload(path: Path) -> list[Item]:
     return items
 
 
-def _pct(x: float) -> str:
-    return f"{x * 100:.1f}%"
-
-
 def results_table(results: dict[str, PolicyResult], title: str) -> Table:
     """One row per policy; `vs best baseline` compares tokens/s with the best baseline run."""
+    from rich.table import Table
+
+    from fabricctl.replay.run import BASELINES
+    from fabricctl.tui.fmt import pct
+
     base = max((r.tokens_per_s for n, r in results.items() if n in BASELINES), default=0.0)
     t = Table(title=title)
     for col, justify in (("policy", "left"), ("tok/s", "right"), ("vs best baseline", "right"),
@@ -91,8 +111,8 @@ def results_table(results: dict[str, PolicyResult], title: str) -> Table:
         t.add_row(
             name, f"{r.tokens_per_s:,.0f}",
             f"{r.tokens_per_s / base:.2f}x" if base else "-",
-            _pct(r.kv_hit_rate), _pct(r.kv_hit_achievable), f"{r.switches_per_gpu:,.1f}",
-            f"{r.midstream_switches:,}", _pct(r.padding_waste), f"{r.graph_builds:,}",
+            pct(r.kv_hit_rate), pct(r.kv_hit_achievable), f"{r.switches_per_gpu:,.1f}",
+            f"{r.midstream_switches:,}", pct(r.padding_waste), f"{r.graph_builds:,}",
             "-" if r.thrash_events is None else f"{r.thrash_events:,}", f"{r.prefix_refills:,}",
             f"{r.p50_latency_s:.2f}", f"{r.p99_latency_s:.2f}",
         )
@@ -102,6 +122,23 @@ def results_table(results: dict[str, PolicyResult], title: str) -> Table:
 def run_replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: int | None,
                pressure: float | None, rate: float, seed: int, max_num_seqs: int) -> int:
     """Replay `workload` through `policy` on `gpus` simulated GPUs; print; return exit code."""
+    try:
+        return _replay(workload, gpus, policy, json_out, kv_tokens, pressure, rate, seed,
+                       max_num_seqs)
+    except UsageError as e:
+        _say(f"fabricctl replay: {e}")
+        return exit_code_of(e)
+
+
+def _replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: int | None,
+            pressure: float | None, rate: float, seed: int, max_num_seqs: int) -> int:
+    import msgspec
+    from rich.console import Console
+
+    from fabricctl.engines.costs import SimCosts
+    from fabricctl.replay.run import costs_for, limits_for, pressure_of, replay
+    from fabricctl.replay.workload import load
+
     try:
         names = policy_names(policy)
         if gpus < 1:
@@ -115,20 +152,17 @@ def run_replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens
         if not workload.is_file():
             raise ValueError(f"{workload}: no such file")
     except ValueError as e:
-        _say(f"fabricctl replay: {e}")
-        return int(ExitCode.USAGE)
+        raise UsageError(str(e)) from None
     parsed = read_workload(workload)
     if not parsed:
-        _say(f"fabricctl replay: {workload}: no readable item")
-        return int(ExitCode.USAGE)
+        raise UsageError(f"{workload}: no readable item")
     base = SimCosts()
     items = load(parsed, base.block_size, rate, seed)
     try:
         costs = costs_for(items, kv_tokens=kv_tokens, pressure=pressure,
                           max_num_seqs=max_num_seqs, base=base)
     except ValueError as e:
-        _say(f"fabricctl replay: {e}")
-        return int(ExitCode.USAGE)
+        raise UsageError(str(e)) from None
     limits = limits_for(items, costs)
     results = replay(items, names, gpus, costs, limits)
     if json_out:

@@ -1,8 +1,10 @@
 """`fabricctl results`: the broker's stored results, in the order it stored them.
 
-Contract: results carry a sequence number (1, 2, ... in storage order); `since` N prints
-those after N. Default output is JSONL, one `result_line` per result (native or OpenAI batch
-output, as its input line came), flushed per page. `as_json` writes one document instead,
+Contract: the `results` command (`command`) refuses (exit 2) `--json` with `--follow` and
+`--ordered` with `--since` or `--follow`, then runs `print_results` on stdout.
+Results carry a sequence number (1, 2, ... in storage order); `since` N prints those after N.
+Default output is JSONL, one `result_line` per result (native or OpenAI batch output, as its
+input line came), flushed per page. `as_json` writes one document instead,
 `{"results": [<result line objects>], "since": N, "next": M}` where M is the `since` to
 pass next time; it is streamed, so memory stays constant either way. `follow` keeps polling
 for new results until interrupted (exit 130) and cannot be combined with `as_json`.
@@ -23,15 +25,57 @@ a result stored while it ran may be too). Memory stays constant: one page at a t
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, BinaryIO
 
+import typer
+
+from fabricctl.cli.support import ConfigFile, DataDir, fail, guarded, settings
 from fabricctl.config import AppConfig
+from fabricctl.errors import ExitCode
 from fabricctl.formats.results import ResultRecord, result_line
 from fabricctl.wire.client import Client
 
 PAGE = 2000
 FOLLOW_POLL_S = 0.25
+
+
+def command(
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new results "
+                                "until interrupted."),
+    since: int = typer.Option(0, "--since", min=0, metavar="N", help="Only results stored "
+                              "after result number N (results are numbered 1, 2, ... as "
+                              "stored)."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document: {results, since, "
+                                  "next} (not with --follow)."),
+    ordered: bool = typer.Option(False, "--ordered", help="In ingest order instead (the "
+                                 "broker's entry-key order): commit by commit as the broker "
+                                 "acknowledged the submits, within a commit grouped by "
+                                 "shape. Not with --since or --follow."),
+    data_dir: Path | None = DataDir,
+    config: Path | None = ConfigFile,
+) -> None:
+    """Print the broker's stored results as JSONL, in the order they were stored.
+
+    With --ordered, in the order their items were stored (ingest order): the broker's
+    entry-key order, which is commit by commit in the order it acknowledged the submits,
+    and within one commit (which may hold several submit chunks) grouped by shape, each
+    group in input order. One submit's results are in its input order when it had a single
+    shape; with several shapes they are grouped by shape within each commit.
+    """
+    if follow and json_out:
+        raise fail("--json prints one document and cannot follow; drop one of them",
+                   ExitCode.USAGE)
+    if ordered and (follow or since):
+        raise fail("--ordered lists every stored result in ingest order; it cannot take "
+                   "--since or --follow (they count results in storage order)",
+                   ExitCode.USAGE)
+    cfg = settings(data_dir, config)
+    guarded(lambda: asyncio.run(print_results(cfg, sys.stdout.buffer, since=since,
+                                              follow=follow, as_json=json_out,
+                                              ordered=ordered)))
 
 
 async def _pages(client: Client, since: int, follow: bool) -> Any:
@@ -84,7 +128,7 @@ async def print_results(cfg: AppConfig, out: BinaryIO, *, since: int, follow: bo
                     out.write(result_line(rec).rstrip(b"\n"))
                     first = False
                     if not ordered:
-                        last = key
+                        last = int(key)
             out.write(b'],"since":%d,"next":%d}\n' % (since, last))
             out.flush()
             return

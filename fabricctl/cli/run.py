@@ -1,6 +1,10 @@
 """`fabricctl run`: the one-shot batch job — embedded broker and engines, submit, wait, write.
 
-Contract: `run_job` starts a `Daemon` in a data dir of its own (a temporary one unless given),
+Contract: the `run` command (`command`) writes the results on stdout (or `--output`) and the
+summary on stderr: a Rich table (`print_run_summary`, also `make demo`'s), or with `--json`
+one JSON document (on stdout with `--output`, else on stderr after the results). A missing
+input file is exit 2; errors are `support.guarded`'s.
+`run_job` starts a `Daemon` in a data dir of its own (a temporary one unless given),
 streams the input through the producer reader (a bad line is reported with its line number
 and the rest still goes in; token counts from `formats.tokens.choose_counter`: `[producer]
 tokenizer` when set, else the configured model directory's `tokenizer.json`, else the
@@ -9,7 +13,7 @@ result, writes the results in the input's form (native or OpenAI batch output) a
 `RunSummary` whose figures come from the broker's and the engines' own counters. KV hit rate
 achievable is every cacheable prefix block hit except one prefill of each shape's prefix on
 each GPU serving it. Results are written in completion order, or with `ordered` in input
-order (`commands.ordered.InputOrder`: the accepted ids in input order, and only the results
+order (`ordered.InputOrder`: the accepted ids in input order, and only the results
 that came out of order, are held). Only results stored after the job began are its own (a
 kept data dir may hold older ones); the job keeps running totals of them, not the records.
 """
@@ -25,19 +29,26 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import msgspec
+import typer
 
 from fabricctl.cli.ordered import InputOrder
+from fabricctl.cli.support import ConfigFile, Verbose, fail, load, run_async, setup_logging
 from fabricctl.cli.up import Daemon
 from fabricctl.config import AppConfig
 from fabricctl.core.types import Item
 from fabricctl.engines.blocks import achievable_cached_tokens, decode_item_payload, prefix_tokens
+from fabricctl.errors import ExitCode
 from fabricctl.formats.reader import LineError, parse_stream
 from fabricctl.formats.results import ResultRecord, result_line
 from fabricctl.formats.tokens import TokenCounter, choose_counter
+from fabricctl.tui import fmt
 from fabricctl.wire.client import Client
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 CHUNK = 512
 
@@ -64,6 +75,70 @@ class RunSummary(msgspec.Struct):
     gpus: int
     ledger_difference: tuple[int, int]
     token_counter: str = "estimate"  # "estimate" or "tokenizer:<path>" (choose_counter)
+
+
+def command(
+    file: Path = typer.Argument(..., help="JSONL (native or OpenAI batch), or - for stdin."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Where to write results "
+                                       "(default: stdout)."),
+    config: Path | None = ConfigFile,
+    engine: str | None = typer.Option(None, "--engine", "-e"),
+    model: str | None = typer.Option(None, "--model", "-m"),
+    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON: on stdout "
+                                  "with --output, else on stderr after the results."),
+    ordered: bool = typer.Option(False, "--ordered", help="Write the results in input order "
+                                 "(as vllm run-batch does) instead of as they complete; each "
+                                 "is written once every earlier line's result has been. "
+                                 "Rejected lines have no result."),
+    verbose: bool = Verbose,
+) -> None:
+    """One-shot batch job: embedded broker and engines; submit, wait, write results, summarise.
+
+    Results are written in completion order, or in input order with --ordered. Token counts
+    come from [producer] tokenizer, else the model directory's tokenizer.json (--model
+    DIR), else an estimate of 4 bytes a token; the --json summary names it (token_counter).
+    """
+    setup_logging(verbose) if verbose else logging.basicConfig(level=logging.WARNING)
+    cfg = load(config, engine=engine, model=model)
+    if str(file) != "-" and not file.is_file():
+        raise fail(f"{file}: no such file", ExitCode.USAGE)
+    out = output.open("wb") if output else sys.stdout.buffer
+    try:
+        summary = run_async(run_job(cfg, file, out, ordered=ordered))
+    finally:
+        if output:
+            out.close()
+    if json_out:
+        (sys.stdout if output else sys.stderr).write(msgspec.json.encode(summary).decode() + "\n")
+    else:
+        print_run_summary(summary)
+
+
+def print_run_summary(s: RunSummary, console: Console | None = None) -> None:
+    """The summary as a Rich table on stderr (or `console`)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(stderr=True)
+    pct = fmt.pct
+    label = " (simulated)" if s.simulated else ""
+    t = Table(title=f"fabricctl run — {s.engine}{label}, {s.gpus} GPU(s)", show_header=False)
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    rows = [
+        ("items", f"{s.items:,}" + (f" ({s.rejected:,} rejected)" if s.rejected else "")),
+        ("tokens in / out", f"{s.tokens_in:,} / {s.tokens_out:,}"),
+        ("wall time", f"{s.wall_s:.2f} s"),
+        ("shapes", f"{s.shapes}"),
+        ("shape switches (mid-stream)", f"{s.shape_switches} ({s.midstream_switches})"),
+        (f"KV hit rate{label}", f"{pct(s.kv_hit_rate)} of {pct(s.kv_hit_achievable)} achievable"),
+        ("padding waste", pct(s.padding_waste)),
+        ("thrash events", f"{s.thrash_events}"),
+        ("ledger difference", f"{s.ledger_difference[0]} items, {s.ledger_difference[1]} tokens"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
 
 
 class _Shapes:
@@ -105,7 +180,7 @@ async def _submit(client: Client, path: Path, shapes: _Shapes, errors: Callable[
             refused = {r.index for r in ack.rejects}
             order.expect(it.id for i, it in enumerate(chunk) if i not in refused)
 
-    with path.open("rb") if str(path) != "-" else sys.stdin.buffer as fp:  # type: ignore[attr-defined]
+    with path.open("rb") if str(path) != "-" else sys.stdin.buffer as fp:
         for parsed in parse_stream(fp, counter=counter, max_line_bytes=max_line_bytes):
             if isinstance(parsed, LineError):
                 rejected += 1

@@ -1,6 +1,7 @@
 """`fabricctl shapes list|inspect`: the broker's shapes, for people and for scripts.
 
 Contract:
+- `group` is the `shapes` Typer group with its two commands, `list` and `inspect`.
 - `list`: one row per live shape (open shapes and a draining current one). On a terminal a
   Rich table; piped, plain TSV with a header line; `--json` one document
   `{"shapes": [ShapeView...]}` with `shape` (16 hex digits) next to each `signature`.
@@ -14,17 +15,50 @@ Contract:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import typer
+
+from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded, settings
 from fabricctl.config import AppConfig
 from fabricctl.core.events import Event
+from fabricctl.core.signature import signature_hex
 from fabricctl.core.snapshot import ShapeView, Snapshot
 from fabricctl.errors import BrokerError, FabricError
+from fabricctl.tui.fmt import age, pct
 from fabricctl.wire.client import Client
 
-from .common import ago, call, console, pct, shape_hex, stdout_is_tty, write_json, write_tsv
+from .common import call, console, stdout_is_tty, write_json, write_tsv
 
 EVENTS_LIMIT = 10_000
+
+group = typer.Typer(help="List and inspect the broker's shapes.", no_args_is_help=True)
+
+
+@group.command("list")
+def list_command(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
+                 config: Path | None = ConfigFile) -> None:
+    """List live shapes: state, epoch, queued items and tokens, lanes, batches, waste.
+
+    A table on a terminal, tab-separated values with a header line when piped.
+    """
+    cfg = settings(data_dir, config)
+    guarded(lambda: show_list(cfg, json_out))
+
+
+@group.command("inspect")
+def inspect_command(
+    shape: str = typer.Argument(..., metavar="SIG|LABEL", help="Shape signature (16 hex "
+                                "digits, 0x and leading zeros optional) or label."),
+    json_out: bool = JsonOut, data_dir: Path | None = DataDir, config: Path | None = ConfigFile,
+) -> None:
+    """Show one shape: state history, epoch, lanes, length percentiles, batches, waste, thrash.
+
+    Exit status 1 when no shape matches.
+    """
+    cfg = settings(data_dir, config)
+    guarded(lambda: show_inspect(cfg, shape, json_out))
 
 
 class NotFound(FabricError):
@@ -33,7 +67,7 @@ class NotFound(FabricError):
 
 def list_shapes(cfg: AppConfig) -> list[ShapeView]:
     async def fetch(c: Client) -> list[ShapeView]:
-        return await c.query("shapes", type=list[ShapeView])  # type: ignore[no-any-return]
+        return await c.query("shapes", type=list[ShapeView])
 
     shapes = call(cfg, "observer", fetch)
     return sorted(shapes, key=lambda s: (s.model, -s.tokens, s.signature))
@@ -44,7 +78,7 @@ LIST_COLUMNS = ["shape", "label", "model", "state", "epoch", "items", "tokens",
 
 
 def _row(s: ShapeView) -> list[Any]:
-    return [shape_hex(s.signature), s.label, s.model, s.state, s.epoch, s.items, s.tokens,
+    return [signature_hex(s.signature), s.label, s.model, s.state, s.epoch, s.items, s.tokens,
             s.inflight_items, s.lanes_in_use, s.batches, s.waste, s.age, s.starving]
 
 
@@ -65,9 +99,9 @@ def show_list(cfg: AppConfig, as_json: bool) -> None:
                         ("WASTE", True), ("AGE", True), ("STARVING", True)]:
         t.add_column(name, justify="right" if right else "left", no_wrap=True)
     for s in shapes:
-        t.add_row(shape_hex(s.signature), s.label or "-", s.model, s.state, str(s.epoch),
+        t.add_row(signature_hex(s.signature), s.label or "-", s.model, s.state, str(s.epoch),
                   f"{s.items:,}", f"{s.tokens:,}", f"{s.inflight_items:,}",
-                  str(s.lanes_in_use), f"{s.batches:,}", pct(s.waste), ago(s.age),
+                  str(s.lanes_in_use), f"{s.batches:,}", pct(s.waste), age(s.age),
                   str(s.starving) if s.starving else "-")
     console().print(t)
 
@@ -79,7 +113,8 @@ def _matches(e: Event, arg: str) -> bool:
     want = arg.lower().removeprefix("0x")
     return (e.kind != "consumer_joined" and e.kind != "consumer_lost") and (
         (bool(want) and all(c in "0123456789abcdef" for c in want) and len(want) <= 16
-         and shape_hex(e.signature) == want.rjust(16, "0")) or (bool(e.label) and e.label == arg))
+         and signature_hex(e.signature) == want.rjust(16, "0"))
+        or (bool(e.label) and e.label == arg))
 
 
 def fetch_shape(cfg: AppConfig, arg: str) -> tuple[ShapeView | None, list[Event], Snapshot]:

@@ -1,6 +1,8 @@
-"""`fabricctl status` and `fabricctl down`: how a running broker stands, and stopping it.
+"""`fabricctl status`: how a running broker stands.
 
 Contract:
+- The `status` command (`command`) finds the broker as every client command does
+  (`--data-dir` > `FABRICCTL_DATA_DIR` > the config); no broker is exit 3.
 - `status --json` is one document: the broker's `status` answer (`version`, `ledger`,
   `difference`, `states`, `models`, `counters`, `extra` with `store`, `engine`, `gpus`,
   `processes`, `uptime_s`) with `consumers` being the list of registered consumers rather
@@ -10,35 +12,44 @@ Contract:
   load). The broker itself counts no tokens: producers do, before they submit, so this is
   the client-side choice, not something the broker reports. Without `--json`: the ledger
   and its difference (which must read 0), shape states, consumers, store usage, the last
-  recovery and the token counter, as Rich tables.
-- `down` asks the broker to stop (in-flight batches finish, LMDB closes) and waits, at most
-  `DOWN_WAIT_S`, until its socket stops answering. No broker → `BackendMissing` (exit 3).
+  recovery and the token counter, as Rich tables; figures through `fabricctl.tui.fmt` (the
+  formatting the dashboard shows), a figure the broker did not report as "n/a".
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
-
+from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded, settings
 from fabricctl.config import AppConfig
-from fabricctl.errors import BackendMissing, FabricTimeout
 from fabricctl.formats.tokens import choose_counter
+from fabricctl.tui.fmt import age, human_bytes, pct
 from fabricctl.wire.client import Client
 
-from .common import ago, call, console, human_bytes, pct, write_json
+from .common import call, console, write_json
 
-DOWN_WAIT_S = 30.0
+if TYPE_CHECKING:
+    from rich.table import Table
+
+
+def command(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
+            config: Path | None = ConfigFile) -> None:
+    """Show the broker's ledger, shape states, consumers, store usage and last recovery.
+
+    Also the token counter a `fabricctl submit` with this configuration counts input
+    tokens with ("estimate" or "tokenizer:PATH"; --json: token_counter): producers count
+    tokens, the broker does not.
+    """
+    cfg = settings(data_dir, config)
+    guarded(lambda: show_status(cfg, json_out))
 
 
 def fetch_status(cfg: AppConfig) -> dict[str, Any]:
     async def fetch(c: Client) -> dict[str, Any]:
         status = await c.query("status")
         status["consumers"] = await c.query("consumers")
-        return status  # type: ignore[no-any-return]
+        return status
 
     status = call(cfg, "observer", fetch)
     status["token_counter"] = submit_counter(cfg)
@@ -54,6 +65,8 @@ def submit_counter(cfg: AppConfig) -> str:
 
 
 def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
+    from rich.table import Table
+
     t = Table(title=title, title_justify="left", show_header=False)
     t.add_column("what")
     t.add_column("value", justify="right")
@@ -63,11 +76,13 @@ def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
 
 
 def render_status(st: dict[str, Any], data_dir: str) -> list[Table]:
+    from rich.table import Table
+
     led, diff = st["ledger"], st["difference"]
     extra = st.get("extra", {})
     engine = extra.get("engine", {})
     ok = "ok" if list(diff) == [0, 0] else "NOT ZERO"
-    out = [_kv(f"broker {st['version']} at {data_dir} — up {ago(extra.get('uptime_s'))}, "
+    out = [_kv(f"broker {st['version']} at {data_dir} — up {age(extra.get('uptime_s'))}, "
                f"engine {engine.get('kind', '?')}", [
         ("received", f"{led['items_received']:,} items, {led['tokens_received']:,} tokens"),
         ("queued", f"{led['items_queued']:,} items, {led['tokens_queued']:,} tokens"),
@@ -116,51 +131,3 @@ def show_status(cfg: AppConfig, as_json: bool) -> None:
     con = console()
     for table in render_status(st, str(cfg.data_dir)):
         con.print(table)
-
-
-async def _down(cfg: AppConfig) -> None:
-    client = await Client.connect(cfg.data_dir, "observer", "fabricctl-down")
-    try:
-        await client.shutdown()
-    finally:
-        await client.close()
-    deadline = time.monotonic() + DOWN_WAIT_S
-    while time.monotonic() < deadline:
-        if not await _answers(cfg) and _lock_free(cfg.data_dir / "broker.lock"):
-            return
-        await asyncio.sleep(0.1)
-    raise FabricTimeout(f"the broker at {cfg.data_dir} is still running {DOWN_WAIT_S:g} s "
-                        "after being asked to stop")
-
-
-async def _answers(cfg: AppConfig) -> bool:
-    try:
-        probe = await Client.connect(cfg.data_dir, "observer", "fabricctl-down", timeout=2.0)
-    except BackendMissing:
-        return False
-    except Exception:  # a broker on its way down may answer oddly: still there
-        return True
-    await probe.close()
-    return True
-
-
-def _lock_free(path: Path) -> bool:
-    """Whether no process holds the data dir's owner lock (the broker holds it until exit)."""
-    import fcntl
-    import os
-
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)  # closing drops a lock we took
-    return True
-
-
-def down(cfg: AppConfig) -> None:
-    asyncio.run(_down(cfg))

@@ -1,6 +1,9 @@
 """`fabricctl submit`: stream JSONL into a running broker, optionally waiting for the results.
 
 Contract:
+- The `submit` command (`command`) reads FILE, or stdin for `-` (saying so on a terminal);
+  a missing file, or `--ordered` without `--wait`, is exit 2; errors are written after the
+  progress bar is gone (`support.guarded`).
 - Memory is bounded by the chunking, not by the input: a reader thread runs
   `producer.parse_stream` (at most `max_line_bytes` of one line held) and hands chunks of
   `CHUNK` items through a queue of `QUEUED` chunks; at most `IN_FLIGHT` submits await their
@@ -34,9 +37,13 @@ import contextlib
 import sys
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, BinaryIO
 
+import typer
+
 from fabricctl.cli.ordered import InputOrder
+from fabricctl.cli.support import ConfigFile, DataDir, fail, guarded, settings
 from fabricctl.config import AppConfig
 from fabricctl.core.types import Item
 from fabricctl.errors import ExitCode
@@ -50,6 +57,55 @@ IN_FLIGHT = 4  # submits awaiting their ack at once
 QUEUED = 4  # parsed chunks waiting for a submit slot
 POLL_S = 0.1  # results poll interval (the broker has no result push)
 RESULTS_PAGE = 2000
+
+
+def command(
+    file: str = typer.Argument("-", metavar="FILE|-", help="JSONL, native or OpenAI batch; "
+                               "- (the default) reads stdin.", show_default=False),
+    wait: bool = typer.Option(False, "--wait", "-w", help="Stay until every accepted item has "
+                              "its result and print the results as JSONL on stdout."),
+    timeout: float | None = typer.Option(None, "--timeout", "-t", min=0, metavar="SECONDS",
+                                         help="With --wait: give up (exit 4) this many "
+                                         "seconds after the input ended if results are still "
+                                         "missing."),
+    ordered: bool = typer.Option(False, "--ordered", help="With --wait: print the results "
+                                 "in input order (as vllm run-batch does) instead of as they "
+                                 "complete; each is printed once every earlier line's result "
+                                 "has been. Refused lines have no result."),
+    data_dir: Path | None = DataDir,
+    config: Path | None = ConfigFile,
+) -> None:
+    """Stream JSONL prompts into the running broker.
+
+    Input is read and sent in chunks, so memory stays flat on any input size.
+    Each refused line is one "fabricctl: error: line N: reason" on stderr; the rest goes in.
+    stdout stays empty unless --wait, which prints each result as JSONL as it completes
+    (in input order with --ordered).
+    Exit status: 0 all lines accepted, 1 some refused, 3 no broker, 4 --timeout expired.
+    """
+    from fabricctl.cli.progress import ProgressView, input_size, stderr_is_tty
+
+    if ordered and not wait:
+        raise fail("--ordered orders the results that --wait prints; add --wait",
+                   ExitCode.USAGE)
+    cfg = settings(data_dir, config)
+    if file != "-" and not Path(file).is_file():
+        raise fail(f"{file}: no such file", ExitCode.USAGE)
+    with open(file, "rb") if file != "-" else contextlib.nullcontext(sys.stdin.buffer) as fp:
+        if file == "-" and sys.stdin.isatty():
+            sys.stderr.write("fabricctl: reading JSONL from the terminal; end with Ctrl-D\n")
+        # A bar only for a person watching stderr, and not over results streaming to them.
+        show_bar = stderr_is_tty() and not (wait and sys.stdout.isatty())
+        view = ProgressView(input_size(fp)) if show_bar else None
+
+        def body() -> int:
+            with view if view is not None else contextlib.nullcontext():
+                return asyncio.run(run_submit(cfg, fp, wait=wait, timeout=timeout,
+                                              out=sys.stdout.buffer, progress=view,
+                                              ordered=ordered))
+
+        code = guarded(body)  # errors are written after the progress bar is gone
+    raise typer.Exit(code)
 
 
 @dataclass

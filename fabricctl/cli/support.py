@@ -1,20 +1,34 @@
-"""Typer pieces every fabricctl command shares: the common options and error handling.
+"""Typer pieces every fabricctl command shares: the common options, logging, error handling.
 
-Contract: `fail(msg, code)` writes one `fabricctl: error: msg` line on stderr and returns
-the `typer.Exit` to raise; `guarded(fn)` runs a command body and turns fabricctl's own
-errors (`FabricError`) into that line and their exit code, Ctrl-C into exit 130.
+Contract:
+- `fail(msg, code)` writes one `fabricctl: error: msg` line on stderr and returns the
+  `typer.Exit` to raise; `report(e)` writes that line for a `FabricError` and returns its
+  exit status, for bodies that return one (`top`).
+- `guarded(fn)` runs a command's body and applies `fabricctl.errors.exit_code_of`, the one
+  error-to-exit-code mapping: a `FabricError` (store, engine and launch errors included)
+  becomes that line and its `exit_code`, Ctrl-C exit 130. `run_async(coro)` is `guarded`
+  around an event loop (`asyncio.run`, or the one given). Every command goes through them.
+- `settings(data_dir, config)` / `load(config, **flags)`: the effective configuration, its
+  errors guarded (a bad config is exit 2).
+- `setup_logging(verbose)`: logs (`up`, `consume`, `run -v`) go to stderr as Rich lines:
+  fabricctl's own loggers at INFO (DEBUG with `-v`), every other library (httpx, httpcore,
+  asyncio, ...) at WARNING unless `-v`, so a health probe's request line never fills the
+  broker's log.
+Importing this module costs Typer only (Rich is imported when logging is set up).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from fabricctl.errors import ExitCode, FabricError
+from fabricctl.errors import ExitCode, FabricError, exit_code_of
 
 if TYPE_CHECKING:
     from fabricctl.config import AppConfig
@@ -26,6 +40,10 @@ DataDir = typer.Option(None, "--data-dir", "-d", help="Broker data dir (LMDB, so
                        show_default=False)
 ConfigFile = typer.Option(None, "--config", "-c", help="A fabric.toml to read (overrides the "
                           "project and user files).", show_default=False)
+JsonOut = typer.Option(False, "--json", help="Print one JSON document instead of a table.")
+Verbose = typer.Option(False, "--verbose", "-v")
+
+FABRIC_LOGGER = "fabricctl"  # every fabricctl module logs under it ("fabricctl.server", ...)
 
 
 def fail(message: str, code: int = ExitCode.RUNTIME) -> typer.Exit:
@@ -33,7 +51,10 @@ def fail(message: str, code: int = ExitCode.RUNTIME) -> typer.Exit:
     return typer.Exit(code)
 
 
-JsonOut = typer.Option(False, "--json", help="Print one JSON document instead of a table.")
+def report(e: FabricError) -> int:
+    """Write `e` as the one error line on stderr; its exit status."""
+    sys.stderr.write(f"fabricctl: error: {e}\n")
+    return exit_code_of(e)
 
 
 def guarded(fn: Callable[[], T]) -> T:
@@ -41,12 +62,36 @@ def guarded(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except FabricError as e:
-        raise fail(str(e), e.exit_code) from None
-    except KeyboardInterrupt:
-        raise typer.Exit(ExitCode.INTERRUPTED) from None
+        raise typer.Exit(report(e)) from None
+    except KeyboardInterrupt as e:
+        raise typer.Exit(exit_code_of(e)) from None
+
+
+def run_async(coro: Coroutine[Any, Any, T],
+              run: Callable[[Coroutine[Any, Any, T]], T] = asyncio.run) -> T:
+    """`guarded(lambda: run(coro))`: a command body that is a coroutine."""
+    return guarded(lambda: run(coro))
 
 
 def settings(data_dir: Path | None, config: Path | None) -> AppConfig:
     from fabricctl.cli.common import settings as load_settings
 
     return guarded(lambda: load_settings(data_dir, config))
+
+
+def load(config: Path | None, **flags: object) -> AppConfig:
+    from fabricctl.config import load_config
+
+    return guarded(lambda: load_config(config, flags))
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Rich log lines on stderr: fabricctl's own at INFO, third-party loggers at WARNING
+    (the root's level, which they inherit); with `verbose` everything at DEBUG."""
+    from rich.console import Console
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=False)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                        format="%(message)s", datefmt="[%X]", handlers=[handler], force=True)
+    logging.getLogger(FABRIC_LOGGER).setLevel(logging.DEBUG if verbose else logging.INFO)

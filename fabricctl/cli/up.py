@@ -1,33 +1,82 @@
 """`fabricctl up`: the broker, its engines and consumers, and the monitors, in one process.
 
-Contract: `Daemon.start()` opens (and recovers) the durable store in the data dir, starts the
+Contract: the `up` command (`command`) loads the configuration (its flags over the files)
+and runs `serve_forever` on fabricctl's event loop; its exit status is 0, or 130 after an
+interrupt. `Daemon.start()` opens (and recovers) the durable store in the data dir, starts the
 socket server, decides the engine (vLLM when NVML shows GPUs, else simulated GPUs, and says
 why on the log), starts one consumer per GPU and the GPU/process monitors, whose samples go
 into the stats stream. `Daemon.stop()` stops pulls, lets in-flight batches finish, stops the
 server and closes LMDB. `serve_forever` wires SIGINT/SIGTERM to a graceful stop; a second
 SIGINT exits at once (LMDB's durable commits mean nothing acknowledged is lost either way).
+The server, the store and the supervisor are imported when the broker starts, not when the
+CLI builds its commands.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+import typer
+
+from fabricctl.cli.support import ConfigFile, DataDir, Verbose, load, run_async, setup_logging
 from fabricctl.config import AppConfig
 from fabricctl.errors import ExitCode
-from fabricctl.server.app import BrokerServer
-from fabricctl.server.config import ServerConfig
-from fabricctl.server.heap import settle_heap
-from fabricctl.store.durable import DurableBroker, StoreConfig
-from fabricctl.supervisor.fleet import Fleet, choose_engine
+
+if TYPE_CHECKING:
+    from fabricctl.server.app import BrokerServer
+    from fabricctl.server.config import ServerConfig
+    from fabricctl.store.durable import DurableBroker, StoreConfig
+    from fabricctl.supervisor.fleet import Fleet
 
 log = logging.getLogger("fabricctl")
 
 
+def command(
+    data_dir: Path | None = DataDir,
+    config: Path | None = ConfigFile,
+    engine: str | None = typer.Option(None, "--engine", "-e",
+                                      help="auto, sim, vllm or openai (auto: vllm when NVML "
+                                      "finds GPUs, else simulated GPUs)."),
+    gpus: str | None = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model to serve."),
+    listen: str | None = typer.Option(None, "--listen", help="Also listen on HOST:PORT (TCP, "
+                                      "needs server.token) for consumers on other hosts."),
+    metrics_port: int | None = typer.Option(None, "--metrics-port",
+                                            help="Serve Prometheus metrics on this port."),
+    verbose: bool = Verbose,
+) -> None:
+    """Run the broker with one engine and consumer per GPU (simulated GPUs when none)."""
+    from fabricctl.server import eventloop
+
+    setup_logging(verbose)
+    flags: dict[str, object] = {"data_dir": data_dir, "engine": engine, "model": model}
+    if gpus:
+        flags["gpus"] = [int(g) for g in gpus.split(",") if g.strip()]
+    cfg = with_sections(load(config, **flags), listen=listen, metrics_port=metrics_port)
+    raise typer.Exit(int(run_async(serve_forever(cfg), eventloop.run)))
+
+
+def with_sections(cfg: AppConfig, listen: str | None = None,
+                  metrics_port: int | None = None) -> AppConfig:
+    """`cfg` with `--listen` and `--metrics-port` put into their sections."""
+    if listen is not None:
+        cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, listen=listen))
+    if metrics_port is not None:
+        cfg = dataclasses.replace(cfg, metrics=dataclasses.replace(
+            cfg.metrics, prometheus_port=metrics_port))
+    return cfg
+
+
 def server_config(cfg: AppConfig) -> ServerConfig:
+    from fabricctl.server.config import ServerConfig
+
     return ServerConfig(
         cfg.data_dir, listen=cfg.server.listen or None, token=cfg.server.token,
         heartbeat_s=cfg.server.heartbeat_s, heartbeat_timeout_s=cfg.server.heartbeat_timeout_s,
@@ -50,6 +99,10 @@ class Daemon:
         self._monitors: list[object] = []
 
     async def start(self) -> None:
+        from fabricctl.server.app import BrokerServer
+        from fabricctl.store.durable import DurableBroker
+        from fabricctl.supervisor.fleet import Fleet, choose_engine
+
         cfg = self.cfg
         self.store = DurableBroker(cfg.data_dir, time.time(), cfg.broker, self.store_cfg)
         self.server = BrokerServer(self.store, server_config(cfg))
@@ -65,7 +118,7 @@ class Daemon:
         self.fleet.start(self.server.cfg.socket_path)
         self.server.extra["engine"] = lambda: {"kind": kind, "reason": self.engine_reason}
 
-    def _start_monitors(self):  # type: ignore[no-untyped-def]
+    def _start_monitors(self):
         """GPU (NVML) and process (psutil) monitors feed the stats stream; never fatal."""
         assert self.server is not None
         report = None
@@ -107,6 +160,8 @@ class Daemon:
 
 
 async def serve_forever(cfg: AppConfig) -> int:
+    from fabricctl.server.heap import settle_heap
+
     daemon = Daemon(cfg)
     await daemon.start()
     assert daemon.server is not None

@@ -10,83 +10,73 @@ disconnect, as do the batches a disconnect is told to `keep`; `tick(now)` runs l
 maintenance and the lifecycle's timeouts; `snapshot(now)` is all an
 observer needs. Time is always an argument. A batch whose entry belongs to another shape
 raises `ShapeGuardError`, which derives from BaseException so no `except Exception` hides it.
+
+Placement and restore, the public API a durable store uses (`Intake` has the rules):
+`open_shape(model, signature, label, now)` is the shape an item of a key joins (its open
+shape, made staged, or active with the lifecycle off, when there is none); `place`, `admit`,
+`admit_all` and `placement_live` are ingest in two steps around the store's commit.
+`restore_shape(model, signature, label, lanes, now)` re-queues one shape a store recorded —
+each (lane id, target, entries in arrival order) in a lane reopened with that id and target,
+its entries admitted — and returns the (items, tokens) restored; `restore_epochs(epochs)`
+gives each model back its epoch; `restore_ledger(...)` puts the persisted received and
+completed counts over what was re-admitted and returns the ledger's difference, (0, 0) when
+they agree.
+
+Structure: the broker owns the models, consumers, ledger, event log, lifecycle and pre-warm
+outbox, decides dispatch itself (`pull`), and composes the parts that act on that state,
+each handed what it uses at construction: `Intake` (items in), `Settlement` (batches in
+flight: booked out, completed, failed back, split) and `Maintenance` (the tick, the cache
+audit, the live shapes); `snapshot` hands the pieces to `take_snapshot`. Its methods of those
+names are thin delegations, so callers see one `Broker`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.events import EventKind, EventLog
+from fabricctl.core.intake import Intake
 from fabricctl.core.lanes import Lane, LaneCounters
 from fabricctl.core.ledger import Ledger
 from fabricctl.core.lifecycle import Lifecycle, ModelState, Slot
 from fabricctl.core.maintenance import Maintenance
 from fabricctl.core.packing import pack
-from fabricctl.core.settlement import InFlight, Settlement, UnknownBatchError
+from fabricctl.core.settlement import Settlement
 from fabricctl.core.shape import Shape, ShapeState
+from fabricctl.core.snapshot import Snapshot, take_snapshot
 from fabricctl.core.stats import BatchesHistogram
+from fabricctl.core.tracking import (
+    ConsumerState,
+    InFlight,
+    Placement,
+    ShapeGuardError,
+    UnknownBatchError,
+    guard_signature,
+)
 from fabricctl.core.types import Batch, Contract, Entry, Item, Prewarm
 
-__all__ = ["Broker", "InFlight", "Placement", "ShapeGuardError", "UnknownBatchError",
-           "guard_signature"]
+__all__ = ["Broker", "ConsumerState", "InFlight", "Placement", "ShapeGuardError",
+           "UnknownBatchError", "guard_signature"]
 
 
-class ShapeGuardError(BaseException):
-    """A batch would feed an engine an item of another shape: stop rather than poison a cache."""
-
-
-def guard_signature(expected: int, got: int, where: str) -> None:
-    """The hard guard: every entry of a batch must carry the batch's signature."""
-    if expected != got:
-        raise ShapeGuardError(
-            f"shape guard: {where} has signature {got:016x}, expected {expected:016x}"
-        )
-
-
-@dataclass(slots=True)
-class ConsumerState:
-    """Why: batches in flight must return to their lanes when their consumer goes away."""
-
-    name: str
-    contract: Contract
-    joined: float
-    batches: set[int] = field(default_factory=set)
-    batches_done: int = 0
-    items_done: int = 0
-    tokens_done: int = 0
-
-
-@dataclass(slots=True)
-class Placement:
-    """Why: the durable path assigns first and writes second; this is the assignment."""
-
-    shape: Shape
-    lane: Lane
-
-
-class Broker(Settlement, Maintenance):
+class Broker:
     """Why: one object that owns every scheduling decision, with no I/O and no clock."""
 
     def __init__(self, cfg: CoreConfig | None = None) -> None:
         self.cfg = cfg or CoreConfig()
         self.models: dict[str, ModelState] = {}
         self.consumers: dict[str, ConsumerState] = {}
-        self.inflight: dict[int, InFlight] = {}
-        self.settling: set[int] = set()  # in flight, their completion being committed
         self.ledger = Ledger()
         self.events = EventLog(self.cfg.events_kept)
         self.lane_counters = LaneCounters()
         self.batches_hist = BatchesHistogram(self.cfg.thrash_batches)
         self.lifecycle = Lifecycle(self.cfg, self.events, self.batches_hist)
         self.signals: list[Prewarm] = []  # pre-warm signals not yet sent by the server
-        self.batches_total = 0
-        self.padded_tokens = 0  # batch slots sent (count x pad_to), all shapes ever
-        self.routed_tokens = 0  # real input tokens sent in them
-        self.starving_lanes = 0
-        self._next_batch = 1
-        self._next_key = 1
+        self.intake = Intake(self.cfg, self.models, self.model, self.lane_counters, self.ledger)
+        self.settlement = Settlement(self.consumers, self.ledger, self.intake.place)
+        self.maintenance = Maintenance(self.cfg, self.models, self.consumers, self.lifecycle,
+                                       self.events, self.signals)
 
     # -- models and consumers ------------------------------------------------------------
 
@@ -117,7 +107,7 @@ class Broker(Settlement, Maintenance):
         if c is None:
             return 0
         items = 0
-        back = c.batches - self.settling - keep
+        back = c.batches - self.settlement.settling - keep
         for batch_id in sorted(back, reverse=True):  # newest first: oldest ends in front
             items += len(self.fail(batch_id, now).entries)
         ms = self.models.get(c.contract.model)
@@ -127,93 +117,42 @@ class Broker(Settlement, Maintenance):
                          reason=f"{name}: {why}", value=items)
         return items
 
-    # -- ingest ----------
+    # -- intake and restore (`Intake`) ----------
+
+    def open_shape(self, model: str, signature: int, label: str, now: float) -> Shape:
+        """The key's open shape, made when there is none (a draining shape is no longer open)."""
+        return self.intake.open_shape(model, signature, label, now)
 
     def place(self, model: str, signature: int, label: str, tokens: int, now: float) -> Placement:
         """Assign an item to a lane (first step of ingest); it is not dispatchable yet."""
-        shape = self._open_shape(model, signature, label, now)
-        return Placement(shape, shape.lanes.assign(tokens, now))
-
-    def _open_shape(self, model: str, signature: int, label: str, now: float) -> Shape:
-        """The key's open shape, made when there is none (a draining shape is no longer open)."""
-        ms = self.models.get(model) or self.model(model)
-        shape = ms.open.get(signature)
-        if shape is None:
-            state = ShapeState.STAGED if self.cfg.lifecycle else ShapeState.ACTIVE
-            shape = Shape(model, signature, label, self.cfg, self.lane_counters, now, state)
-            ms.open[signature] = shape
-        elif label and not shape.label:
-            shape.label = label
-        return shape
+        return self.intake.place(model, signature, label, tokens, now)
 
     def placement_live(self, shape: Shape, lane: Lane) -> bool:
-        """Whether a placement still names its key's open shape and a lane of it (the tick
-        or a shape switch may have retired either while the placement was being written)."""
-        ms = self.models.get(shape.model)
-        return (ms is not None and ms.open.get(shape.signature) is shape
-                and shape.lanes.lanes.get(lane.id) is lane)
+        return self.intake.placement_live(shape, lane)
 
     def admit(self, placement: Placement, entry: Entry) -> None:
         """Make a placed item dispatchable (second step, after its durable commit)."""
-        shape = placement.shape
-        placement.lane.push(entry)
-        shape.tokens += entry.tokens
-        shape.items += 1
-        shape.lengths.add(entry.tokens)
-        if shape.staged_since is None:
-            shape.staged_since = entry.t
-        self.ledger.receive(1, entry.tokens)
+        self.intake.admit(placement, entry)
 
     def admit_all(self, admits: list[tuple[Shape, Lane, Entry]], now: float) -> None:
-        """`admit` for a whole commit's placements (shape, lane, entry: the hot path of
-        durable ingest); one whose shape or lane was retired while its commit ran joins its
-        key's open shape."""
-        live: dict[int, bool] = {}  # id(lane) -> its placements are still live
-        n = tokens = 0
-        for shape, lane, e in admits:
-            ok = live.get(id(lane))
-            if ok is None:
-                ok = live[id(lane)] = self.placement_live(shape, lane)
-            if not ok:
-                p = self.place(shape.model, shape.signature, shape.label, e.tokens, now)
-                shape, lane = p.shape, p.lane
-            t = e.tokens
-            lane.queue.append(e)
-            lane.tokens += t
-            shape.tokens += t
-            shape.items += 1
-            shape.lengths.add(t)
-            if shape.staged_since is None:
-                shape.staged_since = e.t
-            n += 1
-            tokens += t
-        self.ledger.receive(n, tokens)
+        self.intake.admit_all(admits, now)
 
     def ingest(self, items: Iterable[Item], now: float) -> int:
-        """Memory mode: place and admit each item at once; returns how many went in.
+        """Memory mode: place and admit each item at once; returns how many went in."""
+        return self.intake.ingest(items, now)
 
-        The steps of `place` then `admit`, written out: this is the broker's hottest loop.
-        """
-        n = tokens = 0
-        key = self._next_key
-        try:
-            for item in items:
-                t = item.input_tokens
-                shape = self._open_shape(item.model, item.signature, item.label, now)
-                lane = shape.lanes.assign(t, now)
-                lane.push(Entry(key, t, item.max_tokens, now, item))
-                key += 1
-                n += 1
-                tokens += t
-                shape.tokens += t
-                shape.items += 1
-                shape.lengths.add(t)
-                if shape.staged_since is None:
-                    shape.staged_since = now
-        finally:  # one ledger entry for the call, even if an item fails halfway
-            self._next_key = key
-            self.ledger.receive(n, tokens)
-        return n
+    def restore_shape(self, model: str, signature: int, label: str,
+                      lanes: Iterable[tuple[int, int, Sequence[Entry]]], now: float
+                      ) -> tuple[int, int]:
+        return self.intake.restore_shape(model, signature, label, lanes, now)
+
+    def restore_epochs(self, epochs: Mapping[str, int]) -> None:
+        self.intake.restore_epochs(epochs)
+
+    def restore_ledger(self, items_received: int, tokens_received: int, items_completed: int,
+                       tokens_completed: int) -> tuple[int, int]:
+        return self.intake.restore_ledger(items_received, tokens_received, items_completed,
+                                          tokens_completed)
 
     # -- dispatch ----------
 
@@ -288,23 +227,71 @@ class Broker(Settlement, Maintenance):
                 max_tokens = e.max_tokens
             if e.item is not None and e.item.signature != sig:
                 guard_signature(sig, e.item.signature, f"item {e.item.id}")
-        n = len(entries)
-        lane.tokens -= tokens
-        lane.inflight += 1
-        shape.tokens -= tokens
-        shape.items -= n
-        shape.inflight_tokens += tokens
-        shape.inflight_items += n
-        shape.batches += 1
-        shape.padded_tokens += n * pad_to
-        shape.routed_tokens += tokens
-        batch = Batch(self._next_batch, consumer, ms.name, sig, lane.id, shape.epoch, pad_to,
-                      max_tokens, contract.max_input_len, entries, tokens)
-        self._next_batch += 1
-        self.inflight[batch.id] = InFlight(batch, shape, lane)
-        c.batches.add(batch.id)
-        self.ledger.dispatch(n, tokens)
-        self.batches_total += 1
-        self.padded_tokens += n * pad_to
-        self.routed_tokens += tokens
-        return batch
+        return self.settlement.dispatch(c, ms.name, shape, lane, entries, pad_to, tokens,
+                                        max_tokens)
+
+    # -- settlement (`Settlement`) ----------
+
+    @property
+    def inflight(self) -> dict[int, InFlight]:
+        """Batches out with consumers, by id."""
+        return self.settlement.inflight
+
+    @property
+    def settling(self) -> set[int]:
+        """Batches in flight whose completion is being committed (a store adds and drops)."""
+        return self.settlement.settling
+
+    @property
+    def batches_total(self) -> int:
+        return self.settlement.batches_total
+
+    def complete(self, batch_id: int, now: float) -> Batch:
+        return self.settlement.complete(batch_id, now)
+
+    def fail(self, batch_id: int, now: float) -> Batch:
+        return self.settlement.fail(batch_id, now)
+
+    def split(self, batch_id: int, indexes: list[int]) -> Batch:
+        return self.settlement.split(batch_id, indexes)
+
+    def waste(self) -> float:
+        """Padding fraction of every batch dispatched so far."""
+        return self.settlement.waste()
+
+    # -- maintenance and observation (`Maintenance`, `take_snapshot`) ----------
+
+    @property
+    def starving_lanes(self) -> int:
+        return self.maintenance.starving_lanes
+
+    def tick(self, now: float) -> None:
+        """The 1 s maintenance tick: quiescing lanes, starvation, lifecycle timeouts."""
+        self.maintenance.tick(now)
+
+    def record_cache(
+        self, batch_id: int, queries: int, hits: int, achievable: int, now: float
+    ) -> None:
+        """An engine's prefix-cache figures for one batch, for the shape's cache-truth audit."""
+        f = self.settlement.inflight.get(batch_id)
+        if f is not None:
+            self.maintenance.record_cache(f.shape, queries, hits, achievable, now)
+
+    def take_signals(self) -> list[Prewarm]:
+        out = self.signals.copy()  # the list itself is shared with `maintenance`
+        self.signals.clear()
+        return out
+
+    def shapes(self) -> list[Shape]:
+        """Every live shape: open ones and a draining current one."""
+        return self.maintenance.shapes()
+
+    def snapshot(self, now: float, lanes: object = "all", events: int = 100) -> Snapshot:
+        """All a dashboard needs; `lanes` is "all", "none" or a set of (model, signature)."""
+        return take_snapshot(
+            now, shapes=self.shapes(), models=self.models.values(),
+            consumers=self.consumers.values(), ledger=self.ledger, log=self.events,
+            lane_counters=self.lane_counters, batches_hist=self.batches_hist,
+            starving_lanes=self.starving_lanes, batches_total=self.batches_total,
+            starve_s=self.cfg.starve_s, lanes=lanes, events=events,  # type: ignore[arg-type]
+        )

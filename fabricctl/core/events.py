@@ -26,7 +26,7 @@ class EventKind(StrEnum):
 
 
 class Event(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One thing that happened in the broker, at simulated or wall time `t`."""
+    """Why: observers filter what happened (at simulated or wall time `t`) by field, not text."""
 
     seq: int
     t: float

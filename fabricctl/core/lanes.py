@@ -32,7 +32,10 @@ class LaneCounters:
 
 
 class Lane:
-    """A rolling length bucket: a target length and a FIFO of queued entries."""
+    """Why: items of like length batch with little padding; a lane is one rolling bucket.
+
+    A target length and a FIFO of queued entries.
+    """
 
     __slots__ = ("id", "inflight", "last_assign", "queue", "quiescing", "target", "tokens")
 
@@ -70,7 +73,10 @@ class Lane:
 
 
 class LaneSet:
-    """The lanes of one shape: sorted by target, a free list of ids, waste-driven opening."""
+    """Why: each shape buckets its own lengths, in a bounded number of lanes that reuse ids.
+
+    The lanes of one shape: sorted by target, a free list of ids, waste-driven opening.
+    """
 
     __slots__ = ("_free", "_lanes_sorted", "_next_id", "_targets", "cfg", "counters", "lanes")
 

@@ -3,6 +3,8 @@
 Contract: received = routed + queued and routed = in_flight + completed, for items and for
 tokens; `difference()` is received - routed - queued and must read zero at every moment.
 Each counter moves on its own operation, so a lost or double-counted item shows up here.
+`restore(...)` is a restart's rule: received and completed come back as persisted, nothing is
+in flight (routed = completed), and queued is what the restart re-admitted.
 """
 
 from __future__ import annotations
@@ -51,6 +53,13 @@ class Ledger(msgspec.Struct):
         self.tokens_inflight -= tokens
         self.items_completed += items
         self.tokens_completed += tokens
+
+    def restore(self, items_received: int, tokens_received: int, items_completed: int,
+                tokens_completed: int) -> None:
+        """A restart: the persisted counts, over the entries re-admitted since (`receive`)."""
+        self.items_received, self.tokens_received = items_received, tokens_received
+        self.items_routed = self.items_completed = items_completed
+        self.tokens_routed = self.tokens_completed = tokens_completed
 
     def difference(self) -> tuple[int, int]:
         """(items, tokens) unaccounted for: must be (0, 0)."""

@@ -1,49 +1,53 @@
-"""The broker's upkeep and what observers read: the tick, the cache audit, snapshots.
+"""The broker's upkeep: the maintenance tick, the cache-truth audit, the live shapes.
 
-Contract: `tick(now)` marks quiescing lanes (force-drain events), counts starving lanes,
-advances the lifecycle's timeouts for every model (or every consumer slot) and drops empty
-staged shapes; `record_cache` feeds a shape's cache-truth audit and emits one critical event
-when it first flags; `shapes()`, `waste()` and `snapshot()` read without changing anything.
-`Broker` inherits this and owns the state it uses.
+Contract: `tick(now)` marks quiescing lanes (force-drain events), counts starving lanes
+(`starving_lanes`), advances the lifecycle's timeouts for every model (or every consumer
+slot), appending the pre-warm signals due to the broker's outbox, and drops empty staged
+shapes; `record_cache(shape, ...)` feeds a shape's cache-truth audit and emits one critical
+event when it first flags; `shapes()` (every live shape) and `model_shapes(ms)` read without
+changing anything. `Maintenance` owns only the starving-lane gauge; the broker hands it its
+config, models, consumers, lifecycle, event log and signal outbox.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Container
 
-from fabricctl.core.events import EventKind
-from fabricctl.core.lifecycle import ModelState
+from fabricctl.core.config import CoreConfig
+from fabricctl.core.events import EventKind, EventLog
+from fabricctl.core.lifecycle import Lifecycle, ModelState
 from fabricctl.core.shape import Shape, ShapeState
-from fabricctl.core.snapshot import Snapshot, take_snapshot
 from fabricctl.core.types import Prewarm
 
-if TYPE_CHECKING:
-    from fabricctl.core.config import CoreConfig
-    from fabricctl.core.events import EventLog
-    from fabricctl.core.lifecycle import Lifecycle
+
+def model_shapes(ms: ModelState) -> list[Shape]:
+    """A model's open shapes and its draining current one(s)."""
+    out = list(ms.open.values())
+    for cur in (ms.current, *(s.current for s in ms.slots.values())):
+        if cur is not None and cur.state is ShapeState.DRAINING and cur not in out:
+            out.append(cur)
+    return out
 
 
 class Maintenance:
-    """Why: upkeep and observation read and tidy the broker; dispatch lives in `Broker`."""
+    """Why: upkeep runs on the clock, not on traffic; dispatch and settlement live apart."""
 
-    cfg: CoreConfig
-    models: dict[str, ModelState]
-    consumers: dict[str, Any]
-    inflight: dict[int, Any]
-    events: EventLog
-    lifecycle: Lifecycle
-    signals: list[Prewarm]
-    starving_lanes: int
-    padded_tokens: int
-    routed_tokens: int
-
-    # -- maintenance and observation -------------------------------------------------------------
+    def __init__(self, cfg: CoreConfig, models: dict[str, ModelState],
+                 consumers: Container[str], lifecycle: Lifecycle, events: EventLog,
+                 signals: list[Prewarm]) -> None:
+        self.cfg = cfg
+        self.models = models  # the broker's, read and tidied, never rebound
+        self.consumers = consumers  # the connected consumers, by name
+        self.lifecycle = lifecycle
+        self.events = events
+        self.signals = signals  # the broker's outbox of pre-warm signals
+        self.starving_lanes = 0
 
     def tick(self, now: float) -> None:
         """The 1 s maintenance tick: quiescing lanes, starvation, lifecycle timeouts."""
         starving = 0
         for ms in self.models.values():
-            for shape in self._model_shapes(ms):
+            for shape in model_shapes(ms):
                 dispatching = shape.state in (ShapeState.ACTIVE, ShapeState.DRAINING)
                 newly = shape.lanes.tick(now) if dispatching else []
                 for lane in newly:
@@ -71,14 +75,9 @@ class Maintenance:
                     del ms.open[sig]  # an empty staged shape (its placement was never admitted)
         self.starving_lanes = starving
 
-    def record_cache(
-        self, batch_id: int, queries: int, hits: int, achievable: int, now: float
-    ) -> None:
-        """An engine's prefix-cache figures for one batch, for the shape's cache-truth audit."""
-        f = self.inflight.get(batch_id)
-        if f is None:
-            return
-        shape = f.shape
+    def record_cache(self, shape: Shape, queries: int, hits: int, achievable: int, now: float
+                     ) -> None:
+        """An engine's prefix-cache figures for one batch of `shape`, for its audit."""
         was = shape.audit()[2]
         shape.cache_queries += queries
         shape.cache_hits += hits
@@ -93,31 +92,9 @@ class Maintenance:
                 "not a token-identical prefix",
             )
 
-    def waste(self) -> float:
-        """Padding fraction of every batch dispatched so far."""
-        return 1.0 - self.routed_tokens / self.padded_tokens if self.padded_tokens else 0.0
-
-    def take_signals(self) -> list[Prewarm]:
-        out, self.signals = self.signals, []
-        return out
-
     def shapes(self) -> list[Shape]:
         """Every live shape: open ones and a draining current one."""
         out: list[Shape] = []
         for ms in self.models.values():
-            out.extend(self._model_shapes(ms))
+            out.extend(model_shapes(ms))
         return out
-
-    @staticmethod
-    def _model_shapes(ms: ModelState) -> list[Shape]:
-        """A model's open shapes and its draining current one(s)."""
-        out = list(ms.open.values())
-        for h in (ms, *ms.slots.values()):
-            cur = h.current
-            if cur is not None and cur.state is ShapeState.DRAINING and cur not in out:
-                out.append(cur)
-        return out
-
-    def snapshot(self, now: float, lanes: object = "all", events: int = 100) -> Snapshot:
-        """All a dashboard needs; `lanes` is "all", "none" or a set of (model, signature)."""
-        return take_snapshot(self, now, lanes, events)  # type: ignore[arg-type]

@@ -1,53 +1,72 @@
-"""Settlement: how a batch in flight ends (completed, failed back, split).
+"""Settlement: the book of batches out with consumers, from dispatch to how each one ends.
 
-Contract: `complete(batch_id, now)` settles a batch and returns it (the store tombstones its
-entries); `fail(batch_id, now)` puts its entries back at the front of their lane (into the
-key's open shape when its own shape finished dispatching); `split(batch_id, indexes)` moves
-some entries of an in-flight batch into a batch of their own. A batch that is not in flight
-raises `UnknownBatchError`. A lane left idle by a settlement is released when it was
-quiescing or its shape is draining. `Broker` inherits this and owns the state it uses.
+Contract: `dispatch(...)` books a packed batch out (its lane's and shape's queued counts move
+to in flight, the ledger routes it, the consumer holds it) and returns it; `complete(batch_id,
+now)` settles a batch and returns it (the store tombstones its entries); `fail(batch_id, now)`
+puts its entries back at the front of their lane (into the key's open shape, placed by the
+broker's `place` rule, when its own shape finished dispatching); `split(batch_id, indexes)`
+moves some entries of an in-flight batch into a batch of their own. A batch that is not in
+flight raises `UnknownBatchError`. A lane left idle by a settlement is released when it was
+quiescing or its shape is draining. `Settlement` owns the in-flight table, the `settling` set
+(batches whose completion is being committed), batch ids and the broker-wide dispatch totals;
+the broker hands it the consumers, the ledger and its placement rule.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
+from fabricctl.core.lanes import Lane
+from fabricctl.core.ledger import Ledger
 from fabricctl.core.shape import Shape, ShapeState
-from fabricctl.core.types import Batch
+from fabricctl.core.tracking import ConsumerState, InFlight, Placement, UnknownBatchError
+from fabricctl.core.types import Batch, Entry
 
-if TYPE_CHECKING:
-    from fabricctl.core.broker import Placement
-    from fabricctl.core.lanes import Lane
-    from fabricctl.core.ledger import Ledger
-
-
-class UnknownBatchError(KeyError):
-    """A completion names a batch that is not in flight (already settled or never sent)."""
-
-
-@dataclass(slots=True)
-class InFlight:
-    """Why: a batch out with a consumer, with the shape and lane it must settle into."""
-
-    batch: Batch
-    shape: Shape
-    lane: Lane
+Place = Callable[[str, int, str, int, float], Placement]  # (model, sig, label, tokens, now)
 
 
 class Settlement:
     """Why: ending a batch touches lanes, shapes, consumers and the ledger at once."""
 
-    inflight: dict[int, InFlight]
-    consumers: dict[str, Any]
-    ledger: Ledger
-    padded_tokens: int
-    routed_tokens: int
-    _next_batch: int
+    def __init__(self, consumers: dict[str, ConsumerState], ledger: Ledger, place: Place
+                 ) -> None:
+        self.consumers = consumers  # the broker's registry, read and updated, never rebound
+        self.ledger = ledger
+        self.place = place
+        self.inflight: dict[int, InFlight] = {}
+        self.settling: set[int] = set()  # in flight, their completion being committed
+        self.next_batch = 1
+        self.batches_total = 0
+        self.padded_tokens = 0  # batch slots sent (count x pad_to), all shapes ever
+        self.routed_tokens = 0  # real input tokens sent in them
 
-    def place(self, model: str, signature: int, label: str, tokens: int, now: float
-              ) -> Placement:
-        raise NotImplementedError
+    def dispatch(self, c: ConsumerState, model: str, shape: Shape, lane: Lane,
+                 entries: list[Entry], pad_to: int, tokens: int, max_tokens: int) -> Batch:
+        """Book entries just packed off `lane` out to consumer `c` as one batch."""
+        n = len(entries)
+        lane.tokens -= tokens
+        lane.inflight += 1
+        shape.tokens -= tokens
+        shape.items -= n
+        shape.inflight_tokens += tokens
+        shape.inflight_items += n
+        shape.batches += 1
+        shape.padded_tokens += n * pad_to
+        shape.routed_tokens += tokens
+        batch = Batch(self.next_batch, c.name, model, shape.signature, lane.id, shape.epoch,
+                      pad_to, max_tokens, c.contract.max_input_len, entries, tokens)
+        self.next_batch += 1
+        self.inflight[batch.id] = InFlight(batch, shape, lane)
+        c.batches.add(batch.id)
+        self.ledger.dispatch(n, tokens)
+        self.batches_total += 1
+        self.padded_tokens += n * pad_to
+        self.routed_tokens += tokens
+        return batch
+
+    def waste(self) -> float:
+        """Padding fraction of every batch dispatched so far."""
+        return 1.0 - self.routed_tokens / self.padded_tokens if self.padded_tokens else 0.0
 
     def _settle(self, batch_id: int) -> InFlight:
         f = self.inflight.pop(batch_id, None)
@@ -106,9 +125,9 @@ class Settlement:
         b.entries = [e for i, e in enumerate(b.entries) if i not in take]
         tokens = sum(e.tokens for e in out)
         b.tokens -= tokens
-        nb = Batch(self._next_batch, b.consumer, b.model, b.signature, b.lane, b.epoch,
+        nb = Batch(self.next_batch, b.consumer, b.model, b.signature, b.lane, b.epoch,
                    b.pad_to, max(e.max_tokens for e in out), b.max_input_len, out, tokens)
-        self._next_batch += 1
+        self.next_batch += 1
         self.inflight[nb.id] = InFlight(nb, f.shape, f.lane)
         f.lane.inflight += 1
         f.shape.batches += 1

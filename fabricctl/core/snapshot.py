@@ -1,14 +1,15 @@
 """The observer's view of a broker: plain msgspec Structs, cheap to encode and send.
 
-Contract: `take_snapshot(broker, now)` copies everything a dashboard or `--json` reader needs
+Contract: `take_snapshot(now, ...)` copies everything a dashboard or `--json` reader needs
 (shapes with state, epoch, staged/pending tokens, lanes, batches, waste; lanes with target,
 items, waste, oldest age, starving/quiescing; models; consumers; recent events; counters;
-the ledger). `lanes` selects which shapes carry their lane list: all, none, or some keys.
+the ledger) out of the pieces it is handed, never a broker: it reads them and changes
+nothing. `lanes` selects which shapes carry their lane list: all, none, or some keys.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -19,11 +20,15 @@ from fabricctl.core.shape import SHAPE_STATES, Shape, ShapeState
 from fabricctl.core.stats import BATCH_BUCKETS
 
 if TYPE_CHECKING:
-    from fabricctl.core.broker import Broker
+    from fabricctl.core.events import EventLog
+    from fabricctl.core.lanes import LaneCounters
+    from fabricctl.core.lifecycle import ModelState
+    from fabricctl.core.stats import BatchesHistogram
+    from fabricctl.core.tracking import ConsumerState
 
 
 class LaneView(msgspec.Struct, array_like=True):
-    """One lane as the lanes view draws it."""
+    """Why: the lanes view draws each lane of a shape as one row; this is that row."""
 
     id: int
     target: int
@@ -37,7 +42,7 @@ class LaneView(msgspec.Struct, array_like=True):
 
 
 class ShapeView(msgspec.Struct):
-    """One shape as the shapes table shows it."""
+    """Why: the shapes table shows each shape's state and figures, without the live object."""
 
     model: str
     signature: int
@@ -63,7 +68,7 @@ class ShapeView(msgspec.Struct):
 
 
 class ModelView(msgspec.Struct):
-    """A model's current and warming shape, its epoch and switch counts."""
+    """Why: a model's current and warming shape and its switch counts are its switch cost."""
 
     name: str
     budget: int
@@ -76,7 +81,7 @@ class ModelView(msgspec.Struct):
 
 
 class ConsumerView(msgspec.Struct):
-    """A registered consumer and what it has done."""
+    """Why: an operator sees each registered consumer's contract and what it has done."""
 
     name: str
     model: str
@@ -91,7 +96,7 @@ class ConsumerView(msgspec.Struct):
 
 
 class Counters(msgspec.Struct):
-    """Monotonic counters and gauges of the whole broker."""
+    """Why: broker-wide counters and gauges (lanes, batches, thrash) show churn at a glance."""
 
     lanes_in_use: int
     lane_reuses: int
@@ -107,7 +112,7 @@ class Counters(msgspec.Struct):
 
 
 class BatchesHistogramView(msgspec.Struct):
-    """Batches each finished shape ran, bucketed, with the thrash line."""
+    """Why: thrashing shows as finished shapes that ran few batches (below the thrash line)."""
 
     buckets: list[int]
     counts: list[int]
@@ -116,7 +121,7 @@ class BatchesHistogramView(msgspec.Struct):
 
 
 class Snapshot(msgspec.Struct):
-    """Everything an observer needs at one instant."""
+    """Why: everything an observer needs at one instant, in one copy cheap to encode."""
 
     t: float
     shapes: list[ShapeView]
@@ -157,42 +162,45 @@ def shape_view(shape: Shape, now: float, starve_s: float, with_lanes: bool) -> S
 
 
 def take_snapshot(
-    broker: Broker, now: float, lanes: str | Container[tuple[str, int]] = "all", events: int = 100
+    now: float, *, shapes: list[Shape], models: Iterable[ModelState],
+    consumers: Iterable[ConsumerState], ledger: Ledger, log: EventLog,
+    lane_counters: LaneCounters, batches_hist: BatchesHistogram, starving_lanes: int,
+    batches_total: int, starve_s: float, lanes: str | Container[tuple[str, int]] = "all",
+    events: int = 100,
 ) -> Snapshot:
-    cfg = broker.cfg
-    shapes = broker.shapes()
+    """The snapshot of the live `shapes` and the rest, with the `events` most recent events."""
     views = []
     for s in shapes:
         with_lanes = lanes == "all" or (not isinstance(lanes, str) and s.key in lanes)
-        views.append(shape_view(s, now, cfg.starve_s, with_lanes))
+        views.append(shape_view(s, now, starve_s, with_lanes))
     states = {st.value: 0 for st in SHAPE_STATES}
     for s in shapes:
         states[s.state.value] += 1
-    states[ShapeState.FINISHED.value] = broker.batches_hist.total
-    models = []
-    for ms in broker.models.values():
+    states[ShapeState.FINISHED.value] = batches_hist.total
+    model_views = []
+    for ms in models:
         cur = ms.current
-        models.append(ModelView(
+        model_views.append(ModelView(
             ms.name, ms.budget, cur.signature if cur else None, cur.state.value if cur else None,
             ms.warming.signature if ms.warming else None, ms.epoch, ms.switches,
             ms.midstream_switches))
-    consumers = [
+    consumer_views = [
         ConsumerView(c.name, c.contract.model, c.contract.max_batch_size,
                      c.contract.max_batch_tokens, c.contract.max_input_len, len(c.batches),
                      c.batches_done, c.items_done, c.tokens_done, c.joined)
-        for c in broker.consumers.values()
+        for c in consumers
     ]
-    lc = broker.lane_counters
-    hist = broker.batches_hist
+    lc = lane_counters
+    hist = batches_hist
     counters = Counters(
         sum(len(s.lanes) for s in shapes), lc.reuses, lc.new_lanes, lc.releases, lc.recycled_ids,
-        lc.force_fits, broker.starving_lanes, broker.batches_total, hist.total, hist.thrashed,
-        dict(broker.events.counts),
+        lc.force_fits, starving_lanes, batches_total, hist.total, hist.thrashed,
+        dict(log.counts),
     )
     return Snapshot(
-        now, views, models, consumers, msgspec.structs.replace(broker.ledger),
-        broker.ledger.difference(), states, counters,
+        now, views, model_views, consumer_views, msgspec.structs.replace(ledger),
+        ledger.difference(), states, counters,
         BatchesHistogramView(list(BATCH_BUCKETS), list(hist.counts), list(hist.samples[-200:]),
                              hist.thrash_line),
-        broker.events.recent(events),
+        log.recent(events),
     )

@@ -10,7 +10,7 @@ import msgspec
 
 
 class Item(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
-    """One prompt as a producer submits it; the broker never parses `payload`."""
+    """Why: one prompt as a producer submits it; the broker never parses `payload`."""
 
     id: str
     model: str
@@ -23,7 +23,7 @@ class Item(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
 
 
 class Entry(msgspec.Struct, gc=False):
-    """One queued item inside a lane: what scheduling needs, plus where the item lives.
+    """Why: a lane queues what scheduling needs of an item, plus where the item lives.
 
     `key` locates the item in its store (a segment/offset in LMDB); in memory mode `item`
     holds the item itself.
@@ -37,7 +37,7 @@ class Entry(msgspec.Struct, gc=False):
 
 
 class Contract(msgspec.Struct, frozen=True):
-    """The four integers a consumer registers; the broker knows nothing else of its engine."""
+    """Why: the four integers a consumer registers; the broker knows nothing else of it."""
 
     model: str
     max_batch_size: int
@@ -46,7 +46,7 @@ class Contract(msgspec.Struct, frozen=True):
 
 
 class Batch(msgspec.Struct, gc=False):
-    """Items from one lane of one shape, padded to a multiple of 8, with one output limit."""
+    """Why: items from one lane of one shape, padded to a multiple of 8, one output limit."""
 
     id: int
     consumer: str
@@ -66,7 +66,7 @@ class Batch(msgspec.Struct, gc=False):
 
 
 class Work(msgspec.Struct, array_like=True):
-    """A batch as it travels to a consumer and its engine: the items with their payloads."""
+    """Why: a batch as its consumer and engine need it: the items with their payloads."""
 
     id: int
     model: str
@@ -80,7 +80,7 @@ class Work(msgspec.Struct, array_like=True):
 
 
 class ItemResult(msgspec.Struct, omit_defaults=True):
-    """What an engine produced for one item; exactly one is kept per item id.
+    """Why: what an engine produced for one item; exactly one is kept per item id.
 
     `prompt_tokens` is the engine's own count (None: it gave none, the item's estimate
     stands); `body` is the engine's response body as it sent it (JSON: the completion, or
@@ -99,7 +99,7 @@ class ItemResult(msgspec.Struct, omit_defaults=True):
 
 
 class Prewarm(msgspec.Struct):
-    """Tells every consumer of a model which shape comes next, so it can prefill its prefix."""
+    """Why: a consumer told which shape comes next can prefill its prefix before the switch."""
 
     model: str
     signature: int

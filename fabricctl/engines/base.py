@@ -13,10 +13,15 @@ from typing import Protocol
 import msgspec
 
 from fabricctl.core.types import ItemResult, Prewarm, Work
+from fabricctl.errors import ExitCode, FabricError
 
 
-class EngineError(Exception):
-    """The engine could not run a batch at all (down, aborted, timed out): retry elsewhere."""
+class EngineError(FabricError):
+    """The engine could not run a batch at all (down, aborted, timed out): retry elsewhere.
+
+    A `FabricError`; exit 3 (no engine to run it) should one ever reach a command."""
+
+    exit_code = ExitCode.BACKEND_MISSING
 
 
 class EngineLimits(msgspec.Struct, frozen=True):

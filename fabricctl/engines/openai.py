@@ -187,6 +187,7 @@ class OpenAIEngine:
     async def _one(self, path: str, body: dict[str, Any], keep_body: bool) -> ItemResult:
         """One item's request, resent while its answer is aborted; result id left blank."""
         async with self._slots:
+            res: ItemResult | None = None
             for attempt in range(self.attempts):
                 resp = await self._post(path, body)
                 res = read_answer(resp.status_code, resp.content, keep_body)
@@ -197,6 +198,7 @@ class OpenAIEngine:
                     return res
                 if attempt + 1 < self.attempts:
                     await asyncio.sleep(self._backoff(attempt))
+            assert res is not None  # attempts >= 1
             return res
 
     # -- metrics ------------------------------------------------------------------------

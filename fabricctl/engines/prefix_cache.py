@@ -237,9 +237,9 @@ class PrefixCache:
             assert self.hash_of[b] == h
         copies_of: dict[int, list[int]] = {}
         for b in range(1, self.num_blocks):
-            h = self.hash_of[b]
-            if h is not None:  # every hashed block is a cached copy of its hash
-                copies_of.setdefault(h, []).append(b)
+            hb = self.hash_of[b]
+            if hb is not None:  # every hashed block is a cached copy of its hash
+                copies_of.setdefault(hb, []).append(b)
                 assert h in self.cache, (b, h)
         assert set(copies_of) == set(self.cache)
         for h, copies in self.dups.items():

@@ -24,12 +24,13 @@ from typing import Any
 import msgspec
 
 from fabricctl.core.payload import Payload
+from fabricctl.core.records import Source
 from fabricctl.core.types import Item, ItemResult
 
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
 ABORT = "abort"  # vLLM's finish_reason for a request it dropped (shutdown, preemption)
-NATIVE_SOURCE = 0  # formats.common.Source.NATIVE (engines do not import formats)
+NATIVE_SOURCE = int(Source.NATIVE)
 
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode

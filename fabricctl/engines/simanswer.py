@@ -12,6 +12,9 @@ Contract:
   send for it (JSON): a `text_completion`, or a `chat.completion` for a chat payload, with
   one choice per `(text, finish_reason)` and vLLM's usage (completion tokens summed over the
   choices, `prompt_tokens_details.cached_tokens`). Ids are derived from the item id.
+- `item_answer(item, run)` is the ItemResult of an item's finished requests (one per
+  choice): choice 0's text and finish_reason, the tokens of all choices, and the body for
+  an OpenAI batch item or several choices; None stands for an item refused as too long.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import msgspec
 import xxhash
 
 from fabricctl.core.payload import Payload
-from fabricctl.core.types import Item
+from fabricctl.core.types import Item, ItemResult
+from fabricctl.engines.simrequest import SimRequest, item_result, sim_text
 
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
@@ -93,3 +97,20 @@ def sim_body(item: Item, spec: SimSpec, choices: list[tuple[str, str, int]],
                   "completion_tokens": completion,
                   "prompt_tokens_details": {"cached_tokens": cached}},
     })
+
+
+def item_answer(item: Item, run: tuple[SimSpec, list[tuple[int, str]], list[SimRequest]] | None
+            ) -> ItemResult:
+    """The ItemResult of one item's finished requests (None: refused as too long)."""
+    if run is None:
+        return item_result(item.id, None)
+    spec, plan, reqs = run
+    choices = [(sim_text(r.rid, r.out), reason if r.out == tokens else "length", r.out)
+               for (tokens, reason), r in zip(plan, reqs, strict=True)]
+    first = reqs[0]
+    body = b""
+    if item.source or spec.n > 1:  # an OpenAI batch line, or several choices
+        body = sim_body(item, spec, choices, first.prompt_len, first.cached_tokens)
+    return ItemResult(id=item.id, text=choices[0][0], finish_reason=choices[0][1],
+                      tokens_out=sum(n for *_, n in choices), cached_tokens=first.cached_tokens,
+                      body=body)

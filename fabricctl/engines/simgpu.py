@@ -26,18 +26,12 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 
-from fabricctl.core.types import Item, ItemResult, Work
+from fabricctl.core.types import ItemResult, Work
 from fabricctl.engines.blocks import decode_item_payload, item_blocks
 from fabricctl.engines.costs import DEFAULT_COSTS, SimCosts
 from fabricctl.engines.prefix_cache import PrefixCache
-from fabricctl.engines.simanswer import SimSpec, choice_plan, sim_body, sim_spec
-from fabricctl.engines.simrequest import (
-    LENGTH_EXCEEDED,
-    SimCounters,
-    SimRequest,
-    item_result,
-    sim_text,
-)
+from fabricctl.engines.simanswer import SimSpec, choice_plan, item_answer, sim_spec
+from fabricctl.engines.simrequest import LENGTH_EXCEEDED, SimCounters, SimRequest
 
 
 class SimGPU:
@@ -135,7 +129,7 @@ class SimGPU:
         pending = {r for run in runs if run is not None for r in run[2]}
         while pending:
             pending.difference_update(self._step(math.inf))
-        results = [_result(item, run) for item, run in zip(work.items, runs, strict=True)]
+        results = [item_answer(item, run) for item, run in zip(work.items, runs, strict=True)]
         self.counters.batches += 1
         self.counters.items += len(work.items)
         return results, self.now - start
@@ -322,19 +316,3 @@ class SimGPU:
             self.running = [r for r in running if r.finish_time is None]
         return finished
 
-
-def _result(item: Item, run: tuple[SimSpec, list[tuple[int, str]], list[SimRequest]] | None
-            ) -> ItemResult:
-    """The ItemResult of one item's finished requests (None: refused as too long)."""
-    if run is None:
-        return item_result(item.id, None)
-    spec, plan, reqs = run
-    choices = [(sim_text(r.rid, r.out), reason if r.out == tokens else "length", r.out)
-               for (tokens, reason), r in zip(plan, reqs, strict=True)]
-    first = reqs[0]
-    body = b""
-    if item.source or spec.n > 1:  # an OpenAI batch line, or several choices
-        body = sim_body(item, spec, choices, first.prompt_len, first.cached_tokens)
-    return ItemResult(id=item.id, text=choices[0][0], finish_reason=choices[0][1],
-                      tokens_out=sum(n for *_, n in choices), cached_tokens=first.cached_tokens,
-                      body=body)

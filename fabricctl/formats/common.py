@@ -9,35 +9,17 @@ results must go back out in the same form.
 
 from __future__ import annotations
 
-from enum import IntEnum
 from typing import Any
 
 import msgspec
 
+from fabricctl.core.records import URL_SOURCES, Source
+
+__all__ = ["URL_SOURCES", "Draft", "Invalid", "Source"]  # Source and URL_SOURCES: from core
+
 MAX_ID_CHARS = 256
 MAX_COUNT = 2**31 - 1  # token counts travel as fixed-width integers on the wire
 DEFAULT_OPENAI_MAX_TOKENS = 16  # what the OpenAI completions API assumes when absent
-
-
-class Source(IntEnum):
-    """Why: an OpenAI batch line's result must come back as an OpenAI batch output line."""
-
-    NATIVE = 0
-    COMPLETIONS = 1  # OpenAI batch, url /v1/completions
-    CHAT = 2  # OpenAI batch, url /v1/chat/completions
-
-    @property
-    def is_openai(self) -> bool:
-        return self is not Source.NATIVE
-
-    @property
-    def url(self) -> str | None:
-        """The OpenAI endpoint the line named, or None for native lines."""
-        return _URLS.get(self)
-
-
-_URLS = {Source.COMPLETIONS: "/v1/completions", Source.CHAT: "/v1/chat/completions"}
-URL_SOURCES = {url: src for src, url in _URLS.items()}
 
 
 class Invalid(Exception):

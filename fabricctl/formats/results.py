@@ -1,7 +1,8 @@
-"""Result records and the two output line forms: native, and OpenAI batch output.
+"""The two output line forms of a result record: native, and OpenAI batch output.
 
-Contract: the broker keeps one `ResultRecord` per item id (the first one wins) and a
-client writes it with `result_line`, which picks the form from `record.source`:
+Contract: the broker keeps one `ResultRecord` (`fabricctl.core.records`) per item id (the
+first one wins) and a client writes it with `result_line`, which picks the form from
+`record.source`:
 
 - native (`Source.NATIVE`): `{"id", "model", "text", "finish_reason", "usage":
   {"prompt_tokens", "completion_tokens", "cached_tokens"}, "shape", "lane", "epoch",
@@ -30,58 +31,8 @@ from __future__ import annotations
 import msgspec
 import xxhash
 
+from fabricctl.core.records import LENGTH_EXCEEDED, ResultRecord, Source, make_record
 from fabricctl.core.signature import signature_hex
-from fabricctl.core.types import Item, ItemResult
-from fabricctl.formats.common import Source
-
-LENGTH_EXCEEDED = "length_exceeded"
-_SOURCES: dict[int, Source] = {int(s): s for s in Source}  # an enum call costs more than this
-
-
-class ResultRecord(msgspec.Struct, array_like=True, gc=False):
-    """Why: what the broker stores per item so either output form can be written later."""
-
-    id: str
-    model: str
-    text: str = ""
-    finish_reason: str | None = "stop"
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int | None = None
-    signature: int = 0
-    lane: int = -1
-    epoch: int = 0
-    gpu: int | None = None
-    error: str | None = None
-    source: Source = Source.NATIVE
-    created: int = 0  # unix seconds when the result was recorded
-    response: bytes = b""  # the engine's response body (JSON) as it sent it, when kept
-    status: int = 0  # the HTTP status of an engine's refusal (4xx), else 0
-
-
-def make_record(
-    item: Item,
-    result: ItemResult,
-    *,
-    source: Source | int | None = None,
-    lane: int = -1,
-    epoch: int = 0,
-    gpu: int | None = None,
-    created: int = 0,
-) -> ResultRecord:
-    """The record of one item's result, with the item's own counts, shape and source.
-
-    `source` defaults to `item.source`; a plain int is turned into a `Source`.
-    """
-    raw = item.source if source is None else source
-    prompt = item.input_tokens if result.prompt_tokens is None else result.prompt_tokens
-    # positional: this runs once per completed item, and keywords cost more
-    return ResultRecord(
-        item.id, item.model, result.text, result.finish_reason, prompt,
-        result.tokens_out, result.cached_tokens, item.signature, lane, epoch, gpu,
-        result.error, _SOURCES[raw] if raw in _SOURCES else Source(raw), created,
-        result.body, result.status)
-
 
 # ---- native form -------------------------------------------------------------------------
 
@@ -343,3 +294,7 @@ def _error_of(rec: ResultRecord) -> _ErrorResponse | None:
 def result_line(rec: ResultRecord) -> bytes:
     """The record in the form its input line came in."""
     return openai_line(rec) if rec.source.is_openai else native_line(rec)
+
+
+__all__ = ["LENGTH_EXCEEDED", "ResultRecord", "Source", "extra_choices", "make_record",
+           "native_line", "openai_line", "result_line"]

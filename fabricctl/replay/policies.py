@@ -14,7 +14,7 @@ fabric is the real `fabricctl.core.Broker` in memory mode (shape_scope "consumer
 drains its own current shape), each GPU a consumer pulling lane batches, with a pre-warm
 request (the shape's prefix, max_tokens 1, a real request on the simulated GPU) to the GPU a
 shape warms for. The brokers' consumers (fabric, pow2-buckets) keep their engine's queue
-filled as `Simulation.wants` says: at least one request waits, and about what one step
+filled as `SimFleet.wants` says: at least one request waits, and about what one step
 admits in steady state (max_num_seqs / output tokens), so every step mixes new prefills
 with decodes instead of admitting a whole cohort at once; routers hand over at arrival.
 """
@@ -22,15 +22,13 @@ with decodes instead of admitting a whole cohort at once; routers hand over at a
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from fabricctl.core.broker import Broker
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.types import Contract
+from fabricctl.replay.fleet import SimFleet
 from fabricctl.replay.workload import ReplayItem
-
-if TYPE_CHECKING:
-    from fabricctl.replay.sim import Simulation
 
 
 class Policy(Protocol):
@@ -38,7 +36,7 @@ class Policy(Protocol):
 
     name: str
 
-    def attach(self, sim: Simulation) -> None: ...
+    def attach(self, sim: SimFleet) -> None: ...
     def arrive(self, r: ReplayItem, now: float) -> None: ...
     def feed(self, g: int, now: float) -> None: ...
     def finished(self, g: int, r: ReplayItem, tag: object, now: float) -> None: ...
@@ -49,7 +47,7 @@ class Policy(Protocol):
 class _Base:
     name = "base"
 
-    def attach(self, sim: Simulation) -> None:
+    def attach(self, sim: SimFleet) -> None:
         self.sim = sim
 
     def feed(self, g: int, now: float) -> None:
@@ -154,7 +152,7 @@ class Fabric(_Base):
         self.models: list[str] = []
         self.out = 1  # the output-token limit of the last batch handed out
 
-    def attach(self, sim: Simulation) -> None:
+    def attach(self, sim: SimFleet) -> None:
         super().attach(sim)
         self.models = sorted({r.item.model for r in sim.items})
         self.gpu_of: dict[str, int] = {}

@@ -26,12 +26,9 @@ Contract (`summarise(sim)` after `Simulation.run`):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import msgspec
 
-if TYPE_CHECKING:
-    from fabricctl.replay.sim import Simulation
+from fabricctl.replay.fleet import SimRecord
 
 
 class PolicyResult(msgspec.Struct):
@@ -62,7 +59,7 @@ def _pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
 
 
-def achievable_hits(sim: Simulation) -> tuple[dict[int, int], int]:
+def achievable_hits(sim: SimRecord) -> tuple[dict[int, int], int]:
     """Per workload request (by id of its SimRequest): the tokens an unbounded cache would
     have hit on its GPU in hand-over order; and how many requests fell short of that."""
     bs = sim.costs.block_size
@@ -85,7 +82,7 @@ def achievable_hits(sim: Simulation) -> tuple[dict[int, int], int]:
     return out, refills
 
 
-def switches(sim: Simulation) -> tuple[list[int], int]:
+def switches(sim: SimRecord) -> tuple[list[int], int]:
     """Shape switches per GPU, and mid-stream switches over every GPU."""
     per_gpu: list[int] = []
     midstream = 0
@@ -118,7 +115,7 @@ def switches(sim: Simulation) -> tuple[list[int], int]:
     return per_gpu, midstream
 
 
-def summarise(sim: Simulation) -> PolicyResult:
+def summarise(sim: SimRecord) -> PolicyResult:
     prompt = gen = hits = achievable = 0
     lat: list[float] = []
     start = min((r.arrival for _, r, _ in sim.finished), default=0.0)

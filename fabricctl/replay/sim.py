@@ -14,23 +14,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from typing import NamedTuple
 
 from fabricctl.engines.costs import SimCosts
 from fabricctl.engines.simgpu import SimGPU
 from fabricctl.engines.simrequest import SimRequest
+from fabricctl.replay.fleet import Handed
 from fabricctl.replay.policies import Policy
 from fabricctl.replay.report import PolicyResult, summarise
 from fabricctl.replay.workload import ReplayItem
-
-
-class Handed(NamedTuple):
-    """Why: what a GPU was handed and when, in order: the report's switches and hits."""
-
-    r: ReplayItem
-    req: SimRequest
-    prewarm: bool
-    t: float
 
 
 class Simulation:
@@ -120,6 +111,7 @@ class Simulation:
                         continue  # a pre-warm request
                     self.finished.append((g, r, req))
                     done += 1
+                    assert req.finish_time is not None  # it finished in this step
                     policy.finished(g, r, tag, req.finish_time)
                 for g in {g for g, _ in batch}:
                     policy.feed(g, gpus[g].now)

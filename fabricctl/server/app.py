@@ -7,33 +7,38 @@ one-shot `Query`s. A consumer silent past the heartbeat timeout, or whose socket
 disconnected and its batches go back to the front of their lanes at once. A malformed,
 unknown or oversized frame gets an `Error` and closes that connection only. Pre-warm signals
 are pushed to every consumer of the model before any batch of the warming shape is sent.
+
+Structure: `BrokerServer` holds one `ServerState` (store, settings, clock, peers, consumers,
+wake-up, metrics, snapshot extras; its attributes of those names read it) and composes the
+`Listeners` (the sockets), the `Writer` (group commit) and the `Handlers` (the answers to
+producers and consumers), each given the state and what else it needs explicitly. It is the
+`Router` its connections hand frames to: `welcome` answers a `Hello` (version, and the
+token on TCP), `dispatch` routes every later frame, `drop` ends a peer. The store is read
+and written only through its methods.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fabricctl import __version__
 from fabricctl.core.broker import ShapeGuardError
 from fabricctl.server import views
-from fabricctl.server.config import ServerConfig
-from fabricctl.server.connection import Connection
 from fabricctl.server.handlers import Handlers
-from fabricctl.server.metrics import Metrics
-from fabricctl.server.peer import Peer
-from fabricctl.server.wakeup import Wakeup
+from fabricctl.server.listeners import Listeners
+from fabricctl.server.signals import push_signals
+from fabricctl.server.state import ServerState
 from fabricctl.server.writer import Writer
-from fabricctl.store.durable import DurableBroker
 from fabricctl.wire.protocol import (
     PROTOCOL_VERSION,
+    SOCKET_NAME,
     Complete,
     Done,
     Error,
@@ -49,10 +54,17 @@ from fabricctl.wire.protocol import (
     Welcome,
 )
 
+if TYPE_CHECKING:
+    from fabricctl.core.broker import Broker
+    from fabricctl.server.config import ServerConfig
+    from fabricctl.server.metrics import Metrics
+    from fabricctl.server.peer import Peer
+    from fabricctl.store.durable import DurableBroker
+
 log = logging.getLogger("fabricctl.server")
 
 
-class BrokerServer(Handlers):
+class BrokerServer:
     """Why: the one owner of the store; every client talks to it over a socket."""
 
     def __init__(
@@ -60,77 +72,93 @@ class BrokerServer(Handlers):
     ) -> None:
         if cfg.listen and not cfg.token:
             raise ValueError("--listen needs a shared token (server.token in the config)")
-        self.store = store
-        self.core = store.core
-        self.cfg = cfg
-        self.clock = clock
-        self.peers: set[Peer] = set()
-        self.consumers: dict[str, Peer] = {}
-        self.wakeup = Wakeup()
-        self.metrics = Metrics(self)
-        self.extra: dict[str, Callable[[], Any]] = {}  # snapshot extras: gpus, processes, ...
-        self.started = clock()
+        self.state = ServerState(store, cfg, clock)
         self.stopped = asyncio.Event()
-        self._servers: list[asyncio.AbstractServer] = []
-        self._tcp: asyncio.AbstractServer | None = None
-        self._metrics: asyncio.AbstractServer | None = None
+        self.listeners = Listeners(self.state, self)
         self._stopping: asyncio.Task[None] | None = None
         self.on_fatal: Callable[[BaseException], None] = _stop_process
         self._tasks: list[asyncio.Task[None]] = []
-        store.deferred = []  # quarantine results go through the writer too
+        store.defer_results()  # quarantine results go through the writer too
         self.writer = Writer(store, clock, self._after_commit, cfg.commit_items,
                              cfg.complete_batches, cfg.commit_wait_s, cfg.writer_thread)
+        self.handlers = Handlers(self.state, self.writer, self.drop)
+
+    # -- the shared state, by name ----------
+
+    @property
+    def store(self) -> DurableBroker:
+        return self.state.store
+
+    @property
+    def core(self) -> Broker:
+        return self.state.core
+
+    @property
+    def cfg(self) -> ServerConfig:
+        return self.state.cfg
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.state.clock
+
+    @property
+    def peers(self) -> set[Peer]:
+        return self.state.peers
+
+    @property
+    def consumers(self) -> dict[str, Peer]:
+        return self.state.consumers
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.state.metrics
+
+    @property
+    def extra(self) -> dict[str, Callable[[], Any]]:
+        """Snapshot extras (gpus, processes, ...): name -> a callable read at snapshot time."""
+        return self.state.extra
+
+    @property
+    def started(self) -> float:
+        return self.state.started
 
     # -- lifecycle ----------
 
     async def start(self) -> None:
-        path = self.cfg.socket_path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        await self.listeners.open()
         loop = asyncio.get_running_loop()
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # the data dir's lock proves no live broker owns it
-        old = os.umask(0o177)
-        try:
-            srv = await loop.create_unix_server(lambda: Connection(self, "unix"), str(path))
-        finally:
-            os.umask(old)
-        os.chmod(path, 0o600)
-        self._servers.append(srv)
-        if self.cfg.listen:
-            host, _, port = self.cfg.listen.rpartition(":")
-            self._tcp = await loop.create_server(lambda: Connection(self, "tcp"),
-                                                 host or "127.0.0.1", int(port))
-            self._servers.append(self._tcp)
-        if self.cfg.metrics_port is not None:
-            self._metrics = await self.metrics.serve(self.cfg.metrics_host,
-                                                     self.cfg.metrics_port)
-            self._servers.append(self._metrics)
         self.writer.start()
         self._tasks = [loop.create_task(self._ticker()), loop.create_task(self._watchdog())]
-        log.info("broker listening on %s%s", path,
-                 f" and tcp {self.cfg.listen}" if self.cfg.listen else "")
+        cfg = self.state.cfg
+        log.info("broker listening on %s%s", cfg.socket_path,
+                 f" and tcp {cfg.listen}" if cfg.listen else "")
 
     def tcp_port(self) -> int | None:
         """The TCP listener's bound port (useful with `listen="HOST:0"`), or None."""
-        return _bound_port(self._tcp)
+        return self.listeners.tcp_port()
 
     def metrics_port(self) -> int | None:
         """The Prometheus endpoint's bound port (useful with `metrics_port=0`), or None."""
-        return _bound_port(self._metrics)
+        return self.listeners.metrics_port()
 
     async def stop(self) -> None:
-        for srv in self._servers:
-            srv.close()
+        self.listeners.close()
         for t in self._tasks:
             t.cancel()
         await self.writer.stop()
-        for peer in list(self.peers):
-            self._drop(peer, "broker stopping")
+        for peer in list(self.state.peers):
+            self.drop(peer, "broker stopping")
         self.stopped.set()
 
-    # -- connections ----------
+    def _after_commit(self) -> None:
+        """A commit landed: new items are dispatchable, settled batches may switch shapes."""
+        push_signals(self.state)
+        self.state.wakeup.notify()
 
-    def _welcome(self, peer: Peer, hello: object) -> bool:
+    # -- connections (the `Router` a `Connection` hands its frames to) ----------
+
+    def welcome(self, peer: Peer, hello: object) -> bool:
+        """Answer a connection's first frame; False: it is refused (and closed)."""
         if not isinstance(hello, Hello):
             peer.send(Error("no_hello", "the first frame must be Hello", fatal=True))
             return False
@@ -139,30 +167,24 @@ class BrokerServer(Handlers):
                             f"speaks {PROTOCOL_VERSION}", fatal=True))
             return False
         if peer.transport_kind == "tcp" and not hmac.compare_digest(
-                hello.token.encode(), self.cfg.token.encode()):
+                hello.token.encode(), self.state.cfg.token.encode()):
             peer.send(Error("auth", "wrong or missing token", fatal=True))
             log.warning("refused a tcp client with a wrong token")
             return False
         peer.role, peer.name = hello.role, hello.name
         return peer.send(Welcome(PROTOCOL_VERSION, f"fabricctl {__version__}",
-                                 str(self.cfg.data_dir)))
+                                 str(self.state.cfg.data_dir)))
 
-    def _drop(self, peer: Peer, why: str, graceful: bool = False) -> None:
-        if peer not in self.peers:
+    def drop(self, peer: Peer, why: str, graceful: bool = False) -> None:
+        """Stop serving a peer; a consumer's batches go back (see `Handlers`)."""
+        st = self.state
+        if peer not in st.peers:
             return
-        self.peers.discard(peer)
+        st.peers.discard(peer)
         peer.close(graceful)
-        if peer.consumer is not None and self.consumers.get(peer.consumer) is peer:
-            del self.consumers[peer.consumer]
-            self._disconnect_consumer(peer.consumer, why)
-
-    def _disconnect_consumer(self, name: str, why: str) -> None:
-        # completions already received still count: those batches stay to be settled
-        keep = self.writer.pending_batches()
-        items = self.store.disconnect(name, self.clock(), why, keep)
-        if items:
-            log.warning("consumer %s lost (%s): %d items back to their lanes", name, why, items)
-        self.wakeup.notify()
+        if peer.consumer is not None and st.consumers.get(peer.consumer) is peer:
+            del st.consumers[peer.consumer]
+            self.handlers.disconnect_consumer(peer.consumer, why)
 
     def _spawn(self, peer: Peer, coro: Any, rid: int) -> None:
         task = asyncio.get_running_loop().create_task(self._guarded(peer, coro, rid))
@@ -193,25 +215,27 @@ class BrokerServer(Handlers):
                   exc_info=e)
         peer.send(Error("internal", f"{type(e).__name__}: {e}", rid))
 
-    def _dispatch(self, peer: Peer, frame: object) -> None:
+    def dispatch(self, peer: Peer, frame: object) -> None:
+        """Route one request frame of a welcomed peer to its handler."""
+        h = self.handlers
         if isinstance(frame, Submit):
-            self._spawn(peer, self._submit(peer, frame), frame.rid)
+            self._spawn(peer, h.submit(peer, frame), frame.rid)
         elif isinstance(frame, Pull):  # answered at once when work waits, else long-polled
             t0 = time.perf_counter()  # not loop.time(): uvloop's counts whole milliseconds
-            if not self._now(peer, lambda: self._try_pull(peer, frame, t0), frame.rid):
-                self._spawn(peer, self._pull(peer, frame, t0), frame.rid)
+            if not self._now(peer, lambda: h.try_pull(peer, frame, t0), frame.rid):
+                self._spawn(peer, h.pull(peer, frame, t0), frame.rid)
         elif isinstance(frame, Complete):
-            self._now(peer, lambda: self._complete(peer, frame), frame.rid)
+            self._now(peer, lambda: h.complete(peer, frame), frame.rid)
         elif isinstance(frame, Heartbeat):
             peer.engine_stats = frame.stats
         elif isinstance(frame, Register):
-            self._register(peer, frame)
+            h.register(peer, frame)
         elif isinstance(frame, Fail):
-            self._fail(peer, frame)
+            h.fail(peer, frame)
         elif isinstance(frame, Subscribe):
             self._spawn(peer, self._stream(peer, frame), frame.rid)
         elif isinstance(frame, Query):
-            peer.send(views.answer(self, frame))
+            peer.send(views.answer(self.state, frame))
         elif isinstance(frame, Shutdown):
             peer.send(Done(frame.rid))
             self._stopping = asyncio.get_running_loop().create_task(self.stop())
@@ -225,7 +249,7 @@ class BrokerServer(Handlers):
     async def _stream(self, peer: Peer, frame: Subscribe) -> None:
         interval = max(0.05, min(frame.interval_s, 60.0))
         while not peer.closed:
-            if not peer.send(views.stats_push(self, frame)):
+            if not peer.send(views.stats_push(self.state, frame)):
                 return
             await peer.drain()
             await asyncio.sleep(interval)
@@ -233,22 +257,24 @@ class BrokerServer(Handlers):
     # -- background ----------
 
     async def _ticker(self) -> None:
+        st = self.state
         while True:
-            await asyncio.sleep(self.cfg.tick_s)
-            self.core.tick(self.clock())
-            self._push_signals()
-            self.wakeup.notify()
+            await asyncio.sleep(st.cfg.tick_s)
+            st.core.tick(st.clock())
+            push_signals(st)
+            st.wakeup.notify()
 
     async def _watchdog(self) -> None:
         """Drop consumers silent past the heartbeat timeout."""
+        st = self.state
         while True:
-            await asyncio.sleep(min(self.cfg.heartbeat_s, self.cfg.heartbeat_timeout_s) / 2)
-            now = self.clock()
-            for peer in list(self.consumers.values()):
-                if now - peer.last_seen > self.cfg.heartbeat_timeout_s:
+            await asyncio.sleep(min(st.cfg.heartbeat_s, st.cfg.heartbeat_timeout_s) / 2)
+            now = st.clock()
+            for peer in list(st.consumers.values()):
+                if now - peer.last_seen > st.cfg.heartbeat_timeout_s:
                     log.warning("consumer %s silent for %.1f s: disconnecting", peer.consumer,
                                 now - peer.last_seen)
-                    self._drop(peer, "heartbeat timeout")
+                    self.drop(peer, "heartbeat timeout")
 
 
 def _stop_process(e: BaseException) -> None:
@@ -258,12 +284,5 @@ def _stop_process(e: BaseException) -> None:
     os._exit(70)
 
 
-def _bound_port(srv: asyncio.AbstractServer | None) -> int | None:
-    for sock in getattr(srv, "sockets", None) or ():
-        if sock.family.name.startswith("AF_INET"):
-            return int(sock.getsockname()[1])
-    return None
-
-
 def data_dir_socket(data_dir: Path) -> Path:
-    return Path(data_dir) / "broker.sock"
+    return Path(data_dir) / SOCKET_NAME

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fabricctl.wire.protocol import DEFAULT_MAX_FRAME
+from fabricctl.wire.protocol import DEFAULT_MAX_FRAME, SOCKET_NAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,4 +28,4 @@ class ServerConfig:
 
     @property
     def socket_path(self) -> Path:
-        return Path(self.data_dir) / "broker.sock"
+        return Path(self.data_dir) / SOCKET_NAME

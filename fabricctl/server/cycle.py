@@ -18,8 +18,8 @@ from fabricctl.core.types import Item, ItemResult
 from fabricctl.wire.protocol import Reject
 
 if TYPE_CHECKING:
+    from fabricctl.store.commit import StagedCommit
     from fabricctl.store.completion import CompletePlan
-    from fabricctl.store.durable import StagedCommit
     from fabricctl.store.ingest import IngestPlan
 
 Done = tuple[int, list[ItemResult], "int | None"]  # batch id, results, gpu

@@ -1,6 +1,6 @@
 """Prometheus metrics of the broker, read from its live state at scrape time.
 
-Contract: `Metrics.registry` holds a collector that turns the core's counters, ledger, shape
+Contract: `Metrics(core).registry` holds a collector that turns the core's counters, ledger, shape
 states, lanes and consumers into `fabricctl_*` families on every scrape (no bookkeeping on
 the hot path), plus a pull-latency histogram and per-consumer batch/token counters that the
 server feeds. `serve(host, port)` answers `GET /metrics` on the event loop itself, so a scrape
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from fabricctl import __version__
@@ -24,17 +25,17 @@ from fabricctl.core.stats import BATCH_BUCKETS
 from fabricctl.core.types import Work
 
 if TYPE_CHECKING:
-    from fabricctl.server.app import BrokerServer
+    from fabricctl.core.broker import Broker
 
 
 class BrokerCollector(Collector):
     """Why: scrape-time reads keep the dispatch path free of metric updates."""
 
-    def __init__(self, server: BrokerServer) -> None:
-        self.server = server
+    def __init__(self, core: Broker) -> None:
+        self.core = core
 
-    def collect(self) -> Iterator[object]:
-        core = self.server.core
+    def collect(self) -> Iterator[Metric]:
+        core = self.core
         lg = core.ledger
         for what, unit in (("items", ""), ("tokens", "")):
             for stage in ("received", "routed", "queued", "inflight", "completed"):
@@ -110,10 +111,10 @@ class BrokerCollector(Collector):
 class Metrics:
     """Why: one registry per broker, so several brokers in one test process don't collide."""
 
-    def __init__(self, server: BrokerServer) -> None:
+    def __init__(self, core: Broker) -> None:
         self.version = __version__
         self.registry = CollectorRegistry()
-        self.registry.register(BrokerCollector(server))
+        self.registry.register(BrokerCollector(core))
         self.pull_latency = Histogram(
             "fabricctl_pull_latency_seconds", "time from a pull request to its batch",
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),

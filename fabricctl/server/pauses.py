@@ -27,7 +27,7 @@ async def run_steps_async(steps: Steps[T], each: Callable[[], None] | None = Non
                 each()
             await io_turn()
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        return done.value
     finally:
         steps.close()
 

@@ -6,30 +6,30 @@ returns the results stored for one batch (-1: not in flight) once its commit ret
 `enqueue_complete` does the same without waiting. A cycle takes up to `max_items` items of
 waiting submits (at least one chunk) and up to `max_batches` waiting completions holding at
 most twice as many results (at least one batch), waiting up to `max_wait_s` for more when
-there are fewer and no commit is running. It prepares both on the event loop in short steps
-(`fabricctl.store.steps`), each after the socket events that were waiting, stages them in
-one transaction, and commits it on the writer thread (LMDB lets go of the GIL while it writes
-and syncs). While that commit runs, the next cycle is taken and prepared; then the first is
-applied, answered and `on_commit` called (also after each part of its entries is made
-dispatchable), and only then is the next one staged: one transaction at a time, applied in
-order. A store refusal of the ingest (full map or disk) fails those submits only: the
-completions are committed alone. `pending_batches()` names the batches whose completion was
-received and is not settled yet; `stop()` commits whatever waits and returns once the last
-cycle finished (a cycle is never cut short).
+there are fewer and no commit is running (the queues and that policy: `Intake`, in
+intake.py). It prepares both on the event loop in short steps (`fabricctl.store.steps`),
+each after the socket events that were waiting, stages them in one transaction, and commits
+it on the writer thread (`store.finish`: LMDB lets go of the GIL while it writes and syncs;
+a map that filled meanwhile is grown with `store.grow` here, and the cycle staged again).
+While that commit runs, the next cycle is taken and prepared; then the first is applied,
+answered and `on_commit` called (also after each part of its entries is made dispatchable),
+and only then is the next one staged: one transaction at a time, applied in order. A store
+refusal of the ingest (full map or disk) fails those submits only: the completions are
+committed alone. `pending_batches()` names the batches whose completion was received and is
+not settled yet; `stop()` commits whatever waits and returns once the last cycle finished (a
+cycle is never cut short).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from fabricctl.core.types import Item
 from fabricctl.server.cycle import Cycle, Done, answer_chunks, fail_all
+from fabricctl.server.intake import Intake
 from fabricctl.server.pauses import io_turn, run_steps_async
 from fabricctl.store.errors import StoreError
 from fabricctl.wire.protocol import Reject
@@ -50,18 +50,10 @@ class Writer:
         self.store = store
         self.clock = clock
         self.on_commit = on_commit
-        self.max_items = max_items
-        self.max_batches = max_batches
-        self.max_wait_s = max_wait_s
+        self.intake = Intake(max_items, max_batches, max_wait_s)
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="fabricctl-writer")
         self.threaded = threaded
-        self._chunks: deque[tuple[list[Item], asyncio.Future[list[Reject]]]] = deque()
-        self._items = 0
-        self._done: deque[tuple[Done, asyncio.Future[int]]] = deque()
-        self._taken: set[int] = set()  # batches of cycles being prepared or committed
-        self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._closing = False
         self.commits = 0
         self.ingest_commits = 0
         self.complete_commits = 0
@@ -70,8 +62,7 @@ class Writer:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        self._closing = True
-        self._wake.set()
+        self.intake.close()
         if self._task is not None:
             await self._task
         else:  # never started: commit what waits here
@@ -79,45 +70,38 @@ class Writer:
         self.thread.shutdown(wait=True)
 
     async def submit(self, items: list[Item]) -> list[Reject]:
-        fut: asyncio.Future[list[Reject]] = asyncio.get_running_loop().create_future()
-        self._chunks.append((items, fut))
-        self._items += len(items)
-        self._wake.set()
-        return await fut
+        return await self.intake.submit(items)
 
     def enqueue_complete(self, done: Done) -> asyncio.Future[int]:
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._done.append((done, fut))
-        self._wake.set()
-        return fut
+        return self.intake.complete(done)
 
     async def complete(self, done: Done) -> int:
         return await self.enqueue_complete(done)
 
     def pending_batches(self) -> set[int]:
-        return {d[0] for d, _ in self._done} | self._taken
+        return self.intake.pending_batches()
 
     # -- the cycle ----------
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         landing: Cycle | None = None  # staged, its commit running on the thread
+        intake = self.intake
         while True:
-            if not (self._chunks or self._done):
+            if not intake.waiting():
                 if landing is not None:
-                    if await self._work_before(landing):
+                    if await intake.work_before(landing.commit):
                         continue  # prepared while it lands
                     await self._finish(landing)
                     landing = None
                     continue
-                if self._closing:
+                if intake.closing:
                     return
-                await self._wake.wait()
-                self._wake.clear()
+                await intake.wait()
                 continue
             if landing is None:  # no commit to overlap: wait a little for a fuller cycle
-                await self._fill()
-            cycle = self._take()
+                await intake.fill()
+            cycle = intake.take()
             if landing is None:
                 await self._prepare(cycle, None)
             else:  # prepared while the commit runs; applied as soon as it returned
@@ -134,46 +118,6 @@ class Writer:
             if not cycle.failed:
                 landing = await self._start(cycle)
             await asyncio.sleep(0)
-
-    async def _fill(self) -> None:
-        """Wait up to `max_wait_s` while the next cycle is not full, woken by new work. Never
-        under a millisecond at a time: uvloop's timers count whole milliseconds, and a
-        shorter wait would spin."""
-        deadline = time.perf_counter() + self.max_wait_s
-        while (not self._closing and self._items < self.max_items
-               and len(self._done) < self.max_batches):
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                return
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(left, 0.001))
-
-    async def _work_before(self, landing: Cycle) -> bool:
-        """Wait for new work or for the landing commit to return; True: work came first."""
-        if landing.commit is None or landing.commit.done():
-            return False
-        self._wake.clear()
-        woken = asyncio.ensure_future(self._wake.wait())
-        try:
-            await asyncio.wait({landing.commit, woken}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            woken.cancel()
-        return bool(self._chunks or self._done) and not landing.commit.done()
-
-    def _take(self) -> Cycle:
-        chunks, taken = [], 0
-        while self._chunks and (not chunks or taken + len(self._chunks[0][0]) <= self.max_items):
-            chunks.append(self._chunks.popleft())
-            taken += len(chunks[-1][0])
-        self._items -= taken
-        done, results = [], 0  # at most max_batches, and about twice max_items results
-        while self._done and len(done) < self.max_batches and (
-                not done or results + len(self._done[0][0][1]) <= 2 * self.max_items):
-            done.append(self._done.popleft())
-            results += len(done[-1][0][1])
-        self._taken.update(d[0] for d, _ in done)
-        return Cycle(chunks, done)
 
     async def _prepare(self, c: Cycle, after: Cycle | None, again: bool = False) -> None:
         """Screen, place and encode the submits; encode the completions (not when `again`)."""
@@ -224,11 +168,11 @@ class Writer:
             c.staged = staged
             if self.threaded:
                 c.commit = asyncio.get_running_loop().run_in_executor(
-                    self.thread, self.store.env.finish, staged.txn_staged, staged.drain)
+                    self.thread, self.store.finish, staged)
             else:
                 c.commit = asyncio.get_running_loop().create_future()
                 try:
-                    c.commit.set_result(self.store.env.finish(staged.txn_staged, staged.drain))
+                    c.commit.set_result(self.store.finish(staged))
                 except BaseException as e:
                     c.commit.set_exception(e)
             return True
@@ -245,7 +189,7 @@ class Writer:
                         store.committed(c.staged)
                         committed = True
                         break
-                    store.env.grow(c.staged.drain)
+                    store.grow(c.staged)
                 except StoreError as e:
                     if not c.refuse_ingest(e):
                         raise
@@ -287,7 +231,7 @@ class Writer:
     def _settled(self, c: Cycle) -> None:
         if c.ip is None and c.chunks:
             fail_all([f for _, f in c.chunks], c.refused or StoreError("ingest refused"))
-        self._taken.difference_update(d[0] for d, _ in c.done)
+        self.intake.release(c)
         self.on_commit()
 
     def _fail(self, c: Cycle, e: BaseException) -> None:
@@ -303,4 +247,4 @@ class Writer:
         c.failed = True
         fail_all([f for _, f in c.chunks], c.refused or e)
         fail_all([f for _, f in c.done], e)
-        self._taken.difference_update(d[0] for d, _ in c.done)
+        self.intake.release(c)

@@ -32,8 +32,8 @@ from typing import TypeVar
 
 import lmdb
 
-from fabricctl.faults import fault_point
 from fabricctl.store.errors import StoreFullError, StoreLockedError
+from fabricctl.store.faults import fault_point
 from fabricctl.store.keys import DB_NAMES
 from fabricctl.store.steps import Steps, run_steps
 
@@ -186,7 +186,9 @@ class StoreEnv:
     def read(self, buffers: bool = False) -> lmdb.Transaction:
         """A fresh, short read transaction (never hold one: it pins pages); with `buffers`
         its reads are zero-copy memoryviews, valid only until the cursor moves."""
-        return self.env.begin(write=False, buffers=buffers)
+        if buffers:
+            return self.env.begin(write=False, buffers=True)
+        return self.env.begin(write=False)
 
     def close(self) -> None:
         """Close the environment and let go of the data dir (a second call does nothing)."""

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+from fabricctl.errors import ExitCode, FabricError
 
-class StoreError(Exception):
-    """Base of every error the durable store raises on purpose."""
+
+class StoreError(FabricError):
+    """Why: callers catch storage trouble in one place; every error the durable store raises on
+    purpose derives from this (a `FabricError`, exit 1)."""
+
+    exit_code = ExitCode.RUNTIME
 
 
 class StoreFullError(StoreError):
-    """Ingest is refused: the map reached its ceiling or the disk is full. Nothing acked is lost."""
+    """Why: a full map or disk refuses ingest, never loses what was acked; it says so."""
 
 
 class StoreLockedError(StoreError):
-    """Another process already owns this data dir."""
+    """Why: two brokers on one data dir would corrupt it; the second is refused with this."""
 
 
 class SegmentMissingError(StoreError):
-    """Dispatch found an entry whose segment is gone: the batch is refused before any change."""
+    """Why: dispatch found an entry whose segment is gone: the batch is refused before any
+    change."""

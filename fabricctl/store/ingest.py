@@ -1,14 +1,17 @@
 """Ingest: the half of the durable broker that takes items in.
 
-Contract: `prepare_ingest(items, now)` validates and de-duplicates a chunk (an id already
-stored, or repeated within the chunk, is a reject, in index order), assigns each item to its
-lane and encodes its entry, id and the new segment headers; `ingest_rows(txn, plan)` writes
-them inside the caller's durable transaction (every key above every stored one: append
-mode, return counts checked); `apply_ingest(plan, now)`, after the commit, makes the entries
-dispatchable and returns the rejects. An entry whose lane or shape was retired while its
+Contract: `ingest_steps(items, now)` (the broker's `prepare_ingest`) validates and
+de-duplicates a chunk (an id already stored, or repeated within the chunk, is a reject, in
+index order), assigns each item to its lane and encodes its entry, id and the new segment
+headers; `ingest_rows(txn, plan)` writes them inside the caller's durable transaction (every
+key above every stored one: append mode, return counts checked); `apply_ingest_steps(plan,
+now)` (the broker's `apply_ingest`), after the commit, makes the entries dispatchable and
+returns the rejects. An entry whose lane or shape was retired while its
 commit ran (the tick, a shape switch) joins its key's open shape instead.
-`DurableBroker` inherits this; it needs its `core`, `env`, `meta`, `segs`, `tail_seg` and
-`store_cfg`.
+`Ingest` is the durable broker's ingest part: it works on the shared `StoreState` (the
+core, the env, the segments, the meta counters, the settings) and owns one thing itself,
+the tail segment (the newest one, the only one that may take more entries). Stepped forms
+pause as `fabricctl.store.steps` describes; the broker runs them straight through.
 """
 
 from __future__ import annotations
@@ -21,30 +24,29 @@ import msgspec
 from fabricctl.core.lanes import Lane
 from fabricctl.core.shape import Shape
 from fabricctl.core.types import Entry, Item
-from fabricctl.faults import fault_point
 from fabricctl.store.errors import StoreFullError
+from fabricctl.store.faults import fault_point
 from fabricctl.store.keys import (
     _ENTRY,
     SegHeader,
     StoredEntry,
     entry_encoder,
     header_encoder,
+    seg_base,
     seg_key,
 )
-from fabricctl.store.steps import STEP_ADMITS, STEP_ITEMS, STEP_PUTS, STEP_ROWS, Steps, run_steps
+from fabricctl.store.rows import put_steps
+from fabricctl.store.steps import STEP_ADMITS, STEP_ITEMS, STEP_ROWS, Steps
 
 if TYPE_CHECKING:
-    from fabricctl.core.broker import Broker
-    from fabricctl.store.durable import StoreConfig
-    from fabricctl.store.env import StoreEnv
-    from fabricctl.store.meta import Meta
+    from fabricctl.store.state import StoreState
 
 MAX_ID_CHARS = 256
 MAX_ID_BYTES = 511  # LMDB's key size limit: the id is the key of the id index
 
 
 class Reject(msgspec.Struct, array_like=True):
-    """One item a submit did not take, by its index in the chunk."""
+    """Why: a submit is answered per item; this is one item it did not take, by its index."""
 
     index: int
     reason: str
@@ -74,13 +76,14 @@ def _valid(item: Item) -> bool:
 
 
 class _Run:
-    """What one ingest appends to one segment (one shape's entries of this commit)."""
+    """Why: an ingest appends to a few segments; this is what it adds to one (one shape's
+    entries of this commit)."""
 
     __slots__ = ("base", "end", "hdr", "new", "rows", "seg_id")
 
     def __init__(self, seg_id: int, hdr: SegHeader, new: bool) -> None:
         self.seg_id = seg_id
-        self.base = seg_id << 32
+        self.base = seg_base(seg_id)  # an entry's key is base | offset
         self.hdr = hdr
         self.new = new
         self.end = hdr.count  # the next offset
@@ -112,12 +115,13 @@ class IngestPlan:
 class Ingest:
     """Why: taking items in is a third of the store's code; it lives apart from the rest."""
 
-    core: Broker
-    env: StoreEnv
-    meta: Meta
-    segs: dict[int, SegHeader]
-    tail_seg: int
-    store_cfg: StoreConfig
+    def __init__(self, state: StoreState) -> None:
+        self.state = state
+        self.core = state.core
+        self.env = state.env
+        self.segs = state.segs
+        self.cfg = state.cfg
+        self.tail_seg = 0  # the newest segment: the only one that may take more entries
 
     def _screen(
         self, items: list[Item], pending: set[bytes]
@@ -158,20 +162,17 @@ class Ingest:
                 good = [g for g in good if g[2] not in stored]
         return rejects, good
 
-    def prepare_ingest(self, items: list[Item], now: float) -> IngestPlan:
-        """Screen, place and encode a chunk (nothing is written yet)."""
-        return run_steps(self.ingest_steps(items, now))
-
     def ingest_steps(self, items: list[Item], now: float, landing: bool = False,
                      after: IngestPlan | None = None) -> Steps[IngestPlan]:
-        """`prepare_ingest`, pausing after the screen and every `STEP_ITEMS` items placed.
+        """Screen, place and encode a chunk (nothing is written yet), pausing after the
+        screen and every `STEP_ITEMS` items placed.
 
         `landing`: a commit is still running, to be applied before this one, and `after` is
         its ingest. Its ids count as stored, and this ingest starts new segments above its
         own: it never grows a segment while that commit (which may delete the segment, or
         be refused) is not applied. Should `after` be refused, prepare again."""
         env = self.env
-        if env.free_disk() < self.store_cfg.disk_reserve:
+        if env.free_disk() < self.cfg.disk_reserve:
             raise StoreFullError(env.full_message("the disk is nearly full"))
         pending = {idb for idb, _ in after.id_rows} if after is not None else set()
         rejects, good = yield from self._screen(items, pending)
@@ -179,12 +180,12 @@ class Ingest:
         if not good:
             return plan
         yield
-        open_shape = self.core._open_shape
+        open_shape = self.core.open_shape
         segs = self.segs
-        limit = self.store_cfg.segment_entries
+        limit = self.cfg.segment_entries
         keyed: dict[tuple[str, int], list] = {}  # (model, sig) -> [shape, its run here]
         every: list[_Run] = []
-        next_seg = self.meta.next_seg
+        next_seg = self.state.meta.next_seg
         tail = segs.get(self.tail_seg)
         if landing:
             tail = None
@@ -247,16 +248,13 @@ class Ingest:
                                    "stored (already there, or out of order)")
         fault_point("ingest_before_commit")
 
-    def apply_ingest(self, plan: IngestPlan, now: float) -> list[Reject]:
-        """After the commit: the new entries become dispatchable; returns the rejects."""
-        return run_steps(self.apply_ingest_steps(plan, now))
-
     def apply_ingest_steps(self, plan: IngestPlan, now: float) -> Steps[list[Reject]]:
-        """`apply_ingest`, pausing every `STEP_ADMITS` entries admitted (those admitted are
-        dispatchable at once: they are committed)."""
+        """After the commit: the new entries become dispatchable; returns the rejects. It
+        pauses every `STEP_ADMITS` entries admitted (those admitted are dispatchable at
+        once: they are committed)."""
         if not plan.admits:
             return plan.rejects
-        self.meta.next_seg = plan.next_seg
+        self.state.meta.next_seg = plan.next_seg
         segs = self.segs
         for r in plan.runs:
             r.hdr.count = r.end
@@ -269,23 +267,3 @@ class Ingest:
                 yield
             self.core.admit_all(admits[k:k + STEP_ADMITS], now)
         return plan.rejects
-
-
-def put_steps(txn: lmdb.Transaction, db: object, rows: list[tuple[bytes, bytes]],
-              append: bool = False) -> Steps[int]:
-    """`_putmulti` in slices of `STEP_PUTS` rows, pausing before each but a first one of
-    fewer than `STEP_PUTS // 4` rows (a small table's rows go with what came before)."""
-    added = 0
-    for k in range(0, len(rows), STEP_PUTS):
-        if k or len(rows) >= STEP_PUTS // 4:
-            yield
-        added += _putmulti(txn, db, rows[k:k + STEP_PUTS], append)
-    return added
-
-
-def _putmulti(txn: lmdb.Transaction, db: object, rows: list[tuple[bytes, bytes]],
-              append: bool = False) -> int:
-    """Put new rows (never overwriting); returns how many went in."""
-    if not rows:
-        return 0
-    return txn.cursor(db=db).putmulti(rows, overwrite=False, append=append)[1]  # type: ignore[arg-type]

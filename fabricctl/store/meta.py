@@ -47,7 +47,7 @@ class Meta:
                                lg.tokens_completed + completed[1])
 
     def write(
-        self, txn: lmdb.Transaction, db: object, *, next_seg: int | None = None,
+        self, txn: lmdb.Transaction, db: lmdb._Database, *, next_seg: int | None = None,
         ledger: PersistedLedger | None = None, rseq: int | None = None, boot: int | None = None,
         epoch: tuple[str, int] | None = None, fmt: int | None = None,
     ) -> None:
@@ -67,7 +67,7 @@ class Meta:
             txn.put(b"epoch/" + epoch[0].encode(), _U64.pack(epoch[1]), db=db)
 
     @classmethod
-    def load(cls, txn: lmdb.Transaction, db: object) -> Meta:
+    def load(cls, txn: lmdb.Transaction, db: lmdb._Database) -> Meta:
         m = cls()
         if (v := txn.get(b"next_seg", db=db)) is not None:
             m.next_seg = _U64.unpack(v)[0]
@@ -82,7 +82,7 @@ class Meta:
         cur = txn.cursor(db=db)
         if cur.set_range(b"epoch/"):
             for k, v in cur:
-                if not k.startswith(b"epoch/"):
+                if not k.startswith(b"epoch/"):  # type: ignore[union-attr]
                     break
-                m.epochs[k[6:].decode()] = _U64.unpack(v)[0]
+                m.epochs[k[6:].decode()] = _U64.unpack(v)[0]  # type: ignore[union-attr]
         return m

@@ -25,21 +25,29 @@ from typing import TYPE_CHECKING
 import lmdb
 import msgspec
 
-from fabricctl.core.broker import Placement
-from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.types import Entry
 from fabricctl.store.errors import StoreError
-from fabricctl.store.keys import FORMAT, TOMB_FORMAT, entry_key, head_decoder, header_decoder
+from fabricctl.store.keys import (
+    FORMAT,
+    TOMB_FORMAT,
+    entry_key,
+    head_decoder,
+    header_decoder,
+    seg_base,
+    seg_id_of,
+    split_entry_key,
+)
 from fabricctl.store.meta import Meta
+from fabricctl.store.rows import delete_segment
 
 if TYPE_CHECKING:
-    from fabricctl.store.durable import DurableBroker
+    from fabricctl.store.state import StoreState
 
 log = logging.getLogger("fabricctl.store")
 
 
 class RecoveryReport(msgspec.Struct):
-    """What a start found on disk, for the log and for `fabricctl status`."""
+    """Why: what a start found on disk, for the log and for `fabricctl status`."""
 
     boot: int
     items: int
@@ -51,9 +59,10 @@ class RecoveryReport(msgspec.Struct):
     ledger_difference: tuple[int, int]
 
 
-def recover(db: DurableBroker, now: float) -> RecoveryReport:
+def recover(state: StoreState, now: float) -> RecoveryReport:
+    """Rebuild `state` (its core's shapes, its segments and meta) from the env on disk."""
     t0 = time.perf_counter()
-    env, dbs, core = db.env, db.env.dbs, db.core
+    env, dbs, core = state.env, state.env.dbs, state.core
     with env.read() as txn:
         meta = Meta.load(txn, dbs["meta"])
         used = meta.next_seg > 1 or txn.stat(dbs["ids"])["entries"] > 0
@@ -62,7 +71,7 @@ def recover(db: DurableBroker, now: float) -> RecoveryReport:
                 f"{env.data_dir} holds a store in layout version {meta.fmt or 1}, and this "
                 f"fabricctl reads version {FORMAT}: drain it with the fabricctl that wrote it, "
                 "or move it aside and start with an empty data dir")
-        headers = {int.from_bytes(k, "big"): header_decoder.decode(v)
+        headers = {seg_id_of(k): header_decoder.decode(v)
                    for k, v in txn.cursor(db=dbs["seg"])}
         answered: dict[int, set[int]] = {}  # live segment -> offsets that have a result
         results = txn.cursor(db=dbs["results"])
@@ -70,9 +79,9 @@ def recover(db: DurableBroker, now: float) -> RecoveryReport:
             hi = entry_key(sid + 1, 0)
             if results.set_range(entry_key(sid, 0)):
                 for k in results.iternext(keys=True, values=False):
-                    if k >= hi:
+                    if k >= hi:  # type: ignore[operator]
                         break
-                    answered.setdefault(sid, set()).add(int.from_bytes(k[8:], "big"))
+                    answered.setdefault(sid, set()).add(split_entry_key(k)[1])
         # (model, signature) -> (label, lane id -> [target, its live entries in arrival order])
         shapes: dict[tuple[str, int], tuple[str, dict[int, list]]] = {}
         live: set[int] = set()
@@ -83,9 +92,10 @@ def recover(db: DurableBroker, now: float) -> RecoveryReport:
         seg_id = -1
         dead: set[int] = set()
         lanes: dict[int, list] = {}
+        split = split_entry_key
         with env.read(buffers=True) as btxn:
             for k, v in btxn.cursor(db=dbs["data"]):
-                sid = int.from_bytes(k[:8], "big")
+                sid, off = split(k)
                 if sid != seg_id:
                     seg_id = sid
                     hdr = headers.get(sid)
@@ -94,8 +104,8 @@ def recover(db: DurableBroker, now: float) -> RecoveryReport:
                     hdr.count = 0
                     dead = answered.get(sid, set())
                     lanes = shapes.setdefault((hdr.model, hdr.signature), (hdr.label, {}))[1]
-                    base = sid << 32
-                off = int.from_bytes(k[8:], "big")
+                    base = seg_base(sid)  # an entry's key is base | offset
+                assert hdr is not None  # set when its segment's first entry was read
                 hdr.count = off + 1
                 if off in dead:
                     continue
@@ -116,43 +126,30 @@ def recover(db: DurableBroker, now: float) -> RecoveryReport:
             if sid not in live:
                 done.add(sid)
     meta.boot += 1
-    from fabricctl.store.completion import delete_segment
 
     def write(txn: lmdb.Transaction) -> None:
         if meta.fmt == TOMB_FORMAT:
             txn.drop(env.env.open_db(b"tomb", txn=txn), delete=True)
         for seg_id in done:
-            delete_segment(txn, dbs, seg_id)  # type: ignore[arg-type]
-        meta.write(txn, dbs["meta"], boot=meta.boot, fmt=FORMAT)  # type: ignore[arg-type]
+            delete_segment(txn, dbs, seg_id)
+        meta.write(txn, dbs["meta"], boot=meta.boot, fmt=FORMAT)
 
     env.write(write, drain=True)
     env.drop_mapped_pages()  # the scan's page mappings: clean page cache, not queue memory
     meta.fmt = FORMAT
-    db.meta = meta
+    state.meta = meta
     items = tokens = 0
-    admit = core.admit
     for (model, sig), (label, lanes) in shapes.items():
-        ms = core.model(model)
-        shape = ms.open.get(sig)
-        if shape is None:
-            shape = Shape(model, sig, label, core.cfg, core.lane_counters, now,
-                          ShapeState.STAGED if core.cfg.lifecycle else ShapeState.ACTIVE)
-            ms.open[sig] = shape
-        for lane_id, (target, entries) in lanes.items():
-            p = Placement(shape, shape.lanes.open_lane(lane_id, target, now))
-            for e in entries:
-                admit(p, e)
-                tokens += e.tokens
-            items += len(entries)
+        n, t = core.restore_shape(model, sig, label, (
+            (lane_id, target, entries) for lane_id, (target, entries) in lanes.items()), now)
+        items += n
+        tokens += t
     for sid in live:
-        db.segs[sid] = headers[sid]
-    for model, epoch in meta.epochs.items():
-        core.model(model).epoch = epoch
-    lg, pl = core.ledger, meta.ledger
-    lg.items_received, lg.tokens_received = pl.items_received, pl.tokens_received
-    lg.items_routed = lg.items_completed = pl.items_completed
-    lg.tokens_routed = lg.tokens_completed = pl.tokens_completed
-    diff = lg.difference()
+        state.segs[sid] = headers[sid]
+    core.restore_epochs(meta.epochs)
+    pl = meta.ledger
+    diff = core.restore_ledger(pl.items_received, pl.tokens_received, pl.items_completed,
+                               pl.tokens_completed)
     report = RecoveryReport(meta.boot, items, tokens, len(live), len(done),
                             round(time.perf_counter() - t0, 4), diff == (0, 0), diff)
     log.info("recovered %d items (%d tokens) in %d segments in %.3f s (boot %d)%s",

@@ -29,9 +29,12 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 import httpx
 import msgspec
+
+from fabricctl.errors import ExitCode, FabricError
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +42,12 @@ FORBIDDEN_ARGS = ("--disable-log-stats",)
 ALWAYS_ARGS = ("--enable-prompt-tokens-details",)
 
 
-class LaunchError(Exception):
-    """A server could not be made ready (bad command, start timeout, stopped)."""
+class LaunchError(FabricError):
+    """A server could not be made ready (bad command, start timeout, stopped).
+
+    A `FabricError`, exit 3: no engine (`up` reports it as `BackendMissing`)."""
+
+    exit_code = ExitCode.BACKEND_MISSING
 
 
 class LaunchSpec(msgspec.Struct, frozen=True):
@@ -78,7 +85,7 @@ def vllm_cpu_spec(venv: str | Path, model: str, served_model_name: str, logs_dir
     iomp = venv / "lib" / "libiomp5.so"
     if iomp.exists():
         env["LD_PRELOAD"] = str(iomp)
-    env.update(overrides.pop("env", {}) or {})  # type: ignore[arg-type]
+    env.update(cast("dict[str, str]", overrides.pop("env", {}) or {}))
     fields: dict[str, object] = {
         "command": (str(venv / "bin" / "python"), "-W", "ignore::DeprecationWarning",
                     "-m", "vllm.entrypoints.openai.api_server"),

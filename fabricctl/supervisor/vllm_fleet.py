@@ -30,8 +30,9 @@ def launch_spec(cfg: AppConfig) -> LaunchSpec:
 
 async def build_real_engines(cfg: AppConfig, kind: str) -> tuple[list[Engine], list[Any], Any]:
     c = cfg.consumer
-    limits = {"max_batch_size": c.max_batch_size, "max_batch_tokens": c.max_batch_tokens,
-              "max_input_len": c.max_input_len, "window": c.window}
+    limits: dict[str, Any] = {"max_batch_size": c.max_batch_size,
+                              "max_batch_tokens": c.max_batch_tokens,
+                              "max_input_len": c.max_input_len, "window": c.window}
     if kind == "openai":
         from fabricctl.engines.openai import OpenAIEngine
 
@@ -40,7 +41,7 @@ async def build_real_engines(cfg: AppConfig, kind: str) -> tuple[list[Engine], l
         engines: list[Engine] = [OpenAIEngine(url, cfg.model_name, name=f"openai{i}", **limits)
                                  for i, url in enumerate(cfg.vllm.endpoints)]
         return engines, [None] * len(engines), None
-    from fabricctl.engines.vllm import VllmEngine
+    from fabricctl.supervisor.vllm_engine import VllmEngine
 
     gpus = list(cfg.gpus)
     if not gpus:

@@ -106,9 +106,10 @@ class TopApp(App[int]):
         # references, not queries: queries look at the active screen (help) or at nothing
         # (while the app shuts down), the widgets stay ours either way
         self.switcher = self.query_one(ContentSwitcher)
+        panes: tuple[type[Overview | LanesPane | ThrashPane | EventsPane], ...] = (
+            Overview, LanesPane, ThrashPane, EventsPane)
         self.panes: dict[str, Overview | LanesPane | ThrashPane | EventsPane] = {
-            v: self.query_one(f"#{v}", pane) for v, pane in
-            zip(VIEWS, (Overview, LanesPane, ThrashPane, EventsPane), strict=True)}
+            v: self.query_one(f"#{v}", pane) for v, pane in zip(VIEWS, panes, strict=True)}
         self.header_box = self.query_one("#header", TextBox)
         self.banner = self.query_one("#banner", TextBox)
         self.table = self.query_one(ShapesTable)
@@ -272,7 +273,7 @@ class TopApp(App[int]):
     def _filter_done(self) -> None:
         self.table.focus()
 
-    def action_back(self) -> None:
+    def action_back(self) -> None:  # type: ignore[override]  # Textual awaits either form
         box = self.filter_box
         if self.view != "overview":
             self.action_view("overview")

@@ -1,7 +1,16 @@
-"""Small pure formatters for numbers, ages and sparklines (no Rich, no Textual).
+"""fabricctl's one set of formatters for numbers, percentages, ages and bytes, shared by the
+CLI (`status`, `shapes`, `doctor`, `run`, `replay`) and the dashboard (`top`).
 
-Contract: every function returns a short str of predictable width; `None` means "not
-available" and renders as "n/a" (NVML fields, rates before a second sample).
+Contract: pure functions (no Rich, no Textual, no clock; they import nothing of fabricctl),
+each returning a short str of predictable width; `None` means "not available" and renders
+as `NA` ("n/a": NVML fields, rates before a second sample, a store figure the broker did not
+report). Shape signatures are `fabricctl.core.signature.signature_hex` (16 hex digits),
+never formatted here.
+
+Why here: the TUI may import only `fabricctl.wire` and `fabricctl.core` (and itself), and
+the CLI, on top, may import the TUI's Textual-free modules; of the places both reach, core
+is the broker's pure logic and holds no presentation, so the presentation layer below the
+CLI owns it. (The store formats the sizes in its own error messages: it may import core only.)
 """
 
 from __future__ import annotations
@@ -41,6 +50,17 @@ def age(s: float | None) -> str:
     if s < 3600:
         return f"{int(s // 60)}m{int(s % 60)}s"
     return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+
+
+def human_bytes(n: float | None) -> str:
+    """Bytes in binary units: 512 B, 1.5 KiB, 3.2 GiB (TiB at most)."""
+    if n is None:
+        return NA
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def gib(n: int | None) -> str:

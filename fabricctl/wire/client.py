@@ -26,6 +26,7 @@ from fabricctl.wire.flow import WriteFlow
 from fabricctl.wire.protocol import (
     DEFAULT_MAX_FRAME,
     PROTOCOL_VERSION,
+    SOCKET_NAME,
     Ack,
     Answer,
     Complete,
@@ -59,7 +60,7 @@ _snapshot_decoder = msgspec.msgpack.Decoder(Snapshot)
 def socket_path(address: str | Path) -> Path:
     """A data dir or a socket path -> the socket path."""
     p = Path(address)
-    return p / "broker.sock" if p.is_dir() else p
+    return p / SOCKET_NAME if p.is_dir() else p
 
 
 def is_tcp(address: str | Path) -> bool:

@@ -19,6 +19,7 @@ from fabricctl.core.types import Contract, Item, ItemResult, Prewarm, Work
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
+SOCKET_NAME = "broker.sock"  # a broker's Unix socket: <data dir>/SOCKET_NAME, the one spelling
 HEADER = struct.Struct(">I")
 Role = Literal["producer", "consumer", "observer"]
 

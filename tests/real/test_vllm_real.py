@@ -14,8 +14,8 @@ import pytest
 
 from fabricctl.core.payload import Payload, encode_payload
 from fabricctl.core.types import Item, Prewarm, Work
-from fabricctl.engines.vllm import VllmEngine
 from fabricctl.supervisor.launcher import Launcher, ServerProcess
+from fabricctl.supervisor.vllm_engine import VllmEngine
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.asyncio(loop_scope="session")]
 BLOCK_SIZE = 32  # what conftest passes as --block-size; the engine must read the same

@@ -21,7 +21,7 @@ import pytest
 from rel_broker import PROBS, Campaign, Life
 from rel_history import check
 
-from fabricctl.faults import POINTS
+from fabricctl.store.faults import POINTS
 
 KILLS = int(os.environ.get("FABRICCTL_RELIABILITY_KILLS", "104"))
 

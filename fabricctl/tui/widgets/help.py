@@ -1,4 +1,8 @@
-"""The `?` help screen: every key of the dashboard, closed with Esc, q or ?."""
+"""The `?` help screen: every key of the dashboard, closed with Esc, q or ?.
+
+Contract: `HelpScreen` is a modal screen listing `KEYS` (key, what it does), the same keys
+the app binds; it changes nothing in the app and dismisses itself on Esc, q or ?.
+"""
 
 from __future__ import annotations
 

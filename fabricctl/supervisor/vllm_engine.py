@@ -1,5 +1,8 @@
 """The vLLM engine: an OpenAIEngine bound to one launcher-managed vLLM server (one per GPU).
 
+It lives in the supervisor, not in `engines`: it follows a supervised server through its
+restarts, and engines know nothing of the processes behind them.
+
 Contract: same as `OpenAIEngine` (one request per item, counters from /metrics), plus
 the server's lifecycle: `run` and `prewarm` first wait up to `ready_timeout_s` for the
 server's /health readiness (it may be restarting) and raise `EngineError` if it does not

@@ -1,0 +1,159 @@
+"""Intake: how items come into the broker's shapes and lanes — new, or restored from a store.
+
+Contract: `open_shape(model, signature, label, now)` is the one rule for the shape an item of
+a key joins: the key's open shape, or a new one (staged; active with the lifecycle off) when
+there is none, since a draining shape is no longer open; a label fills in a shape that had
+none. `place(...)` assigns an item to a lane of that shape (not dispatchable yet) and
+`admit(placement, entry)` makes it dispatchable; `admit_all` admits a whole commit, sending a
+placement whose shape or lane was retired meanwhile (`placement_live`) to its key's open
+shape; `ingest(items, now)` is place + admit in one loop, the memory mode's hot path.
+Restoring a store's start: `restore_shape(model, signature, label, lanes, now)` re-queues one
+recorded shape — each (lane id, target, entries in arrival order) in a lane reopened with that
+id and target, each entry admitted — and returns (items, tokens); `restore_epochs(epochs)`
+gives each model its recorded epoch; `restore_ledger(...)` puts the persisted received and
+completed counts over what was re-admitted (`Ledger.restore`) and returns the ledger's
+difference. Every admission is received by the ledger. `Intake` owns the memory mode's
+entry keys; the broker hands it its config, models (and its rule for a new model), lane
+counters and ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from fabricctl.core.config import CoreConfig
+from fabricctl.core.lanes import Lane, LaneCounters
+from fabricctl.core.ledger import Ledger
+from fabricctl.core.lifecycle import ModelState
+from fabricctl.core.shape import Shape, ShapeState
+from fabricctl.core.tracking import Placement
+from fabricctl.core.types import Entry, Item
+
+
+class Intake:
+    """Why: a memory ingest, a durable commit and a restart must put items in the same way."""
+
+    def __init__(self, cfg: CoreConfig, models: dict[str, ModelState],
+                 model: Callable[[str], ModelState], lane_counters: LaneCounters,
+                 ledger: Ledger) -> None:
+        self.cfg = cfg
+        self.models = models  # the broker's, read and added to, never rebound
+        self.model = model  # the broker's rule for a model seen first (its batch budget)
+        self.lane_counters = lane_counters
+        self.ledger = ledger
+        self.next_key = 1  # memory mode: the key of the next item ingested
+
+    def open_shape(self, model: str, signature: int, label: str, now: float) -> Shape:
+        """The key's open shape, made when there is none (a draining shape is no longer open)."""
+        ms = self.models.get(model) or self.model(model)
+        shape = ms.open.get(signature)
+        if shape is None:
+            state = ShapeState.STAGED if self.cfg.lifecycle else ShapeState.ACTIVE
+            shape = Shape(model, signature, label, self.cfg, self.lane_counters, now, state)
+            ms.open[signature] = shape
+        elif label and not shape.label:
+            shape.label = label
+        return shape
+
+    def place(self, model: str, signature: int, label: str, tokens: int, now: float) -> Placement:
+        """Assign an item to a lane (first step of ingest); it is not dispatchable yet."""
+        shape = self.open_shape(model, signature, label, now)
+        return Placement(shape, shape.lanes.assign(tokens, now))
+
+    def placement_live(self, shape: Shape, lane: Lane) -> bool:
+        """Whether a placement still names its key's open shape and a lane of it (the tick
+        or a shape switch may have retired either while the placement was being written)."""
+        ms = self.models.get(shape.model)
+        return (ms is not None and ms.open.get(shape.signature) is shape
+                and shape.lanes.lanes.get(lane.id) is lane)
+
+    def admit(self, placement: Placement, entry: Entry) -> None:
+        """Make a placed item dispatchable (second step, after its durable commit)."""
+        shape = placement.shape
+        placement.lane.push(entry)
+        shape.tokens += entry.tokens
+        shape.items += 1
+        shape.lengths.add(entry.tokens)
+        if shape.staged_since is None:
+            shape.staged_since = entry.t
+        self.ledger.receive(1, entry.tokens)
+
+    def admit_all(self, admits: list[tuple[Shape, Lane, Entry]], now: float) -> None:
+        """`admit` for a whole commit's placements (shape, lane, entry: the hot path of
+        durable ingest); one whose shape or lane was retired while its commit ran joins its
+        key's open shape."""
+        live: dict[int, bool] = {}  # id(lane) -> its placements are still live
+        n = tokens = 0
+        for shape, lane, e in admits:
+            ok = live.get(id(lane))
+            if ok is None:
+                ok = live[id(lane)] = self.placement_live(shape, lane)
+            if not ok:
+                p = self.place(shape.model, shape.signature, shape.label, e.tokens, now)
+                shape, lane = p.shape, p.lane
+            t = e.tokens
+            lane.queue.append(e)
+            lane.tokens += t
+            shape.tokens += t
+            shape.items += 1
+            shape.lengths.add(t)
+            if shape.staged_since is None:
+                shape.staged_since = e.t
+            n += 1
+            tokens += t
+        self.ledger.receive(n, tokens)
+
+    def ingest(self, items: Iterable[Item], now: float) -> int:
+        """Memory mode: place and admit each item at once; returns how many went in.
+
+        The steps of `place` then `admit`, written out: this is the broker's hottest loop.
+        """
+        n = tokens = 0
+        key = self.next_key
+        try:
+            for item in items:
+                t = item.input_tokens
+                shape = self.open_shape(item.model, item.signature, item.label, now)
+                lane = shape.lanes.assign(t, now)
+                lane.push(Entry(key, t, item.max_tokens, now, item))
+                key += 1
+                n += 1
+                tokens += t
+                shape.tokens += t
+                shape.items += 1
+                shape.lengths.add(t)
+                if shape.staged_since is None:
+                    shape.staged_since = now
+        finally:  # one ledger entry for the call, even if an item fails halfway
+            self.next_key = key
+            self.ledger.receive(n, tokens)
+        return n
+
+    # -- a store's start ----------
+
+    def restore_shape(self, model: str, signature: int, label: str,
+                      lanes: Iterable[tuple[int, int, Sequence[Entry]]], now: float
+                      ) -> tuple[int, int]:
+        """Re-queue a shape a store recorded: each (lane id, target, entries in arrival
+        order) in a lane of that id and target, admitted; returns (items, tokens)."""
+        shape = self.open_shape(model, signature, label, now)
+        items = tokens = 0
+        for lane_id, target, entries in lanes:
+            p = Placement(shape, shape.lanes.open_lane(lane_id, target, now))
+            for e in entries:
+                self.admit(p, e)
+                tokens += e.tokens
+            items += len(entries)
+        return items, tokens
+
+    def restore_epochs(self, epochs: Mapping[str, int]) -> None:
+        """Each model's epoch as a store recorded it (a model keeps its epoch across starts)."""
+        for model, epoch in epochs.items():
+            self.model(model).epoch = epoch
+
+    def restore_ledger(self, items_received: int, tokens_received: int, items_completed: int,
+                       tokens_completed: int) -> tuple[int, int]:
+        """The persisted counts over what `restore_shape` re-admitted (`Ledger.restore`);
+        returns the ledger's difference, (0, 0) when the store and the queues agree."""
+        self.ledger.restore(items_received, tokens_received, items_completed, tokens_completed)
+        return self.ledger.difference()

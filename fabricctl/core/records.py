@@ -1,0 +1,88 @@
+"""What the broker stores per item's result, and where an item came from.
+
+Contract: `ResultRecord` is the one result kept per item id (msgpack, array_like: new
+fields go at the end with a default, so older records still decode); `make_record(item,
+result, ...)` builds it from the item and its engine's `ItemResult`, with the engine's own
+prompt count when it gave one. `Source` records which input form an item came in (native,
+OpenAI /v1/completions, OpenAI /v1/chat/completions), because its result goes back out in
+the same form (`fabricctl.formats.results`). Pure data: the store writes these, the
+formats read them.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import msgspec
+
+from fabricctl.core.types import Item, ItemResult
+
+
+class Source(IntEnum):
+    """Why: an OpenAI batch line's result must come back as an OpenAI batch output line."""
+
+    NATIVE = 0
+    COMPLETIONS = 1  # OpenAI batch, url /v1/completions
+    CHAT = 2  # OpenAI batch, url /v1/chat/completions
+
+    @property
+    def is_openai(self) -> bool:
+        return self is not Source.NATIVE
+
+    @property
+    def url(self) -> str | None:
+        """The OpenAI endpoint the line named, or None for native lines."""
+        return _URLS.get(self)
+
+
+_URLS = {Source.COMPLETIONS: "/v1/completions", Source.CHAT: "/v1/chat/completions"}
+URL_SOURCES = {url: src for src, url in _URLS.items()}
+
+
+LENGTH_EXCEEDED = "length_exceeded"
+_SOURCES: dict[int, Source] = {int(s): s for s in Source}  # an enum call costs more than this
+
+
+class ResultRecord(msgspec.Struct, array_like=True, gc=False):
+    """Why: what the broker stores per item so either output form can be written later."""
+
+    id: str
+    model: str
+    text: str = ""
+    finish_reason: str | None = "stop"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int | None = None
+    signature: int = 0
+    lane: int = -1
+    epoch: int = 0
+    gpu: int | None = None
+    error: str | None = None
+    source: Source = Source.NATIVE
+    created: int = 0  # unix seconds when the result was recorded
+    response: bytes = b""  # the engine's response body (JSON) as it sent it, when kept
+    status: int = 0  # the HTTP status of an engine's refusal (4xx), else 0
+
+
+def make_record(
+    item: Item,
+    result: ItemResult,
+    *,
+    source: Source | int | None = None,
+    lane: int = -1,
+    epoch: int = 0,
+    gpu: int | None = None,
+    created: int = 0,
+) -> ResultRecord:
+    """The record of one item's result, with the item's own counts, shape and source.
+
+    `source` defaults to `item.source`; a plain int is turned into a `Source`.
+    """
+    raw = item.source if source is None else source
+    prompt = item.input_tokens if result.prompt_tokens is None else result.prompt_tokens
+    # positional: this runs once per completed item, and keywords cost more
+    return ResultRecord(
+        item.id, item.model, result.text, result.finish_reason, prompt,
+        result.tokens_out, result.cached_tokens, item.signature, lane, epoch, gpu,
+        result.error, _SOURCES[raw] if raw in _SOURCES else Source(raw), created,
+        result.body, result.status)

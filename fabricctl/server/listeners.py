@@ -1,0 +1,76 @@
+"""The sockets the broker daemon listens on: its Unix socket, an optional TCP listener, and
+the Prometheus endpoint.
+
+Contract: `open()` binds the Unix socket in the data dir (the socket file is replaced, since
+the data dir's lock proves no live broker owns it, and is readable and writable by its owner
+only), the TCP listener on `cfg.listen` ("HOST:PORT", "127.0.0.1" when HOST is empty) when
+it is set, and the metrics endpoint on `cfg.metrics_host:metrics_port` when that is set;
+each accepted connection becomes a `Connection` over the shared state and the router.
+`close()` stops accepting (open connections stay). `tcp_port()` and `metrics_port()` are the
+bound ports (useful with port 0), or None.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import TYPE_CHECKING
+
+from fabricctl.server.connection import Connection
+
+if TYPE_CHECKING:
+    from fabricctl.server.connection import Router
+    from fabricctl.server.state import ServerState
+
+
+class Listeners:
+    """Why: which sockets the daemon accepts on, and with what rights, is one concern."""
+
+    def __init__(self, state: ServerState, router: Router) -> None:
+        self.state = state
+        self.router = router
+        self._servers: list[asyncio.AbstractServer] = []
+        self._tcp: asyncio.AbstractServer | None = None
+        self._metrics: asyncio.AbstractServer | None = None
+
+    async def open(self) -> None:
+        st, router = self.state, self.router
+        path = st.cfg.socket_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # the data dir's lock proves no live broker owns it
+        old = os.umask(0o177)
+        try:
+            srv = await loop.create_unix_server(lambda: Connection(st, router, "unix"),
+                                                str(path))
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        self._servers.append(srv)
+        if st.cfg.listen:
+            host, _, port = st.cfg.listen.rpartition(":")
+            self._tcp = await loop.create_server(lambda: Connection(st, router, "tcp"),
+                                                 host or "127.0.0.1", int(port))
+            self._servers.append(self._tcp)
+        if st.cfg.metrics_port is not None:
+            self._metrics = await st.metrics.serve(st.cfg.metrics_host, st.cfg.metrics_port)
+            self._servers.append(self._metrics)
+
+    def close(self) -> None:
+        for srv in self._servers:
+            srv.close()
+
+    def tcp_port(self) -> int | None:
+        return _bound_port(self._tcp)
+
+    def metrics_port(self) -> int | None:
+        return _bound_port(self._metrics)
+
+
+def _bound_port(srv: asyncio.AbstractServer | None) -> int | None:
+    for sock in getattr(srv, "sockets", None) or ():
+        if sock.family.name.startswith("AF_INET"):
+            return int(sock.getsockname()[1])
+    return None

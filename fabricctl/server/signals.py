@@ -1,0 +1,46 @@
+"""Pre-warm pushes: a warming shape's signal goes to every consumer of its model, with one
+of its queued items as a sample, before any batch of that shape is sent.
+
+Contract: `push_signals(state)` takes the core's pending signals, attaches to each a sample
+(`sample_item`: the first queued entry of the shape's first non-empty lane, read from the
+store; None when the shape is gone or has nothing queued) and sends a `PrewarmPush` to every
+registered consumer whose contract is for the signal's model, in registration order.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fabricctl.core.types import Item
+from fabricctl.wire.protocol import PrewarmPush
+
+if TYPE_CHECKING:
+    from fabricctl.server.state import ServerState
+    from fabricctl.store.durable import DurableBroker
+
+
+def sample_item(store: DurableBroker, model: str, signature: int) -> Item | None:
+    """One queued item of a shape, read from the store, for the engine to prefill its prefix."""
+    ms = store.core.models.get(model)
+    shape = ms.open.get(signature) if ms else None
+    if shape is None:
+        return None
+    for lane in shape.lanes.lanes.values():
+        if lane.queue:
+            s = store.entry(lane.queue[0].key)
+            if s is None:
+                return None
+            return Item(s.id, model, signature, s.tokens, s.max_tokens, s.payload, shape.label,
+                        s.source)
+    return None
+
+
+def push_signals(state: ServerState) -> None:
+    """Send every pending pre-warm signal to the consumers of its model."""
+    core = state.core
+    for signal in core.take_signals():
+        signal.sample = sample_item(state.store, signal.model, signal.signature)
+        for peer in state.consumers.values():
+            c = core.consumers.get(peer.consumer or "")
+            if c is not None and c.contract.model == signal.model:
+                peer.send(PrewarmPush(signal))
