@@ -573,6 +573,24 @@ def test_force_drain_of_a_quiescing_lane() -> None:
     assert a.lanes.counters.releases == 1
 
 
+def test_force_drain_is_one_event_per_shape_and_tick() -> None:
+    b = broker(size=2, budget=100_000)
+    small = (100, 400, 1000, 1600)
+    b.ingest([i for t in small for i in items(A, 2, tokens=t)] + items(A, 10, tokens=3000),
+             now=0.0)
+    a = shape_of(b, A)
+    assert len(a.lanes.targets()) == len(small) + 1
+    assert b.pull("c1", 4.0) is not None  # A activates; its fullest lane goes first
+    b.tick(5.0)
+    quiescing = sorted(la.id for la in a.lanes.lanes.values() if la.quiescing)
+    assert len(quiescing) == len(small)
+    [ev] = [e for e in b.events.since(0) if e.kind is EventKind.FORCE_DRAIN]
+    assert (ev.signature, ev.count, ev.value) == (A, len(small), quiescing[0])
+    assert ev.reason == f"force-drained {len(small)} lanes, {2 * len(small)} items"
+    b.tick(6.0)  # nothing newly quiescing: no second event
+    assert b.events.counts["force_drain"] == 1
+
+
 def test_starving_lanes_counted_on_tick() -> None:
     b = broker(CoreConfig(activate_when_idle=False, stage_timeout_s=100.0))
     b.ingest(items(A, 1), now=0.0)

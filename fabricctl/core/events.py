@@ -1,8 +1,9 @@
 """Typed event records and the bounded log observers read with "events since N".
 
-Contract: every shape transition, pre-warm, force-drain, thrash event and consumer
-join/loss is one `Event` with a monotonically increasing `seq`; the log keeps the most
-recent `events_kept` and counts every kind ever emitted.
+Contract: every shape transition, pre-warm, force-drain (one per shape and tick, however
+many lanes), thrash event and consumer join/loss is one `Event` with a monotonically
+increasing `seq`; the log keeps the most recent `events_kept` and counts every kind ever
+emitted.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class Event(msgspec.Struct, frozen=True, omit_defaults=True):
     src: str = ""  # the state before (transitions)
     dst: str = ""  # the state after (transitions)
     reason: str = ""
-    value: int = 0  # e.g. batches run (thrash), lane id (force-drain), epoch (pre-warm)
+    value: int = 0  # e.g. batches run (thrash), lowest lane id (force-drain), epoch (pre-warm)
+    count: int = 0  # force-drain: how many lanes of the shape this one event covers
     critical: bool = False
 
 

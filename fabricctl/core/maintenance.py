@@ -1,6 +1,7 @@
 """The broker's upkeep: the maintenance tick, the cache-truth audit, the live shapes.
 
-Contract: `tick(now)` marks quiescing lanes (force-drain events), counts starving lanes
+Contract: `tick(now)` marks quiescing lanes (one force-drain event per shape and tick,
+with the count of lanes it force-drained), counts starving lanes
 (`starving_lanes`), advances the lifecycle's timeouts for every model (or every consumer
 slot), appending the pre-warm signals due to the broker's outbox, and drops empty staged
 shapes; `record_cache(shape, ...)` feeds a shape's cache-truth audit and emits one critical
@@ -15,6 +16,7 @@ from collections.abc import Container
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.events import EventKind, EventLog
+from fabricctl.core.lanes import Lane
 from fabricctl.core.lifecycle import Lifecycle, ModelState
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.types import Prewarm
@@ -50,12 +52,7 @@ class Maintenance:
             for shape in model_shapes(ms):
                 dispatching = shape.state in (ShapeState.ACTIVE, ShapeState.DRAINING)
                 newly = shape.lanes.tick(now) if dispatching else []
-                for lane in newly:
-                    if lane.queue and any(o.queue for o in shape.lanes.lanes.values()
-                                          if o is not lane and not o.quiescing):
-                        self.events.emit(now, EventKind.FORCE_DRAIN, model=ms.name,
-                                         signature=shape.signature, label=shape.label,
-                                         value=lane.id, reason=f"{len(lane.queue)} items")
+                self._force_drained(shape, newly, now)
                 starving += shape.lanes.starving(now)
             if self.cfg.lifecycle and self.cfg.shape_scope == "consumer":
                 for name, slot in list(ms.slots.items()):
@@ -74,6 +71,24 @@ class Maintenance:
                     shape.lanes.release_idle()  # the lanes its placements opened
                     del ms.open[sig]  # an empty staged shape (its placement was never admitted)
         self.starving_lanes = starving
+
+    def _force_drained(self, shape: Shape, newly: list[Lane], now: float) -> None:
+        """One force-drain event for the lanes of `shape` this tick marked quiescing.
+
+        A lane counts when it still holds items and another, not quiescing, lane of the
+        shape does too. One lane: `value` its id, `reason` "N items". Several: `value` the
+        lowest id, `count` how many, `reason` "force-drained K lanes, N items".
+        """
+        lanes = [la for la in newly if la.queue and any(
+            o.queue for o in shape.lanes.lanes.values() if o is not la and not o.quiescing)]
+        if not lanes:
+            return
+        queued = sum(len(la.queue) for la in lanes)
+        reason = (f"{queued} items" if len(lanes) == 1
+                  else f"force-drained {len(lanes)} lanes, {queued} items")
+        self.events.emit(now, EventKind.FORCE_DRAIN, model=shape.model,
+                         signature=shape.signature, label=shape.label,
+                         value=min(la.id for la in lanes), count=len(lanes), reason=reason)
 
     def record_cache(self, shape: Shape, queries: int, hits: int, achievable: int, now: float
                      ) -> None:

@@ -108,7 +108,10 @@ def _event_body(e: Event) -> Text:
     elif e.kind == "prewarm":
         t.append(f"{e.model} {shape}  pre-warm ep {e.value}, {e.reason}")
     elif e.kind == "force_drain":
-        t.append(f"{e.model} {shape}  lane {e.value} force-drained ({e.reason})")
+        if e.count > 1:
+            t.append(f"{e.model} {shape}  {e.reason}")
+        else:
+            t.append(f"{e.model} {shape}  lane {e.value} force-drained ({e.reason})")
     elif e.kind == "thrash":
         t.append(f"{e.model} {shape}  finished after {e.value} batches")
     elif e.kind == "consumer_joined":
