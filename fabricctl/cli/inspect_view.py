@@ -1,5 +1,5 @@
 """The human rendering of `fabricctl shapes inspect`: a summary, the state history, length
-percentiles, the lanes table and the shape's recent events.
+percentiles, the lanes table (a live shape's) and the shape's recent events.
 
 Contract: pure rendering of the document `shapes.inspect_doc` builds (the same one `--json`
 prints) onto a Rich console given by the caller; no colour is forced, so pipes and
@@ -43,12 +43,17 @@ def _summary(doc: dict[str, Any], view: ShapeView | None) -> Table:
             ("in flight", f"{view.inflight_items:,} items, {view.inflight_tokens:,} tokens"),
             ("lanes in use", f"{view.lanes_in_use} (new-lane threshold {pct(view.threshold)})"),
             ("batches", f"{view.batches:,}"),
+            ("served", f"{view.served_items:,} items, {view.served_tokens:,} tokens"),
             ("padding waste", pct(view.waste)),
             ("starving lanes", str(view.starving)),
             ("KV hits (engines)", f"{pct(view.cache_hit_rate)} of {pct(view.cache_achievable)} "
              "achievable" + ("  FLAGGED: the declared prefix is not what the engines see"
                              if view.cache_flagged else "")),
+            ("consumers", ", ".join(view.consumers) or "-"),
+            ("GPUs", ", ".join(str(g) for g in view.gpus) or "-"),
         ]
+        if view.finished_at is not None:
+            rows.append(("finished", _when(view.finished_at, doc["now"])))
     rows.append(("thrash", doc["thrash"]))
     for k, v in rows:
         t.add_row(k, v)
@@ -105,6 +110,7 @@ def render_inspect(con: Any, doc: dict[str, Any], view: ShapeView | None) -> Non
     con.print(_history(doc))
     if view is not None:
         con.print(_percentiles(view))
-        con.print(_lanes(view))
+        if view.lanes is not None:
+            con.print(_lanes(view))
     if doc["events"]:
         con.print(_events(doc))

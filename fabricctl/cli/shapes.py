@@ -2,15 +2,21 @@
 
 Contract:
 - `group` is the `shapes` Typer group with its two commands, `list` and `inspect`.
-- `list`: one row per live shape (open shapes and a draining current one). On a terminal a
-  Rich table; piped, plain TSV with a header line; `--json` one document
-  `{"shapes": [ShapeView...]}` with `shape` (16 hex digits) next to each `signature`.
-- `inspect SIG|LABEL`: one shape by signature (hex, with or without 0x, leading zeros
-  optional) or label: state and its history, epoch, tokens, lanes (a table), length
-  percentiles from its 512-bin histogram, batches, waste and thrash status. A shape that
-  finished is no longer live; it is described from the broker's event log (history, and
-  whether it thrashed) while the log still holds its events. Neither → `NotFound` (exit 1).
-  `--json`: the `ShapeView` (lanes included) plus `thrash_line`, `thrash` and `events`.
+- `list`: one row per live shape (open shapes and a draining current one); `--all` adds
+  the finished shapes the broker keeps (their records, in LMDB: the last 1000, across
+  restarts), newest first. On a terminal a Rich table; piped, plain TSV with a header line;
+  `--json` one document `{"shapes": [ShapeView...]}` with `shape` (16 hex digits) next to
+  each integer `signature`. Human output always names a shape in hex.
+- `inspect SIG|LABEL|PREFIX`: one shape by signature (hex, with or without 0x, leading
+  zeros optional), label, or a unique prefix of its 16 hex digits (`fabricctl.core.naming`):
+  state and its history, epoch, tokens, lanes (a table), length percentiles from its 512-bin
+  histogram, batches, items and tokens served, waste, KV hits, consumers and GPUs, thrash
+  status. A finished shape is described from its record (the same fields, no lanes), kept by
+  the broker across restarts; failing that, from the broker's event log (history, and
+  whether it thrashed) while the log still holds its events. Neither → `NotFound` (exit 1);
+  a prefix or label naming several shapes → `Ambiguous` (exit 1, the shapes listed).
+  `--json`: the `ShapeView` (lanes included) plus `live`, `thrash_line`, `thrash` and
+  `events`.
 """
 
 from __future__ import annotations
@@ -37,40 +43,53 @@ group = typer.Typer(help="List and inspect the broker's shapes.", no_args_is_hel
 
 
 @group.command("list")
-def list_command(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
-                 config: Path | None = ConfigFile) -> None:
+def list_command(
+    all_shapes: bool = typer.Option(False, "--all", "-a", help="Also the finished shapes the "
+                                    "broker keeps (the last 1000, across restarts)."),
+    json_out: bool = JsonOut, data_dir: Path | None = DataDir, config: Path | None = ConfigFile,
+) -> None:
     """List live shapes: state, epoch, queued items and tokens, lanes, batches, waste.
 
     A table on a terminal, tab-separated values with a header line when piped.
     """
     cfg = settings(data_dir, config)
-    guarded(lambda: show_list(cfg, json_out))
+    guarded(lambda: show_list(cfg, json_out, all_shapes))
 
 
 @group.command("inspect")
 def inspect_command(
-    shape: str = typer.Argument(..., metavar="SIG|LABEL", help="Shape signature (16 hex "
-                                "digits, 0x and leading zeros optional) or label."),
+    shape: str = typer.Argument(..., metavar="SIG|LABEL|PREFIX", help="Shape signature (16 "
+                                "hex digits, 0x and leading zeros optional), label, or a "
+                                "unique prefix of the 16 hex digits."),
     json_out: bool = JsonOut, data_dir: Path | None = DataDir, config: Path | None = ConfigFile,
 ) -> None:
     """Show one shape: state history, epoch, lanes, length percentiles, batches, waste, thrash.
 
-    Exit status 1 when no shape matches.
+    Live or finished (finished shapes are kept across restarts). Exit status 1 when no
+    shape matches, or when a prefix matches several (they are listed).
     """
     cfg = settings(data_dir, config)
     guarded(lambda: show_inspect(cfg, shape, json_out))
 
 
 class NotFound(FabricError):
-    """No live shape and no event of one matches the argument (exit 1)."""
+    """No live shape, no finished record and no event of one matches the argument (exit 1)."""
 
 
-def list_shapes(cfg: AppConfig) -> list[ShapeView]:
+class Ambiguous(FabricError):
+    """The argument (a hex prefix, or a label) names several shapes (exit 1, as NotFound)."""
+
+
+def list_shapes(cfg: AppConfig, all_shapes: bool = False) -> list[ShapeView]:
+    """Live shapes by model and queued tokens; with `all_shapes`, then the finished ones,
+    newest first."""
     async def fetch(c: Client) -> list[ShapeView]:
-        return await c.query("shapes", type=list[ShapeView])
+        return await c.query("shapes", "all" if all_shapes else "", type=list[ShapeView])
 
     shapes = call(cfg, "observer", fetch)
-    return sorted(shapes, key=lambda s: (s.model, -s.tokens, s.signature))
+    live = [s for s in shapes if s.finished_at is None]
+    done = [s for s in shapes if s.finished_at is not None]
+    return sorted(live, key=lambda s: (s.model, -s.tokens, s.signature)) + done
 
 
 LIST_COLUMNS = ["shape", "label", "model", "state", "epoch", "items", "tokens",
@@ -82,8 +101,8 @@ def _row(s: ShapeView) -> list[Any]:
             s.inflight_items, s.lanes_in_use, s.batches, s.waste, s.age, s.starving]
 
 
-def show_list(cfg: AppConfig, as_json: bool) -> None:
-    shapes = list_shapes(cfg)
+def show_list(cfg: AppConfig, as_json: bool, all_shapes: bool = False) -> None:
+    shapes = list_shapes(cfg, all_shapes)
     if as_json:
         write_json({"shapes": shapes})
         return
@@ -92,7 +111,8 @@ def show_list(cfg: AppConfig, as_json: bool) -> None:
         return
     from rich.table import Table
 
-    t = Table(title=f"{len(shapes)} live shape(s) — {cfg.data_dir}", title_justify="left")
+    what = "shape(s), live and finished" if all_shapes else "live shape(s)"
+    t = Table(title=f"{len(shapes)} {what} — {cfg.data_dir}", title_justify="left")
     for name, right in [("SHAPE", False), ("LABEL", False), ("MODEL", False),
                         ("STATE", False), ("EPOCH", True), ("ITEMS", True), ("TOKENS", True),
                         ("IN FLIGHT", True), ("LANES", True), ("BATCHES", True),
@@ -118,11 +138,14 @@ def _matches(e: Event, arg: str) -> bool:
 
 
 def fetch_shape(cfg: AppConfig, arg: str) -> tuple[ShapeView | None, list[Event], Snapshot]:
-    """The live shape (or None), its events still in the log, and a snapshot for context."""
+    """The shape (live, or a finished record; None when neither), its events still in the
+    log, and a snapshot for context."""
     async def fetch(c: Client) -> tuple[ShapeView | None, list[Event], Snapshot]:
         try:
             view = await c.query("shape", arg, type=ShapeView)
         except BrokerError as e:
+            if e.code == "ambiguous":
+                raise Ambiguous(e.message) from None
             if e.code != "not_found":
                 raise
             view = None
@@ -147,6 +170,9 @@ def thrash_status(view: ShapeView | None, events: list[Event], line: int) -> str
     if thrash:
         return f"thrashed: {thrash[-1].reason or f'{thrash[-1].value} batches'}"
     finished = any(e.kind == "transition" and e.dst == "finished" for e in events)
+    if view is not None and view.finished_at is not None:
+        return (f"thrashed: finished after {view.batches} batches (< {line})" if view.thrashed
+                else f"no: finished after {view.batches} batches, at or above {line}")
     if view is None:
         return f"no: finished at or above {line} batches" if finished else "unknown"
     if view.state in ("staged", "warming"):
@@ -163,7 +189,7 @@ def inspect_doc(view: ShapeView | None, events: list[Event], snap: Snapshot) -> 
         import msgspec
 
         doc: dict[str, Any] = msgspec.to_builtins(view)
-        doc["live"] = True
+        doc["live"] = view.finished_at is None
     else:
         last = events[-1]
         states = [e.dst for e in events if e.kind == "transition"]

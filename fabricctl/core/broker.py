@@ -7,9 +7,11 @@ or None; `complete(batch_id, now)` and `fail(batch_id, now)` settle a batch (a f
 goes back to the front of its lane); `disconnect` fails every batch a consumer holds;
 a batch in `settling` (its completion is being committed) stays in flight through a
 disconnect, as do the batches a disconnect is told to `keep`; `tick(now)` runs lane
-maintenance and the lifecycle's timeouts; `snapshot(now)` is all an
-observer needs. Time is always an argument. A batch whose entry belongs to another shape
-raises `ShapeGuardError`, which derives from BaseException so no `except Exception` hides it.
+maintenance and the lifecycle's timeouts; `snapshot(now)` is all an observer needs;
+`take_finished()` hands over the records of the shapes finished since it was last called
+(the durable store keeps them). Time is always an argument. A batch whose entry belongs to
+another shape raises `ShapeGuardError`, which derives from BaseException so no
+`except Exception` hides it.
 
 Placement and restore, the public API a durable store uses (`Intake` has the rules):
 `open_shape(model, signature, label, now)` is the shape an item of a key joins (its open
@@ -44,7 +46,7 @@ from fabricctl.core.maintenance import Maintenance
 from fabricctl.core.packing import pack
 from fabricctl.core.settlement import Settlement
 from fabricctl.core.shape import Shape, ShapeState
-from fabricctl.core.snapshot import Snapshot, take_snapshot
+from fabricctl.core.snapshot import ShapeView, Snapshot, finished_view, take_snapshot
 from fabricctl.core.stats import BatchesHistogram
 from fabricctl.core.tracking import (
     ConsumerState,
@@ -281,6 +283,14 @@ class Broker:
         out = self.signals.copy()  # the list itself is shared with `maintenance`
         self.signals.clear()
         return out
+
+    def take_finished(self) -> list[ShapeView]:
+        """The records of the shapes that finished since the last call, oldest first
+        (`finished_view`: for the store to keep); the outbox is emptied."""
+        out = self.lifecycle.finished_out
+        views = [finished_view(s, self.cfg.thrash_batches) for s in out]
+        out.clear()
+        return views
 
     def shapes(self) -> list[Shape]:
         """Every live shape: open ones and a draining current one."""

@@ -29,11 +29,13 @@ a shape warming for a consumer that still has queued work (taken while idle), el
 the live shape with the most queued tokens if that is at least join_multiple x B (worth one
 more prefill of its prefix). A consumer leaving an exhausted shape nobody else holds drains
 and finishes it at once (late arrivals stage a new one). A join bumps no epoch. A pre-warm
-signal is for the consumer the shape warms for (`Broker.prewarm_targets`).
+signal is for the consumer the shape warms for (`Broker.prewarm_targets`). Every shape that
+finishes also joins `finished_out` (bounded), which the store takes to keep its record.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Container
 from dataclasses import dataclass, field
 
@@ -42,6 +44,8 @@ from fabricctl.core.events import EventKind, EventLog
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.stats import BatchesHistogram
 from fabricctl.core.types import Prewarm
+
+FINISHED_OUT = 10_000  # finished shapes held for the store to take; older ones are dropped
 
 
 @dataclass(slots=True)
@@ -85,6 +89,8 @@ class Lifecycle:
         self.log = log
         self.histogram = histogram
         self.finished: list[Shape] = []  # recently finished shapes, newest last (bounded)
+        # finished shapes not yet taken (`Broker.take_finished`), oldest first (bounded)
+        self.finished_out: deque[Shape] = deque(maxlen=FINISHED_OUT)
 
     def _transition(self, ms: ModelState, shape: Shape, dst: ShapeState, now: float, why: str):
         src = shape.state
@@ -164,6 +170,7 @@ class Lifecycle:
             if slot.current is shape:
                 slot.current = None
         self.finished.append(shape)
+        self.finished_out.append(shape)
         if len(self.finished) > 200:
             del self.finished[:100]
 

@@ -53,6 +53,8 @@ class Settlement:
         shape.batches += 1
         shape.padded_tokens += n * pad_to
         shape.routed_tokens += tokens
+        shape.served_items += n
+        shape.consumers.add(c.name)
         batch = Batch(self.next_batch, c.name, model, shape.signature, lane.id, shape.epoch,
                       pad_to, max_tokens, c.contract.max_input_len, entries, tokens)
         self.next_batch += 1
@@ -107,6 +109,7 @@ class Settlement:
         f.shape.batches -= 1
         f.shape.padded_tokens -= len(b.entries) * b.pad_to
         f.shape.routed_tokens -= b.tokens
+        f.shape.served_items -= len(b.entries)
         self.padded_tokens -= len(b.entries) * b.pad_to
         self.routed_tokens -= b.tokens
         self.ledger.requeue(len(b.entries), b.tokens)
@@ -152,6 +155,7 @@ class Settlement:
         p.shape.batches += 1  # fail() takes one back off the shape it settles into
         p.shape.padded_tokens += len(b.entries) * b.pad_to
         p.shape.routed_tokens += b.tokens
+        p.shape.served_items += len(b.entries)
         if p.shape.staged_since is None:
             p.shape.staged_since = min(e.t for e in b.entries)
         return InFlight(b, p.shape, p.lane)

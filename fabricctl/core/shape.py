@@ -37,9 +37,11 @@ class Shape:
         "cache_achievable",
         "cache_hits",
         "cache_queries",
+        "consumers",
         "created",
         "epoch",
         "finished_at",
+        "gpus",
         "history",
         "inflight_items",
         "inflight_tokens",
@@ -50,6 +52,7 @@ class Shape:
         "model",
         "padded_tokens",
         "routed_tokens",
+        "served_items",
         "signature",
         "staged_since",
         "state",
@@ -80,6 +83,9 @@ class Shape:
         self.batches = 0
         self.padded_tokens = 0  # batch slots sent (count x pad_to), for the waste figure
         self.routed_tokens = 0  # real input tokens sent
+        self.served_items = 0  # items sent in batches (not taken back by a failure)
+        self.consumers: set[str] = set()  # every consumer a batch of this shape went to
+        self.gpus: set[int] = set()  # every GPU a completed batch reported running it on
         self.cache_queries = 0  # prompt tokens engines looked up for this shape
         self.cache_hits = 0  # of which the engines' prefix caches really held
         self.cache_achievable = 0  # what the declared prefixes allow at the engines' blocks

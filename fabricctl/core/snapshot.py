@@ -5,6 +5,8 @@ Contract: `take_snapshot(now, ...)` copies everything a dashboard or `--json` re
 items, waste, oldest age, starving/quiescing; models; consumers; recent events; counters;
 the ledger) out of the pieces it is handed, never a broker: it reads them and changes
 nothing. `lanes` selects which shapes carry their lane list: all, none, or some keys.
+`finished_view(shape, thrash_line)` is the record kept of a finished shape: its `ShapeView`
+as of its finish (lanes none, `finished_at` and `thrashed` set), what the store persists.
 """
 
 from __future__ import annotations
@@ -65,6 +67,12 @@ class ShapeView(msgspec.Struct):
     cache_hit_rate: float = 0.0  # what the engines really report for this shape
     cache_achievable: float = 0.0  # what its declared prefixes allow
     cache_flagged: bool = False  # the cache-truth audit's verdict
+    served_items: int = 0  # items sent to consumers in batches, all told
+    served_tokens: int = 0  # their real input tokens
+    consumers: list[str] = []  # the consumers its batches went to
+    gpus: list[int] = []  # the GPUs its completed batches ran on
+    finished_at: float | None = None  # a finished shape's record: when it finished
+    thrashed: bool = False  # a finished shape's record: finished below the thrash line
 
 
 class ModelView(msgspec.Struct):
@@ -158,7 +166,17 @@ def shape_view(shape: Shape, now: float, starve_s: float, with_lanes: bool) -> S
         hist.percentiles(), list(shape.history),
         lane_views(shape, now, starve_s) if with_lanes else None,
         round(real, 4), round(achievable, 4), flagged,
+        shape.served_items, shape.routed_tokens, sorted(shape.consumers), sorted(shape.gpus),
+        shape.finished_at,
     )
+
+
+def finished_view(shape: Shape, thrash_line: int) -> ShapeView:
+    """The record kept of a shape that finished: its view as of its finish, without lanes."""
+    at = shape.finished_at if shape.finished_at is not None else shape.created
+    view = shape_view(shape, at, 0.0, False)
+    view.thrashed = shape.batches < thrash_line
+    return view
 
 
 def take_snapshot(

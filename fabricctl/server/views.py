@@ -2,11 +2,16 @@
 
 Contract: every answer is msgpack of plain Structs/dicts, so `--json` readers and the
 dashboard decode the same bytes. Unknown queries and unknown shapes get an `Error`.
+`shapes` lists the live shapes (with arg "all", then the finished shapes' records, newest
+first); `shape` is the one shape its arg names (`fabricctl.core.naming`: hex, label or a
+unique hex prefix; live first, else a finished record from the store): none is `not_found`,
+several `ambiguous` (the message lists them).
 `results` pages the results in storage order as (sequence number, ResultRecord);
 `results_by_key` pages them in entry-key (ingest) order as (entry key in 24 hex digits,
 ResultRecord), after the key in `arg` ("" from the first): `fabricctl results --ordered`.
 Every read of the store goes through its methods (`results_since`, `results_by_key`,
-`result`, `stats`, `persisted_ledger`); the views see the daemon through its `ServerState`.
+`result`, `finished_shapes`, `stats`, `persisted_ledger`); the views see the daemon through
+its `ServerState`.
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from fabricctl.core.signature import signature_hex
-from fabricctl.core.snapshot import Snapshot, shape_view
+from fabricctl.core.naming import describe, match
+from fabricctl.core.snapshot import ShapeView, Snapshot, shape_view
 from fabricctl.server.eventloop import loop_name
 from fabricctl.wire.protocol import (
     Answer,
@@ -62,13 +67,26 @@ def stats_push(state: ServerState, sub: Subscribe) -> StatsPush:
     return StatsPush(encode_raw(snapshot(state, lanes)))
 
 
-def find_shape(state: ServerState, arg: str) -> Any:
-    """A live shape by signature (hex, with or without 0x) or by label."""
-    want = arg.lower().removeprefix("0x")
-    for s in state.core.shapes():
-        if signature_hex(s.signature) == want.rjust(16, "0") or (s.label and s.label == arg):
-            return s
-    return None
+def find_shapes(state: ServerState, arg: str) -> list[Any]:
+    """The shapes `arg` names (`fabricctl.core.naming`): live ones (core `Shape`s) first,
+    then finished records (`ShapeView`s) newest first, one per key."""
+    finished = state.store.finished_shapes(state.store.store_cfg.finished_shapes_kept)
+    return match(arg, [*state.core.shapes(), *finished])
+
+
+def _shape_answer(state: ServerState, q: Query) -> Any:
+    found = find_shapes(state, q.arg)
+    if not found:
+        return Error("not_found", f"no shape matches {q.arg!r}", q.rid)
+    if len(found) > 1:
+        listed = ", ".join(describe(s) for s in found[:20])
+        more = f" and {len(found) - 20} more" if len(found) > 20 else ""
+        return Error("ambiguous", f"{q.arg!r} names {len(found)} shapes: {listed}{more}; "
+                     "give more hex digits or the label", q.rid)
+    s = found[0]
+    if isinstance(s, ShapeView):
+        return s
+    return shape_view(s, state.clock(), state.core.cfg.starve_s, True)
 
 
 def answer(state: ServerState, q: Query) -> Answer | Error:
@@ -76,11 +94,12 @@ def answer(state: ServerState, q: Query) -> Answer | Error:
     data: Any
     if q.what == "shapes":
         data = [shape_view(s, now, core.cfg.starve_s, False) for s in core.shapes()]
+        if q.arg == "all":
+            data += state.store.finished_shapes(state.store.store_cfg.finished_shapes_kept)
     elif q.what == "shape":
-        s = find_shape(state, q.arg)
-        if s is None:
-            return Error("not_found", f"no live shape matches {q.arg!r}", q.rid)
-        data = shape_view(s, now, core.cfg.starve_s, True)
+        data = _shape_answer(state, q)
+        if isinstance(data, Error):
+            return data
     elif q.what == "consumers":
         data = snapshot(state).consumers
     elif q.what == "ledger":

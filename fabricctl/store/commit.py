@@ -3,7 +3,8 @@
 Contract: `stage_steps(ingest, complete)` writes the plans into a new write transaction and
 leaves it uncommitted (None: nothing to write): the ingest's rows, then the results and the
 whole-segment deletes, then the meta counters they move (ledger, next segment, result
-sequence, epochs). A completion whose batched result put meets an existing result is written
+sequence, epochs) and the records of the shapes finished since the last commit
+(`FinishedShapes`). A completion whose batched result put meets an existing result is written
 again one put at a time (the first result kept). `finish(staged)` commits it, on any thread
 (False: the map filled while committing: `grow(staged)` on the staging thread, then stage
 again); `committed(staged)`, once it is durable, moves the persisted ledger. With an ingest
@@ -28,6 +29,7 @@ from fabricctl.store.steps import Steps
 if TYPE_CHECKING:
     from fabricctl.store.completion import CompletePlan, Completion
     from fabricctl.store.ingest import Ingest, IngestPlan
+    from fabricctl.store.shapes import FinishedShapes
     from fabricctl.store.state import StoreState
 
 
@@ -44,11 +46,13 @@ class StagedCommit:
 class Commit:
     """Why: an ingest and a completion share one transaction; one place writes it whole."""
 
-    def __init__(self, state: StoreState, ingest: Ingest, completion: Completion) -> None:
+    def __init__(self, state: StoreState, ingest: Ingest, completion: Completion,
+                 finished: FinishedShapes) -> None:
         self.state = state
         self.env = state.env
         self.ingest = ingest
         self.completion = completion
+        self.finished = finished
 
     def stage_steps(self, ingest: IngestPlan | None,
                     complete: CompletePlan | None) -> Steps[StagedCommit | None]:
@@ -71,6 +75,7 @@ class Commit:
                     yield
             if com is not None:
                 completed = yield from self.completion.settle_steps(txn, com, batched, grown)
+            self.finished.write(txn)  # the records of shapes finished since the last commit
             ledger = meta.ledger_after(received, completed)
             meta.write(txn, dbs["meta"], ledger=ledger,
                        next_seg=ing.next_seg if ing is not None else None,
@@ -97,6 +102,7 @@ class Commit:
     def committed(self, staged: StagedCommit) -> None:
         """The staged transaction is durable: the persisted counters move."""
         self.state.meta.ledger = staged.txn_staged.result  # type: ignore[assignment]
+        self.finished.committed()
         if staged.ingest:
             fault_point("ingest_after_commit")
         if staged.complete:

@@ -94,6 +94,8 @@ class Completion:
                     self.duplicate_completions += 1
                     continue
                 batch = f.batch
+                if gpu is not None:
+                    f.shape.gpus.add(gpu)  # for the shape's record (`finished_view`)
                 plan.settled.append((i, batch_id))
                 settling.add(batch_id)
                 models.add(batch.model)

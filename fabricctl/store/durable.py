@@ -34,8 +34,11 @@ Contract:
   after N deliveries without a result; last: <reason>") and sends the rest of its batch
   (after `defer_results()`, those error results wait for the server's next commit:
   `take_deferred()`).
+- Every shape that finishes leaves its record (`finished_view`) in the `shapes` table in the
+  next commit (or on `close`); the last `finished_shapes_kept` are kept (shapes.py).
 - Reads for the server, each in one short read transaction: `entry(key)`,
-  `results_since(seq)`, `results_by_key(after)`, `result(item_id)`, `usage()`, `stats()`.
+  `results_since(seq)`, `results_by_key(after)`, `result(item_id)`, `finished_shapes()`,
+  `usage()`, `stats()`.
 Everything but `finish` runs on the caller's thread; the server calls it from its event loop.
 
 Structure: `DurableBroker` composes parts that share one explicit `StoreState` (settings,
@@ -56,6 +59,7 @@ import msgspec
 from fabricctl.core.broker import Broker
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.records import ResultRecord
+from fabricctl.core.snapshot import ShapeView
 from fabricctl.core.types import Item, ItemResult, Work
 from fabricctl.store.commit import Commit, StagedCommit
 from fabricctl.store.completion import CompletePlan, Completion
@@ -67,6 +71,7 @@ from fabricctl.store.keys import SegHeader, StoredEntry
 from fabricctl.store.meta import Meta, PersistedLedger
 from fabricctl.store.reads import Reads
 from fabricctl.store.recovery import RecoveryReport, recover
+from fabricctl.store.shapes import FinishedShapes
 from fabricctl.store.state import StoreState
 from fabricctl.store.steps import Steps, run_steps
 
@@ -81,6 +86,7 @@ class DurableBroker:
         store: StoreConfig | None = None,
     ) -> None:
         self.store_cfg = store or StoreConfig()
+        self._closed = False
         self.env = StoreEnv(Path(data_dir), self.store_cfg.map_size, self.store_cfg.map_ceiling)
         self.core = Broker(cfg)
         self.state = state = StoreState(self.store_cfg, self.env, self.core)
@@ -90,7 +96,8 @@ class DurableBroker:
         self._ingest = Ingest(state)
         self._completion = Completion(state)
         self._dispatch = Dispatch(state, self.complete_many)
-        self._commit = Commit(state, self._ingest, self._completion)
+        self._finished = FinishedShapes(self.env, self.core, self.store_cfg.finished_shapes_kept)
+        self._commit = Commit(state, self._ingest, self._completion, self._finished)
         self._reads = Reads(self.env)
         try:
             self.recovery: RecoveryReport = recover(state, now)
@@ -278,6 +285,11 @@ class DurableBroker:
         """The stored result of an item, or None while it has none."""
         return self._reads.result(item_id)
 
+    def finished_shapes(self, limit: int = 1000) -> list[ShapeView]:
+        """The records of the newest `limit` finished shapes, newest first (those not yet
+        committed too), as kept across restarts."""
+        return self._finished.recent(limit)
+
     def usage(self) -> dict[str, Any]:
         """The data dir, the map's used and current size, the disk's free space."""
         return self._reads.usage()
@@ -289,4 +301,12 @@ class DurableBroker:
                 "recovery": msgspec.to_builtins(self.recovery)}
 
     def close(self) -> None:
-        self.env.close()
+        """Write the finished shapes' records still pending, then close the environment (a
+        second call does nothing)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._finished.flush()
+        finally:
+            self.env.close()

@@ -25,7 +25,11 @@ feeds. Named databases:
 - `rseq`: the order results were stored in: a commit's new results are numbered on from the
   last, in one row keyed by the first number (u64) holding their entry keys (12 bytes
   each) in order (layout 3 wrote one row per result: a run of one);
-- `meta`: counters (meta.py).
+- `meta`: counters (meta.py);
+- `shapes` (added in layout 4 without a new FORMAT: a data dir without it still opens and
+  the table is created): finish number (u64, counting on from the last row) -> the
+  `ShapeView` record of a shape that finished, the last `finished_shapes_kept` of them
+  (the oldest rows dropped in the commit that writes past the bound). shapes.py.
 Entry keys are never reused: segment ids only grow.
 
 Cost model: an LMDB commit costs about one page write per page it dirties, so every write
@@ -51,7 +55,7 @@ TOMB_FORMAT = 3  # the layout before: its `tomb` table only repeated the results
 _SEG = struct.Struct(">Q")
 _ENTRY = struct.Struct(">QI")
 
-DB_NAMES = (b"seg", b"data", b"ids", b"results", b"rseq", b"meta")
+DB_NAMES = (b"seg", b"data", b"ids", b"results", b"rseq", b"meta", b"shapes")
 
 
 class SegHeader(msgspec.Struct, array_like=True):
