@@ -74,6 +74,16 @@ def test_thrash_events_are_drawn_in_the_critical_colour() -> None:
     assert "consumer w0 joined" in joined.plain and CRITICAL not in styles_at(joined, "w0")
 
 
+def test_a_force_drain_of_many_lanes_is_one_line_with_the_count() -> None:
+    many = Event(9, 99.0, EventKind.FORCE_DRAIN, "m", 0xA11CE, "alpha", value=3, count=37,
+                 reason="force-drained 37 lanes, 80 items")
+    assert draw.event_line(many, 100.0).plain.endswith(
+        "m 00000000000a11ce alpha  force-drained 37 lanes, 80 items")
+    one = Event(10, 99.0, EventKind.FORCE_DRAIN, "m", 0xA11CE, "alpha", value=3, count=1,
+                reason="2 items")
+    assert draw.event_line(one, 100.0).plain.endswith("lane 3 force-drained (2 items)")
+
+
 def test_histogram_marks_buckets_below_the_thrash_line_and_draws_the_line() -> None:
     counts = [0] * 14
     counts[4], counts[7] = 2, 3  # 10-19 batches (thrashing), 100-199 batches

@@ -50,6 +50,9 @@ class FinishedShapes:
         """Put the pending records into `txn` and trim the table to the bound; returns how
         many records it wrote."""
         self._take()
+        self._written = 0
+        if not self.pending:
+            return 0  # most commits: nothing finished, nothing to trim
         db = self.env.dbs["shapes"]
         for n, view in self.pending:
             txn.put(rseq_key(n), _encode(view), db=db)
