@@ -19,6 +19,13 @@ as batch files number them; random ids would add one scattered page per item to 
 index. Targets on a 2-core box: ingest >= 100k items/s, complete >= 50k items/s, recovery
 <= 10 s per million, <= 200 B RSS per queued item.
 
+The floor, so the figure reads the same on any machine: each round also runs raw py-lmdb on
+the same payloads in a fresh environment beside it, opened with the store's own flags
+(`fabricctl.store.env`: sync and metasync on, no writemap, readahead, lock off), one write
+transaction per `--chunk` rows (as one `ingest` call is one commit), `putmulti` appending
+8-byte sequential keys, payload as value. `lmdb_floor_items_per_s` is its median round and
+`ingest_vs_lmdb_floor` the median of the rounds' ratios ingest / floor (target >= 0.6x).
+
     .venv/bin/python bench/store_bench.py                           # a table
     .venv/bin/python bench/store_bench.py --json                    # exactly one JSON object
     .venv/bin/python bench/store_bench.py --recovery-items 100000   # a quicker run
@@ -34,6 +41,7 @@ import json
 import math
 import pstats
 import random
+import struct
 import subprocess
 import sys
 import tempfile
@@ -43,6 +51,8 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import lmdb
 
 from fabricctl.core.signature import signature
 from fabricctl.core.types import Contract, Item, ItemResult
@@ -59,6 +69,7 @@ TARGETS = {
     "complete_items_per_s": (50_000, ">="),
     "recovery_s_per_million": (10.0, "<="),
     "rss_bytes_per_queued_item": (200.0, "<="),
+    "ingest_vs_lmdb_floor": (0.6, ">="),
 }
 GiB = 1 << 30
 
@@ -143,6 +154,31 @@ def phase_complete(store: DurableBroker, args: argparse.Namespace,
     return items, spent, cpu, batches, commits
 
 
+def lmdb_floor(args: argparse.Namespace, data_dir: Path) -> tuple[int, float]:
+    """Raw py-lmdb on the same payloads: one durable write transaction per `--chunk` rows,
+    `putmulti` append into a fresh env with the store's flags; returns (rows, seconds in the
+    transactions)."""
+    data_dir.mkdir(parents=True)
+    env = lmdb.open(str(data_dir), map_size=store_cfg().map_size, max_dbs=2, subdir=True,
+                    sync=True, metasync=True, writemap=False, readahead=True, lock=False)
+    db = env.open_db(b"data")
+    pack = struct.Struct(">Q").pack
+    spent = 0.0
+    n = 0
+    try:
+        for chunk in chunks(args.seed, args.items, args.chunk, args.shapes, args.payload):
+            rows = [(pack(n + k), it.payload) for k, it in enumerate(chunk)]
+            t0 = time.perf_counter()
+            with env.begin(write=True) as txn:
+                added = txn.cursor(db=db).putmulti(rows, overwrite=False, append=True)[1]
+            spent += time.perf_counter() - t0
+            assert added == len(rows), (added, len(rows))
+            n += len(rows)
+    finally:
+        env.close()
+    return n, spent
+
+
 def run_throughput(args: argparse.Namespace, data_dir: Path) -> dict[str, object]:
     """One round in a fresh data dir."""
     store = DurableBroker(data_dir, 0.0, store=store_cfg())
@@ -150,6 +186,8 @@ def run_throughput(args: argparse.Namespace, data_dir: Path) -> dict[str, object
         n_in, t_in, c_in = phase_ingest(store, args, 0.0)
         n_out, t_out, c_out, batches, commits = phase_complete(store, args, 1.0)
         lg = store.core.ledger
+        n_raw, t_raw = lmdb_floor(args, data_dir.parent / f"{data_dir.name}-floor")
+        floor = n_raw / t_raw
         return {
             "items": n_in,
             "payload_bytes": args.payload,
@@ -158,6 +196,8 @@ def run_throughput(args: argparse.Namespace, data_dir: Path) -> dict[str, object
             "ingest_seconds": round(t_in, 4),
             "ingest_items_per_s": round(n_in / t_in),
             "ingest_cpu_us_per_item": round(c_in * 1e6 / n_in, 2),
+            "lmdb_floor_items_per_s": round(floor),
+            "ingest_vs_lmdb_floor": round(n_in / t_in / floor, 3),
             "completed": n_out,
             "complete_seconds": round(t_out, 4),
             "complete_items_per_s": round(n_out / t_out) if t_out else 0,
@@ -176,10 +216,13 @@ def run_rounds(args: argparse.Namespace, parent: Path) -> dict[str, object]:
     """`--rounds` rounds; the rates are the median round's, with the best one beside them."""
     rounds = [run_throughput(args, parent / f"t{k}") for k in range(args.rounds)]
     out = dict(rounds[0])
-    for key in ("ingest_items_per_s", "complete_items_per_s"):
+    for key in ("ingest_items_per_s", "complete_items_per_s", "lmdb_floor_items_per_s"):
         vals = sorted(int(r[key]) for r in rounds)  # type: ignore[call-overload]
         out[key] = vals[len(vals) // 2]
         out[key.replace("_per_s", "_per_s_best")] = vals[-1]
+    ratios = sorted(float(r["ingest_vs_lmdb_floor"]) for r in rounds)  # type: ignore[arg-type]
+    out["ingest_vs_lmdb_floor"] = ratios[len(ratios) // 2]
+    out["ingest_vs_lmdb_floor_rounds"] = ratios
     for key in ("ingest_cpu_us_per_item", "complete_cpu_us_per_item"):
         out[key] = min(float(r[key]) for r in rounds)  # type: ignore[arg-type]
     for key in ("ingest_seconds", "complete_seconds"):
