@@ -9,6 +9,15 @@ the items are generated before the clock starts (`--stream` generates them betwe
 instead, which keeps memory flat but lets generation evict the broker's data from the caches).
 The target is >= 300,000 items/s.
 
+The floor, so the figure reads the same on any machine: after each run, a plain FIFO that does
+no shaping (`collections.deque`) takes the same items through the same loop (chunks while
+fewer than `--backlog` are queued, `--rounds` pulls per consumer a step), each pull popping a
+batch of the core's own mean batch size from that run and each complete booking it out of a
+dict of batches in flight (items and tokens counted, as the ledger does).
+`fifo_floor_items_per_s` is its rate, `core_vs_fifo_floor` the core's items/s as a ratio of
+it (target >= 0.5x; with `--repeat`, the ratio of the fastest run); `core_vs_fifo_floor_cpu`
+is the same ratio per CPU second (steadier on a busy host).
+
     .venv/bin/python bench/core_bench.py                 # a plain table
     .venv/bin/python bench/core_bench.py --json          # exactly one JSON object
     .venv/bin/python bench/core_bench.py --repeat 3      # the best of three runs
@@ -25,6 +34,7 @@ import pstats
 import random
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +48,7 @@ from fabricctl.core.signature import signature
 from fabricctl.core.types import Contract, Item
 
 TARGET = 300_000  # items/s
+TARGET_VS_FIFO = 0.5  # the core's items/s / the plain FIFO's on the same workload
 CONTRACTS = (
     Contract("m", 256, 65536, 8192),
     Contract("m", 128, 32768, 8192),
@@ -76,15 +87,22 @@ class Result:
     switches: int
     waste: float
     ledger_difference: tuple[int, int]
+    fifo_items_per_s: float = 0.0  # the plain FIFO floor on the same workload (`fifo_floor`)
+    fifo_items_per_cpu_s: float = 0.0  # the same, per CPU second
 
     def as_dict(self) -> dict[str, object]:
         s = self.seconds or 1e-9
         return {
             "items": self.items,
             "seconds": round(self.seconds, 4),
+            "items_per_s": round(self.items / s),
+            "fifo_floor_items_per_s": round(self.fifo_items_per_s),
+            "core_vs_fifo_floor": round(self.items / s / (self.fifo_items_per_s or 1e-9), 3),
+            "fifo_floor_items_per_cpu_s": round(self.fifo_items_per_cpu_s),
+            "core_vs_fifo_floor_cpu": round(self.items / (self.cpu_seconds or 1e-9)
+                                            / (self.fifo_items_per_cpu_s or 1e-9), 3),
             "cpu_seconds": round(self.cpu_seconds, 4),
             "wall_seconds": round(self.wall_seconds, 4),
-            "items_per_s": round(self.items / s),
             "items_per_cpu_s": round(self.items / (self.cpu_seconds or 1e-9)),
             "lane_reuses_per_s": round(self.lane_reuses / s),
             "new_lanes_per_s": round(self.new_lanes / s, 2),
@@ -113,7 +131,49 @@ def chunks(p: Params) -> Iterator[list[Item]]:
                for k, sig in enumerate(keys)]
 
 
+def fifo_floor(p: Params, batch_size: int) -> tuple[float, float]:
+    """(items/s, items per CPU second) of a plain FIFO with no shaping on the same workload
+    and loop: a deque, pulls of `batch_size` items, completes booked out of a dict (items and
+    tokens counted)."""
+    source = chunks(p) if p.stream else iter(list(chunks(p)))
+    queue: deque[Item] = deque()
+    inflight: dict[int, list[Item]] = {}
+    popleft, clock, cpu = queue.popleft, time.perf_counter, time.process_time
+    names = range(p.consumers)
+    next_id = completed = tokens = 0
+    spent = spent_cpu = 0.0
+    fresh: list[Item] | None = []
+    while fresh is not None or queue:
+        if fresh is not None and len(queue) < p.backlog:
+            fresh = next(source, None)
+        t0, c0 = clock(), cpu()
+        if fresh:
+            queue.extend(fresh)
+            fresh = []
+        for _ in range(p.rounds):
+            for _ in names:
+                if not queue:
+                    break
+                batch = [popleft() for _ in range(min(batch_size, len(queue)))]  # pull
+                next_id += 1
+                inflight[next_id] = batch
+                done = inflight.pop(next_id)  # complete
+                completed += len(done)
+                tokens += sum(it.input_tokens for it in done)
+        spent += clock() - t0
+        spent_cpu += cpu() - c0
+    assert completed == p.items and not inflight, (completed, p.items)
+    return completed / (spent or 1e-9), completed / (spent_cpu or 1e-9)
+
+
 def run(p: Params) -> Result:
+    result = run_core(p)
+    size = max(1, round(result.items / max(result.batches, 1)))
+    result.fifo_items_per_s, result.fifo_items_per_cpu_s = fifo_floor(p, size)
+    return result
+
+
+def run_core(p: Params) -> Result:
     wall0 = time.perf_counter()
     source = chunks(p) if p.stream else iter(list(chunks(p)))
     broker = Broker(CoreConfig())
@@ -159,6 +219,9 @@ def table(result: dict[str, object]) -> str:
     rate = result["items_per_s"]
     verdict = "met" if isinstance(rate, int) and rate >= TARGET else "not met"
     rows.append(("target", f"{TARGET:,} items/s: {verdict}"))
+    ratio = result["core_vs_fifo_floor"]
+    verdict = "met" if isinstance(ratio, float) and ratio >= TARGET_VS_FIFO else "not met"
+    rows.append(("target vs FIFO floor", f">= {TARGET_VS_FIFO}x: {verdict}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v:>26}" for k, v in rows)
 
@@ -184,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                args.seed, args.stream)
     if args.profile:
         prof = cProfile.Profile()
-        result = prof.runcall(run, p)
+        result = prof.runcall(run_core, p)
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     else:
         result = min((run(p) for _ in range(max(1, args.repeat))), key=lambda r: r.seconds)

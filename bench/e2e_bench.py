@@ -22,6 +22,13 @@ runs on (uvloop; `--loop asyncio` for asyncio's own) and settles its heap once s
 both cores at once after the runs: this VM's speed drifts by a third within an hour, so
 compare figures taken at similar probes.
 
+The floor, so the figure reads the same on any machine: after each run, once the broker
+process is gone, this process ingests the same items into a fresh `DurableBroker` beside the
+run's data dir (the same disk, durable commits), `--commit-items` items per `ingest` call (one
+group commit, as the server's writer takes them), timing only the calls:
+`store_ingest_floor_items_per_s`. `e2e_vs_store_ingest` is the run's items/s as a ratio of it
+(end to end every item is also pulled and completed, over the socket).
+
     .venv/bin/python bench/e2e_bench.py                         # a table
     .venv/bin/python bench/e2e_bench.py --json                  # exactly one JSON object
     .venv/bin/python bench/e2e_bench.py --profile broker.prof   # cProfile the broker process
@@ -191,6 +198,27 @@ def broker_main(args: argparse.Namespace) -> int:
     sys.stdout.write(json.dumps(out) + "\n")
     sys.stdout.flush()
     return 0
+
+
+def store_ingest_floor(items: list[Item], chunk: int, where: Path) -> float:
+    """Items/s of the store's own ingest of `items` in a fresh data dir at `where`, `chunk`
+    items per call (one durable commit each); only the calls are timed."""
+    from fabricctl.store.durable import DurableBroker
+
+    store = DurableBroker(where, 0.0)
+    spent = 0.0
+    try:
+        for k in range(0, len(items), chunk):
+            part = items[k:k + chunk]
+            t0 = time.perf_counter()
+            rejects = store.ingest(part, 0.0)
+            spent += time.perf_counter() - t0
+            if rejects:
+                raise RuntimeError(f"the floor's store rejected items: {rejects[:3]}")
+    finally:
+        store.close()
+        shutil.rmtree(where, ignore_errors=True)
+    return len(items) / (spent or 1e-9)
 
 
 # -- the load: producers and null consumers ----------
@@ -368,8 +396,11 @@ async def drive(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
             broker.kill()
             await broker.wait()
     server = json.loads(final)
+    floor = store_ingest_floor(items, args.commit_items, data_dir.parent / "floor")
     out: dict[str, Any] = {"pull_latency_measured": "client-side, pulls that returned work"}
     out.update(load)
+    out["store_ingest_floor_items_per_s"] = round(floor)
+    out["e2e_vs_store_ingest"] = round(load["items_per_s"] / floor, 3)
     out.update(server)
     out["broker_us_per_item"] = round(server["broker_cpu_s"] / args.items * 1e6, 1)
     out["broker_busy"] = round(server["broker_cpu_s"] / load["seconds"], 2)
@@ -390,6 +421,7 @@ def table(out: dict[str, Any]) -> str:
     p99 = "meets" if out["pull_p99_ms"] <= TARGET_PULL_P99_MS else "above"
     rows.append(("target items/s", f">= {TARGET_ITEMS_PER_S:,} ({rate})"))
     rows.append(("target pull p99", f"<= {TARGET_PULL_P99_MS} ms ({p99})"))
+    rows.append(("vs store ingest floor", f"{out['e2e_vs_store_ingest']}x"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v:>40}" for k, v in rows)
 
@@ -463,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(runs) > 1:
         out["runs_items_per_s"] = [r["items_per_s"] for r in runs]
         out["runs_pull_p99_ms"] = [r["pull_p99_ms"] for r in runs]
+        out["runs_e2e_vs_store_ingest"] = [r["e2e_vs_store_ingest"] for r in runs]
     if args.profile:
         pstats.Stats(args.profile, stream=sys.stderr).sort_stats("tottime").print_stats(30)
     print(json.dumps(out) if args.json else table(out))

@@ -19,6 +19,15 @@ as batch files number them; random ids would add one scattered page per item to 
 index. Targets on a 2-core box: ingest >= 100k items/s, complete >= 50k items/s, recovery
 <= 10 s per million, <= 200 B RSS per queued item.
 
+The floor, so the figure reads the same on any machine: each round also writes raw py-lmdb
+on the same payloads into a fresh environment beside it, opened with the store's own flags
+(`fabricctl.store.env`: sync and metasync on, no writemap, readahead, lock off), one write
+transaction per `--chunk` rows (as one `ingest` call is one commit), `putmulti` appending
+8-byte sequential keys, payload as value; each raw commit runs right after the ingest of the
+same chunk, so both see the disk as it is at that moment. `lmdb_floor_items_per_s` is its
+median round, `ingest_vs_lmdb_floor` the median of the rounds' ratios ingest / floor (target
+>= 0.6x) and `ingest_vs_lmdb_floor_cpu` the same ratio by CPU time per item.
+
     .venv/bin/python bench/store_bench.py                           # a table
     .venv/bin/python bench/store_bench.py --json                    # exactly one JSON object
     .venv/bin/python bench/store_bench.py --recovery-items 100000   # a quicker run
@@ -34,6 +43,7 @@ import json
 import math
 import pstats
 import random
+import struct
 import subprocess
 import sys
 import tempfile
@@ -43,6 +53,8 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import lmdb
 
 from fabricctl.core.signature import signature
 from fabricctl.core.types import Contract, Item, ItemResult
@@ -59,6 +71,7 @@ TARGETS = {
     "complete_items_per_s": (50_000, ">="),
     "recovery_s_per_million": (10.0, "<="),
     "rss_bytes_per_queued_item": (200.0, "<="),
+    "ingest_vs_lmdb_floor": (0.6, ">="),
 }
 GiB = 1 << 30
 
@@ -88,9 +101,10 @@ def store_cfg() -> StoreConfig:
     return StoreConfig(map_size=1 * GiB)
 
 
-def phase_ingest(store: DurableBroker, args: argparse.Namespace,
-                 now: float) -> tuple[int, float, float]:
-    """Ingest the workload; returns (items, wall seconds and CPU seconds inside `ingest`)."""
+def phase_ingest(store: DurableBroker, args: argparse.Namespace, now: float,
+                 floor: LmdbFloor | None = None) -> tuple[int, float, float]:
+    """Ingest the workload; returns (items, wall seconds and CPU seconds inside `ingest`).
+    With `floor`, each chunk is also committed raw right after its ingest (not counted)."""
     spent = cpu = 0.0
     n = 0
     for chunk in chunks(args.seed, args.items, args.chunk, args.shapes, args.payload):
@@ -100,6 +114,8 @@ def phase_ingest(store: DurableBroker, args: argparse.Namespace,
         cpu += time.process_time() - c0
         assert not rejects, rejects[:3]
         n += len(chunk)
+        if floor is not None:
+            floor.commit(chunk)
     return n, spent, cpu
 
 
@@ -143,13 +159,49 @@ def phase_complete(store: DurableBroker, args: argparse.Namespace,
     return items, spent, cpu, batches, commits
 
 
+class LmdbFloor:
+    """Why: the raw py-lmdb append rate on the same payloads is the figure ingest is read
+    against; committed chunk by chunk beside ingest, both see the same disk at the same time.
+
+    One durable write transaction per chunk, `putmulti` appending 8-byte sequential keys
+    (payload as value) into a fresh env opened with the store's flags."""
+
+    def __init__(self, data_dir: Path) -> None:
+        data_dir.mkdir(parents=True)
+        self.env = lmdb.open(str(data_dir), map_size=store_cfg().map_size, max_dbs=2,
+                             subdir=True, sync=True, metasync=True, writemap=False,
+                             readahead=True, lock=False)
+        self.db = self.env.open_db(b"data")
+        self.pack = struct.Struct(">Q").pack
+        self.rows = 0
+        self.seconds = self.cpu = 0.0
+
+    def commit(self, chunk: list[Item]) -> None:
+        """One chunk's payloads in one transaction; only the transaction is timed."""
+        pack, n = self.pack, self.rows
+        rows = [(pack(n + k), it.payload) for k, it in enumerate(chunk)]
+        c0, t0 = time.process_time(), time.perf_counter()
+        with self.env.begin(write=True) as txn:
+            added = txn.cursor(db=self.db).putmulti(rows, overwrite=False, append=True)[1]
+        self.seconds += time.perf_counter() - t0
+        self.cpu += time.process_time() - c0
+        assert added == len(rows), (added, len(rows))
+        self.rows += len(rows)
+
+    def close(self) -> None:
+        self.env.close()
+
+
 def run_throughput(args: argparse.Namespace, data_dir: Path) -> dict[str, object]:
     """One round in a fresh data dir."""
     store = DurableBroker(data_dir, 0.0, store=store_cfg())
+    raw = LmdbFloor(data_dir.parent / f"{data_dir.name}-floor")
     try:
-        n_in, t_in, c_in = phase_ingest(store, args, 0.0)
+        n_in, t_in, c_in = phase_ingest(store, args, 0.0, raw)
+        raw.close()
         n_out, t_out, c_out, batches, commits = phase_complete(store, args, 1.0)
         lg = store.core.ledger
+        floor = raw.rows / (raw.seconds or 1e-9)
         return {
             "items": n_in,
             "payload_bytes": args.payload,
@@ -158,6 +210,10 @@ def run_throughput(args: argparse.Namespace, data_dir: Path) -> dict[str, object
             "ingest_seconds": round(t_in, 4),
             "ingest_items_per_s": round(n_in / t_in),
             "ingest_cpu_us_per_item": round(c_in * 1e6 / n_in, 2),
+            "lmdb_floor_items_per_s": round(floor),
+            "ingest_vs_lmdb_floor": round(n_in / t_in / floor, 3),
+            "lmdb_floor_cpu_us_per_item": round(raw.cpu * 1e6 / max(raw.rows, 1), 2),
+            "ingest_vs_lmdb_floor_cpu": round(raw.cpu / max(c_in, 1e-9), 3),
             "completed": n_out,
             "complete_seconds": round(t_out, 4),
             "complete_items_per_s": round(n_out / t_out) if t_out else 0,
@@ -169,6 +225,7 @@ def run_throughput(args: argparse.Namespace, data_dir: Path) -> dict[str, object
             "segments_left": len(store.segs),
         }
     finally:
+        raw.close()
         store.close()
 
 
@@ -176,10 +233,16 @@ def run_rounds(args: argparse.Namespace, parent: Path) -> dict[str, object]:
     """`--rounds` rounds; the rates are the median round's, with the best one beside them."""
     rounds = [run_throughput(args, parent / f"t{k}") for k in range(args.rounds)]
     out = dict(rounds[0])
-    for key in ("ingest_items_per_s", "complete_items_per_s"):
+    for key in ("ingest_items_per_s", "complete_items_per_s", "lmdb_floor_items_per_s"):
         vals = sorted(int(r[key]) for r in rounds)  # type: ignore[call-overload]
         out[key] = vals[len(vals) // 2]
         out[key.replace("_per_s", "_per_s_best")] = vals[-1]
+    for key in ("ingest_vs_lmdb_floor", "ingest_vs_lmdb_floor_cpu"):
+        ratios = sorted(float(r[key]) for r in rounds)  # type: ignore[arg-type]
+        out[key] = ratios[len(ratios) // 2]
+        out[f"{key}_rounds"] = ratios
+    out["lmdb_floor_cpu_us_per_item"] = min(
+        float(r["lmdb_floor_cpu_us_per_item"]) for r in rounds)  # type: ignore[arg-type]
     for key in ("ingest_cpu_us_per_item", "complete_cpu_us_per_item"):
         out[key] = min(float(r[key]) for r in rounds)  # type: ignore[arg-type]
     for key in ("ingest_seconds", "complete_seconds"):

@@ -127,3 +127,62 @@ def test_submit_and_status_use_the_configured_model_dir(broker: Broker, tmp_path
     assert any("token counts" in ln and name in ln for ln in text.splitlines())
     plain = json.loads(broker.run("status", "--json").stdout)
     assert plain["token_counter"] == "estimate"
+
+
+# ---- the rehearsal counts what the engine counts ----------------------------------------------
+
+PREFIX = " ".join(["one two three four five six seven"] * 20)  # 140 words; estimate: 170
+
+
+def _replay_lines(model: str, n: int = 40) -> bytes:
+    return b"".join(json.dumps({"id": f"r{i}", "model": model, "prefix": [PREFIX],
+                                "prompt": f"{TEXT} {i}", "max_tokens": 2}).encode() + b"\n"
+                    for i in range(n))
+
+
+def test_replay_sizes_prefixes_with_the_model_dir_tokenizer(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fabricctl.cli.replay import counter_for, read_workload, run_replay
+    from fabricctl.engines.blocks import decode_item_payload, prefix_tokens
+
+    model = model_dir(tmp_path)
+    path = tmp_path / "w.jsonl"
+    path.write_bytes(_replay_lines(str(model)))
+    counter = counter_for("", str(model))
+    sized = {prefix_tokens(decode_item_payload(it)) for it in read_workload(path, counter)}
+    assert sized == {140} and estimate_tokens(PREFIX) == 170
+    estimated = {prefix_tokens(decode_item_payload(it)) for it in read_workload(path)}
+    assert estimated == {170}  # the estimate stays the fallback
+
+    kw = dict(workload=path, gpus=1, policy="fabric", json_out=True, kv_tokens=None,
+              pressure=None, rate=0.0, seed=0, max_num_seqs=8)
+    assert run_replay(**kw, model=str(model)) == 0  # type: ignore[arg-type]
+    fig = json.loads(capsys.readouterr().out)["fabric"]
+    assert fig["token_counter"] == f"tokenizer:{model / 'tokenizer.json'}"
+    assert run_replay(**kw) == 0  # type: ignore[arg-type]
+    assert json.loads(capsys.readouterr().out)["fabric"]["token_counter"] == "estimate"
+    assert run_replay(**{**kw, "json_out": False}, model=str(model)) == 0  # type: ignore[arg-type]
+    assert f"token counts: tokenizer:{model / 'tokenizer.json'}" in capsys.readouterr().err
+
+
+def test_replay_command_reads_the_configured_model(tmp_path: Path) -> None:
+    model = model_dir(tmp_path)
+    path = tmp_path / "w.jsonl"
+    path.write_bytes(_replay_lines("fabric-demo", n=10))
+    out = fabricctl("replay", str(path), "--policy", "fabric", "--gpus", "1", "--json",
+                    "--model", str(model), env=clean_env(tmp_path), cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["fabric"]["token_counter"] == f"tokenizer:{model / 'tokenizer.json'}"
+
+
+def test_replay_with_a_tokenizer_that_does_not_load_is_a_usage_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fabricctl.cli.replay import run_replay
+
+    path = tmp_path / "w.jsonl"
+    path.write_bytes(_replay_lines("fabric-demo", n=3))
+    code = run_replay(path, 1, "fabric", True, None, None, 0.0, 0, 8,
+                      tokenizer=str(tmp_path / "missing.json"))
+    assert code == 2
+    assert "fabricctl replay: tokenizer" in capsys.readouterr().err

@@ -10,8 +10,14 @@ prints either a Rich table (one row per policy, on stdout, the parameters on std
 names (ablations included) also works. The KV pool is `kv_tokens`, else the pool that gives
 cache `pressure`, else the simulated GPU's default. Arrivals: all at t = 0 when `rate` is 0
 (an offline batch job), else Poisson at `rate` items per simulated second from `seed`.
+Token counts (and so every prefix's size in blocks) come from the counter `submit` and `run`
+use, `formats.tokens.choose_counter(tokenizer, model)`: `[producer] tokenizer`, else the
+configured model directory's `tokenizer.json`, else the 4-bytes-a-token estimate; the command
+reads them from the configuration (`--config`, `--model`), and the counter's name is on the
+parameters line (stderr) and in every policy's JSON object (`token_counter`).
 Returns the exit code: 0, or 2 (a `UsageError`, written as one `fabricctl replay: ...` line
-on stderr) for bad arguments or a workload with no readable item. Every figure is simulated.
+on stderr) for bad arguments, a tokenizer that does not load or a workload with no readable
+item. Every figure is simulated.
 The simulator and Rich are imported when a replay runs.
 """
 
@@ -23,13 +29,14 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from fabricctl.cli.support import guarded
+from fabricctl.cli.support import ConfigFile, guarded, load
 from fabricctl.errors import ExitCode, UsageError, exit_code_of
 
 if TYPE_CHECKING:
     from rich.table import Table
 
     from fabricctl.core.types import Item
+    from fabricctl.formats.tokens import TokenCounter
     from fabricctl.replay.report import PolicyResult
 
 
@@ -48,10 +55,19 @@ def command(
     seed: int = typer.Option(0, "--seed"),
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Running sequences per GPU."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object keyed by policy."),
+    config: Path | None = ConfigFile,
+    model: str | None = typer.Option(None, "--model", "-m", help="The model (a directory "
+                                     "with a tokenizer.json counts tokens with it)."),
 ) -> None:
-    """Replay a workload through fabric and the schedulers users run instead (simulated)."""
-    raise typer.Exit(guarded(lambda: run_replay(workload, gpus, policy, json_out, kv_tokens,
-                                                pressure, rate, seed, max_num_seqs)))
+    """Replay a workload through fabric and the schedulers users run instead (simulated).
+
+    Token counts come from [producer] tokenizer, else the model directory's tokenizer.json
+    (--model DIR), else an estimate of 4 bytes a token, as for submit and run.
+    """
+    cfg = load(config, model=model)
+    raise typer.Exit(guarded(lambda: run_replay(
+        workload, gpus, policy, json_out, kv_tokens, pressure, rate, seed, max_num_seqs,
+        tokenizer=cfg.producer.tokenizer, model=cfg.model)))
 
 
 def policy_names(policy: str) -> list[str]:
@@ -73,14 +89,15 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def read_workload(path: Path) -> list[Item]:
-    """The workload's items; bad lines are reported on stderr (the first 20)."""
+def read_workload(path: Path, counter: TokenCounter | None = None) -> list[Item]:
+    """The workload's items, counted with `counter` (default: the estimate); bad lines are
+    reported on stderr (the first 20)."""
     from fabricctl.formats.reader import LineError, Parsed, parse_stream
 
     items: list[Item] = []
     bad = 0
     with path.open("rb") as fp:
-        for got in parse_stream(fp):
+        for got in parse_stream(fp, counter=counter):
             if isinstance(got, LineError):
                 bad += 1
                 if bad <= 20:
@@ -120,18 +137,32 @@ def results_table(results: dict[str, PolicyResult], title: str) -> Table:
 
 
 def run_replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: int | None,
-               pressure: float | None, rate: float, seed: int, max_num_seqs: int) -> int:
-    """Replay `workload` through `policy` on `gpus` simulated GPUs; print; return exit code."""
+               pressure: float | None, rate: float, seed: int, max_num_seqs: int,
+               tokenizer: str = "", model: str = "") -> int:
+    """Replay `workload` through `policy` on `gpus` simulated GPUs; print; return exit code.
+    Tokens are counted by `choose_counter(tokenizer, model)`."""
     try:
         return _replay(workload, gpus, policy, json_out, kv_tokens, pressure, rate, seed,
-                       max_num_seqs)
+                       max_num_seqs, tokenizer, model)
     except UsageError as e:
         _say(f"fabricctl replay: {e}")
         return exit_code_of(e)
 
 
+def counter_for(tokenizer: str, model: str) -> TokenCounter:
+    """`choose_counter(tokenizer, model)`; a configured tokenizer that does not load is a
+    `UsageError`."""
+    from fabricctl.formats.tokens import choose_counter
+
+    try:
+        return choose_counter(tokenizer, model)
+    except Exception as e:  # the configured tokenizer is missing or not a tokenizer.json
+        raise UsageError(f"tokenizer {tokenizer}: {e}") from None
+
+
 def _replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: int | None,
-            pressure: float | None, rate: float, seed: int, max_num_seqs: int) -> int:
+            pressure: float | None, rate: float, seed: int, max_num_seqs: int,
+            tokenizer: str = "", model: str = "") -> int:
     import msgspec
     from rich.console import Console
 
@@ -153,7 +184,8 @@ def _replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: i
             raise ValueError(f"{workload}: no such file")
     except ValueError as e:
         raise UsageError(str(e)) from None
-    parsed = read_workload(workload)
+    counter = counter_for(tokenizer, model)
+    parsed = read_workload(workload, counter)
     if not parsed:
         raise UsageError(f"{workload}: no readable item")
     base = SimCosts()
@@ -164,7 +196,8 @@ def _replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: i
     except ValueError as e:
         raise UsageError(str(e)) from None
     limits = limits_for(items, costs)
-    results = replay(items, names, gpus, costs, limits)
+    results = {n: msgspec.structs.replace(r, token_counter=counter.name)
+               for n, r in replay(items, names, gpus, costs, limits).items()}
     if json_out:
         sys.stdout.write(msgspec.json.encode(
             {n: msgspec.structs.asdict(r) for n, r in results.items()}).decode() + "\n")
@@ -172,7 +205,8 @@ def _replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: i
     arrivals = "all at t=0" if rate == 0 else f"Poisson {rate:g}/s (seed {seed})"
     _say(f"simulated: {len(items):,} items, {gpus} GPU(s), KV {costs.kv_tokens:,} tokens "
          f"(cache pressure {pressure_of(items, costs):.2f}), max_num_seqs {max_num_seqs}, "
-         f"arrivals {arrivals}; cost model: fabricctl/engines/costs.py")
+         f"arrivals {arrivals}; token counts: {counter.name}; "
+         "cost model: fabricctl/engines/costs.py")
     console = Console() if sys.stdout.isatty() else Console(width=160)
     console.print(results_table(results, f"fabricctl replay — {workload.name} (simulated)"))
     return int(ExitCode.OK)

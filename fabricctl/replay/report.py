@@ -50,6 +50,7 @@ class PolicyResult(msgspec.Struct):
     thrash_events: int | None
     p50_latency_s: float
     p99_latency_s: float
+    token_counter: str = "estimate"  # how the workload's lines were counted (choose_counter)
 
 
 def _pct(values: list[float], p: float) -> float:
