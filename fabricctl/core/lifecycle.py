@@ -222,7 +222,8 @@ class Lifecycle:
                 self._transition(ms, shape, ShapeState.WARMING, now, pick[1])
                 h.warming = shape
                 lanes = [(lane.id, lane.target) for lane in shape.lanes.lanes.values()]
-                signals.append(Prewarm(ms.name, shape.signature, shape.label, shape.epoch, lanes))
+                signals.append(Prewarm(ms.name, shape.signature, shape.label, shape.epoch, lanes,
+                                       consumer=None if slot is None else slot.consumer))
                 self.log.emit(
                     now, EventKind.PREWARM, model=ms.name, signature=shape.signature,
                     label=shape.label, value=shape.epoch, reason=f"{len(lanes)} lanes",
