@@ -26,9 +26,10 @@ warm-up before the first), with vLLM's `/metrics` scraped before and after:
   b. grouped:   the same with the items stably sorted by shape;
   c. fabricctl: the items as native JSONL (`prefix` components, `prompt`, `max_tokens`,
                 `params`) through `fabricctl.cli.run.run_job` (what `fabricctl run` does),
-                engine "openai" against the same server, contract 16 items a batch.
-(A phase d, fabricctl without pre-warm, would need a config knob to switch pre-warm off;
-fabricctl has none, so it is skipped and reported as such.)
+                engine "openai" against the same server, contract 16 items a batch,
+                `[broker] prewarm = "on"`;
+  d. no-prewarm: phase c with `[broker] prewarm = "off"` (what "auto", the default, does
+                on a real engine: `fabricctl.core.config.prewarm_enabled`).
 
 Per phase: wall seconds, req/s (items / wall), vLLM's hit rate (Δhits / Δqueries of
 `vllm:prefix_cache_{hits,queries}_total`), prompt tokens computed (Δqueries - Δhits),
@@ -36,8 +37,9 @@ Per phase: wall seconds, req/s (items / wall), vLLM's hit rate (Δhits / Δqueri
 preemptions, and the achievable hit rate: F x (requests - shapes) / Δqueries, i.e. every
 full prefix block of every request is a hit except one cold prefill of each prefix
 (requests include fabricctl's pre-warms: extra requests whose tokens are bare prefixes).
-Ratios: req/s of b and c over a, c over b; c's hit rate minus its achievable, in points;
-prompt tokens computed by c over b. Exit status 0 when every phase completed every item.
+Ratios: req/s of b and c over a, c over b, d over c; c's and d's hit rate minus their
+achievable, in points; prompt tokens computed by c over b and d over c. Exit status 0 when
+every phase completed every item.
 
     .venv/bin/python bench/vllm_bench.py                    # a table (a few minutes)
     .venv/bin/python bench/vllm_bench.py --json             # exactly one JSON object
@@ -79,6 +81,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fabricctl.cli.run import RunSummary, run_job
 from fabricctl.config import AppConfig, ConsumerSettings, ProducerSettings, VllmSettings
+from fabricctl.core.config import CoreConfig
 from fabricctl.supervisor.launcher import Launcher, LaunchError, vllm_cpu_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -408,9 +411,10 @@ def native_lines(wl: Workload) -> str:
 
 
 async def fabricctl_phase(client: httpx.AsyncClient, wl: Workload, base_url: str,
-                          model_dir: Path, work: Path) -> Phase:
+                          model_dir: Path, work: Path, prewarm: str = "on",
+                          name: str = "fabricctl") -> Phase:
     """The items as native JSONL through `run_job`, engine "openai" on the same server."""
-    phase = Phase("fabricctl")
+    phase = Phase(name)
     sink = io.BytesIO()
     errors: list[str] = []
     before = await scrape(client)
@@ -420,7 +424,8 @@ async def fabricctl_phase(client: httpx.AsyncClient, wl: Workload, base_url: str
         path = work / "items.jsonl"
         path.write_text(native_lines(wl))
         cfg = AppConfig(
-            data_dir=work / "fabric-data", engine="openai", model=SERVED,
+            data_dir=work / f"fabric-data-{name}", engine="openai", model=SERVED,
+            broker=CoreConfig(prewarm=prewarm),
             vllm=VllmSettings(endpoints=[base_url]),
             consumer=ConsumerSettings(max_batch_size=IN_FLIGHT,
                                       max_batch_tokens=IN_FLIGHT * wl.max_len,
@@ -509,7 +514,7 @@ def ratio(a: float, b: float) -> float | None:
 
 
 def ratios(ph: dict[str, dict[str, Any]]) -> dict[str, float | None]:
-    a, b, c = ph["arrival"], ph["grouped"], ph.get("fabricctl")
+    a, b, c, d = ph["arrival"], ph["grouped"], ph.get("fabricctl"), ph.get("no-prewarm")
     out: dict[str, float | None] = {
         "rps_grouped_over_arrival": ratio(b["req_per_s"], a["req_per_s"]),
         "rps_fabricctl_over_arrival": None, "rps_fabricctl_over_grouped": None,
@@ -517,6 +522,8 @@ def ratios(ph: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         "computed_fabricctl_over_grouped": None,
         "computed_grouped_over_arrival": ratio(b["prompt_tokens_computed"],
                                                a["prompt_tokens_computed"]),
+        "rps_noprewarm_over_fabricctl": None, "noprewarm_hit_minus_achievable_pts": None,
+        "computed_noprewarm_over_fabricctl": None,
     }
     if c is not None and "error" not in c:
         out.update(
@@ -526,6 +533,14 @@ def ratios(ph: dict[str, dict[str, Any]]) -> dict[str, float | None]:
                 (c["hit_rate"] - c["achievable_hit_rate"]) * 100, 2),
             computed_fabricctl_over_grouped=ratio(c["prompt_tokens_computed"],
                                                   b["prompt_tokens_computed"]),
+        )
+    if c is not None and d is not None and "error" not in c and "error" not in d:
+        out.update(
+            rps_noprewarm_over_fabricctl=ratio(d["req_per_s"], c["req_per_s"]),
+            noprewarm_hit_minus_achievable_pts=round(
+                (d["hit_rate"] - d["achievable_hit_rate"]) * 100, 2),
+            computed_noprewarm_over_fabricctl=ratio(d["prompt_tokens_computed"],
+                                                    c["prompt_tokens_computed"]),
         )
     return out
 
@@ -542,9 +557,11 @@ def table(out: dict[str, Any]) -> str:
         row = f"{name:<10}" + "".join(f"{fmt.format(ph.get(k, 0)):>12}" for k, _, fmt in cols)
         lines.append(row)
     lines.append("")
-    fab = out["phases"].get("fabricctl", {})
-    if "summary_kv_hit_rate" in fab:
-        lines.append(f"fabricctl: {fab['extra_requests']} extra requests (bare prefixes: "
+    for fname in ("fabricctl", "no-prewarm"):
+        fab = out["phases"].get(fname, {})
+        if "summary_kv_hit_rate" not in fab:
+            continue
+        lines.append(f"{fname}: {fab['extra_requests']} extra requests (bare prefixes: "
                      f"{fab['extra_requests_bare_prefixes']}, i.e. pre-warms), "
                      f"{fab['shape_switches']} shape switches "
                      f"({fab['midstream_switches']} mid-stream); its RunSummary: "
@@ -619,11 +636,13 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             phases["grouped"] = await client_phase(client, "grouped", wl, grouped)
             await reset_prefix_cache(client)
             phases["fabricctl"] = await fabricctl_phase(client, wl, server.base_url,
-                                                        model_dir, work)
+                                                        model_dir, work, prewarm="on")
+            await reset_prefix_cache(client)
+            phases["no-prewarm"] = await fabricctl_phase(
+                client, wl, server.base_url, model_dir, work, prewarm="off", name="no-prewarm")
         ph = {name: figures(p, wl) for name, p in phases.items()}
         out = {"phases": ph, "ratios": ratios(ph)}
         out.update({
-            "phase_d": "skipped: fabricctl has no config knob that turns pre-warm off",
             "items": len(wl.items), "shapes": args.shapes, "shapes_used": wl.shapes_used,
             "seed": args.seed, "prefix_tokens": PREFIX_TOKENS,
             "full_prefix_tokens": wl.full_prefix_tokens,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fabricctl.core.config import CoreConfig
+from fabricctl.core.config import PREWARM_MODES, SHAPE_SCOPES, CoreConfig
 from fabricctl.errors import UsageError
 
 ENGINES = ("auto", "sim", "vllm", "openai")
@@ -132,6 +132,11 @@ def _merge(cfg: AppConfig, data: dict[str, Any], where: str) -> AppConfig:
             top[key] = Path(value).expanduser() if key == "data_dir" else value
         else:
             raise UsageError(f"{where}: unknown key {key!r}")
+    broker = top.get("broker")
+    if broker is not None and broker.shape_scope not in SHAPE_SCOPES:
+        raise UsageError(f"{where}: broker.shape_scope must be one of {', '.join(SHAPE_SCOPES)}")
+    if broker is not None and broker.prewarm not in PREWARM_MODES:
+        raise UsageError(f"{where}: broker.prewarm must be one of {', '.join(PREWARM_MODES)}")
     if "engine" in top and top["engine"] not in ENGINES:
         raise UsageError(f"{where}: engine must be one of {', '.join(ENGINES)}")
     return dataclasses.replace(cfg, **top, sources=(*cfg.sources, where))

@@ -2,7 +2,10 @@
 
 Two models, 24 shapes with Zipf popularity, lognormal lengths, arrivals in waves, four
 consumers with different contracts, random completion order and latency, failed batches and
-consumer disconnects — all on a fake clock with a seeded random.Random.
+consumer disconnects — all on a fake clock with a seeded random.Random. In shape_scope "model"
+(every consumer of a model drains the model's current shape, which the invariants check);
+the default "consumer" scope has its own simulation in tests/test_replay_scope.py and the
+daemon's in tests/test_scope_e2e.py.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class Sim:
     items_total: int
     shapes_per_model: dict[str, int]
     contracts: dict[str, Contract]
-    cfg: CoreConfig = field(default_factory=CoreConfig)
+    cfg: CoreConfig = field(default_factory=lambda: CoreConfig(shape_scope="model"))
     dt: float = 0.01
     fail_p: float = 0.01
     disconnect_p: float = 0.0004
@@ -385,7 +388,7 @@ def test_long_simulation() -> None:
 
 
 def test_simulation_lifecycle_off() -> None:
-    cfg = CoreConfig(lifecycle=False)
+    cfg = CoreConfig(lifecycle=False, shape_scope="model")
     sim = Sim(random.Random(7), 5_000, {"m1": 6, "m2": 4}, CONTRACTS, cfg=cfg)
     sim.run(max_steps=100_000)
     assert len(sim.completed) == 5_000
@@ -395,7 +398,7 @@ def test_simulation_lifecycle_off() -> None:
 @settings(max_examples=15, deadline=None)
 @given(st.integers(min_value=0, max_value=2**32 - 1), st.integers(min_value=1, max_value=3))
 def test_small_simulations(seed: int, shapes: int) -> None:
-    cfg = CoreConfig(lanes_max=8, stage_timeout_s=0.5)
+    cfg = CoreConfig(lanes_max=8, stage_timeout_s=0.5, shape_scope="model")
     sim = Sim(random.Random(seed), 600, {"m1": shapes, "m2": shapes}, CONTRACTS, cfg=cfg,
               fail_p=0.05, disconnect_p=0.01)
     sim.run(max_steps=100_000)

@@ -1,7 +1,9 @@
-"""The shape lifecycle, driven through the Broker with an explicit clock."""
+"""The shape lifecycle, driven through the Broker with an explicit clock, in shape_scope
+"model" (one current shape per model; the default "consumer" scope: test_replay_scope)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 
@@ -23,7 +25,7 @@ def items(sig: int, n: int, tokens: int = 100, model: str = "m") -> list[Item]:
 
 def broker(cfg: CoreConfig | None = None, size: int = 8, budget: int = 1000) -> Broker:
     """A broker with one consumer "c1" of model "m"; B (the batch token budget) = `budget`."""
-    b = Broker(cfg)
+    b = Broker(dataclasses.replace(cfg or CoreConfig(), shape_scope="model"))
     b.register("c1", Contract("m", size, budget, 4096), now=0.0)
     return b
 

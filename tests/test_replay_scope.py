@@ -3,7 +3,7 @@
 Each consumer drains its own shape (shape-pure, sticky); two consumers run two shapes when two
 are staged; a consumer with nothing staged joins another's shape only when that shape has
 join_multiple x B queued; a departed consumer's shapes are adopted; pre-warms go to the
-consumer the shape warms for. The "model" scope (the default) is covered by test_lifecycle.
+consumer the shape warms for (the default scope). The "model" scope is covered by test_lifecycle.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_two_consumers_take_two_shapes() -> None:
 
 
 def test_model_scope_gives_both_consumers_the_same_shape() -> None:
-    b = broker(CoreConfig())
+    b = broker(CoreConfig(shape_scope="model"))
     b.ingest(items(A, 30) + items(B, 25), now=0.0)
     x, y = b.pull("c0", 0.0), b.pull("c1", 0.0)
     assert x is not None and y is not None
@@ -119,7 +119,7 @@ def test_prewarm_goes_to_the_consumer_it_warms_for() -> None:
     [signal] = b.take_signals()
     assert signal.signature == C
     assert b.prewarm_targets(signal) == ["c0"]
-    model = broker(CoreConfig())
+    model = broker(CoreConfig(shape_scope="model"))
     model.ingest(items(A, 50) + items(C, 25), now=0.0)
     while model.models["m"].warming is None:
         assert model.pull("c0", 0.1) is not None

@@ -29,6 +29,7 @@ from server_helpers import (
 )
 
 from fabricctl.core.broker import ShapeGuardError, guard_signature
+from fabricctl.core.config import CoreConfig
 from fabricctl.core.types import ItemResult, Work
 from fabricctl.errors import BackendMissing, BrokerError
 from fabricctl.formats.results import ResultRecord
@@ -43,6 +44,10 @@ from fabricctl.wire.protocol import (
     encode,
     read_frame,
 )
+
+# every consumer drains the model's shape, so a survivor takes what a stopped one left queued
+# (in the default "consumer" scope it joins only a shape worth another prefill)
+MODEL_SCOPE = CoreConfig(shape_scope="model")
 
 
 async def submit(server: BrokerServer, n: int, prefix: str = "i") -> list[str]:
@@ -74,7 +79,7 @@ async def lost_reasons(server: BrokerServer) -> list[str]:
 
 
 async def test_killed_consumer_process_batch_goes_to_another(tmp_path: Path) -> None:
-    async with running_server(tmp_path) as server:
+    async with running_server(tmp_path, MODEL_SCOPE) as server:  # the survivor drains all
         ids = await submit(server, 64)
         victim = await spawn_consumer(server.cfg.socket_path, "victim", "by victim")
         try:
@@ -108,7 +113,7 @@ async def test_killed_consumer_process_batch_goes_to_another(tmp_path: Path) -> 
 async def test_stopped_consumer_is_dropped_and_its_late_completion_is_void(
     tmp_path: Path,
 ) -> None:
-    async with running_server(tmp_path) as server:
+    async with running_server(tmp_path, MODEL_SCOPE) as server:  # the survivor drains all
         timeout = server.cfg.heartbeat_timeout_s
         ids = await submit(server, 48)
         victim = await spawn_consumer(server.cfg.socket_path, "victim", "by victim")

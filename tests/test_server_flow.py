@@ -87,7 +87,9 @@ async def test_every_consumer_gets_the_prewarm_before_the_warming_shapes_batches
     # B = 1024 tokens: shape A (8000 tokens) activates first, B (6000) warms when A falls
     # below 4 B, A drains below 1 B, then B activates with the next epoch.
     contract = Contract(MODEL, 8, 1024, 4096)
-    async with running_server(tmp_path, CoreConfig()) as server:
+    # "model" scope: every consumer of the model warms; these wire consumers are no
+    # simulated engine, so pre-warm is on rather than "auto"
+    async with running_server(tmp_path, CoreConfig(shape_scope="model", prewarm="on")) as server:
         path = server.cfg.socket_path
         wires = [await WireConsumer.connect(path, f"w{k}", contract) for k in range(3)]
         items = make_items(80, SIG_A, 100, "a") + make_items(60, SIG_B, 100, "b")

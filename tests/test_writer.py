@@ -41,8 +41,9 @@ def drain(store: DurableBroker, now: float = 1.0) -> int:
     if "drain" not in store.core.consumers:
         store.core.register("drain", Contract(MODEL, 64, 1 << 20, 4096), now)
     n = 0
-    while (w := store.pull("drain", now)) is not None:
-        n += store.complete(w.id, answer(w), now)
+    for name in list(store.core.consumers):  # "consumer" scope: a shape's holder drains it
+        while (w := store.pull(name, now)) is not None:
+            n += store.complete(w.id, answer(w), now)
     return n
 
 

@@ -9,9 +9,11 @@ Contract:
   than their count, and `token_counter` added: the counter a `fabricctl submit` (or `run`)
   with this command's configuration counts input tokens with, `choose_counter`'s name
   ("estimate" or "tokenizer:<path>"; "error: ..." when the configured tokenizer does not
-  load). The broker itself counts no tokens: producers do, before they submit, so this is
-  the client-side choice, not something the broker reports. Without `--json`: the ledger
-  and its difference (which must read 0), shape states, consumers, store usage, the last
+  load); each consumer's `current` and `next` shape (the one it pulls from now, the one
+  warming for it) are hex signatures (null for none). The broker itself counts no tokens:
+  producers do, before they submit, so this is the client-side choice, not something the
+  broker reports. Without `--json`: the ledger and its difference (which must read 0),
+  shape states, consumers (with their current and next shape), store usage, the last
   recovery and the token counter, as Rich tables; figures through `fabricctl.tui.fmt` (the
   formatting the dashboard shows), a figure the broker did not report as "n/a".
 """
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded, settings
 from fabricctl.config import AppConfig
+from fabricctl.core.signature import signature_hex
 from fabricctl.formats.tokens import choose_counter
 from fabricctl.tui.fmt import age, human_bytes, pct
 from fabricctl.wire.client import Client
@@ -48,12 +51,20 @@ def command(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
 def fetch_status(cfg: AppConfig) -> dict[str, Any]:
     async def fetch(c: Client) -> dict[str, Any]:
         status = await c.query("status")
-        status["consumers"] = await c.query("consumers")
+        status["consumers"] = [shapes_hex(v) for v in await c.query("consumers")]
         return status
 
     status = call(cfg, "observer", fetch)
     status["token_counter"] = submit_counter(cfg)
     return status
+
+
+def shapes_hex(consumer: dict[str, Any]) -> dict[str, Any]:
+    """The consumer view with its current and next shape as hex signatures (None stays)."""
+    for k in ("current", "next"):
+        v = consumer.get(k)
+        consumer[k] = signature_hex(v) if isinstance(v, int) else None
+    return consumer
 
 
 def submit_counter(cfg: AppConfig) -> str:
@@ -93,10 +104,13 @@ def render_status(st: dict[str, Any], data_dir: str) -> list[Table]:
     out.append(_kv("shapes", [(k + (" (since start)" if k == "finished" else ""), f"{v:,}")
                               for k, v in st["states"].items()]))
     ct = Table(title=f"consumers ({len(st['consumers'])})", title_justify="left")
-    for name in ("NAME", "MODEL", "BATCH", "TOKENS/BATCH", "IN FLIGHT", "BATCHES", "ITEMS"):
-        ct.add_column(name, justify="left" if name in ("NAME", "MODEL") else "right")
+    left = ("NAME", "MODEL", "SHAPE", "NEXT")
+    for name in ("NAME", "MODEL", "SHAPE", "NEXT", "BATCH", "TOKENS/BATCH", "IN FLIGHT",
+                 "BATCHES", "ITEMS"):
+        ct.add_column(name, justify="left" if name in left else "right")
     for c in st["consumers"]:
-        ct.add_row(c["name"], c["model"], str(c["max_batch_size"]), f"{c['max_batch_tokens']:,}",
+        ct.add_row(c["name"], c["model"], c.get("current") or "-", c.get("next") or "-",
+                   str(c["max_batch_size"]), f"{c['max_batch_tokens']:,}",
                    str(c["batches_inflight"]), f"{c['batches_done']:,}", f"{c['items_done']:,}")
     out.append(ct)
     store = extra.get("store", {})

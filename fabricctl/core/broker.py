@@ -195,10 +195,13 @@ class Broker:
 
     def prewarm_targets(self, signal: Prewarm) -> list[str]:
         """The consumers a pre-warm signal is for: in "consumer" scope the one whose next
-        shape it names, else every consumer of the model."""
+        shape it names (the signal's `consumer`, while it is registered), else every
+        consumer of the model."""
         ms = self.models.get(signal.model)
         if ms is None:
             return []
+        if signal.consumer is not None:
+            return [signal.consumer] if signal.consumer in self.consumers else []
         if self.cfg.shape_scope == "consumer":
             return [c for c, s in ms.slots.items() if s.warming is not None
                     and s.warming.signature == signal.signature

@@ -1,8 +1,21 @@
-"""Every threshold of the broker core in one frozen object, with DESIGN.md's defaults."""
+"""Every threshold of the broker core in one frozen object, with DESIGN.md's defaults.
+
+Contract: `CoreConfig` holds every core knob (`[broker]` keys in the config file);
+`SHAPE_SCOPES` and `PREWARM_MODES` are the values `shape_scope` and `prewarm` accept; and
+`prewarm_enabled(mode, simulated)` is the one place the pre-warm mode becomes a yes or no
+for a consumer: "on" and "off" mean what they say, "auto" (the default) pre-warms simulated
+engines (their pre-warm also builds the CUDA graphs they model) and not real ones (measured on
+vLLM with bench/vllm_bench.py: a pre-warm there is one more prefill of a prefix the shape's
+first batch computes again when it is sent before the pre-warm finished, or after its blocks
+were evicted, and buys nothing vLLM's prefix cache does not already give the first batch).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+SHAPE_SCOPES = ("consumer", "model")
+PREWARM_MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,11 +38,20 @@ class CoreConfig:
     stage_timeout_s: float = 2.0  # a staged shape this old may activate regardless of size
     activate_when_idle: bool = True  # a staged shape may activate when consumers sit idle
     lifecycle: bool = True  # off: every shape dispatches at once (an ablation)
-    # "model": one current shape per model, every consumer drains it (the seed's rule);
-    # "consumer": each consumer has its own current shape (each GPU still shape-pure), so a
-    # small shape costs one prefill on one GPU instead of one on every GPU of the model
-    shape_scope: str = "model"
+    # "consumer" (the default of up, run and replay alike): each consumer has its own current
+    # shape (each GPU still shape-pure), so a small shape costs one prefill on one GPU instead
+    # of one on every GPU of the model; "model": one current shape per model, every consumer
+    # drains it (the seed's rule, kept as an ablation)
+    shape_scope: str = "consumer"
+    prewarm: str = "auto"  # "auto" | "on" | "off": push pre-warms (`prewarm_enabled`)
     join_multiple: float = 4.0  # "consumer": join another's shape with this many budgets queued
     thrash_batches: int = 100  # a shape finishing with fewer batches is thrashing
     default_batch_tokens: int = 8192  # B for a model no consumer has registered yet
     events_kept: int = 10_000  # recent events kept for observers
+
+
+def prewarm_enabled(mode: str, simulated: bool) -> bool:
+    """Whether a consumer whose engine is `simulated` (or real) gets pre-warm pushes."""
+    if mode not in PREWARM_MODES:
+        raise ValueError(f"prewarm must be one of {', '.join(PREWARM_MODES)}, not {mode!r}")
+    return mode == "on" or (mode == "auto" and simulated)

@@ -20,17 +20,18 @@ With the lifecycle off (an ablation), shapes dispatch as soon as they exist and 
 shape is sticky: kept while it has queued tokens, then the shape with the most tokens.
 
 Scope (`shape_scope`): "model" keeps one current and one warming shape per model, so every
-consumer of the model drains the same shape (the seed's rule). "consumer" keeps them per
-consumer (a `Slot`): each GPU stays shape-pure and sticky, but two GPUs may run two shapes,
-so a shape too small to amortise its prefix on every GPU is prefilled on one. The consumers
-holding one shape are its group. A consumer whose shape is exhausted and that has no warming
-shape of its own takes, in order: a shape a departed consumer left (adopted), a staged shape,
-a shape warming for a consumer that still has queued work (taken while idle), else it joins
-the live shape with the most queued tokens if that is at least join_multiple x B (worth one
-more prefill of its prefix). A consumer leaving an exhausted shape nobody else holds drains
-and finishes it at once (late arrivals stage a new one). A join bumps no epoch. A pre-warm
-signal is for the consumer the shape warms for (`Broker.prewarm_targets`). Every shape that
-finishes also joins `finished_out` (bounded), which the store takes to keep its record.
+consumer of the model drains the same shape (the seed's rule, now an ablation). "consumer"
+(the default of up, run and replay) keeps them per consumer (a `Slot`): each GPU stays
+shape-pure and sticky, but two GPUs may run two shapes, so a shape too small to amortise its
+prefix on every GPU is prefilled on one. The consumers holding one shape are its group. A
+consumer whose shape is exhausted and that has no warming shape of its own takes, in order:
+a shape a departed consumer left (adopted), a staged shape, a shape warming for a consumer
+that still has queued work (taken while idle), else it joins the live shape with the most
+queued tokens if that is at least join_multiple x B (worth one more prefill of its prefix).
+A consumer leaving an exhausted shape nobody else holds drains and finishes it at once (late
+arrivals stage a new one). A join bumps no epoch. A pre-warm signal is for the consumer the
+shape warms for (`Broker.prewarm_targets`; the signal names it in `consumer`). Every shape
+that finishes also joins `finished_out` (bounded), which the store takes to keep its record.
 """
 
 from __future__ import annotations
@@ -229,7 +230,8 @@ class Lifecycle:
                 self._transition(ms, shape, ShapeState.WARMING, now, pick[1])
                 h.warming = shape
                 lanes = [(lane.id, lane.target) for lane in shape.lanes.lanes.values()]
-                signals.append(Prewarm(ms.name, shape.signature, shape.label, shape.epoch, lanes))
+                signals.append(Prewarm(ms.name, shape.signature, shape.label, shape.epoch, lanes,
+                                       consumer=None if slot is None else slot.consumer))
                 self.log.emit(
                     now, EventKind.PREWARM, model=ms.name, signature=shape.signature,
                     label=shape.label, value=shape.epoch, reason=f"{len(lanes)} lanes",

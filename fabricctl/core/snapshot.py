@@ -2,8 +2,9 @@
 
 Contract: `take_snapshot(now, ...)` copies everything a dashboard or `--json` reader needs
 (shapes with state, epoch, staged/pending tokens, lanes, batches, waste; lanes with target,
-items, waste, oldest age, starving/quiescing; models; consumers; recent events; counters;
-the ledger) out of the pieces it is handed, never a broker: it reads them and changes
+items, waste, oldest age, starving/quiescing; models; consumers, each with its current and
+next shape (its own in "consumer" scope, the model's in "model" scope); recent events;
+counters; the ledger) out of the pieces it is handed, never a broker: it reads them and changes
 nothing. `lanes` selects which shapes carry their lane list: all, none, or some keys.
 `finished_view(shape, thrash_line)` is the record kept of a finished shape: its `ShapeView`
 as of its finish (lanes none, `finished_at` and `thrashed` set), what the store persists.
@@ -80,9 +81,9 @@ class ModelView(msgspec.Struct):
 
     name: str
     budget: int
-    current: int | None
+    current: int | None  # "consumer" scope: the first consumer's that has one
     current_state: str | None
-    warming: int | None
+    warming: int | None  # "consumer" scope: likewise
     epoch: int
     switches: int
     midstream_switches: int
@@ -101,6 +102,8 @@ class ConsumerView(msgspec.Struct):
     items_done: int
     tokens_done: int
     joined: float
+    current: int | None = None  # the signature of the shape it pulls from now
+    next: int | None = None  # the signature of the shape warming for it
 
 
 class Counters(msgspec.Struct):
@@ -195,19 +198,24 @@ def take_snapshot(
     for s in shapes:
         states[s.state.value] += 1
     states[ShapeState.FINISHED.value] = batches_hist.total
+    by_name = {ms.name: ms for ms in models}
     model_views = []
-    for ms in models:
-        cur = ms.current
+    for ms in by_name.values():
+        cur = ms.current or next((s.current for s in ms.slots.values() if s.current), None)
+        warm = ms.warming or next((s.warming for s in ms.slots.values() if s.warming), None)
         model_views.append(ModelView(
             ms.name, ms.budget, cur.signature if cur else None, cur.state.value if cur else None,
-            ms.warming.signature if ms.warming else None, ms.epoch, ms.switches,
-            ms.midstream_switches))
-    consumer_views = [
-        ConsumerView(c.name, c.contract.model, c.contract.max_batch_size,
-                     c.contract.max_batch_tokens, c.contract.max_input_len, len(c.batches),
-                     c.batches_done, c.items_done, c.tokens_done, c.joined)
-        for c in consumers
-    ]
+            warm.signature if warm else None, ms.epoch, ms.switches, ms.midstream_switches))
+    consumer_views = []
+    for c in consumers:
+        model = by_name.get(c.contract.model)
+        holder = None if model is None else model.slots.get(c.name, model)  # "model" scope
+        cur, nxt = (None, None) if holder is None else (holder.current, holder.warming)
+        consumer_views.append(ConsumerView(
+            c.name, c.contract.model, c.contract.max_batch_size, c.contract.max_batch_tokens,
+            c.contract.max_input_len, len(c.batches), c.batches_done, c.items_done,
+            c.tokens_done, c.joined, cur.signature if cur else None,
+            nxt.signature if nxt else None))
     lc = lane_counters
     hist = batches_hist
     counters = Counters(

@@ -107,3 +107,4 @@ class Prewarm(msgspec.Struct):
     epoch: int
     lanes: list[tuple[int, int]]  # (lane id, target length)
     sample: Item | None = None  # one item of the shape; the server fills it in
+    consumer: str | None = None  # "consumer" scope: the one consumer the shape warms for

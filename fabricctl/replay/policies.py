@@ -10,13 +10,14 @@ ticks. Baselines, as their real counterparts run:
   routers' bounded-load fallback);
 - pow2-buckets: a broker of power-of-two length buckets, blind to shapes: its consumer hands
   its GPU the fullest bucket's next batch, padded to the bucket.
-fabric is the real `fabricctl.core.Broker` in memory mode (shape_scope "consumer": each GPU
-drains its own current shape), each GPU a consumer pulling lane batches, with a pre-warm
-request (the shape's prefix, max_tokens 1, a real request on the simulated GPU) to the GPU a
-shape warms for. The brokers' consumers (fabric, pow2-buckets) keep their engine's queue
-filled as `SimFleet.wants` says: at least one request waits, and about what one step
-admits in steady state (max_num_seqs / output tokens), so every step mixes new prefills
-with decodes instead of admitting a whole cohort at once; routers hand over at arrival.
+fabric is the real `fabricctl.core.Broker` in memory mode, with the defaults `up` and `run`
+use (shape_scope "consumer": each GPU drains its own current shape), each GPU a consumer
+pulling lane batches, with a pre-warm request (the shape's prefix, max_tokens 1, a real
+request on the simulated GPU) to the GPU a shape warms for. The brokers' consumers (fabric,
+pow2-buckets) keep their engine's queue filled as `SimFleet.wants` says: at least one
+request waits, and about what one step admits in steady state (max_num_seqs / output
+tokens), so every step mixes new prefills with decodes instead of admitting a whole cohort
+at once; routers hand over at arrival.
 """
 
 from __future__ import annotations

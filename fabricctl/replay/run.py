@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fabricctl.core.config import CoreConfig
+from fabricctl.core.config import CoreConfig, prewarm_enabled
 from fabricctl.engines.costs import SimCosts
 from fabricctl.replay.policies import Fabric, Policy, Pow2Buckets, PrefixAffinity, RoundRobin
 from fabricctl.replay.report import PolicyResult
@@ -24,7 +24,7 @@ from fabricctl.replay.workload import ReplayItem, distinct_prefix_tokens
 BASELINES = ("round-robin", "prefix-affinity", "pow2-buckets")
 ABLATIONS = ("fabric-per-model", "fabric-no-lanes", "fabric-no-prewarm", "fabric-no-lifecycle")
 POLICIES = ("fabric", *BASELINES)
-FABRIC_CORE = CoreConfig(shape_scope="consumer")  # the broker as the replay runs it
+FABRIC_CORE = CoreConfig()  # the broker as the replay runs it: the same defaults as up/run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +46,7 @@ def make_policy(name: str, limits: BatchLimits, core: CoreConfig | None = None) 
     if name == "pow2-buckets":
         return Pow2Buckets(limits.max_batch_size, limits.max_batch_tokens)
     if name == "fabric":
-        return Fabric(core, *lim)
+        return Fabric(core, *lim, prewarm=prewarm_enabled(core.prewarm, simulated=True))
     if name == "fabric-per-model":
         return Fabric(dataclasses.replace(core, shape_scope="model"), *lim, name=name)
     if name == "fabric-no-lanes":

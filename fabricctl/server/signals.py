@@ -1,16 +1,20 @@
-"""Pre-warm pushes: a warming shape's signal goes to every consumer of its model, with one
+"""Pre-warm pushes: a warming shape's signal goes to the consumers it warms for, with one
 of its queued items as a sample, before any batch of that shape is sent.
 
 Contract: `push_signals(state)` takes the core's pending signals, attaches to each a sample
 (`sample_item`: the first queued entry of the shape's first non-empty lane, read from the
-store; None when the shape is gone or has nothing queued) and sends a `PrewarmPush` to every
-registered consumer whose contract is for the signal's model, in registration order.
+store; None when the shape is gone or has nothing queued) and sends a `PrewarmPush` to each
+connected consumer `Broker.prewarm_targets` names: in "consumer" scope (the default) the one
+consumer whose next shape it is, in "model" scope every consumer of the model; and only
+where `prewarm_enabled(core.cfg.prewarm, peer.simulated)` (`[broker] prewarm`: "auto" pushes
+to simulated engines, not to real ones). The lifecycle is the same either way.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fabricctl.core.config import prewarm_enabled
 from fabricctl.core.types import Item
 from fabricctl.wire.protocol import PrewarmPush
 
@@ -36,11 +40,14 @@ def sample_item(store: DurableBroker, model: str, signature: int) -> Item | None
 
 
 def push_signals(state: ServerState) -> None:
-    """Send every pending pre-warm signal to the consumers of its model."""
+    """Send every pending pre-warm signal to the consumers it is for."""
     core = state.core
     for signal in core.take_signals():
+        targets = set(core.prewarm_targets(signal))
+        if not targets:
+            continue
         signal.sample = sample_item(state.store, signal.model, signal.signature)
         for peer in state.consumers.values():
-            c = core.consumers.get(peer.consumer or "")
-            if c is not None and c.contract.model == signal.model:
+            if peer.consumer is not None and peer.consumer in targets and prewarm_enabled(
+                    core.cfg.prewarm, peer.simulated):
                 peer.send(PrewarmPush(signal))

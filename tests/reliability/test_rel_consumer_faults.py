@@ -133,7 +133,8 @@ async def test_consumer_disconnected_during_prewarm(tmp_path: Path,
             return c
 
     monkeypatch.setattr(consumer_mod, "Client", Recording)
-    core = CoreConfig(stage_timeout_s=60.0)  # the second shape waits for pre-warm, not a timer
+    # the second shape waits for pre-warm, not a timer; every consumer of the model warms
+    core = CoreConfig(stage_timeout_s=60.0, shape_scope="model", prewarm="on")
     async with live_broker(tmp_path / "data", core=core) as server:
         hist = History()
         warm = FaultyEngine("warm")
