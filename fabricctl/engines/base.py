@@ -23,6 +23,12 @@ class EngineError(FabricError):
 
     exit_code = ExitCode.BACKEND_MISSING
 
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        # the server did not answer at all (refused, reset, timed out): that says nothing
+        # about the item, so it is never evidence that an item is poison
+        self.unreachable = unreachable
+
 
 class EngineLimits(msgspec.Struct, frozen=True):
     """The engine's side of the contract; the consumer adds the model name."""

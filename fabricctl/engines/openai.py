@@ -156,7 +156,9 @@ class OpenAIEngine:
     async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         """POST, retrying transient failures; any answer that is not one comes back."""
         last = ""
+        unreachable = False
         for attempt in range(self.attempts):
+            unreachable = True
             try:
                 resp = await self._client.post(path, json=body)
             except httpx.TimeoutException:
@@ -164,6 +166,7 @@ class OpenAIEngine:
             except httpx.TransportError as e:
                 last = f"connection error: {e!r}"
             else:
+                unreachable = False
                 self.requests += 1
                 if resp.status_code < 500 and resp.status_code not in RETRYABLE_STATUS:
                     return resp
@@ -171,7 +174,8 @@ class OpenAIEngine:
             if attempt + 1 < self.attempts:
                 log.debug("%s: %s; retry %d", self.base_url, last, attempt + 1)
                 await asyncio.sleep(self._backoff(attempt))
-        raise EngineError(f"{self.base_url}: {last} (after {self.attempts} attempts)")
+        raise EngineError(f"{self.base_url}: {last} (after {self.attempts} attempts)",
+                          unreachable=unreachable)
 
     async def _request(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST and decode a 2xx answer; Rejected on a 4xx."""

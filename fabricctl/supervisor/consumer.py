@@ -23,7 +23,9 @@ was not run), those items are run again one at a time, up to `isolate_attempts` 
 - Some succeed alone: the engine works and the others are poison. Each gets an error result
   ("quarantined after N attempts: <reason>") and the batch completes, so one bad item never
   blocks its shape. (A batch of one poison item looks like a down engine; the broker's own
-  delivery bound settles that case.)
+  delivery bound settles that case.) An item whose last try found the server unreachable
+  (refused, reset, timed out: `EngineError.unreachable`) is never taken for poison: its
+  server went away while others' tries got through, so the batch is failed back instead.
 """
 
 from __future__ import annotations
@@ -208,7 +210,7 @@ class Consumer:
             return await asyncio.wait_for(self.engine.run(work), self.run_timeout_s)
         except TimeoutError:
             raise EngineError(f"{self.engine.name}: no answer within {self.run_timeout_s:g} s "
-                              "(the consumer's run timeout)") from None
+                              "(the consumer's run timeout)", unreachable=True) from None
 
     async def _execute(self, work: Work) -> tuple[list[ItemResult] | None, str]:
         """(one result per item, "") or (None, why) when the engine is down."""
@@ -232,22 +234,29 @@ class Consumer:
                        ) -> tuple[list[ItemResult] | None, str]:
         """Run the items at `todo` one at a time; see the module contract."""
         why = dict.fromkeys(todo, reason)
+        unreachable: set[int] = set()  # items whose last try did not reach the server
         alone_ok = 0
         for _ in range(self.isolate_attempts if tries is None else tries):
             if not todo:
                 break
             tried = await asyncio.gather(*(self._run_alone(work, i) for i in todo))
             failed = []
-            for i, (res, err) in zip(todo, tried, strict=True):
+            for i, (res, err, down) in zip(todo, tried, strict=True):
                 if res is not None:
                     out[i] = res
                     alone_ok += 1
+                    unreachable.discard(i)
                 else:
                     why[i] = err
                     failed.append(i)
+                    if down:
+                        unreachable.add(i)
+                    else:
+                        unreachable.discard(i)
             todo = failed
-        if todo and not alone_ok:
-            return None, why[todo[0]]
+        if todo and (not alone_ok or unreachable.intersection(todo)):
+            first = next((i for i in todo if i in unreachable), todo[0])
+            return None, why[first]
         for i in todo:
             self.quarantined += 1
             log.warning("consumer %s: item %r quarantined: %s", self.name, work.items[i].id,
@@ -257,17 +266,18 @@ class Consumer:
                                 f"{why[i]}")
         return [r for r in out if r is not None], ""
 
-    async def _run_alone(self, work: Work, i: int) -> tuple[ItemResult | None, str]:
+    async def _run_alone(self, work: Work, i: int) -> tuple[ItemResult | None, str, bool]:
+        """(result, "", False), or (None, why, whether the server was unreachable)."""
         one = msgspec.structs.replace(work, items=[work.items[i]])
         try:
             res = await self._engine_run(one)
         except EngineError as e:
-            return None, str(e)
+            return None, str(e), e.unreachable
         if len(res) != 1:
-            return None, f"the engine returned {len(res)} results for one item"
+            return None, f"the engine returned {len(res)} results for one item", False
         if res[0].finish_reason == ABORT:
-            return None, "the engine aborted it"
-        return res[0], ""
+            return None, "the engine aborted it", False
+        return res[0], "", False
 
     async def _complete(self, client: Client, work: Work, results: list[ItemResult],
                         cache: tuple[int, int, int] | None = None) -> None:
