@@ -20,6 +20,8 @@ class Item(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     payload: bytes = b""
     label: str = ""
     source: int = 0  # the input format (formats.common.Source): results go back in kind
+    line: int = 0  # its input line number within its job (results per job come in this order)
+    job: int = 0  # the job it belongs to (its number; 0: none), set by the broker
 
 
 class Entry(msgspec.Struct, gc=False):

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from fabricctl.core.jobs import JobRecord
 from fabricctl.core.types import Contract, Item, ItemResult, Prewarm, Work
 
 PROTOCOL_VERSION = 1
@@ -49,8 +50,15 @@ class Error(msgspec.Struct, tag=True):
 
 
 class Submit(msgspec.Struct, tag=True):
+    """Items for the store; with `job` (a job's number, from `OpenJob`) they join that job.
+
+    `resume`: the job was attached to (a rerun): an id already stored in this job is counted
+    in `Ack.skipped`, not refused as a duplicate."""
+
     rid: int
     items: list[Item]
+    job: int = 0
+    resume: bool = False
 
 
 class Reject(msgspec.Struct, array_like=True):
@@ -64,6 +72,50 @@ class Ack(msgspec.Struct, tag=True):
     rid: int
     accepted: int
     rejects: list[Reject]
+    skipped: int = 0  # already stored in the job (a resumed submit): not sent again
+
+
+class OpenJob(msgspec.Struct, tag=True):
+    """Start a job, or attach to one: to `job` (an id or a unique prefix) when given, else,
+    when `attach`, to the newest job of the same kind, name and `sha256` (a file submitted
+    again). Answered by `JobReply` once the job record is durable."""
+
+    rid: int
+    kind: str  # "submit", "run" or "api"
+    name: str = ""
+    sha256: str = ""
+    size: int = 0
+    endpoint: str = ""
+    metadata: dict[str, str] = {}
+    window_s: float = 0.0  # completion window; 0: none
+    attach: bool = True
+    job: str = ""
+    validating: bool = False  # an API batch: `validating` until `SealJob(start=True)`
+
+
+class SealJob(msgspec.Struct, tag=True):
+    """The job's input ended after `lines` lines, `errors` the messages of the refused ones
+    (not yet counted); `failed`: refuse the whole job (an API batch's bad file)."""
+
+    rid: int
+    job: int
+    lines: int
+    errors: list[str] = []
+    failed: bool = False
+    sha256: str = ""
+
+
+class CancelJob(msgspec.Struct, tag=True):
+    rid: int
+    job: str  # an id or a unique prefix
+
+
+class JobReply(msgspec.Struct, tag=True):
+    """A job as it stands after the request; `attached`: an existing job was joined."""
+
+    rid: int
+    job: JobRecord
+    attached: bool = False
 
 
 class Register(msgspec.Struct, tag=True):
@@ -134,7 +186,9 @@ class StatsPush(msgspec.Struct, tag=True):
 
 
 class Query(msgspec.Struct, tag=True):
-    """One-shot questions: shapes, shape, consumers, ledger, events, status, results."""
+    """One-shot questions: shapes, shape, consumers, ledger, events, status, results, jobs,
+    job (arg: an id or unique prefix), job_results (arg: a job id; results of lines after
+    `since`, in input order)."""
 
     rid: int
     what: str
@@ -155,6 +209,7 @@ class Shutdown(msgspec.Struct, tag=True):
 Frame = (
     Hello | Welcome | Error | Submit | Ack | Register | Registered | Heartbeat | Pull | WorkReply
     | Complete | Fail | Done | PrewarmPush | Subscribe | StatsPush | Query | Answer | Shutdown
+    | OpenJob | SealJob | CancelJob | JobReply
 )
 
 _encoder = msgspec.msgpack.Encoder()

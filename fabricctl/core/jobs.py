@@ -1,0 +1,200 @@
+"""Jobs: one submission (a `submit`, a `run`, an OpenAI batch) as a thing with a state.
+
+Contract: a `JobRecord` is the durable record of one job (the store keeps one per job, in
+the same transactions that change its counts); `JobState` uses the OpenAI Batch API's
+status names. The life of a job is pure logic here, driven by the store and the server:
+
+- `new_job(...)` starts it `validating` (API batches, while their file is checked) or
+  `in_progress` (a submit or a run: their lines are checked as they stream);
+- `seal(job, lines, now)`: its input has ended; no more items join it;
+- `request_cancel(job, now)` -> `cancelling` (queued items are to be cancelled by the
+  store; in-flight ones finish), `expire_due(job, now)` says its completion window passed;
+- `settle(job, in_flight, now)` moves a job whose every item has an outcome on: in_progress
+  -> finalizing -> completed, cancelling -> cancelled, an expired window -> expired.
+
+Counts: `total` items accepted; each ends in exactly one of `completed` (a result),
+`failed` (an error result) or `cancelled` (removed unrun by a cancel or an expiry);
+`rejected` lines never became items (bad JSON, a duplicate id), with the first
+`MAX_ERRORS` of their messages in `errors`. `queued` (accepted, not yet out) is derived.
+Times are unix seconds passed in as `now`; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import msgspec
+
+MAX_ERRORS = 20  # line errors kept on a job's record; the count goes on past it
+JOB_ID_PREFIX = "batch_"  # every job id, CLI or API, reads like an OpenAI batch id
+
+
+class JobState(StrEnum):
+    """Why: the OpenAI Batch API's statuses, so the API and the CLI say the same thing."""
+
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+    @property
+    def ended(self) -> bool:
+        return self in _ENDED
+
+
+_ENDED = {JobState.FAILED, JobState.COMPLETED, JobState.EXPIRED, JobState.CANCELLED}
+
+
+class JobRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Why: what `jobs`, `jobs show` and `/v1/batches` report of a job, kept across restarts.
+
+    `number` is the job's key in the store (small, dense); `id` is what users type.
+    `times` holds when it entered each state (OpenAI's `*_at` fields come from it).
+    """
+
+    number: int
+    id: str
+    kind: str  # "submit", "run" or "api"
+    name: str = ""  # the input: a file path, "-" for stdin, an uploaded file's id
+    sha256: str = ""  # of the input, when known (attach: the same file joins its job)
+    size: int = 0  # input bytes, when known
+    endpoint: str = ""  # the OpenAI endpoint of an API batch ("" for native input)
+    metadata: dict[str, str] = {}
+    created: float = 0.0
+    deadline: float | None = None  # completion window end (unix seconds), None: no window
+    state: JobState = JobState.IN_PROGRESS
+    times: dict[str, float] = {}  # state name -> when it was entered
+    sealed: bool = False  # its input ended: no more items join it
+    lines: int = 0  # input lines read (known once sealed)
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    rejected: int = 0
+    errors: list[str] = []
+    input_file_id: str = ""
+    output_file_id: str = ""
+    error_file_id: str = ""
+    expired: bool = False  # its window passed: its queued items were cancelled for it
+
+    @property
+    def outcomes(self) -> int:
+        """Items with an outcome: a result, an error result, or cancelled."""
+        return self.completed + self.failed + self.cancelled
+
+    @property
+    def queued(self) -> int:
+        """Accepted items without an outcome yet (queued or in flight)."""
+        return self.total - self.outcomes
+
+    @property
+    def ended(self) -> bool:
+        return self.state.ended
+
+
+def job_id_of(number: int, salt: str) -> str:
+    """The id users see: the prefix, the number in hex, and a salt the caller draws (so ids
+    of two stores do not collide)."""
+    return f"{JOB_ID_PREFIX}{number:x}{salt}"
+
+
+def new_job(number: int, id: str, kind: str, now: float, *, validating: bool = False,
+            window_s: float | None = None, **fields: object) -> JobRecord:
+    """A new job: `validating` (an API batch whose file is being checked) or in progress."""
+    state = JobState.VALIDATING if validating else JobState.IN_PROGRESS
+    deadline = now + window_s if window_s else None
+    return JobRecord(number=number, id=id, kind=kind, created=now, deadline=deadline,
+                     state=state, times={state.value: now}, **fields)  # type: ignore[arg-type]
+
+
+def _enter(job: JobRecord, state: JobState, now: float) -> None:
+    job.state = state
+    job.times = {**job.times, state.value: now}
+
+
+def start(job: JobRecord, now: float) -> None:
+    """Validation passed: the job runs."""
+    if job.state is JobState.VALIDATING:
+        _enter(job, JobState.IN_PROGRESS, now)
+
+
+def fail_validation(job: JobRecord, errors: list[str], now: float) -> None:
+    """Its input was refused as a whole (an API batch's file): the job failed, nothing ran."""
+    job.errors = errors[:MAX_ERRORS]
+    job.sealed = True
+    _enter(job, JobState.FAILED, now)
+
+
+def add_errors(job: JobRecord, errors: list[str]) -> None:
+    """Count refused lines, keeping the first `MAX_ERRORS` messages."""
+    job.rejected += len(errors)
+    room = MAX_ERRORS - len(job.errors)
+    if room > 0 and errors:
+        job.errors = job.errors + errors[:room]
+
+
+def seal(job: JobRecord, lines: int, now: float) -> None:
+    """The job's input ended after `lines` lines: no more items join it."""
+    job.sealed = True
+    job.lines = max(job.lines, lines)
+    settle(job, 0, now)
+
+
+def request_cancel(job: JobRecord, now: float) -> bool:
+    """Cancel: True when this changed the job (the store then cancels its queued items)."""
+    if job.ended or job.state is JobState.CANCELLING:
+        return False
+    job.sealed = True
+    _enter(job, JobState.CANCELLING, now)
+    return True
+
+
+def expire_due(job: JobRecord, now: float) -> bool:
+    """Its completion window passed with items still to run (the store then cancels its
+    queued items and marks it `expired`)."""
+    return (job.deadline is not None and now >= job.deadline and not job.ended
+            and not job.expired and job.state is not JobState.CANCELLING)
+
+
+def mark_expired(job: JobRecord) -> None:
+    job.expired = True
+    job.sealed = True
+
+
+def settle(job: JobRecord, in_flight: int, now: float) -> bool:
+    """Move the job on once every item has an outcome (`in_flight` is how many of its items
+    an engine holds: a cancelled or expired job waits for them). True when it moved."""
+    if job.ended or job.state is JobState.VALIDATING:
+        return False
+    done = job.sealed and job.queued == 0 and in_flight == 0
+    if job.state is JobState.CANCELLING:
+        if done:
+            _enter(job, JobState.CANCELLED, now)
+            return True
+        return False
+    if job.expired:
+        if done:
+            _enter(job, JobState.EXPIRED, now)
+            return True
+        return False
+    if job.state is JobState.IN_PROGRESS and done:
+        _enter(job, JobState.FINALIZING, now)
+        return True
+    if job.state is JobState.FINALIZING:
+        _enter(job, JobState.COMPLETED, now)
+        return True
+    return False
+
+
+def eta_s(job: JobRecord, now: float) -> float | None:
+    """Seconds to go at the rate so far, or None while there is no rate."""
+    began = job.times.get(JobState.IN_PROGRESS.value, job.created)
+    elapsed = now - began
+    done = job.outcomes
+    if job.ended or done == 0 or elapsed <= 0:
+        return None
+    return job.queued / (done / elapsed)
