@@ -2,7 +2,8 @@
 
 Contract: this module builds the root app (`--version`, the help text) and registers, in
 help order, the command of each module of `fabricctl.cli`: `up`, `run`, `consume`, `replay`,
-`submit`, `results`, `status`, `doctor`, `down`, `top`, and the groups `shapes` and `config`
+`submit`, `results`, `status`, `doctor`, `down`, `top`, and the groups `jobs`, `shapes` and
+`config`
 (`configcmd`). Each module declares its command as `command` (a group as `group`) next to
 the logic it calls, and imports its heavy dependencies (Rich tables, the server, the store,
 Textual) only when the command runs, so building the app stays cheap and never loads Textual.
@@ -26,6 +27,7 @@ from fabricctl.cli import (
     consume,
     doctor,
     down,
+    jobs,
     replay,
     results,
     run,
@@ -71,7 +73,7 @@ def _root(
 
 COMMANDS = {"up": up, "run": run, "consume": consume, "replay": replay, "submit": submit,
             "results": results, "status": status, "doctor": doctor, "down": down, "top": top}
-GROUPS = {"shapes": shapes, "config": configcmd}
+GROUPS = {"jobs": jobs, "shapes": shapes, "config": configcmd}
 
 for _name, _module in COMMANDS.items():
     app.command(_name)(_module.command)

@@ -20,6 +20,11 @@ input order when its items have one shape. It takes no `since` and cannot `follo
 (a late result can belong anywhere in the order); with `as_json`, `since` is 0 and
 `next` the number of results stored when the listing began (every one of them is in it;
 a result stored while it ran may be too). Memory stays constant: one page at a time.
+
+`job` (an id or a unique prefix) keeps only that job's results: in storage order (with
+`since`), or with `ordered` in the job's *input order* (line by line, whatever the shapes),
+or with `follow` until the job ends (what it has, in input order, then each result as it is
+stored: `follow.JobFollower`), then exit 0. An unknown job is exit 1.
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ def command(
                                  "broker's entry-key order): commit by commit as the broker "
                                  "acknowledged the submits, within a commit grouped by "
                                  "shape. Not with --since or --follow."),
+    job: str | None = typer.Option(None, "--job", "-j", metavar="ID", help="Only this job's "
+                                   "results (an id or a unique prefix); with --ordered in its "
+                                   "input order; with --follow until the job ends."),
     data_dir: Path | None = DataDir,
     config: Path | None = ConfigFile,
 ) -> None:
@@ -68,6 +76,18 @@ def command(
     if follow and json_out:
         raise fail("--json prints one document and cannot follow; drop one of them",
                    ExitCode.USAGE)
+    if job is not None:
+        if json_out and follow:
+            raise fail("--json prints one document and cannot follow; drop one of them",
+                       ExitCode.USAGE)
+        if ordered and (follow or since):
+            raise fail("--ordered lists the job's results in input order; it cannot take "
+                       "--since or --follow", ExitCode.USAGE)
+        cfg = settings(data_dir, config)
+        guarded(lambda: asyncio.run(print_job_results(cfg, sys.stdout.buffer, job, since=since,
+                                                      follow=follow, as_json=json_out,
+                                                      ordered=ordered)))
+        return
     if ordered and (follow or since):
         raise fail("--ordered lists every stored result in ingest order; it cannot take "
                    "--since or --follow (they count results in storage order)",
@@ -134,6 +154,61 @@ async def print_results(cfg: AppConfig, out: BinaryIO, *, since: int, follow: bo
             return
         async for page in pages:
             out.write(b"".join(result_line(rec) for _, rec in page))
+            out.flush()
+    finally:
+        await client.close()
+
+
+async def _job_line_pages(client: Client, job: str) -> AsyncIterator[list[ResultRecord]]:
+    """A job's results in input order, a page at a time."""
+    after = 0
+    while True:
+        page = await client.job_results(job, after_line=after, limit=PAGE)
+        if page:
+            after = page[-1].line
+            yield page
+        if len(page) < PAGE:
+            return
+
+
+async def print_job_results(cfg: AppConfig, out: BinaryIO, job: str, *, since: int,
+                            follow: bool, as_json: bool, ordered: bool) -> None:
+    from fabricctl.cli.follow import JobFollower
+
+    client = await Client.connect(cfg.data_dir, "observer", "fabricctl-results")
+    try:
+        view = await client.job(job)
+        number, job_id = view.job.number, view.job.id
+        if follow:
+            def write(rec: ResultRecord) -> None:
+                out.write(result_line(rec))
+                out.flush()
+
+            await JobFollower(client, job_id, number, write, since=since).run()
+            return
+        if ordered:
+            async def pages() -> AsyncIterator[list[ResultRecord]]:
+                async for page in _job_line_pages(client, job_id):
+                    yield page
+        else:
+            async def pages() -> AsyncIterator[list[ResultRecord]]:
+                async for page in _pages(client, since, False):
+                    yield [rec for _, rec in page if rec.job == number]
+        first = True
+        if as_json:
+            out.write(b'{"job":"%s","results":[' % job_id.encode())
+        async for page in pages():
+            if as_json:
+                for rec in page:
+                    if not first:
+                        out.write(b",")
+                    out.write(result_line(rec).rstrip(b"\n"))
+                    first = False
+            else:
+                out.write(b"".join(result_line(rec) for rec in page))
+            out.flush()
+        if as_json:
+            out.write(b"]}\n")
             out.flush()
     finally:
         await client.close()

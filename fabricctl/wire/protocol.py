@@ -103,6 +103,7 @@ class SealJob(msgspec.Struct, tag=True):
     errors: list[str] = []
     failed: bool = False
     sha256: str = ""
+    refused: int = 0  # refused lines beyond those in `errors` (only the first few are sent)
 
 
 class CancelJob(msgspec.Struct, tag=True):

@@ -1,0 +1,192 @@
+"""`fabricctl jobs [list]|show|cancel`: the broker's jobs (one per submit, run or API batch).
+
+Contract:
+- `group` is the `jobs` Typer group; `fabricctl jobs` alone lists (as `jobs list`).
+- `list`: the jobs the broker keeps, newest first: id, state (OpenAI's names), kind, input,
+  progress (items with an outcome of the total), failed, cancelled, refused lines, age.
+  A Rich table on a terminal, TSV with a header line when piped, `--json` one document
+  `{"jobs": [JobRecord...]}`.
+- `show ID`: one job by id or a unique prefix of it: state and the times it entered each
+  state, counts, progress, throughput and ETA, the shapes it touched, in-flight items, the
+  first refused lines' messages, and the broker's "N items wait for model X: no consumer"
+  lines. `--json`: the broker's `JobView`. Unknown id: exit 1, ambiguous: exit 1 with the
+  broker's message.
+- `cancel ID`: queued items are removed durably (each gets a "cancelled" error result and
+  is counted as cancelled); in-flight ones finish; prints the job's state after (cancelling,
+  or cancelled when nothing was in flight). A job that already ended is left as it is and
+  said so (exit 0).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded, settings
+from fabricctl.config import AppConfig
+from fabricctl.core.jobs import JobRecord
+from fabricctl.tui.fmt import age, pct, shorten
+from fabricctl.wire.client import Client
+
+from .common import call, console, stdout_is_tty, write_json, write_tsv
+
+group = typer.Typer(help="List, show and cancel jobs (one per submit, run or API batch).",
+                    invoke_without_command=True)
+
+
+@group.callback()
+def _default(ctx: typer.Context, json_out: bool = JsonOut, data_dir: Path | None = DataDir,
+             config: Path | None = ConfigFile) -> None:
+    """List, show and cancel jobs. Alone: the list (as `jobs list`)."""
+    if ctx.invoked_subcommand is None:
+        cfg = settings(data_dir, config)
+        guarded(lambda: show_list(cfg, json_out))
+
+
+@group.command("list")
+def list_command(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
+                 config: Path | None = ConfigFile) -> None:
+    """List jobs, newest first: state, progress, failures, age."""
+    cfg = settings(data_dir, config)
+    guarded(lambda: show_list(cfg, json_out))
+
+
+@group.command("show")
+def show_command(
+    job: str = typer.Argument(..., metavar="ID", help="A job id, or a unique prefix of one."),
+    json_out: bool = JsonOut, data_dir: Path | None = DataDir, config: Path | None = ConfigFile,
+) -> None:
+    """Show one job: state and times, counts, throughput and ETA, shapes, errors."""
+    cfg = settings(data_dir, config)
+    guarded(lambda: show_job(cfg, job, json_out))
+
+
+@group.command("cancel")
+def cancel_command(
+    job: str = typer.Argument(..., metavar="ID", help="A job id, or a unique prefix of one."),
+    json_out: bool = JsonOut, data_dir: Path | None = DataDir, config: Path | None = ConfigFile,
+) -> None:
+    """Cancel a job: its queued items are removed (counted as cancelled); in-flight ones finish."""
+    cfg = settings(data_dir, config)
+    guarded(lambda: cancel_job(cfg, job, json_out))
+
+
+def progress_of(j: JobRecord) -> str:
+    """`outcomes/total (pct)`, or `outcomes/total+` while input is still coming."""
+    more = "" if j.sealed else "+"
+    share = pct(j.outcomes / j.total) if j.total else "-"
+    return f"{j.outcomes:,}/{j.total:,}{more} ({share})"
+
+
+LIST_COLUMNS = ["id", "state", "kind", "input", "total", "completed", "failed", "cancelled",
+                "refused", "created"]
+
+
+def show_list(cfg: AppConfig, as_json: bool) -> None:
+    async def fetch(c: Client) -> list[JobRecord]:
+        return await c.jobs()
+
+    jobs = call(cfg, "observer", fetch)
+    if as_json:
+        write_json({"jobs": jobs})
+        return
+    if not stdout_is_tty():
+        write_tsv(LIST_COLUMNS, [[j.id, j.state.value, j.kind, j.name, j.total, j.completed,
+                                  j.failed, j.cancelled, j.rejected, j.created] for j in jobs])
+        return
+    from rich.table import Table
+
+    now = time.time()
+    t = Table(title=f"{len(jobs)} job(s) — {cfg.data_dir}", title_justify="left")
+    for name, right in [("JOB", False), ("STATE", False), ("KIND", False), ("INPUT", False),
+                        ("PROGRESS", True), ("FAILED", True), ("CANCELLED", True),
+                        ("REFUSED", True), ("AGE", True)]:
+        t.add_column(name, justify="right" if right else "left", no_wrap=True)
+    for j in jobs:
+        t.add_row(j.id, j.state.value, j.kind, shorten(j.name or "-", 40), progress_of(j),
+                  f"{j.failed:,}", f"{j.cancelled:,}", f"{j.rejected:,}", age(now - j.created))
+    console().print(t)
+
+
+def _fetch_view(cfg: AppConfig, job: str) -> tuple[Any, dict[str, Any]]:
+    async def fetch(c: Client) -> tuple[Any, dict[str, Any]]:
+        view = await c.job(job)
+        status = await c.query("status")
+        return view, status
+
+    return call(cfg, "observer", fetch)
+
+
+def _waiting_lines(status: dict[str, Any]) -> list[str]:
+    """The broker's "N items wait for model X: no consumer" lines, from its status."""
+    out = []
+    for u in status.get("unserved", []) or []:
+        if isinstance(u, dict):
+            out.append(f"{u.get('items', 0):,} items wait for model {u.get('model')!r}: "
+                       "no consumer")
+    return out
+
+
+def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:
+    view, status = _fetch_view(cfg, job)
+    if as_json:
+        write_json(view)
+        return
+    from rich.table import Table
+
+    j: JobRecord = view.job
+    now = time.time()
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("job", j.id)
+    t.add_row("state", j.state.value)
+    t.add_row("kind", j.kind)
+    t.add_row("input", f"{j.name or '-'}" + (f"  sha256 {j.sha256[:16]}…" if j.sha256 else ""))
+    if j.endpoint:
+        t.add_row("endpoint", j.endpoint)
+    for k, v in sorted(j.metadata.items()):
+        t.add_row(f"metadata.{k}", v)
+    t.add_row("progress", progress_of(j) + ("" if j.sealed else "  (input still coming)"))
+    t.add_row("counts", f"{j.total:,} items: {j.completed:,} completed, {j.failed:,} failed, "
+                        f"{j.cancelled:,} cancelled, {j.queued:,} to go "
+                        f"({view.in_flight:,} in flight); {j.rejected:,} line(s) refused")
+    if view.rate:
+        t.add_row("throughput", f"{view.rate:,.1f} items/s")
+    if view.eta_s is not None:
+        t.add_row("eta", age(view.eta_s))
+    if j.deadline is not None:
+        left = j.deadline - now
+        t.add_row("deadline", f"in {age(left)}" if left > 0 else f"{age(-left)} ago")
+    for state, at in sorted(j.times.items(), key=lambda kv: kv[1]):
+        t.add_row(f"{state} at", f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))}"
+                                 f"  ({age(now - at)} ago)")
+    for sh in view.shapes:
+        t.add_row("shape", " ".join(str(x) for x in sh if x != ""))
+    for line in _waiting_lines(status):
+        t.add_row("waiting", line)
+    for e in j.errors:
+        t.add_row("refused", e)
+    if j.rejected > len(j.errors):
+        t.add_row("", f"... and {j.rejected - len(j.errors):,} more")
+    console().print(t)
+
+
+def cancel_job(cfg: AppConfig, job: str, as_json: bool) -> None:
+    async def go(c: Client) -> Any:
+        return await c.cancel_job(job)
+
+    reply = call(cfg, "producer", go)
+    j: JobRecord = reply.job
+    if as_json:
+        write_json(j)
+        return
+    err = console(stderr=True)
+    if j.state.value in ("cancelling", "cancelled"):
+        err.print(f"{j.id}: {j.state.value}: {j.cancelled:,} queued item(s) cancelled, "
+                  f"{j.completed + j.failed:,} finished, {j.queued:,} still in flight")
+    else:
+        err.print(f"{j.id} had already ended ({j.state.value}); nothing to cancel")
