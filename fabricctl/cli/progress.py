@@ -3,8 +3,9 @@
 Contract: `ProgressView(total)` is a context manager and a callable; the submitter calls it
 with itself after every chunk and ack. It draws (Rich, on stderr) from the first call on,
 at most ten times a second: bytes read against the input's size when known, lines read,
-accepted, refused and (with --wait) results written. `input_size(fp)` is that size for a
-regular file and None for pipes.
+accepted (and skipped: stored by an earlier run of the job), refused and, with --wait,
+results written, their rate since the first one and the ETA of the rest at that rate.
+`input_size(fp)` is that size for a regular file and None for pipes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ class Submitting(Protocol):
     written: int
     bytes_read: int
     wait: bool
+    skipped: int
+    first_result: float | None  # time.monotonic() of the first result written
+
 
     def done(self) -> bool: ...
 
@@ -68,9 +72,24 @@ class ProgressView:
             return
         self._last = now
         desc = f"{s.lines:,} lines, {s.accepted:,} in, {s.rejected:,} refused"
+        if s.skipped:
+            desc += f", {s.skipped:,} stored before"
         if s.wait:
             desc += f", {s.written:,} results"
+            desc += rate_and_eta(s.written, s.accepted + s.skipped, s.first_result, now)
         self.p.update(self.task, completed=s.bytes_read, description=desc)
+
+
+def rate_and_eta(written: int, expected: int, first: float | None, now: float) -> str:
+    """`, R/s, ETA T` once results flow (the rate since the first result), else ""."""
+    if first is None or written < 2 or now <= first:
+        return ""
+    from fabricctl.tui.fmt import age
+
+    rate = (written - 1) / (now - first)
+    left = max(0, expected - written)
+    eta = f", ETA {age(left / rate)}" if rate > 0 and left else ""
+    return f", {rate:,.1f}/s{eta}"
 
 
 def stderr_is_tty() -> bool:

@@ -4,18 +4,25 @@ Contract:
 - The `submit` command (`command`) reads FILE, or stdin for `-` (saying so on a terminal);
   a missing file, or `--ordered` without `--wait`, is exit 2; errors are written after the
   progress bar is gone (`support.guarded`).
+- A submit is one **job** (`fabricctl.core.jobs`): it opens one before the first line
+  goes (`fabricctl: job ID` on stderr) and seals it when the input ends, with its line
+  count and the first refused lines' messages. A FILE (not stdin) is sent with its sha256:
+  the same file submitted again *attaches* to its job (unless `--new-job`), as `--job ID`
+  does for any input; an attached submit sends every line again with `resume`, and the
+  broker skips the ones the job already stored (`Ack.skipped`), with no duplicate errors.
 - Memory is bounded by the chunking, not by the input: a reader thread runs
   `producer.parse_stream` (at most `max_line_bytes` of one line held) and hands chunks of
   `CHUNK` items through a queue of `QUEUED` chunks; at most `IN_FLIGHT` submits await their
   acks. What grows with the input is the reader's set of ids seen (duplicate check) and,
-  with `--wait`, the set of ids accepted and not yet answered.
+  with `--wait`, one int per result written (`follow.JobFollower`).
 - Every refused line, the reader's (`line N: reason`) or the broker's (a duplicate id, same
   form, with the input line number), is one `fabricctl: error: line N: reason` on stderr; the
   other lines still go in.
-- stdout stays empty unless `wait`: then each result of an item *this* submit accepted is
-  written as one JSONL line (`result_line`: native or OpenAI batch output, as the input
-  line came) as soon as the broker has stored it, and nothing else. Results are polled from
-  the broker's result sequence, starting where it stood when the submit began.
+- stdout stays empty unless `wait`: then each result of the job is written as one JSONL
+  line (`result_line`: native or OpenAI batch output, as the input line came) as soon as the
+  broker has stored it, and nothing else, until every item of the job has its outcome. An
+  attached submit writes the results the job already had too, so the output holds one line
+  per accepted input line.
 - `ordered` (with `wait`): the same results in input order instead of completion order,
   through an `InputOrder` (ordered.py): each is written once every earlier accepted line's
   result has been, so output still streams; refused lines have no place in the order. It
@@ -34,17 +41,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import typer
 
+from fabricctl.cli.follow import JobFollower
 from fabricctl.cli.ordered import InputOrder
 from fabricctl.cli.support import ConfigFile, DataDir, fail, guarded, settings
 from fabricctl.config import AppConfig
+from fabricctl.core.jobs import MAX_ERRORS, JobRecord
 from fabricctl.core.types import Item
 from fabricctl.errors import ExitCode
 from fabricctl.formats.reader import LineError, parse_stream
@@ -55,8 +66,6 @@ from fabricctl.wire.client import Client
 CHUNK = 512  # items per Submit frame: big enough to amortise a commit, small on the wire
 IN_FLIGHT = 4  # submits awaiting their ack at once
 QUEUED = 4  # parsed chunks waiting for a submit slot
-POLL_S = 0.1  # results poll interval (the broker has no result push)
-RESULTS_PAGE = 2000
 
 
 def command(
@@ -72,10 +81,15 @@ def command(
                                  "in input order (as vllm run-batch does) instead of as they "
                                  "complete; each is printed once every earlier line's result "
                                  "has been. Refused lines have no result."),
+    job: str = typer.Option("", "--job", "-j", metavar="ID", help="Continue this job (an id "
+                            "or unique prefix): lines already stored in it are skipped. A "
+                            "FILE submitted again continues its job on its own."),
+    new_job: bool = typer.Option(False, "--new-job", help="Always start a new job, even for "
+                                 "a file submitted before."),
     data_dir: Path | None = DataDir,
     config: Path | None = ConfigFile,
 ) -> None:
-    """Stream JSONL prompts into the running broker.
+    """Stream JSONL prompts into the running broker as one job.
 
     Input is read and sent in chunks, so memory stays flat on any input size.
     Each refused line is one "fabricctl: error: line N: reason" on stderr; the rest goes in.
@@ -88,9 +102,16 @@ def command(
     if ordered and not wait:
         raise fail("--ordered orders the results that --wait prints; add --wait",
                    ExitCode.USAGE)
+    if job and new_job:
+        raise fail("--job continues a job and --new-job starts one; drop one of them",
+                   ExitCode.USAGE)
     cfg = settings(data_dir, config)
     if file != "-" and not Path(file).is_file():
         raise fail(f"{file}: no such file", ExitCode.USAGE)
+    name, sha256, size = "-", "", 0
+    if file != "-":
+        name = str(Path(file).resolve())
+        sha256, size = file_digest(Path(file))
     with open(file, "rb") if file != "-" else contextlib.nullcontext(sys.stdin.buffer) as fp:
         if file == "-" and sys.stdin.isatty():
             sys.stderr.write("fabricctl: reading JSONL from the terminal; end with Ctrl-D\n")
@@ -102,7 +123,8 @@ def command(
             with view if view is not None else contextlib.nullcontext():
                 return asyncio.run(run_submit(cfg, fp, wait=wait, timeout=timeout,
                                               out=sys.stdout.buffer, progress=view,
-                                              ordered=ordered))
+                                              ordered=ordered, name=name, sha256=sha256,
+                                              size=size, job=job, new_job=new_job))
 
         code = guarded(body)  # errors are written after the progress bar is gone
     raise typer.Exit(code)
@@ -159,26 +181,35 @@ def _read(fp: BinaryIO, cfg: AppConfig, put: Any) -> None:
 
 
 class Submitter:
-    """Why: the state one submit shares between its reader, its acks and its result poller."""
+    """Why: the state one submit shares between its reader, its acks and its result follower."""
 
     def __init__(self, client: Client, cfg: AppConfig, *, wait: bool, out: BinaryIO,
-                 err: Any = None, progress: Any = None, ordered: bool = False) -> None:
+                 err: Any = None, progress: Any = None, ordered: bool = False,
+                 job: JobRecord | None = None, resume: bool = False) -> None:
         self.client, self.cfg, self.wait, self.out, self.err = client, cfg, wait, out, err
         self.progress = progress
+        self.job, self.resume = job, resume
         self.accepted = self.rejected = self.written = self.lines = self.bytes_read = 0
+        self.skipped = 0  # already stored in the job (a rerun that attached): not sent again
+        self.messages: list[str] = []  # the first refused lines' messages, for the job record
         # --ordered: results go through the input order, which calls _emit in its turn
         self.order = InputOrder(self._emit) if ordered and wait else None
-        self.pending: set[str] = set()  # accepted, result not written yet
-        self.unacked: set[str] = set()  # sent, ack not back yet
-        self.early: dict[str, ResultRecord] = {}  # results that beat their ack
         self.input_done = False
+        self.results_done = False
         self.failure: BaseException | None = None
-        self.changed = asyncio.Event()
+        self.started = time.monotonic()
+        self.first_result: float | None = None
 
     def error(self, message: str) -> None:
         err = self.err or sys.stderr  # looked up now: a progress bar redirects sys.stderr
         err.write(f"fabricctl: error: {message}\n")
         err.flush()
+
+    def refuse(self, message: str) -> None:
+        self.rejected += 1
+        if len(self.messages) < MAX_ERRORS:
+            self.messages.append(message)
+        self.error(message)
 
     async def feed(self, fp: BinaryIO) -> None:
         loop = asyncio.get_running_loop()
@@ -199,15 +230,12 @@ class Submitter:
                 raise got
             self._check()
             for e in got.errors:
-                self.rejected += 1
-                self.error(str(e))
+                self.refuse(str(e))
             self.lines, self.bytes_read = got.last_line, got.bytes_read
             self._tick()
             if got.items:
                 await slots.acquire()
                 self._check()
-                if self.wait:
-                    self.unacked.update(i.id for i in got.items)
                 if self.order is not None:  # sent in input order; refusals dropped on ack
                     self.order.expect(i.id for i in got.items)
                 task = asyncio.ensure_future(self._send(got, slots))
@@ -218,7 +246,6 @@ class Submitter:
         self._check()
         self.input_done = True
         self._tick()
-        self.changed.set()
 
     def _check(self) -> None:
         if self.failure is not None:
@@ -226,39 +253,30 @@ class Submitter:
 
     async def _send(self, chunk: Chunk, slots: asyncio.Semaphore) -> None:
         try:
-            ack = await self.client.submit(chunk.items)
+            ack = await self.client.submit(chunk.items, job=self.job.number if self.job else 0,
+                                           resume=self.resume)
         except BaseException as e:
             self.failure = self.failure or e
             return
         finally:
             slots.release()
-        refused = set()
         for r in ack.rejects:
-            refused.add(r.index)
-            self.rejected += 1
-            self.error(f"line {chunk.lines[r.index]}: {r.reason}")
+            self.refuse(f"line {chunk.lines[r.index]}: {r.reason}")
+            if self.order is not None:
+                self.order.drop(chunk.items[r.index].id)
         self.accepted += ack.accepted
-        if self.wait:
-            for i, item in enumerate(chunk.items):
-                self.unacked.discard(item.id)
-                if i in refused:
-                    self.early.pop(item.id, None)
-                    if self.order is not None:
-                        self.order.drop(item.id)
-                elif (rec := self.early.pop(item.id, None)) is not None:
-                    self._write(rec)
-                else:
-                    self.pending.add(item.id)
-            self.out.flush()
+        self.skipped += ack.skipped
         self._tick()
-        self.changed.set()
 
     def _write(self, rec: ResultRecord) -> None:
-        """A result of this submit: out now, or into the input order (`ordered`)."""
+        """A result of this submit's job: out now, or into the input order (`ordered`)."""
+        if self.first_result is None:
+            self.first_result = time.monotonic()
         if self.order is not None:
             self.order.add(rec)
         else:
             self._emit(rec)
+        self._tick()
 
     def _emit(self, rec: ResultRecord) -> None:
         self.out.write(result_line(rec))
@@ -270,30 +288,7 @@ class Submitter:
             self.order.finish()
 
     def done(self) -> bool:
-        return self.input_done and not self.pending and not self.unacked
-
-    async def collect(self, since: int) -> None:
-        """Write this submit's results as the broker stores them, until all are written."""
-        seq = since
-        while not self.done():
-            page = await self.client.query("results", since=seq, limit=RESULTS_PAGE,
-                                           type=list[tuple[int, ResultRecord]])
-            for s, rec in page:
-                seq = s
-                if rec.id in self.pending:
-                    self.pending.discard(rec.id)
-                    self._write(rec)
-                elif rec.id in self.unacked:
-                    self.early[rec.id] = rec
-            if page:
-                self.out.flush()
-                self._tick()
-            if len(page) < RESULTS_PAGE:
-                self.changed.clear()
-                if self.done():
-                    break
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.changed.wait(), POLL_S)
+        return self.input_done and (not self.wait or self.results_done)
 
     def _tick(self) -> None:
         if self.progress is not None:
@@ -302,27 +297,42 @@ class Submitter:
 
 async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float | None,
                      out: BinaryIO, err: Any = None, progress: Any = None,
-                     ordered: bool = False) -> int:
-    """Submit a stream; the exit code (see the module contract)."""
+                     ordered: bool = False, name: str = "-", sha256: str = "", size: int = 0,
+                     job: str = "", new_job: bool = False) -> int:
+    """Submit a stream as a job; the exit code (see the module contract)."""
     client = await Client.connect(cfg.data_dir, "producer", "fabricctl-submit")
     try:
-        since = 0
-        if wait:
-            status = await client.query("status")
-            since = int(status.get("extra", {}).get("store", {}).get("results", 0))
+        since = await _stored(client)  # before the job opens: no result of it is older
+        reply = await client.open_job("submit", name=name, sha256=sha256, size=size,
+                                      attach=bool(job) or (bool(sha256) and not new_job),
+                                      job=job)
         sub = Submitter(client, cfg, wait=wait, out=out, err=err, progress=progress,
-                        ordered=ordered)
-        collector = asyncio.ensure_future(sub.collect(since)) if wait else None
+                        ordered=ordered, job=reply.job, resume=reply.attached)
+        _announce(err, reply.job, reply.attached)
+        follower = (JobFollower(client, reply.job.id, reply.job.number, sub._write, since=since)
+                    if wait else None)
+        collector = asyncio.ensure_future(follower.run()) if follower is not None else None
         try:
             await sub.feed(fp)
-            if collector is not None:
+            already = reply.attached and reply.job.sealed  # its refusals were counted then
+            await client.seal_job(reply.job.number, sub.lines,
+                                  errors=[] if already else sub.messages,
+                                  refused=0 if already else sub.rejected - len(sub.messages))
+            if follower is not None and collector is not None:
+                follower.nudge()
                 await asyncio.wait_for(asyncio.shield(collector), timeout)
+                sub.results_done = True
+                sub._tick()
         except TimeoutError:
             if collector is not None and not collector.done():
                 collector.cancel()  # no result may come in while the held ones go out
             sub.finish()
-            sub.error(f"timed out after {timeout:g} s with {len(sub.pending)} result(s) "
-                      f"missing ({sub.written} written)")
+            missing = ""
+            if follower is not None and follower.job is not None:
+                missing = f"{follower.job.queued:,} result(s) missing, "
+            sub.error(f"timed out after {timeout:g} s with {missing}{sub.written:,} written "
+                      f"(job {reply.job.id}: `fabricctl results --job {reply.job.id}` "
+                      "prints them later)")
             return ExitCode.TIMEOUT
         finally:
             if collector is not None and not collector.done():
@@ -331,3 +341,29 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
         return ExitCode.RUNTIME if sub.rejected else ExitCode.OK
     finally:
         await client.close()
+
+
+def _announce(err: Any, job: JobRecord, attached: bool) -> None:
+    """The job id on stderr (one line), and whether this submit continues an earlier one."""
+    e = err or sys.stderr
+    if attached:
+        e.write(f"fabricctl: job {job.id}: attached (submitted before: {job.total:,} items "
+                f"stored, {job.outcomes:,} with an outcome); stored lines are skipped\n")
+    else:
+        e.write(f"fabricctl: job {job.id}\n")
+    e.flush()
+
+
+async def _stored(client: Client) -> int:
+    """How many results the broker has stored (its result sequence number)."""
+    status = await client.query("status")
+    return int(status.get("extra", {}).get("store", {}).get("results", 0))
+
+
+def file_digest(path: Path) -> tuple[str, int]:
+    """sha256 and size of a file (read in 1 MiB blocks): a file submitted again joins its job."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest(), path.stat().st_size
