@@ -14,8 +14,14 @@ result, writes the results in the input's form (native or OpenAI batch output) a
 achievable is every cacheable prefix block hit except one prefill of each shape's prefix on
 each GPU serving it. Results are written in completion order, or with `ordered` in input
 order (`ordered.InputOrder`: the accepted ids in input order, and only the results
-that came out of order, are held). Only results stored after the job began are its own (a
-kept data dir may hold older ones); the job keeps running totals of them, not the records.
+that came out of order, are held). The input is one job of kind "run" (`core.jobs`),
+followed by `follow.JobFollower`: the results are the job's, whatever else the data dir
+holds, and the run keeps running totals of them, not the records.
+Resume: with `--data-dir` (`keep_data`) a FILE's job is found again by its path and sha256.
+The same command after a crash or Ctrl-C attaches to it and sends every line with `resume`:
+the broker skips those it already stored (items with a result are never sent to an engine
+again; queued ones run from the store), and the output holds the earlier run's results
+too, so it ends with exactly one line per accepted input line.
 """
 
 from __future__ import annotations
@@ -34,10 +40,13 @@ from typing import IO, TYPE_CHECKING
 import msgspec
 import typer
 
+from fabricctl.cli.follow import JobFollower
 from fabricctl.cli.ordered import InputOrder
+from fabricctl.cli.submit import file_digest
 from fabricctl.cli.support import ConfigFile, Verbose, fail, load, run_async, setup_logging
 from fabricctl.cli.up import Daemon
 from fabricctl.config import AppConfig
+from fabricctl.core.jobs import MAX_ERRORS, JobRecord
 from fabricctl.core.types import Item
 from fabricctl.engines.blocks import achievable_cached_tokens, decode_item_payload, prefix_tokens
 from fabricctl.errors import ExitCode
@@ -90,6 +99,11 @@ def command(
                                  "(as vllm run-batch does) instead of as they complete; each "
                                  "is written once every earlier line's result has been. "
                                  "Rejected lines have no result."),
+    data_dir: Path | None = typer.Option(None, "--data-dir", "-d", help="Keep the job in this "
+                                         "data dir (default: a temporary one, deleted): the "
+                                         "same command again after a crash or Ctrl-C continues "
+                                         "it, sending only what has no result yet.",
+                                         show_default=False),
     verbose: bool = Verbose,
 ) -> None:
     """One-shot batch job: embedded broker and engines; submit, wait, write results, summarise.
@@ -99,12 +113,13 @@ def command(
     DIR), else an estimate of 4 bytes a token; the --json summary names it (token_counter).
     """
     setup_logging(verbose) if verbose else logging.basicConfig(level=logging.WARNING)
-    cfg = load(config, engine=engine, model=model)
+    cfg = load(config, engine=engine, model=model, data_dir=data_dir)
     if str(file) != "-" and not file.is_file():
         raise fail(f"{file}: no such file", ExitCode.USAGE)
     out = output.open("wb") if output else sys.stdout.buffer
     try:
-        summary = run_async(run_job(cfg, file, out, ordered=ordered))
+        summary = run_async(run_job(cfg, file, out, ordered=ordered,
+                                    keep_data=data_dir is not None))
     finally:
         if output:
             out.close()
@@ -161,31 +176,41 @@ class _Shapes:
 
 
 async def _submit(client: Client, path: Path, shapes: _Shapes, errors: Callable[[str], None],
-                  max_line_bytes: int, counter: TokenCounter,
-                  order: InputOrder | None = None) -> tuple[int, int]:
-    """Submit the input in chunks; (accepted, rejected). `order` learns the accepted ids in
-    input order."""
-    accepted = rejected = 0
+                  max_line_bytes: int, counter: TokenCounter, job: JobRecord, resume: bool,
+                  order: InputOrder | None = None) -> tuple[int, int, int]:
+    """Submit the input in chunks into `job` and seal it; (accepted, rejected, skipped).
+    `order` learns the ids sent in input order (and which the broker refused)."""
+    accepted = rejected = skipped = last_line = 0
     chunk: list[Item] = []
     lines: list[int] = []
+    messages: list[str] = []
+
+    def refuse(message: str) -> None:
+        nonlocal rejected
+        rejected += 1
+        if len(messages) < MAX_ERRORS:
+            messages.append(message)
+        errors(message)
 
     async def send() -> None:
-        nonlocal accepted, rejected
-        ack = await client.submit(chunk)
-        accepted += ack.accepted
-        for r in ack.rejects:
-            rejected += 1
-            errors(f"line {lines[r.index]}: {r.reason}")
+        nonlocal accepted, skipped
         if order is not None:
-            refused = {r.index for r in ack.rejects}
-            order.expect(it.id for i, it in enumerate(chunk) if i not in refused)
+            order.expect(it.id for it in chunk)
+        ack = await client.submit(chunk, job=job.number, resume=resume)
+        accepted += ack.accepted
+        skipped += ack.skipped
+        for r in ack.rejects:
+            refuse(f"line {lines[r.index]}: {r.reason}")
+            if order is not None:
+                order.drop(chunk[r.index].id)
 
     with path.open("rb") if str(path) != "-" else sys.stdin.buffer as fp:
         for parsed in parse_stream(fp, counter=counter, max_line_bytes=max_line_bytes):
             if isinstance(parsed, LineError):
-                rejected += 1
-                errors(str(parsed))
+                last_line = parsed.line_no
+                refuse(str(parsed))
                 continue
+            last_line = parsed.line_no
             shapes.add(parsed.item)
             chunk.append(parsed.item)
             lines.append(parsed.line_no)
@@ -194,7 +219,10 @@ async def _submit(client: Client, path: Path, shapes: _Shapes, errors: Callable[
                 chunk, lines = [], []
     if chunk:
         await send()
-    return accepted, rejected
+    already = resume and job.sealed  # a finished job run again: its refusals were counted
+    await client.seal_job(job.number, last_line, errors=[] if already else messages,
+                          refused=0 if already else rejected - len(messages))
+    return accepted, rejected, skipped
 
 
 class _Totals:
@@ -209,31 +237,6 @@ class _Totals:
         self.tokens_in += rec.prompt_tokens
         self.tokens_out += rec.completion_tokens
         self.served.add((rec.model, rec.signature, rec.gpu))
-
-
-async def _collect(client: Client, since: int, expected: int, out: IO[bytes],
-                   order: InputOrder | None = None) -> _Totals:
-    """Write the results stored after sequence number `since` until `expected` came: as
-    they come, or through `order` (input order)."""
-    seq, totals = since, _Totals()
-    while totals.results < expected:
-        batch = await client.query("results", since=seq, limit=5000,
-                                   type=list[tuple[int, ResultRecord]])
-        if not batch:
-            await asyncio.sleep(0.05)  # results poll: the broker has no push for them
-            continue
-        for s, rec in batch:
-            seq = s
-            totals.add(rec)
-            if order is not None:
-                order.add(rec)
-            else:
-                out.write(result_line(rec))
-        out.flush()
-    if order is not None:
-        order.finish()  # empty by now: every expected result came
-    out.flush()
-    return totals
 
 
 async def run_job(
@@ -256,13 +259,39 @@ async def run_job(
         client = await Client.connect(daemon.server.cfg.socket_path, "producer", "run")
         shapes = _Shapes()
         collector = None
+        totals = _Totals()
+
+        def write(rec: ResultRecord) -> None:
+            totals.add(rec)
+            if order is not None:
+                order.add(rec)
+            else:
+                out.write(result_line(rec))
+
         order = InputOrder(lambda rec: out.write(result_line(rec))) if ordered else None
         try:
             since = daemon.store.meta.rseq if daemon.store is not None else 0  # older: not ours
-            accepted, rejected = await _submit(client, input_path, shapes, errors,
-                                               cfg.producer.max_line_bytes, counter, order)
-            collector = asyncio.ensure_future(_collect(client, since, accepted, out, order))
-            totals = await collector
+            name, sha256 = "-", ""
+            if str(input_path) != "-":
+                name = str(input_path.resolve())
+                sha256 = (await asyncio.to_thread(file_digest, input_path))[0]
+            reply = await client.open_job("run", name=name, sha256=sha256,
+                                          attach=keep_data and bool(sha256))
+            if reply.attached:
+                j = reply.job
+                log.warning("continuing job %s from %s: %d items stored, %d with an outcome",
+                            j.id, cfg.data_dir, j.total, j.outcomes)
+            follower = JobFollower(client, reply.job.id, reply.job.number, write, since=since)
+            collector = asyncio.ensure_future(follower.run())
+            accepted, rejected, skipped = await _submit(
+                client, input_path, shapes, errors, cfg.producer.max_line_bytes, counter,
+                reply.job, reply.attached, order)
+            follower.nudge()
+            await collector
+            if order is not None:
+                order.finish()  # empty by now: every result of the job came
+            out.flush()
+            accepted += skipped  # the job's items, this run's and the earlier one's
         finally:
             if collector is not None and not collector.done():
                 collector.cancel()
