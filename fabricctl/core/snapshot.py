@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from fabricctl.core.events import Event
+from fabricctl.core.jobs import JobRecord
 from fabricctl.core.ledger import Ledger
 from fabricctl.core.shape import SHAPE_STATES, Shape, ShapeState
 from fabricctl.core.stats import BATCH_BUCKETS
@@ -146,6 +147,7 @@ class Snapshot(msgspec.Struct):
     events: list[Event]
     simulated: bool = False
     extra: dict[str, object] = {}
+    jobs: list[JobRecord] = []  # the live jobs, then the last ended ones (the server's pick)
 
 
 def lane_views(shape: Shape, now: float, starve_s: float) -> list[LaneView]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from fabricctl.core.events import Event
+from fabricctl.core.jobs import JobRecord, eta_s
 from fabricctl.core.signature import signature_hex
 from fabricctl.core.snapshot import ModelView, Snapshot
 from fabricctl.tui import fmt
@@ -136,3 +137,29 @@ def event_line(e: Event, now: float) -> Text:
     if e.critical:
         line.stylize(CRITICAL)
     return line
+
+
+JOBS_SHOWN = 5  # job lines in the overview: the live ones first
+
+
+def job_line(j: JobRecord, now: float, width: int = 16) -> Text:
+    """One job: id, state, a bar of outcomes against its total, counts and ETA."""
+    share = j.outcomes / j.total if j.total else 0.0
+    filled = round(share * width)
+    t = Text(f"{j.id}  ", style="bold")
+    t.append(f"{j.state.value:<11} ", style=OK if j.state.value == "completed" else "")
+    t.append("█" * filled + "░" * (width - filled), style=OK)
+    t.append(f" {j.outcomes:,}/{j.total:,}{'' if j.sealed else '+'} ({fmt.pct(share)})")
+    if j.failed or j.cancelled:
+        t.append(f"  failed {j.failed:,}  cancelled {j.cancelled:,}", style=CRITICAL)
+    eta = eta_s(j, now)
+    if eta is not None:
+        t.append(f"  ETA {fmt.age(eta)}", style=MUTED)
+    t.append(f"  {j.kind} {fmt.shorten(j.name, 32)}", style=MUTED)
+    return t
+
+
+def jobs_lines(snap: Snapshot) -> Text:
+    """The overview's jobs: the live ones first, at most `JOBS_SHOWN`; empty with none."""
+    jobs = sorted(snap.jobs, key=lambda j: (j.ended, -j.created))[:JOBS_SHOWN]
+    return Text("\n").join(job_line(j, snap.t) for j in jobs)

@@ -69,9 +69,13 @@ class Overview(Vertical):
         yield ShapesTable(id="shapes")
         yield Input(placeholder="filter: words of model, signature, label, state", id="filter")
         yield TextBox(id="gpus")
+        yield TextBox(id="jobs")
         yield TextBox(id="ledger")
 
     def apply(self, snap: Snapshot, state: ViewState) -> None:
+        jobs = self.query_one("#jobs", TextBox)
+        jobs.show(draw.jobs_lines(snap))
+        jobs.set_class(bool(snap.jobs), "-shown")
         self.query_one("#machine", TextBox).show(
             Text("\n").join([draw.state_machine(snap.states), draw.models(snap)]))
         self.query_one(ShapesTable).show(

@@ -1,0 +1,55 @@
+"""The overview's jobs box: hidden with no job, one line per job (live first) with its
+progress, failures and ETA when the snapshot carries jobs (`Snapshot.jobs`)."""
+
+from __future__ import annotations
+
+import msgspec
+from tui_synthetic import make_snapshot
+
+from fabricctl.core.jobs import JobState, new_job, seal
+from fabricctl.tui import draw
+from fabricctl.tui.app import TopApp
+from fabricctl.tui.sources import FixedSource
+from fabricctl.tui.widgets.lines import TextBox
+
+
+def _jobs(t: float) -> list:
+    live = new_job(2, "batch_2aa", "submit", t - 100, name="/data/in.jsonl")
+    live.total, live.completed, live.failed = 1000, 250, 3
+    done = new_job(1, "batch_1bb", "run", t - 500, name="/data/old.jsonl")
+    done.total, done.completed = 10, 10
+    seal(done, 10, t - 400)
+    seal(done, 10, t - 399)  # finalizing -> completed
+    return [done, live]
+
+
+def test_job_line_shows_progress_failures_and_eta() -> None:
+    j = _jobs(1000.0)[1]
+    line = draw.job_line(j, 1000.0).plain
+    assert line.startswith("batch_2aa  in_progress")
+    assert "253/1,000+ (25.3%)" in line
+    assert "failed 3  cancelled 0" in line
+    assert "ETA" in line  # 253 outcomes in 100 s: 747 to go at that rate
+
+
+def test_jobs_lines_put_live_jobs_first() -> None:
+    snap = msgspec.structs.replace(make_snapshot(), jobs=_jobs(1000.0))
+    lines = draw.jobs_lines(snap).plain.split("\n")
+    assert [ln.split()[0] for ln in lines] == ["batch_2aa", "batch_1bb"]
+    assert _jobs(1000.0)[0].state is JobState.COMPLETED
+
+
+async def test_overview_shows_jobs_only_when_there_are_some() -> None:
+    plain = make_snapshot()
+    with_jobs = msgspec.structs.replace(plain, jobs=_jobs(plain.t))
+    for snap, shown in ((plain, False), (with_jobs, True)):
+        app = TopApp(FixedSource([snap]))
+        async with app.run_test(size=(140, 50)) as pilot:
+            box = app.query_one("#jobs", TextBox)
+            for _ in range(50):
+                if app.received:
+                    break
+                await pilot.pause()
+            await pilot.pause()
+            assert box.has_class("-shown") is shown
+            assert ("batch_2aa" in box.text.plain) is shown
