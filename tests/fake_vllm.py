@@ -9,13 +9,14 @@ token), and HTTP 400 with vLLM's error body
 for a bad value (a negative temperature, n < 1, a prompt that is not a string, no
 messages). `GET /metrics` gives zero counters with block size 16, `GET /health` 200. It is
 the simulated engine seen through the HTTP path, so a test on it fails where the wire is
-wrong, as one on the real vLLM would.
+wrong, as one on the real vLLM would. `delay_s` makes each completion take that long.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -81,7 +82,8 @@ def answer(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 class FakeVllm:
     """Why: the HTTP path's semantics without a 2.5 GB vLLM, for the fast suite."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s  # each completion takes this long: an engine doing work
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self._lock = threading.Lock()
         fake = self
@@ -110,6 +112,8 @@ class FakeVllm:
                 if self.path not in ("/v1/completions", "/v1/chat/completions"):
                     self._send(404, b'{"detail":"Not Found"}', "application/json")
                     return
+                if fake.delay_s:
+                    time.sleep(fake.delay_s)  # the engine's work, not synchronisation
                 status, out = answer(self.path, body)
                 self._send(status, json.dumps(out).encode(), "application/json")
 
