@@ -50,6 +50,7 @@ from fabricctl.engines.costs import SimCosts
 from fabricctl.replay.run import (
     ABLATIONS,
     BASELINES,
+    ORACLE,
     costs_for,
     limits_for,
     pressure_of,
@@ -60,7 +61,7 @@ from fabricctl.replay.workload import ReplayItem, distinct_prefix_tokens, genera
 GPUS = 2
 MAX_NUM_SEQS = 64
 PRESSURES = (0.1, 1.0, 2.0, 3.0)
-POLICY_ORDER = ("fabric", *BASELINES, *ABLATIONS)
+POLICY_ORDER = ("fabric", *BASELINES, ORACLE, *ABLATIONS)
 COMMON = {"seed": 1, "median_tokens": 64, "max_tokens": 8}
 WORKLOADS: dict[str, dict[str, Any]] = {
     "2k": {"items": 8000, "shapes": 100, "prefix_tokens": 2048, **COMMON},
@@ -68,7 +69,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "8k-flat": {"items": 4000, "shapes": 200, "prefix_tokens": 8192, "zipf_s": 0.6, **COMMON},
 }
 QUICK = {"2k": {"items": 3000, "shapes": 60, "prefix_tokens": 2048, **COMMON}}
-TARGETS = {"vs_best": 0.98, "hit_of_achievable": 0.99, "padding": 0.03,
+TARGETS = {"vs_best": 0.98, "hit_of_achievable": 0.99, "padding": 0.03, "vs_oracle": 0.95,
            "high_pressure": 2.0, "vs_round_robin": 4.0, "vs_prefix_affinity": 2.0}
 
 
@@ -133,6 +134,9 @@ def check(regime: dict[str, Any]) -> list[str]:
         best = max(base, key=base.__getitem__)
         if fab["tokens_per_s"] < TARGETS["vs_best"] * base[best]:
             misses.append(f"tokens/s {fab['tokens_per_s'] / base[best]:.2f}x {best} (< 0.98x)")
+    if ORACLE in pol and fab["tokens_per_s"] < TARGETS["vs_oracle"] * pol[ORACLE]["tokens_per_s"]:
+        misses.append(f"tokens/s {fab['tokens_per_s'] / pol[ORACLE]['tokens_per_s']:.2f} of "
+                      "the oracle (< 0.95)")
     if fab["kv_hit_rate"] < TARGETS["hit_of_achievable"] * fab["kv_hit_achievable"]:
         misses.append(f"KV hit {fab['kv_hit_rate']:.3f} < 99% of {fab['kv_hit_achievable']:.3f}")
     if fab["midstream_switches"]:
@@ -176,17 +180,20 @@ def regime_table(regime: dict[str, Any]) -> Table:
 def summary_table(regimes: list[dict[str, Any]]) -> Table:
     t = Table(title="fabric vs the alternatives (simulated tokens/s)")
     for col in ("workload", "pressure", "fabric", "round-robin", "prefix-affinity",
-                "pow2-buckets", "vs best", "vs rr", "vs aff", "targets"):
+                "pow2-buckets", "oracle", "vs best", "vs oracle", "vs rr", "vs aff", "targets"):
         t.add_column(col, justify="left" if col in ("workload", "targets") else "right")
     for reg in regimes:
         pol = reg["policies"]
         fab = pol["fabric"]["tokens_per_s"]
         base = {n: pol[n]["tokens_per_s"] for n in BASELINES if n in pol}
+        oracle = pol.get(ORACLE, {}).get("tokens_per_s")
         misses = check(reg)
         t.add_row(
             reg["workload"], f"{reg['pressure']:g}", f"{fab:,.0f}",
             *(f"{base[n]:,.0f}" if n in base else "-" for n in BASELINES),
+            f"{oracle:,.0f}" if oracle else "-",
             f"{fab / max(base.values()):.2f}x" if base else "-",
+            f"{fab / oracle:.2f}" if oracle else "-",
             f"{fab / base['round-robin']:.2f}x" if "round-robin" in base else "-",
             f"{fab / base['prefix-affinity']:.2f}x" if "prefix-affinity" in base else "-",
             "met" if not misses else "missed: " + "; ".join(misses),
@@ -211,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in table]
     if unknown:
         p.error(f"unknown workload {', '.join(unknown)}; known: {', '.join(table)}")
-    policies = ("fabric", *BASELINES) + (() if a.no_ablations else ABLATIONS)
+    policies = ("fabric", *BASELINES, ORACLE) + (() if a.no_ablations else ABLATIONS)
     jobs = [(n, a.quick, pr, policies) for n in names for pr in a.pressures]
     t0 = time.perf_counter()
     if a.workers > 1 and len(jobs) > 1:

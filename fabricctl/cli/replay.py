@@ -6,10 +6,12 @@ status. `run_replay(...)` reads a JSONL workload (native or OpenAI batch lines, 
 skipped), replays it through each requested policy on `gpus` identical simulated GPUs and
 prints either a Rich table (one row per policy, on stdout, the parameters on stderr) or, with
 `json_out`, one JSON object keyed by policy name whose values are `PolicyResult` fields.
-`policy` is one name or "all" (fabric and the three baselines); a comma-separated list of
-names (ablations included) also works. The KV pool is `kv_tokens`, else the pool that gives
-cache `pressure`, else the simulated GPU's default. Arrivals: all at t = 0 when `rate` is 0
-(an offline batch job), else Poisson at `rate` items per simulated second from `seed`.
+`policy` is one name or "all" (fabric, the three baselines and the oracle: an omniscient
+shape scheduler on the same GPUs, the limit the "vs oracle" column measures against); a
+comma-separated list of names (ablations included) also works. The KV pool is
+`kv_tokens`, else the pool that gives cache `pressure`, else the simulated GPU's default.
+Arrivals: all at t = 0 when `rate` is 0 (an offline batch job), else Poisson at `rate`
+items per simulated second from `seed`.
 Token counts (and so every prefix's size in blocks) come from the counter `submit` and `run`
 use, `formats.tokens.choose_counter(tokenizer, model)`: `[producer] tokenizer`, else the
 configured model directory's `tokenizer.json`, else the 4-bytes-a-token estimate; the command
@@ -113,12 +115,14 @@ def results_table(results: dict[str, PolicyResult], title: str) -> Table:
     """One row per policy; `vs best baseline` compares tokens/s with the best baseline run."""
     from rich.table import Table
 
-    from fabricctl.replay.run import BASELINES
+    from fabricctl.replay.run import BASELINES, ORACLE
     from fabricctl.tui.fmt import pct
 
     base = max((r.tokens_per_s for n, r in results.items() if n in BASELINES), default=0.0)
+    oracle = results[ORACLE].tokens_per_s if ORACLE in results else 0.0
     t = Table(title=title)
     for col, justify in (("policy", "left"), ("tok/s", "right"), ("vs best baseline", "right"),
+                         ("vs oracle", "right"),
                          ("KV hit", "right"), ("achievable", "right"),
                          ("switches/GPU", "right"), ("mid-stream", "right"),
                          ("padding", "right"), ("graph builds", "right"), ("thrash", "right"),
@@ -128,6 +132,7 @@ def results_table(results: dict[str, PolicyResult], title: str) -> Table:
         t.add_row(
             name, f"{r.tokens_per_s:,.0f}",
             f"{r.tokens_per_s / base:.2f}x" if base else "-",
+            f"{r.tokens_per_s / oracle:.2f}" if oracle else "-",
             pct(r.kv_hit_rate), pct(r.kv_hit_achievable), f"{r.switches_per_gpu:,.1f}",
             f"{r.midstream_switches:,}", pct(r.padding_waste), f"{r.graph_builds:,}",
             "-" if r.thrash_events is None else f"{r.thrash_events:,}", f"{r.prefix_refills:,}",

@@ -1,7 +1,8 @@
 """Run one workload through several policies on identical simulated GPUs.
 
 Contract: `make_policy(name, ...)` builds a policy by name (fabric, round-robin,
-prefix-affinity, pow2-buckets, and fabric's ablations fabric-per-model, fabric-no-lanes,
+prefix-affinity, pow2-buckets, the `oracle` every other is measured against, and fabric's
+ablations fabric-per-model, fabric-no-lanes,
 fabric-no-prewarm, fabric-no-lifecycle); `replay(items, names, gpus, costs, ...)` returns one
 `PolicyResult` per name, each from a fresh set of GPUs with the same costs and the same
 arrivals. `costs_for` sizes the simulated KV pool from a cache pressure: pressure = the
@@ -16,6 +17,7 @@ import dataclasses
 
 from fabricctl.core.config import CoreConfig, prewarm_enabled
 from fabricctl.engines.costs import SimCosts
+from fabricctl.replay.oracle import Oracle
 from fabricctl.replay.policies import Fabric, Policy, Pow2Buckets, PrefixAffinity, RoundRobin
 from fabricctl.replay.report import PolicyResult
 from fabricctl.replay.sim import Simulation
@@ -23,7 +25,8 @@ from fabricctl.replay.workload import ReplayItem, distinct_prefix_tokens
 
 BASELINES = ("round-robin", "prefix-affinity", "pow2-buckets")
 ABLATIONS = ("fabric-per-model", "fabric-no-lanes", "fabric-no-prewarm", "fabric-no-lifecycle")
-POLICIES = ("fabric", *BASELINES)
+ORACLE = "oracle"  # the reference: an omniscient shape scheduler (replay/oracle.py)
+POLICIES = ("fabric", *BASELINES, ORACLE)
 FABRIC_CORE = CoreConfig()  # the broker as the replay runs it: the same defaults as up/run
 
 
@@ -36,8 +39,11 @@ class BatchLimits:
     max_input_len: int = 8192
 
 
-def make_policy(name: str, limits: BatchLimits, core: CoreConfig | None = None) -> Policy:
+def make_policy(name: str, limits: BatchLimits, core: CoreConfig | None = None,
+                items: list[ReplayItem] | None = None) -> Policy:
     core = core or FABRIC_CORE
+    if name == ORACLE:
+        return Oracle(items or [])
     lim = (limits.max_batch_size, limits.max_batch_tokens, limits.max_input_len)
     if name == "round-robin":
         return RoundRobin()
@@ -108,6 +114,6 @@ def replay(items: list[ReplayItem], names: list[str], gpus: int, costs: SimCosts
     limits = limits or limits_for(items, costs)
     out: dict[str, PolicyResult] = {}
     for name in names:
-        policy = make_policy(name, limits, core)
+        policy = make_policy(name, limits, core, items)
         out[name] = Simulation(items, policy, gpus, costs, limits.max_input_len).run()
     return out
