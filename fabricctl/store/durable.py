@@ -79,7 +79,8 @@ from fabricctl.store.config import StoreConfig
 from fabricctl.store.dispatch import Dispatch, Done
 from fabricctl.store.env import StoreEnv
 from fabricctl.store.ingest import Ingest, IngestPlan, Reject
-from fabricctl.store.jobs import CancelOp, JobOp, JobOps, JobPlan, JobTable, OpenOp, SealOp
+from fabricctl.store.jobops import JobOps
+from fabricctl.store.jobs import CancelOp, JobOp, JobPlan, JobTable, OpenOp, SealOp
 from fabricctl.store.keys import SegHeader, StoredEntry
 from fabricctl.store.meta import Meta, PersistedLedger
 from fabricctl.store.reads import Reads
