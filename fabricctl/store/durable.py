@@ -309,6 +309,10 @@ class DurableBroker:
         """The newest job of this input a rerun may join (`JobTable.attach_to`)."""
         return self.jobs.attach_to(kind, name, sha256)
 
+    def live_jobs(self) -> list[JobRecord]:
+        """The jobs not ended, newest first (from memory: no read)."""
+        return sorted(self.jobs.live.values(), key=lambda r: r.number, reverse=True)
+
     def recent_jobs(self, limit: int = 1000) -> list[JobRecord]:
         """The newest `limit` jobs, newest first."""
         return self.jobs.recent(limit)

@@ -1,15 +1,16 @@
 """kill -9 of `fabricctl up` in the middle of a job (issue 17): the job's state and counts
 survive exactly.
 
-One job of 480 lines is submitted (in chunks, each submit a resumed one: what a rerun does)
-into `fabricctl up --engine sim` while its simulated GPU runs it; the broker is killed with
+One job of 960 lines is submitted (in chunks, each submit a resumed one: what a rerun does;
+each life sends its share more of the lines) into `fabricctl up --engine sim` while its
+simulated GPU runs it; the broker is killed with
 SIGKILL, by a fault point inside an ingest or a completion commit or by the harness once
 results flow. After every death the data dir is opened directly (the dead broker holds no
 lock): the job's results equal its completed + failed + cancelled counts, its total equals
 those plus the entries still queued on disk, and no line has two results. The next life
 attaches to the job by its sha256 and sends every chunk again with resume (stored lines are
 skipped, not refused). A last life without faults seals it and runs it to `completed`: one
-result per line, 1..480, none lost or doubled.
+result per line, 1..960, none lost or doubled.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import signal
 import time
 from pathlib import Path
 
-from rel_broker import CLIENT_ERRORS, BrokerProc, write_config
+from rel_broker import CLIENT_ERRORS, CONFIG, BrokerProc, write_config
 from rel_history import MODEL, TOTALS
 
 from fabricctl.core.config import CoreConfig
@@ -29,13 +30,14 @@ from fabricctl.core.types import Item
 from fabricctl.store.durable import DurableBroker
 from fabricctl.wire.client import Client
 
-LINES = 480
+LINES = 960
 CHUNK = 40
 SHA = "5e" * 32
 LIVES = [  # (fault point and probability, or None: the harness kills once results flow)
-    None, "ingest_before_commit:0.3", "complete_results:0.15", "ingest_after_commit:0.3",
-    "complete_after_commit:0.15", "segment_delete:0.3", None,
+    "ingest_before_commit:0.3", "complete_results:0.3", None, "ingest_after_commit:0.3",
+    "segment_delete:0.5", "complete_after_commit:0.3",
 ]
+SLOW = CONFIG.replace("time_scale = 0.0002", "time_scale = 0.004")  # work left for each life
 
 
 def line_item(line: int) -> Item:
@@ -66,13 +68,15 @@ def check_on_disk(data: Path) -> tuple[int, int]:
         store.close()
 
 
-async def one_life(c: Client, bp: BrokerProc, fault: str | None, last: bool) -> None:
-    """Attach (or open) the job, send every chunk with resume; the last life seals it."""
+async def one_life(c: Client, bp: BrokerProc, fault: str | None, last: bool, upto: int
+                   ) -> None:
+    """Attach (or open) the job, send every chunk of lines up to `upto` with resume (the
+    stored ones are skipped); the last life seals it."""
     reply = await c.open_job("run", name="work.jsonl", sha256=SHA)
     number = reply.job.number
     sent = 0
-    for first in range(1, LINES + 1, CHUNK):
-        chunk = [line_item(n) for n in range(first, min(first + CHUNK, LINES + 1))]
+    for first in range(1, upto + 1, CHUNK):
+        chunk = [line_item(n) for n in range(first, min(first + CHUNK, upto + 1))]
         ack = await c.submit(chunk, job=number, resume=True)
         assert ack.rejects == [], ack.rejects
         assert ack.accepted + ack.skipped == len(chunk)
@@ -80,16 +84,17 @@ async def one_life(c: Client, bp: BrokerProc, fault: str | None, last: bool) -> 
     if last:
         sealed = await c.seal_job(number, LINES)
         assert sealed.job.total == LINES
-    elif fault is None:  # the harness kills once results flow
-        while (await c.job(reply.job.id)).job.completed < LINES // 4:
+    elif fault is None:  # the harness kills once results flow in this life
+        start = (await c.job(reply.job.id)).job.completed
+        while (await c.job(reply.job.id)).job.completed < min(start + CHUNK, upto):
             await asyncio.sleep(0.02)
         bp.kill()
 
 
 async def test_job_state_and_counts_survive_kill9(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    config = write_config(tmp_path)
-    kills = 0
+    config = write_config(tmp_path, SLOW)
+    kills = faults = 0
     for n, fault in enumerate([*LIVES, "last"]):
         last = fault == "last"
         armed = None if last else fault
@@ -99,7 +104,8 @@ async def test_job_state_and_counts_survive_kill9(tmp_path: Path) -> None:
             c = None
             try:
                 c = await Client.connect(data, "producer", "jobs-kill")
-                await one_life(c, bp, armed, last)
+                upto = LINES if last else min(LINES, (n + 1) * LINES // (len(LIVES) + 1))
+                await one_life(c, bp, armed, last, upto)
                 if last:
                     async def done(cl: Client = c) -> bool:
                         return (await cl.jobs())[0].state is JobState.COMPLETED
@@ -122,10 +128,16 @@ async def test_job_state_and_counts_survive_kill9(tmp_path: Path) -> None:
             assert rc == -signal.SIGKILL, f"life {n} exited {rc}:\n{bp.tail()}"
             kills += 1
             TOTALS.kills += 1
+            if not bp.killed_by_us:
+                faults += 1
+                TOTALS.faults += 1
         assert not any("Traceback" in ln or "LEDGER DIFFERENCE" in ln for ln in bp.lines), \
             bp.tail()
         total, outcomes = check_on_disk(data)
         assert outcomes <= total <= LINES
+        how = "stopped" if last else "killed by " + ("us" if bp.killed_by_us else "its fault")
+        print(f"life {n} ({fault}): {how}, "
+              f"{total} items stored, {outcomes} with results")
     assert kills == len(LIVES)
     store = DurableBroker(data, time.time(), CoreConfig())
     with contextlib.closing(store):
