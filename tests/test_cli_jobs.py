@@ -80,7 +80,7 @@ def test_a_submit_is_a_job_listed_shown_and_its_results_in_input_order(tmp_path:
 
 
 def test_cancel_removes_the_queued_items_and_the_counts_add_up(tmp_path: Path) -> None:
-    (tmp_path / "fabric.toml").write_text("[sim]\ntime_scale = 0.05\n")  # a slow GPU
+    (tmp_path / "fabric.toml").write_text("[sim]\ntime_scale = 2.0\n")  # slower than real time
     b = Broker(tmp_path / "broker", tmp_path)
     try:
         items = [native(f"c{i}", f"C{i % 4}") for i in range(3000)]

@@ -154,8 +154,8 @@ def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:
     t.add_row("counts", f"{j.total:,} items: {j.completed:,} completed, {j.failed:,} failed, "
                         f"{j.cancelled:,} cancelled, {j.queued:,} to go "
                         f"({view.in_flight:,} in flight); {j.rejected:,} line(s) refused")
-    if view.rate:
-        t.add_row("throughput", f"{view.rate:,.1f} items/s")
+    if view.items_per_s:
+        t.add_row("throughput", f"{view.items_per_s:,.1f} items/s")
     if view.eta_s is not None:
         t.add_row("eta", age(view.eta_s))
     if j.deadline is not None:
@@ -165,7 +165,7 @@ def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:
         t.add_row(f"{state} at", f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))}"
                                  f"  ({age(now - at)} ago)")
     for sh in view.shapes:
-        t.add_row("shape", " ".join(str(x) for x in sh if x != ""))
+        t.add_row("shape", f"{sh.signature}  {sh.model}" + (f"  {sh.label}" if sh.label else ""))
     for line in _waiting_lines(status):
         t.add_row("waiting", line)
     for e in j.errors:
@@ -176,16 +176,18 @@ def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:
 
 
 def cancel_job(cfg: AppConfig, job: str, as_json: bool) -> None:
-    async def go(c: Client) -> Any:
-        return await c.cancel_job(job)
+    async def go(c: Client) -> tuple[bool, JobRecord]:
+        before = (await c.job(job)).job
+        if before.ended:
+            return True, before
+        return False, (await c.cancel_job(before.id)).job
 
-    reply = call(cfg, "producer", go)
-    j: JobRecord = reply.job
+    ended_before, j = call(cfg, "producer", go)
     if as_json:
         write_json(j)
         return
     err = console(stderr=True)
-    if j.state.value in ("cancelling", "cancelled"):
+    if not ended_before and j.state.value in ("cancelling", "cancelled"):
         err.print(f"{j.id}: {j.state.value}: {j.cancelled:,} queued item(s) cancelled, "
                   f"{j.completed + j.failed:,} finished, {j.queued:,} still in flight")
     else:

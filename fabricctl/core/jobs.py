@@ -58,7 +58,7 @@ class JobShape(msgspec.Struct, array_like=True, frozen=True):
     label: str = ""
 
 
-class JobRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+class JobRecord(msgspec.Struct, kw_only=True):
     """Why: what `jobs`, `jobs show` and `/v1/batches` report of a job, kept across restarts.
 
     `number` is the job's key in the store (small, dense); `id` is what users type.

@@ -146,7 +146,9 @@ def parse_lines(
             yield LineError(line_no, f"{field} {draft.id!r} is a duplicate of line {first}")
             continue
         seen[draft.id] = line_no
-        yield Parsed(line_no, build_item(draft, counter, cache), draft.source)
+        item = build_item(draft, counter, cache)
+        item.line = line_no  # results per job come back in this order
+        yield Parsed(line_no, item, draft.source)
 
 
 def parse_stream(

@@ -138,7 +138,7 @@ class Handlers:
             peer.send(Error("not_found", f"no job {frame.job}", frame.rid))
             return
         await self._job_op(peer, frame.rid, SealOp(frame.job, frame.lines, list(frame.errors),
-                                                   frame.failed, frame.sha256))
+                                                   frame.failed, frame.sha256, frame.refused))
 
     async def cancel_job(self, peer: Peer, frame: CancelJob) -> None:
         found = self._resolve(frame.job, frame.rid)

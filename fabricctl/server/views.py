@@ -67,7 +67,22 @@ def snapshot(state: ServerState, lanes: Any = "none", events: int = 100) -> Snap
     snap = state.core.snapshot(state.clock(), lanes, events)
     snap.simulated = any(p.simulated for p in state.consumers.values())
     snap.extra = extras(state)
+    snap.jobs = dashboard_jobs(state)
     return snap
+
+
+DASHBOARD_JOBS = 5  # the jobs a snapshot carries for `top`: the live ones, then the newest
+
+
+def dashboard_jobs(state: ServerState) -> list[JobRecord]:
+    """The live jobs (from memory), topped up with the newest ended ones, at most
+    `DASHBOARD_JOBS` in all."""
+    live = state.store.live_jobs()[:DASHBOARD_JOBS]
+    if len(live) >= DASHBOARD_JOBS:
+        return live
+    seen = {j.number for j in live}
+    recent = [j for j in state.store.recent_jobs(DASHBOARD_JOBS) if j.number not in seen]
+    return live + recent[:DASHBOARD_JOBS - len(live)]
 
 
 def stats_push(state: ServerState, sub: Subscribe) -> StatsPush:

@@ -82,6 +82,7 @@ class SealOp:
     errors: list[str] = field(default_factory=list)
     failed: bool = False
     sha256: str = ""
+    refused: int = 0  # refused lines beyond `errors` (a submit sends only the first few)
 
 
 @dataclass(slots=True)
@@ -222,6 +223,7 @@ class JobTable:
                 return
             start(rec, now)
             add_errors(rec, op.errors)
+            rec.rejected += max(0, op.refused)
             seal(rec, op.lines, now)
         return change
 

@@ -229,11 +229,11 @@ class Client:
             job, validating))
 
     async def seal_job(self, job: int, lines: int, errors: list[str] | None = None,
-                       failed: bool = False, sha256: str = "") -> JobReply:
-        """The job's input ended after `lines` lines (`errors`: the refused lines' messages;
-        `failed`: refuse the whole job)."""
+                       failed: bool = False, sha256: str = "", refused: int = 0) -> JobReply:
+        """The job's input ended after `lines` lines (`errors`: the refused lines' messages,
+        `refused` how many more were refused; `failed`: refuse the whole job)."""
         return await self.request(lambda rid: SealJob(rid, job, lines, list(errors or []),
-                                                      failed, sha256))
+                                                      failed, sha256, refused))
 
     async def cancel_job(self, job: str) -> JobReply:
         """Cancel a job by id or unique prefix: queued items are cancelled, in-flight ones
