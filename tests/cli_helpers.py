@@ -35,8 +35,13 @@ def fabricctl(*args: str, env: dict[str, str], cwd: Path, input: bytes | None = 
                           cwd=cwd, timeout=timeout)
 
 
+JOB_LINE = "fabricctl: job "  # submit's job announcement: not a diagnostic
+
+
 def error_lines(stderr: bytes) -> list[str]:
-    return [ln for ln in stderr.decode().splitlines() if ln.strip()]
+    """The diagnostics on stderr: every non-blank line but submit's `fabricctl: job ID`."""
+    return [ln for ln in stderr.decode().splitlines()
+            if ln.strip() and not ln.startswith(JOB_LINE)]
 
 
 class Broker:

@@ -327,12 +327,10 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
             if collector is not None and not collector.done():
                 collector.cancel()  # no result may come in while the held ones go out
             sub.finish()
-            missing = ""
-            if follower is not None and follower.job is not None:
-                missing = f"{follower.job.queued:,} result(s) missing, "
-            sub.error(f"timed out after {timeout:g} s with {missing}{sub.written:,} written "
-                      f"(job {reply.job.id}: `fabricctl results --job {reply.job.id}` "
-                      "prints them later)")
+            left = (await client.job(reply.job.id)).job.queued
+            sub.error(f"timed out after {timeout:g} s with {left:,} result(s) missing "
+                      f"({sub.written:,} written); `fabricctl results --job {reply.job.id}` "
+                      "prints them later")
             return ExitCode.TIMEOUT
         finally:
             if collector is not None and not collector.done():

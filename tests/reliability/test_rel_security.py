@@ -101,6 +101,8 @@ def decode_store(data: Path) -> dict[str, int]:
                         n += len(value) // 12 - 1
                     elif name == "results":
                         results.decode(value)
+                    elif name == "jres":  # a job's line -> its entry, all in the key
+                        assert value == b"" and len(key) == 4 + 8 + 12, (key, value)
                     elif name == "meta":
                         assert len(value) % 8 == 0, (key, value)  # packed u64 counters
                     else:
