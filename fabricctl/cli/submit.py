@@ -23,6 +23,11 @@ Contract:
 - Exit: 0 every line accepted (and with `wait` every result written), 1 some line refused,
   4 `timeout` seconds passed after the input ended with results still missing (what has
   arrived is written, in input order with `ordered`). No broker raises `BackendMissing` (3).
+- The broker lost after the connect (killed mid-stream): exit 3 with exactly one error line
+  (`lost_message`) naming how many lines were acknowledged, i.e. stored durably, and saying
+  to run the same submit again; nothing after it on stderr: the reader thread stops at its
+  next hand-off, in-flight sends end with the connection, and no task or reply future is
+  left with an exception nobody saw.
 - Token counts: `formats.tokens.choose_counter([producer] tokenizer, model)` of this
   command's configuration (the broker counts nothing; `fabricctl status` names the choice).
 - A progress line (Rich, `ProgressView`) is drawn on stderr only when the CLI passes one:
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -46,7 +52,7 @@ from fabricctl.cli.ordered import InputOrder
 from fabricctl.cli.support import ConfigFile, DataDir, fail, guarded, settings
 from fabricctl.config import AppConfig
 from fabricctl.core.types import Item
-from fabricctl.errors import ExitCode
+from fabricctl.errors import BackendMissing, ExitCode
 from fabricctl.formats.reader import LineError, parse_stream
 from fabricctl.formats.results import ResultRecord, result_line
 from fabricctl.formats.tokens import choose_counter
@@ -91,7 +97,7 @@ def command(
     cfg = settings(data_dir, config)
     if file != "-" and not Path(file).is_file():
         raise fail(f"{file}: no such file", ExitCode.USAGE)
-    with open(file, "rb") if file != "-" else contextlib.nullcontext(sys.stdin.buffer) as fp:
+    with open(file, "rb") if file != "-" else contextlib.nullcontext(_stdin()) as fp:
         if file == "-" and sys.stdin.isatty():
             sys.stderr.write("fabricctl: reading JSONL from the terminal; end with Ctrl-D\n")
         # A bar only for a person watching stderr, and not over results streaming to them.
@@ -106,6 +112,15 @@ def command(
 
         code = guarded(body)  # errors are written after the progress bar is gone
     raise typer.Exit(code)
+
+
+def _stdin() -> BinaryIO:
+    """stdin for the reader thread: a buffered reader of its own on a duplicate of fd 0,
+    never closed. Not `sys.stdin.buffer`: when the submit fails (its broker died) while the
+    reader thread waits on a read, the interpreter closes `sys.stdin` at exit under that
+    thread's buffer lock and aborts ("could not acquire lock for <stdin> at interpreter
+    shutdown", exit 134)."""
+    return open(os.dup(sys.stdin.fileno()), "rb")
 
 
 @dataclass
@@ -153,9 +168,38 @@ def _read(fp: BinaryIO, cfg: AppConfig, put: Any) -> None:
         chunk.bytes_read = counting.n
         put(chunk)
         put(None)
+    except _Stopped:
+        return  # the submit is over (it failed, e.g. the broker died): nobody reads on
     except BaseException as e:  # handed to the event loop, which re-raises it
         with contextlib.suppress(Exception):  # the loop may be gone already
             put(e)
+
+
+class _Stopped(Exception):
+    """Why: tells the reader thread that its submit stopped reading, so it stops too."""
+
+
+def _handoff(queue: asyncio.Queue[Any], stop: threading.Event) -> Any:
+    """The reader thread's `put`: waits for room in `queue` on the running loop; raises
+    `_Stopped` once `stop` is set or the loop is gone, creating nothing on a loop that is
+    closing (no coroutine left unawaited, no task left pending to be logged at exit)."""
+    loop = asyncio.get_running_loop()
+
+    def put(x: Chunk | BaseException | None) -> None:
+        if stop.is_set():
+            raise _Stopped
+        coro = queue.put(x)
+        try:
+            fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        except RuntimeError:  # the loop is closed
+            coro.close()
+            raise _Stopped from None
+        try:
+            fut.result()
+        except BaseException:  # cancelled as the loop shut down
+            raise _Stopped from None
+
+    return put
 
 
 class Submitter:
@@ -181,14 +225,16 @@ class Submitter:
         err.flush()
 
     async def feed(self, fp: BinaryIO) -> None:
-        loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Chunk | BaseException | None] = asyncio.Queue(QUEUED)
+        stop = threading.Event()  # set once this submit stops reading, failed or done
+        threading.Thread(target=_read, args=(fp, self.cfg, _handoff(queue, stop)),
+                         daemon=True, name="fabricctl-submit-reader").start()
+        try:
+            await self._feed(queue)
+        finally:
+            stop.set()
 
-        def put(x: Chunk | BaseException | None) -> None:
-            asyncio.run_coroutine_threadsafe(queue.put(x), loop).result()
-
-        threading.Thread(target=_read, args=(fp, self.cfg, put), daemon=True,
-                         name="fabricctl-submit-reader").start()
+    async def _feed(self, queue: asyncio.Queue[Chunk | BaseException | None]) -> None:
         slots = asyncio.Semaphore(IN_FLIGHT)
         tasks: set[asyncio.Task[None]] = set()
         while True:
@@ -317,6 +363,9 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
             await sub.feed(fp)
             if collector is not None:
                 await asyncio.wait_for(asyncio.shield(collector), timeout)
+        except BackendMissing as e:  # the broker went away mid-stream
+            sub.finish()
+            raise BackendMissing(lost_message(sub, e)) from None
         except TimeoutError:
             if collector is not None and not collector.done():
                 collector.cancel()  # no result may come in while the held ones go out
@@ -325,9 +374,31 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
                       f"missing ({sub.written} written)")
             return ExitCode.TIMEOUT
         finally:
-            if collector is not None and not collector.done():
-                collector.cancel()
+            if collector is not None:
+                _settle(collector)
             out.flush()
         return ExitCode.RUNTIME if sub.rejected else ExitCode.OK
     finally:
         await client.close()
+
+
+def lost_message(sub: Submitter, e: BackendMissing) -> str:
+    """The one error line of a submit whose broker went away after it connected: how many
+    lines are safe (acknowledged: stored durably) and how to go on."""
+    safe = (f"{sub.accepted:,} line{'' if sub.accepted == 1 else 's'} "
+            f"{'was' if sub.accepted == 1 else 'were'} acknowledged (stored durably)")
+    if not sub.input_done:
+        return (f"lost the broker mid-stream ({e}): {safe}; run the same submit again to send "
+                f"the rest")
+    return (f"lost the broker while waiting for results ({e}): every line was sent and "
+            f"{safe}; {len(sub.pending):,} result(s) were not written: run the same submit "
+            f"again once the broker is back to get them")
+
+
+def _settle(task: asyncio.Future[Any]) -> None:
+    """A task this submit stops waiting for: cancelled, or its exception marked as seen (the
+    error that matters has been raised already), so asyncio logs nothing at exit."""
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled():
+        task.exception()

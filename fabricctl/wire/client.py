@@ -4,7 +4,9 @@ Contract: `Client.connect(address, role)` opens a Unix socket (a path, or a data
 `broker.sock`) or TCP (`HOST:PORT`, with a token) and exchanges Hello/Welcome. Requests are
 matched to replies by request id, so a consumer can have pulls, completions and queries in
 flight at once; pushes (pre-warm, stats) arrive on `pushes`. An error frame raises
-`BrokerError`; a lost connection fails every pending request with `BackendMissing`.
+`BrokerError`; a lost connection fails every pending request with `BackendMissing`, and
+only once, to the caller awaiting it: a request whose write fails leaves no reply future
+behind with an unseen exception (no "Future exception was never retrieved" at exit).
 `run_sync` runs one coroutine for synchronous callers.
 """
 
@@ -194,6 +196,7 @@ class Client:
             await self._drain()
         except BaseException:
             self._waiting.pop(rid, None)
+            _settle(fut)
             raise
         return await fut
 
@@ -264,6 +267,16 @@ class Client:
 
     async def close(self) -> None:
         self._lost(BackendMissing("the connection was closed by this client"))
+
+
+def _settle(fut: asyncio.Future[Any]) -> None:
+    """A reply future nobody will await: its exception (the lost connection that `_lost`
+    set while the request was still being written) counts as seen, or it is cancelled,
+    so asyncio logs no "Future exception was never retrieved" at exit."""
+    if not fut.done():
+        fut.cancel()
+    elif not fut.cancelled():
+        fut.exception()
 
 
 def run_sync(coro: Awaitable[T]) -> T:
