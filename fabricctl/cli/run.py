@@ -12,7 +12,11 @@ estimate, named in the summary's `token_counter`), waits until every accepted it
 result, writes the results in the input's form (native or OpenAI batch output) and returns a
 `RunSummary` whose figures come from the broker's and the engines' own counters. KV hit rate
 achievable is every cacheable prefix block hit except one prefill of each shape's prefix on
-each GPU serving it. Results are written in completion order, or with `ordered` in input
+each GPU serving it. Items for a model none of the run's own consumers serves (`Unserved`)
+are not sent: each gets an error result line at once (its error names the model and what is
+served; OpenAI form: status 404), stderr gets one `fabricctl: error: N items are for model
+'M', which no consumer serves (served: ...)` per such model when the input has been read,
+the rest runs, and the command exits 1 (`RunSummary.unserved` counts them). Results are written in completion order, or with `ordered` in input
 order (`ordered.InputOrder`: the accepted ids in input order, and only the results
 that came out of order, are held). Only results stored after the job began are its own (a
 kept data dir may hold older ones); the job keeps running totals of them, not the records.
@@ -27,7 +31,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -38,11 +42,11 @@ from fabricctl.cli.ordered import InputOrder
 from fabricctl.cli.support import ConfigFile, Verbose, fail, load, run_async, setup_logging
 from fabricctl.cli.up import Daemon
 from fabricctl.config import AppConfig
-from fabricctl.core.types import Item
+from fabricctl.core.types import Item, ItemResult
 from fabricctl.engines.blocks import achievable_cached_tokens, decode_item_payload, prefix_tokens
 from fabricctl.errors import ExitCode
 from fabricctl.formats.reader import LineError, parse_stream
-from fabricctl.formats.results import ResultRecord, result_line
+from fabricctl.formats.results import ResultRecord, make_record, result_line
 from fabricctl.formats.tokens import TokenCounter, choose_counter
 from fabricctl.tui import fmt
 from fabricctl.wire.client import Client
@@ -75,6 +79,7 @@ class RunSummary(msgspec.Struct):
     gpus: int
     ledger_difference: tuple[int, int]
     token_counter: str = "estimate"  # "estimate" or "tokenizer:<path>" (choose_counter)
+    unserved: int = 0  # items for a model no consumer serves: not sent, an error result each
 
 
 def command(
@@ -112,6 +117,8 @@ def command(
         (sys.stdout if output else sys.stderr).write(msgspec.json.encode(summary).decode() + "\n")
     else:
         print_run_summary(summary)
+    if summary.unserved:
+        raise typer.Exit(ExitCode.RUNTIME)  # some lines got an error result, not an answer
 
 
 def print_run_summary(s: RunSummary, console: Console | None = None) -> None:
@@ -126,7 +133,8 @@ def print_run_summary(s: RunSummary, console: Console | None = None) -> None:
     t.add_column("figure")
     t.add_column("value", justify="right")
     rows = [
-        ("items", f"{s.items:,}" + (f" ({s.rejected:,} rejected)" if s.rejected else "")),
+        ("items", f"{s.items:,}" + (f" ({s.rejected:,} rejected)" if s.rejected else "")
+         + (f" ({s.unserved:,} for a model no consumer serves)" if s.unserved else "")),
         ("tokens in / out", f"{s.tokens_in:,} / {s.tokens_out:,}"),
         ("wall time", f"{s.wall_s:.2f} s"),
         ("shapes", f"{s.shapes}"),
@@ -162,23 +170,32 @@ class _Shapes:
 
 async def _submit(client: Client, path: Path, shapes: _Shapes, errors: Callable[[str], None],
                   max_line_bytes: int, counter: TokenCounter,
-                  order: InputOrder | None = None) -> tuple[int, int]:
+                  order: InputOrder | None = None,
+                  unserved: Unserved | None = None) -> tuple[int, int]:
     """Submit the input in chunks; (accepted, rejected). `order` learns the accepted ids in
-    input order."""
+    input order. Items `unserved` takes (no consumer of this run serves their model) are
+    not sent: their error results go out through `unserved.write`, or into `order` at
+    their place in the input."""
     accepted = rejected = 0
     chunk: list[Item] = []
     lines: list[int] = []
+    ids: list[str] = []  # this chunk's ids in input order, the unserved ones included
+    early: list[ResultRecord] = []  # with `order`: this chunk's unserved items' results
 
     async def send() -> None:
         nonlocal accepted, rejected
-        ack = await client.submit(chunk)
-        accepted += ack.accepted
-        for r in ack.rejects:
-            rejected += 1
-            errors(f"line {lines[r.index]}: {r.reason}")
+        refused: set[str] = set()
+        if chunk:
+            ack = await client.submit(chunk)
+            accepted += ack.accepted
+            for r in ack.rejects:
+                rejected += 1
+                refused.add(chunk[r.index].id)
+                errors(f"line {lines[r.index]}: {r.reason}")
         if order is not None:
-            refused = {r.index for r in ack.rejects}
-            order.expect(it.id for i, it in enumerate(chunk) if i not in refused)
+            order.expect(i for i in ids if i not in refused)
+            for rec in early:
+                order.add(rec)
 
     with path.open("rb") if str(path) != "-" else sys.stdin.buffer as fp:
         for parsed in parse_stream(fp, counter=counter, max_line_bytes=max_line_bytes):
@@ -186,15 +203,58 @@ async def _submit(client: Client, path: Path, shapes: _Shapes, errors: Callable[
                 rejected += 1
                 errors(str(parsed))
                 continue
-            shapes.add(parsed.item)
-            chunk.append(parsed.item)
-            lines.append(parsed.line_no)
-            if len(chunk) >= CHUNK:
+            ids.append(parsed.item.id)
+            rec = unserved.take(parsed.item) if unserved is not None else None
+            if rec is None:
+                shapes.add(parsed.item)
+                chunk.append(parsed.item)
+                lines.append(parsed.line_no)
+            elif order is not None:
+                early.append(rec)
+            else:
+                unserved.write(rec)  # type: ignore[union-attr]
+            if len(chunk) + len(early) >= CHUNK:
                 await send()
-                chunk, lines = [], []
-    if chunk:
+                chunk, lines, ids, early = [], [], [], []
+    if ids:
         await send()
     return accepted, rejected
+
+
+class Unserved:
+    """Why: an item for a model no consumer of this run serves would wait forever; it gets
+    an error result at once instead, and the run says which model and what is served."""
+
+    def __init__(self, served: Iterable[str], write: Callable[[ResultRecord], object]) -> None:
+        self.served = sorted(set(served))
+        self._served = set(self.served)
+        self.write = write
+        self.counts: dict[str, int] = {}  # model -> items not sent, in order of first sight
+
+    def take(self, item: Item) -> ResultRecord | None:
+        """None for an item a consumer serves; else its error result (it is not sent)."""
+        if item.model in self._served:
+            return None
+        self.counts[item.model] = self.counts.get(item.model, 0) + 1
+        result = ItemResult(item.id, finish_reason="error", error=self.reason(item.model),
+                            status=404)  # 404: what OpenAI answers for an unknown model
+        return make_record(item, result, created=int(time.time()))
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def reason(self, model: str) -> str:
+        return f"no consumer serves model {model!r} (served: {self._listed()})"
+
+    def messages(self) -> list[str]:
+        """One line per unserved model, for stderr."""
+        return [f"{n:,} item{'s are' if n != 1 else ' is'} for model {m!r}, which no "
+                f"consumer serves (served: {self._listed()}); each gets an error result"
+                for m, n in self.counts.items()]
+
+    def _listed(self) -> str:
+        return ", ".join(self.served) or "none"
 
 
 class _Totals:
@@ -257,10 +317,16 @@ async def run_job(
         shapes = _Shapes()
         collector = None
         order = InputOrder(lambda rec: out.write(result_line(rec))) if ordered else None
+        unserved = Unserved({c.model for c in daemon.fleet.consumers},
+                            lambda rec: out.write(result_line(rec)))
         try:
             since = daemon.store.meta.rseq if daemon.store is not None else 0  # older: not ours
             accepted, rejected = await _submit(client, input_path, shapes, errors,
-                                               cfg.producer.max_line_bytes, counter, order)
+                                               cfg.producer.max_line_bytes, counter, order,
+                                               unserved)
+            for message in unserved.messages():
+                errors(f"fabricctl: error: {message}")
+            out.flush()
             collector = asyncio.ensure_future(_collect(client, since, accepted, out, order))
             totals = await collector
         finally:
@@ -285,7 +351,7 @@ async def run_job(
             padding_waste=round(core.waste(), 4), thrash_events=core.batches_hist.thrashed,
             engine=daemon.fleet.kind, simulated=daemon.fleet.kind == "sim",
             gpus=len(daemon.fleet.engines), ledger_difference=core.ledger.difference(),
-            token_counter=counter.name,
+            token_counter=counter.name, unserved=unserved.total,
         )
     finally:
         await daemon.stop()
