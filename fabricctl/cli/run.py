@@ -16,10 +16,12 @@ each GPU serving it. Items for a model none of the run's own consumers serves (`
 are not sent: each gets an error result line at once (its error names the model and what is
 served; OpenAI form: status 404), stderr gets one `fabricctl: error: N items are for model
 'M', which no consumer serves (served: ...)` per such model when the input has been read,
-the rest runs, and the command exits 1 (`RunSummary.unserved` counts them). Results are written in completion order, or with `ordered` in input
-order (`ordered.InputOrder`: the accepted ids in input order, and only the results
-that came out of order, are held). Only results stored after the job began are its own (a
-kept data dir may hold older ones); the job keeps running totals of them, not the records.
+the rest runs, and the command exits 1 (`RunSummary.unserved` counts them).
+Results are written in completion order, or with `ordered` in input order
+(`ordered.InputOrder`: the accepted ids in input order, and only the results that came out
+of order, are held; an unserved item's error result takes its place in that order). Only
+results stored after the job began are its own (a kept data dir may hold older ones); the
+job keeps running totals of them, not the records.
 """
 
 from __future__ import annotations
