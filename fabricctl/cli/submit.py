@@ -9,6 +9,10 @@ Contract:
   `CHUNK` items through a queue of `QUEUED` chunks; at most `IN_FLIGHT` submits await their
   acks. What grows with the input is the reader's set of ids seen (duplicate check) and,
   with `--wait`, the set of ids accepted and not yet answered.
+- Items for a model no registered consumer serves still go in (a remote consumer may
+  join): once the input is in, one `fabricctl: warning: no consumer serves model 'M'
+  (served: ...): its N items wait until one joins` per such model (`ServedCheck`: the
+  broker is asked by a task the first ack starts, and again only when needed).
 - Every refused line, the reader's (`line N: reason`) or the broker's (a duplicate id, same
   form, with the input line number), is one `fabricctl: error: line N: reason` on stderr; the
   other lines still go in.
@@ -218,11 +222,17 @@ class Submitter:
         self.input_done = False
         self.failure: BaseException | None = None
         self.changed = asyncio.Event()
+        self.served = ServedCheck(client)
 
-    def error(self, message: str) -> None:
+    def error(self, message: str, kind: str = "error") -> None:
         err = self.err or sys.stderr  # looked up now: a progress bar redirects sys.stderr
-        err.write(f"fabricctl: error: {message}\n")
+        err.write(f"fabricctl: {kind}: {message}\n")
         err.flush()
+
+    async def warn_unserved(self) -> None:
+        """Once the input is in: one warning per model of it that no consumer serves."""
+        for message in await self.served.warnings():
+            self.error(message, "warning")
 
     async def feed(self, fp: BinaryIO) -> None:
         queue: asyncio.Queue[Chunk | BaseException | None] = asyncio.Queue(QUEUED)
@@ -284,6 +294,7 @@ class Submitter:
             self.rejected += 1
             self.error(f"line {chunk.lines[r.index]}: {r.reason}")
         self.accepted += ack.accepted
+        self.served.count(chunk.items, refused)
         if self.wait:
             for i, item in enumerate(chunk.items):
                 self.unacked.discard(item.id)
@@ -361,6 +372,7 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
         collector = asyncio.ensure_future(sub.collect(since)) if wait else None
         try:
             await sub.feed(fp)
+            await sub.warn_unserved()
             if collector is not None:
                 await asyncio.wait_for(asyncio.shield(collector), timeout)
         except BackendMissing as e:  # the broker went away mid-stream
@@ -376,10 +388,59 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
         finally:
             if collector is not None:
                 _settle(collector)
+            sub.served.close()
             out.flush()
         return ExitCode.RUNTIME if sub.rejected else ExitCode.OK
     finally:
         await client.close()
+
+
+class ServedCheck:
+    """Why: items for a model no consumer serves wait, silently, until one joins (a remote
+    consumer may): the submit asks the broker which models are served, once, off the hot
+    path (a task started by the first ack), and warns per model at the end of the input."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.models: dict[str, int] = {}  # model -> items accepted, in order of first sight
+        self._asked: asyncio.Task[set[str] | None] | None = None
+
+    def count(self, items: list[Item], refused: set[int]) -> None:
+        """An ack's accepted items; the first ack starts the question to the broker."""
+        models = self.models
+        for i, item in enumerate(items):
+            if i not in refused:
+                models[item.model] = models.get(item.model, 0) + 1
+        if self._asked is None:
+            self._asked = asyncio.ensure_future(self._served())
+
+    async def _served(self) -> set[str] | None:
+        """The models the broker's registered consumers serve; None when it cannot say."""
+        try:
+            consumers = await self.client.query("consumers")
+        except Exception:  # a warning is best effort; a lost broker is the feed's to report
+            return None
+        return {str(c.get("model", "")) for c in consumers}
+
+    async def warnings(self) -> list[str]:
+        """`no consumer serves model 'M' (served: ...): its N items wait until one joins`,
+        per model accepted that no consumer serves. Asked again only when the first answer
+        leaves a model unserved, so a consumer that joined meanwhile counts."""
+        if self._asked is None:
+            return []
+        served = await self._asked
+        if served is not None and any(m not in served for m in self.models):
+            served = await self._served()
+        if served is None:
+            return []
+        listed = ", ".join(sorted(served)) or "none"
+        return [f"no consumer serves model {m!r} (served: {listed}): its {n:,} "
+                f"item{'s wait' if n != 1 else ' waits'} until one joins"
+                for m, n in self.models.items() if m not in served]
+
+    def close(self) -> None:
+        if self._asked is not None:
+            _settle(self._asked)
 
 
 def lost_message(sub: Submitter, e: BackendMissing) -> str:
