@@ -130,6 +130,8 @@ def test_submit_ordered_timeout_still_writes_what_came(broker: Broker) -> None:
     assert out.returncode == 4
     assert ids_of(out.stdout) == [x["id"] for x in served]  # held behind the stuck one
     assert error_lines(out.stderr) == [
+        "fabricctl: warning: no consumer serves model 'no-consumer-serves-this-model' "
+        "(served: fabric-demo): its 1 item waits until one joins",
         "fabricctl: error: timed out after 3 s with 1 result(s) missing (3 written)"]
 
 

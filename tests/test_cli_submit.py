@@ -148,6 +148,8 @@ def test_wait_times_out_with_exit_4(broker: Broker) -> None:
     out = broker.run("submit", "-", "--wait", "--timeout", "0.5", input=j(stuck))
     assert out.returncode == 4 and out.stdout == b""
     assert error_lines(out.stderr) == [
+        "fabricctl: warning: no consumer serves model 'no-consumer-serves-this-model' "
+        "(served: fabric-demo): its 1 item waits until one joins",
         "fabricctl: error: timed out after 0.5 s with 1 result(s) missing (0 written)"]
 
 
