@@ -102,3 +102,52 @@ def test_submit_says_what_is_safe_when_the_broker_is_killed(tmp_path: Path) -> N
         assert acknowledged <= stored
     finally:
         assert again.stop() == 0
+
+
+# ---- the wire client on its own -----------------------------------------------------------
+
+
+def test_a_request_cut_off_while_being_written_leaves_no_unseen_exception(
+        tmp_path: Path) -> None:
+    """The broker dies while a request's bytes are still waiting to be written (writing
+    paused): the caller gets `BackendMissing`, and no reply future is left behind with an
+    exception nobody retrieved (asyncio would log it, with a traceback, at exit)."""
+    import gc
+
+    from fabricctl.core.types import Item
+    from fabricctl.errors import BackendMissing
+    from fabricctl.wire.client import Client
+    from fabricctl.wire.protocol import PROTOCOL_VERSION, Welcome, encode
+
+    path = tmp_path / "b.sock"
+    logged: list[dict[str, Any]] = []
+
+    async def go() -> str:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, ctx: logged.append(ctx))
+        conns: list[asyncio.StreamWriter] = []
+
+        async def on_conn(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            conns.append(w)  # never reads past the hello: the client's writes back up
+            w.write(encode(Welcome(PROTOCOL_VERSION, "fake", str(tmp_path))))
+
+        server = await asyncio.start_unix_server(on_conn, str(path))
+        client = await Client.connect(path, "producer", "test")
+        items = [Item(f"i{k}", "m", 0, 10, 4, b"x" * 4096) for k in range(2048)]  # 8 MiB
+        req = asyncio.ensure_future(client.submit(items))
+        deadline = time.monotonic() + 10  # 8 MiB never fits a socket buffer: it pauses
+        while client._wire._writable is None:
+            assert time.monotonic() < deadline, "writing never paused"
+            await asyncio.sleep(0)
+        conns[0].transport.abort()  # the broker dies mid-write
+        try:
+            await req
+        except BackendMissing as e:
+            got = str(e)
+        server.close()
+        await client.close()
+        return got
+
+    assert asyncio.run(go()).startswith("the broker closed the connection")
+    gc.collect()  # an unretrieved future logs (to the loop's handler) when it is collected
+    assert [c.get("message") for c in logged] == []
