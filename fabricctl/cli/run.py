@@ -104,6 +104,8 @@ def command(
     Results are written in completion order, or in input order with --ordered. Token counts
     come from [producer] tokenizer, else the model directory's tokenizer.json (--model
     DIR), else an estimate of 4 bytes a token; the --json summary names it (token_counter).
+    Items for a model no engine of this run serves are not sent: each gets an error result,
+    stderr names the model and what is served, the rest runs, and the exit status is 1.
     """
     setup_logging(verbose) if verbose else logging.basicConfig(level=logging.WARNING)
     cfg = load(config, engine=engine, model=model)

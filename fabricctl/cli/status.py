@@ -45,6 +45,9 @@ def command(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
             config: Path | None = ConfigFile) -> None:
     """Show the broker's ledger, shape states, consumers, store usage and last recovery.
 
+    A model with queued items and no consumer is one line: "N items wait for model 'X': no
+    consumer" (--json: unserved).
+
     Also the token counter a `fabricctl submit` with this configuration counts input
     tokens with ("estimate" or "tokenizer:PATH"; --json: token_counter): producers count
     tokens, the broker does not.

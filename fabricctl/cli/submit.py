@@ -90,8 +90,11 @@ def command(
     Input is read and sent in chunks, so memory stays flat on any input size.
     Each refused line is one "fabricctl: error: line N: reason" on stderr; the rest goes in.
     stdout stays empty unless --wait, which prints each result as JSONL as it completes
-    (in input order with --ordered).
-    Exit status: 0 all lines accepted, 1 some refused, 3 no broker, 4 --timeout expired.
+    (in input order with --ordered). Items for a model no consumer serves go in (one may
+    join) with one warning per model on stderr. If the broker dies mid-stream, one error
+    line says how many lines were acknowledged (stored durably): run the same submit again.
+    Exit status: 0 all lines accepted, 1 some refused, 3 no broker (or lost), 4 --timeout
+    expired.
     """
     from fabricctl.cli.progress import ProgressView, input_size, stderr_is_tty
 
