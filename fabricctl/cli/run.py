@@ -22,6 +22,12 @@ The same command after a crash or Ctrl-C attaches to it and sends every line wit
 the broker skips those it already stored (items with a result are never sent to an engine
 again; queued ones run from the store), and the output holds the earlier run's results
 too, so it ends with exactly one line per accepted input line.
+Items for a model none of the run's own consumers serves (`Unserved`) are not sent: each
+gets an error result line at once (its error names the model and what is served; OpenAI
+form: status 404), stderr gets one `fabricctl: error: N items are for model 'M', which no
+consumer serves (served: ...)` per such model when the input has been read, the rest runs,
+and the command exits 1 (`RunSummary.unserved` counts them); with `ordered` an unserved
+item's error result takes its place in the input order.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -47,11 +53,11 @@ from fabricctl.cli.support import ConfigFile, Verbose, fail, load, run_async, se
 from fabricctl.cli.up import Daemon
 from fabricctl.config import AppConfig
 from fabricctl.core.jobs import MAX_ERRORS, JobRecord
-from fabricctl.core.types import Item
+from fabricctl.core.types import Item, ItemResult
 from fabricctl.engines.blocks import achievable_cached_tokens, decode_item_payload, prefix_tokens
 from fabricctl.errors import ExitCode
 from fabricctl.formats.reader import LineError, parse_stream
-from fabricctl.formats.results import ResultRecord, result_line
+from fabricctl.formats.results import ResultRecord, make_record, result_line
 from fabricctl.formats.tokens import TokenCounter, choose_counter
 from fabricctl.tui import fmt
 from fabricctl.wire.client import Client
@@ -84,6 +90,7 @@ class RunSummary(msgspec.Struct):
     gpus: int
     ledger_difference: tuple[int, int]
     token_counter: str = "estimate"  # "estimate" or "tokenizer:<path>" (choose_counter)
+    unserved: int = 0  # items for a model no consumer serves: not sent, an error result each
 
 
 def command(
@@ -111,6 +118,8 @@ def command(
     Results are written in completion order, or in input order with --ordered. Token counts
     come from [producer] tokenizer, else the model directory's tokenizer.json (--model
     DIR), else an estimate of 4 bytes a token; the --json summary names it (token_counter).
+    Items for a model no engine of this run serves are not sent: each gets an error result,
+    stderr names the model and what is served, the rest runs, and the exit status is 1.
     """
     setup_logging(verbose) if verbose else logging.basicConfig(level=logging.WARNING)
     cfg = load(config, engine=engine, model=model, data_dir=data_dir)
@@ -127,6 +136,8 @@ def command(
         (sys.stdout if output else sys.stderr).write(msgspec.json.encode(summary).decode() + "\n")
     else:
         print_run_summary(summary)
+    if summary.unserved:
+        raise typer.Exit(ExitCode.RUNTIME)  # some lines got an error result, not an answer
 
 
 def print_run_summary(s: RunSummary, console: Console | None = None) -> None:
@@ -141,7 +152,8 @@ def print_run_summary(s: RunSummary, console: Console | None = None) -> None:
     t.add_column("figure")
     t.add_column("value", justify="right")
     rows = [
-        ("items", f"{s.items:,}" + (f" ({s.rejected:,} rejected)" if s.rejected else "")),
+        ("items", f"{s.items:,}" + (f" ({s.rejected:,} rejected)" if s.rejected else "")
+         + (f" ({s.unserved:,} for a model no consumer serves)" if s.unserved else "")),
         ("tokens in / out", f"{s.tokens_in:,} / {s.tokens_out:,}"),
         ("wall time", f"{s.wall_s:.2f} s"),
         ("shapes", f"{s.shapes}"),
@@ -177,13 +189,18 @@ class _Shapes:
 
 async def _submit(client: Client, path: Path, shapes: _Shapes, errors: Callable[[str], None],
                   max_line_bytes: int, counter: TokenCounter, job: JobRecord, resume: bool,
-                  order: InputOrder | None = None) -> tuple[int, int, int]:
+                  order: InputOrder | None = None,
+                  unserved: Unserved | None = None) -> tuple[int, int, int]:
     """Submit the input in chunks into `job` and seal it; (accepted, rejected, skipped).
-    `order` learns the ids sent in input order (and which the broker refused)."""
+    `order` learns the ids in input order (and which the broker refused). Items `unserved`
+    takes (no consumer of this run serves their model) are not sent: their error results go
+    out through `unserved.write`, or into `order` at their place in the input."""
     accepted = rejected = skipped = last_line = 0
     chunk: list[Item] = []
     lines: list[int] = []
     messages: list[str] = []
+    ids: list[str] = []  # this chunk's ids in input order, the unserved ones included
+    early: list[ResultRecord] = []  # with `order`: this chunk's unserved items' results
 
     def refuse(message: str) -> None:
         nonlocal rejected
@@ -195,7 +212,11 @@ async def _submit(client: Client, path: Path, shapes: _Shapes, errors: Callable[
     async def send() -> None:
         nonlocal accepted, skipped
         if order is not None:
-            order.expect(it.id for it in chunk)
+            order.expect(ids)
+            for rec in early:
+                order.add(rec)
+        if not chunk:
+            return
         ack = await client.submit(chunk, job=job.number, resume=resume)
         accepted += ack.accepted
         skipped += ack.skipped
@@ -211,18 +232,61 @@ async def _submit(client: Client, path: Path, shapes: _Shapes, errors: Callable[
                 refuse(str(parsed))
                 continue
             last_line = parsed.line_no
-            shapes.add(parsed.item)
-            chunk.append(parsed.item)
-            lines.append(parsed.line_no)
-            if len(chunk) >= CHUNK:
+            ids.append(parsed.item.id)
+            rec = unserved.take(parsed.item) if unserved is not None else None
+            if rec is None:
+                shapes.add(parsed.item)
+                chunk.append(parsed.item)
+                lines.append(parsed.line_no)
+            elif order is not None:
+                early.append(rec)
+            else:
+                unserved.write(rec)  # type: ignore[union-attr]
+            if len(chunk) + len(early) >= CHUNK:
                 await send()
-                chunk, lines = [], []
-    if chunk:
+                chunk, lines, ids, early = [], [], [], []
+    if ids:
         await send()
     already = resume and job.sealed  # a finished job run again: its refusals were counted
     await client.seal_job(job.number, last_line, errors=[] if already else messages,
                           refused=0 if already else rejected - len(messages))
     return accepted, rejected, skipped
+
+
+class Unserved:
+    """Why: an item for a model no consumer of this run serves would wait forever; it gets
+    an error result at once instead, and the run says which model and what is served."""
+
+    def __init__(self, served: Iterable[str], write: Callable[[ResultRecord], object]) -> None:
+        self.served = sorted(set(served))
+        self._served = set(self.served)
+        self.write = write
+        self.counts: dict[str, int] = {}  # model -> items not sent, in order of first sight
+
+    def take(self, item: Item) -> ResultRecord | None:
+        """None for an item a consumer serves; else its error result (it is not sent)."""
+        if item.model in self._served:
+            return None
+        self.counts[item.model] = self.counts.get(item.model, 0) + 1
+        result = ItemResult(item.id, finish_reason="error", error=self.reason(item.model),
+                            status=404)  # 404: what OpenAI answers for an unknown model
+        return make_record(item, result, created=int(time.time()))
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def reason(self, model: str) -> str:
+        return f"no consumer serves model {model!r} (served: {self._listed()})"
+
+    def messages(self) -> list[str]:
+        """One line per unserved model, for stderr."""
+        return [f"{n:,} item{'s are' if n != 1 else ' is'} for model {m!r}, which no "
+                f"consumer serves (served: {self._listed()}); each gets an error result"
+                for m, n in self.counts.items()]
+
+    def _listed(self) -> str:
+        return ", ".join(self.served) or "none"
 
 
 class _Totals:
@@ -283,9 +347,14 @@ async def run_job(
                             j.id, cfg.data_dir, j.total, j.outcomes)
             follower = JobFollower(client, reply.job.id, reply.job.number, write, since=since)
             collector = asyncio.ensure_future(follower.run())
+            unserved = Unserved({c.model for c in daemon.fleet.consumers},
+                                lambda rec: out.write(result_line(rec)))
             accepted, rejected, skipped = await _submit(
                 client, input_path, shapes, errors, cfg.producer.max_line_bytes, counter,
-                reply.job, reply.attached, order)
+                reply.job, reply.attached, order, unserved)
+            for message in unserved.messages():
+                errors(f"fabricctl: error: {message}")
+            out.flush()
             follower.nudge()
             await collector
             if order is not None:
@@ -314,7 +383,7 @@ async def run_job(
             padding_waste=round(core.waste(), 4), thrash_events=core.batches_hist.thrashed,
             engine=daemon.fleet.kind, simulated=daemon.fleet.kind == "sim",
             gpus=len(daemon.fleet.engines), ledger_difference=core.ledger.difference(),
-            token_counter=counter.name,
+            token_counter=counter.name, unserved=unserved.total,
         )
     finally:
         await daemon.stop()

@@ -5,17 +5,20 @@ Contract:
   (`--data-dir` > `FABRICCTL_DATA_DIR` > the config); no broker is exit 3.
 - `status --json` is one document: the broker's `status` answer (`version`, `ledger`,
   `difference`, `states`, `models`, `counters`, `extra` with `store`, `engine`, `gpus`,
-  `processes`, `uptime_s`) with `consumers` being the list of registered consumers rather
-  than their count, and `token_counter` added: the counter a `fabricctl submit` (or `run`)
-  with this command's configuration counts input tokens with, `choose_counter`'s name
-  ("estimate" or "tokenizer:<path>"; "error: ..." when the configured tokenizer does not
-  load); each consumer's `current` and `next` shape (the one it pulls from now, the one
-  warming for it) are hex signatures (null for none). The broker itself counts no tokens:
-  producers do, before they submit, so this is the client-side choice, not something the
-  broker reports. Without `--json`: the ledger and its difference (which must read 0),
-  shape states, consumers (with their current and next shape), store usage, the last
-  recovery and the token counter, as Rich tables; figures through `fabricctl.tui.fmt` (the
-  formatting the dashboard shows), a figure the broker did not report as "n/a".
+  `processes`, `uptime_s`, and `unserved`: `{model, items, tokens}` for each model with
+  queued items and no registered consumer) with `consumers` being the list of registered
+  consumers rather than their count, and `token_counter` added: the counter a `fabricctl
+  submit` (or `run`) with this command's configuration counts input tokens with,
+  `choose_counter`'s name ("estimate" or "tokenizer:<path>"; "error: ..." when the
+  configured tokenizer does not load); each consumer's `current` and `next` shape (the one
+  it pulls from now, the one warming for it) are hex signatures (null for none). The broker
+  itself counts no tokens: producers do, before they submit, so this is the client-side
+  choice, not something the broker reports. Without `--json`: the ledger and its
+  difference (which must read 0), one line `N items wait for model 'X': no consumer` per
+  unserved model (under the ledger), shape states, consumers (with their current and next
+  shape), store usage, the last recovery and the token counter, as Rich tables; figures
+  through `fabricctl.tui.fmt` (the formatting the dashboard shows), a figure the broker did
+  not report as "n/a".
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded, settings
 from fabricctl.config import AppConfig
 from fabricctl.core.signature import signature_hex
+from fabricctl.core.unserved import Waiting, waiting_line
 from fabricctl.formats.tokens import choose_counter
 from fabricctl.tui.fmt import age, human_bytes, pct
 from fabricctl.wire.client import Client
@@ -34,11 +38,15 @@ from .common import call, console, write_json
 
 if TYPE_CHECKING:
     from rich.table import Table
+    from rich.text import Text
 
 
 def command(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
             config: Path | None = ConfigFile) -> None:
     """Show the broker's ledger, shape states, consumers, store usage and last recovery.
+
+    A model with queued items and no consumer is one line: "N items wait for model 'X': no
+    consumer" (--json: unserved).
 
     Also the token counter a `fabricctl submit` with this configuration counts input
     tokens with ("estimate" or "tokenizer:PATH"; --json: token_counter): producers count
@@ -86,21 +94,23 @@ def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
     return t
 
 
-def render_status(st: dict[str, Any], data_dir: str) -> list[Table]:
+def render_status(st: dict[str, Any], data_dir: str) -> list[Table | Text]:
     from rich.table import Table
 
     led, diff = st["ledger"], st["difference"]
     extra = st.get("extra", {})
     engine = extra.get("engine", {})
     ok = "ok" if list(diff) == [0, 0] else "NOT ZERO"
-    out = [_kv(f"broker {st['version']} at {data_dir} — up {age(extra.get('uptime_s'))}, "
+    out: list[Table | Text] = []
+    out.append(_kv(f"broker {st['version']} at {data_dir} — up {age(extra.get('uptime_s'))}, "
                f"engine {engine.get('kind', '?')}", [
         ("received", f"{led['items_received']:,} items, {led['tokens_received']:,} tokens"),
         ("queued", f"{led['items_queued']:,} items, {led['tokens_queued']:,} tokens"),
         ("in flight", f"{led['items_inflight']:,} items, {led['tokens_inflight']:,} tokens"),
         ("completed", f"{led['items_completed']:,} items, {led['tokens_completed']:,} tokens"),
         ("ledger difference", f"{diff[0]} items, {diff[1]} tokens ({ok})"),
-    ])]
+    ]))
+    out.extend(waiting_lines(st))
     out.append(_kv("shapes", [(k + (" (since start)" if k == "finished" else ""), f"{v:,}")
                               for k, v in st["states"].items()]))
     ct = Table(title=f"consumers ({len(st['consumers'])})", title_justify="left")
@@ -135,6 +145,14 @@ def render_status(st: dict[str, Any], data_dir: str) -> list[Table]:
         out.append(_kv("producers", [("token counts (fabricctl submit, this config)",
                                       st["token_counter"])]))
     return out
+
+
+def waiting_lines(st: dict[str, Any]) -> list[Text]:
+    """One warning line per model with queued items and no consumer (`core.unserved`)."""
+    from rich.text import Text
+
+    return [Text(waiting_line(Waiting(w["model"], w["items"], w["tokens"])), style="bold")
+            for w in st.get("unserved", [])]
 
 
 def show_status(cfg: AppConfig, as_json: bool) -> None:

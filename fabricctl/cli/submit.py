@@ -15,6 +15,10 @@ Contract:
   `CHUNK` items through a queue of `QUEUED` chunks; at most `IN_FLIGHT` submits await their
   acks. What grows with the input is the reader's set of ids seen (duplicate check) and,
   with `--wait`, one int per result written (`follow.JobFollower`).
+- Items for a model no registered consumer serves still go in (a remote consumer may
+  join): once the input is in, one `fabricctl: warning: no consumer serves model 'M'
+  (served: ...): its N items wait until one joins` per such model (`ServedCheck`: the
+  broker is asked by a task the first ack starts, and again only when needed).
 - Every refused line, the reader's (`line N: reason`) or the broker's (a duplicate id, same
   form, with the input line number), is one `fabricctl: error: line N: reason` on stderr; the
   other lines still go in.
@@ -30,6 +34,11 @@ Contract:
 - Exit: 0 every line accepted (and with `wait` every result written), 1 some line refused,
   4 `timeout` seconds passed after the input ended with results still missing (what has
   arrived is written, in input order with `ordered`). No broker raises `BackendMissing` (3).
+- The broker lost after the connect (killed mid-stream): exit 3 with exactly one error line
+  (`lost_message`) naming how many lines were acknowledged, i.e. stored durably, and saying
+  to run the same submit again; nothing after it on stderr: the reader thread stops at its
+  next hand-off, in-flight sends end with the connection, and no task or reply future is
+  left with an exception nobody saw.
 - Token counts: `formats.tokens.choose_counter([producer] tokenizer, model)` of this
   command's configuration (the broker counts nothing; `fabricctl status` names the choice).
 - A progress line (Rich, `ProgressView`) is drawn on stderr only when the CLI passes one:
@@ -42,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import sys
 import threading
 import time
@@ -57,7 +67,7 @@ from fabricctl.cli.support import ConfigFile, DataDir, fail, guarded, settings
 from fabricctl.config import AppConfig
 from fabricctl.core.jobs import MAX_ERRORS, JobRecord
 from fabricctl.core.types import Item
-from fabricctl.errors import ExitCode
+from fabricctl.errors import BackendMissing, ExitCode
 from fabricctl.formats.reader import LineError, parse_stream
 from fabricctl.formats.results import ResultRecord, result_line
 from fabricctl.formats.tokens import choose_counter
@@ -95,7 +105,11 @@ def command(
     Each refused line is one "fabricctl: error: line N: reason" on stderr; the rest goes in.
     stdout stays empty unless --wait, which prints each result as JSONL as it completes
     (in input order with --ordered).
-    Exit status: 0 all lines accepted, 1 some refused, 3 no broker, 4 --timeout expired.
+    Items for a model no consumer serves go in (one may join) with one warning per model
+    on stderr. If the broker dies mid-stream, one error line says how many lines were
+    acknowledged (stored durably): run the same submit again, it skips what is stored.
+    Exit status: 0 all lines accepted, 1 some refused, 3 no broker (or lost), 4 --timeout
+    expired.
     """
     from fabricctl.cli.progress import ProgressView, input_size, stderr_is_tty
 
@@ -112,7 +126,7 @@ def command(
     if file != "-":
         name = str(Path(file).resolve())
         sha256, size = file_digest(Path(file))
-    with open(file, "rb") if file != "-" else contextlib.nullcontext(sys.stdin.buffer) as fp:
+    with open(file, "rb") if file != "-" else contextlib.nullcontext(_stdin()) as fp:
         if file == "-" and sys.stdin.isatty():
             sys.stderr.write("fabricctl: reading JSONL from the terminal; end with Ctrl-D\n")
         # A bar only for a person watching stderr, and not over results streaming to them.
@@ -128,6 +142,15 @@ def command(
 
         code = guarded(body)  # errors are written after the progress bar is gone
     raise typer.Exit(code)
+
+
+def _stdin() -> BinaryIO:
+    """stdin for the reader thread: a buffered reader of its own on a duplicate of fd 0,
+    never closed. Not `sys.stdin.buffer`: when the submit fails (its broker died) while the
+    reader thread waits on a read, the interpreter closes `sys.stdin` at exit under that
+    thread's buffer lock and aborts ("could not acquire lock for <stdin> at interpreter
+    shutdown", exit 134)."""
+    return open(os.dup(sys.stdin.fileno()), "rb")
 
 
 @dataclass
@@ -175,9 +198,38 @@ def _read(fp: BinaryIO, cfg: AppConfig, put: Any) -> None:
         chunk.bytes_read = counting.n
         put(chunk)
         put(None)
+    except _Stopped:
+        return  # the submit is over (it failed, e.g. the broker died): nobody reads on
     except BaseException as e:  # handed to the event loop, which re-raises it
         with contextlib.suppress(Exception):  # the loop may be gone already
             put(e)
+
+
+class _Stopped(Exception):
+    """Why: tells the reader thread that its submit stopped reading, so it stops too."""
+
+
+def _handoff(queue: asyncio.Queue[Any], stop: threading.Event) -> Any:
+    """The reader thread's `put`: waits for room in `queue` on the running loop; raises
+    `_Stopped` once `stop` is set or the loop is gone, creating nothing on a loop that is
+    closing (no coroutine left unawaited, no task left pending to be logged at exit)."""
+    loop = asyncio.get_running_loop()
+
+    def put(x: Chunk | BaseException | None) -> None:
+        if stop.is_set():
+            raise _Stopped
+        coro = queue.put(x)
+        try:
+            fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        except RuntimeError:  # the loop is closed
+            coro.close()
+            raise _Stopped from None
+        try:
+            fut.result()
+        except BaseException:  # cancelled as the loop shut down
+            raise _Stopped from None
+
+    return put
 
 
 class Submitter:
@@ -199,10 +251,11 @@ class Submitter:
         self.failure: BaseException | None = None
         self.started = time.monotonic()
         self.first_result: float | None = None
+        self.served = ServedCheck(client)
 
-    def error(self, message: str) -> None:
+    def error(self, message: str, kind: str = "error") -> None:
         err = self.err or sys.stderr  # looked up now: a progress bar redirects sys.stderr
-        err.write(f"fabricctl: error: {message}\n")
+        err.write(f"fabricctl: {kind}: {message}\n")
         err.flush()
 
     def refuse(self, message: str) -> None:
@@ -211,15 +264,22 @@ class Submitter:
             self.messages.append(message)
         self.error(message)
 
+    async def warn_unserved(self) -> None:
+        """Once the input is in: one warning per model of it that no consumer serves."""
+        for message in await self.served.warnings():
+            self.error(message, "warning")
+
     async def feed(self, fp: BinaryIO) -> None:
-        loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Chunk | BaseException | None] = asyncio.Queue(QUEUED)
+        stop = threading.Event()  # set once this submit stops reading, failed or done
+        threading.Thread(target=_read, args=(fp, self.cfg, _handoff(queue, stop)),
+                         daemon=True, name="fabricctl-submit-reader").start()
+        try:
+            await self._feed(queue)
+        finally:
+            stop.set()
 
-        def put(x: Chunk | BaseException | None) -> None:
-            asyncio.run_coroutine_threadsafe(queue.put(x), loop).result()
-
-        threading.Thread(target=_read, args=(fp, self.cfg, put), daemon=True,
-                         name="fabricctl-submit-reader").start()
+    async def _feed(self, queue: asyncio.Queue[Chunk | BaseException | None]) -> None:
         slots = asyncio.Semaphore(IN_FLIGHT)
         tasks: set[asyncio.Task[None]] = set()
         while True:
@@ -260,10 +320,13 @@ class Submitter:
             return
         finally:
             slots.release()
+        refused = set()
         for r in ack.rejects:
+            refused.add(r.index)
             self.refuse(f"line {chunk.lines[r.index]}: {r.reason}")
             if self.order is not None:
                 self.order.drop(chunk.items[r.index].id)
+        self.served.count(chunk.items, refused)
         self.accepted += ack.accepted
         self.skipped += ack.skipped
         self._tick()
@@ -314,6 +377,7 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
         collector = asyncio.ensure_future(follower.run()) if follower is not None else None
         try:
             await sub.feed(fp)
+            await sub.warn_unserved()
             already = reply.attached and reply.job.sealed  # its refusals were counted then
             await client.seal_job(reply.job.number, sub.lines,
                                   errors=[] if already else sub.messages,
@@ -323,6 +387,9 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
                 await asyncio.wait_for(asyncio.shield(collector), timeout)
                 sub.results_done = True
                 sub._tick()
+        except BackendMissing as e:  # the broker went away mid-stream
+            sub.finish()
+            raise BackendMissing(lost_message(sub, e)) from None
         except TimeoutError:
             if collector is not None and not collector.done():
                 collector.cancel()  # no result may come in while the held ones go out
@@ -333,8 +400,9 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
                       "prints them later")
             return ExitCode.TIMEOUT
         finally:
-            if collector is not None and not collector.done():
-                collector.cancel()
+            if collector is not None:
+                _settle(collector)
+            sub.served.close()
             out.flush()
         return ExitCode.RUNTIME if sub.rejected else ExitCode.OK
     finally:
@@ -365,3 +433,75 @@ def file_digest(path: Path) -> tuple[str, int]:
         while block := f.read(1 << 20):
             h.update(block)
     return h.hexdigest(), path.stat().st_size
+
+
+class ServedCheck:
+    """Why: items for a model no consumer serves wait, silently, until one joins (a remote
+    consumer may): the submit asks the broker which models are served, once, off the hot
+    path (a task started by the first ack), and warns per model at the end of the input."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.models: dict[str, int] = {}  # model -> items accepted, in order of first sight
+        self._asked: asyncio.Task[set[str] | None] | None = None
+
+    def count(self, items: list[Item], refused: set[int]) -> None:
+        """An ack's accepted items; the first ack starts the question to the broker."""
+        models = self.models
+        for i, item in enumerate(items):
+            if i not in refused:
+                models[item.model] = models.get(item.model, 0) + 1
+        if self._asked is None:
+            self._asked = asyncio.ensure_future(self._served())
+
+    async def _served(self) -> set[str] | None:
+        """The models the broker's registered consumers serve; None when it cannot say."""
+        try:
+            consumers = await self.client.query("consumers")
+        except Exception:  # a warning is best effort; a lost broker is the feed's to report
+            return None
+        return {str(c.get("model", "")) for c in consumers}
+
+    async def warnings(self) -> list[str]:
+        """`no consumer serves model 'M' (served: ...): its N items wait until one joins`,
+        per model accepted that no consumer serves. Asked again only when the first answer
+        leaves a model unserved, so a consumer that joined meanwhile counts."""
+        if self._asked is None:
+            return []
+        served = await self._asked
+        if served is not None and any(m not in served for m in self.models):
+            served = await self._served()
+        if served is None:
+            return []
+        listed = ", ".join(sorted(served)) or "none"
+        return [f"no consumer serves model {m!r} (served: {listed}): its {n:,} "
+                f"item{'s wait' if n != 1 else ' waits'} until one joins"
+                for m, n in self.models.items() if m not in served]
+
+    def close(self) -> None:
+        if self._asked is not None:
+            _settle(self._asked)
+
+
+def lost_message(sub: Submitter, e: BackendMissing) -> str:
+    """The one error line of a submit whose broker went away after it connected: how many
+    lines are safe (acknowledged: stored durably) and how to go on."""
+    safe = (f"{sub.accepted:,} line{'' if sub.accepted == 1 else 's'} "
+            f"{'was' if sub.accepted == 1 else 'were'} acknowledged (stored durably)")
+    again = "run the same submit again"
+    if sub.job is not None:
+        again += f" (from stdin: with --job {sub.job.id}): it skips the stored lines and"
+    if not sub.input_done:
+        return f"lost the broker mid-stream ({e}): {safe}; {again} sends the rest"
+    return (f"lost the broker while waiting for results ({e}): every line was sent and "
+            f"{safe}; {sub.written:,} result(s) were written: once the broker is back, "
+            f"{again} prints every result")
+
+
+def _settle(task: asyncio.Future[Any]) -> None:
+    """A task this submit stops waiting for: cancelled, or its exception marked as seen (the
+    error that matters has been raised already), so asyncio logs nothing at exit."""
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled():
+        task.exception()

@@ -6,6 +6,8 @@ dashboard decode the same bytes. Unknown queries and unknown shapes get an `Erro
 first); `shape` is the one shape its arg names (`fabricctl.core.naming`: hex, label or a
 unique hex prefix; live first, else a finished record from the store): none is `not_found`,
 several `ambiguous` (the message lists them).
+`status` is the broker's summary; its `unserved` lists the models with queued items and no
+registered consumer (`fabricctl.core.unserved`: model, items, tokens; most items first).
 `results` pages the results in storage order as (sequence number, ResultRecord);
 `results_by_key` pages them in entry-key (ingest) order as (entry key in 24 hex digits,
 ResultRecord), after the key in `arg` ("" from the first): `fabricctl results --ordered`.
@@ -28,6 +30,7 @@ import msgspec
 from fabricctl.core.jobs import JobRecord, JobState, eta_s
 from fabricctl.core.naming import describe, match
 from fabricctl.core.snapshot import ShapeView, Snapshot, shape_view
+from fabricctl.core.unserved import unserved
 from fabricctl.server.eventloop import loop_name
 from fabricctl.wire.protocol import (
     Answer,
@@ -201,7 +204,8 @@ def answer(state: ServerState, q: Query) -> Answer | Error:
                 "difference": snap.difference, "states": snap.states,
                 "models": snap.models, "consumers": len(snap.consumers),
                 "counters": snap.counters, "extra": snap.extra,
-                "jobs": jobs_summary(state)}
+                "jobs": jobs_summary(state),
+                "unserved": unserved(snap.shapes, snap.consumers)}
     else:
         return Error("unknown_query", f"unknown query {q.what!r}", q.rid)
     return Answer(q.rid, encode_raw(data))

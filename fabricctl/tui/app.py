@@ -7,6 +7,8 @@ Contract:
 - a failing or ended stream posts `StreamLost`: a "reconnecting" banner (not a traceback)
   and a new attempt after a backoff doubling from `retry_min` to `retry_max`; the next
   snapshot hides the banner;
+- under the header, in every view, one warning line names the models with queued items
+  and no registered consumer (`draw.waiting`), hidden while there are none;
 - the lanes of exactly one shape are subscribed: the one opened with Enter;
 - keys: q quit, ? help, / filter, Enter lanes, Esc back, p pause, 1-4 views, s/S sort,
   +/- refresh interval. `paused` keeps receiving but stops redrawing.
@@ -26,7 +28,7 @@ from textual.message import Message
 from textual.widgets import ContentSwitcher, Footer, Input
 
 from fabricctl.core.snapshot import Snapshot
-from fabricctl.tui import table
+from fabricctl.tui import draw, table
 from fabricctl.tui.palette import MUTED, WARN
 from fabricctl.tui.sources import SnapshotSource
 from fabricctl.tui.widgets.help import HelpScreen
@@ -95,6 +97,7 @@ class TopApp(App[int]):
     def compose(self) -> ComposeResult:
         yield TextBox(id="header")
         yield TextBox(id="banner")
+        yield TextBox(id="waiting")
         with ContentSwitcher(initial="overview", id="views"):
             yield Overview(id="overview")
             yield LanesPane(id="lanes")
@@ -112,6 +115,7 @@ class TopApp(App[int]):
             v: self.query_one(f"#{v}", pane) for v, pane in zip(VIEWS, panes, strict=True)}
         self.header_box = self.query_one("#header", TextBox)
         self.banner = self.query_one("#banner", TextBox)
+        self.waiting = self.query_one("#waiting", TextBox)
         self.table = self.query_one(ShapesTable)
         self.filter_box = self.query_one("#filter", Input)
         self._banner(f"connecting to {self.source.address} …", lost=False)
@@ -170,6 +174,7 @@ class TopApp(App[int]):
             return  # a snapshot that beat the pane's first compose: the next one draws it
         with self.batch_update():
             self._header()
+            self._waiting(snap)
             pane.apply(snap, self.state)
 
     def redraw(self) -> None:
@@ -193,6 +198,12 @@ class TopApp(App[int]):
         if self.paused:
             t.append("  PAUSED", style="reverse " + WARN)
         self.header_box.show(t)
+
+    def _waiting(self, snap: Snapshot) -> None:
+        """The warning line of models with queued items and no consumer, in every view."""
+        line = draw.waiting(snap)
+        self.waiting.show(line)
+        self.waiting.set_class(bool(line), "-shown")
 
     def _banner(self, text: str, lost: bool = True) -> None:
         banner = self.banner

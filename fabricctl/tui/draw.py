@@ -1,4 +1,5 @@
-"""Pure Rich renderings of one `Snapshot`: the state machine, models, ledger and events.
+"""Pure Rich renderings of one `Snapshot`: the state machine, models, the models nobody
+serves, ledger and events.
 
 Contract: each function takes plain snapshot data and returns a `rich.text.Text`; nothing
 here reads a clock (ages are measured against the snapshot's own `t`) or imports Textual,
@@ -14,8 +15,9 @@ from fabricctl.core.events import Event
 from fabricctl.core.jobs import JobRecord, eta_s
 from fabricctl.core.signature import signature_hex
 from fabricctl.core.snapshot import ModelView, Snapshot
+from fabricctl.core.unserved import unserved, waiting_line
 from fabricctl.tui import fmt
-from fabricctl.tui.palette import CRITICAL, MUTED, OK, STATES, state_style
+from fabricctl.tui.palette import CRITICAL, MUTED, OK, STATES, WARN, state_style
 
 ARROW = " ─▶ "
 
@@ -77,6 +79,21 @@ def models(snap: Snapshot) -> Text:
     if not snap.models:
         return Text("no model has items or consumers yet", style=MUTED)
     return Text("\n").join(model_line(m, names) for m in snap.models)
+
+
+def waiting(snap: Snapshot) -> Text:
+    """One warning line for the models with queued items and no consumer
+    (`core.unserved`): the one with most items, and how many more; empty when none."""
+    found = unserved(snap.shapes, snap.consumers)
+    if not found:
+        return Text()
+    line = Text(f"⚠ {waiting_line(found[0])}", style=f"bold {WARN}")
+    if len(found) > 1:
+        more = len(found) - 1
+        line.append(f"  (and {more} more model{'s' if more > 1 else ''} with no consumer: "
+                    f"{', '.join(w.model for w in found[1:4])}{', …' if more > 3 else ''})",
+                    style=MUTED)
+    return line
 
 
 def ledger_line(snap: Snapshot) -> Text:

@@ -1,8 +1,9 @@
 """`fabricctl top --once`: one snapshot printed with Rich, for pipes and quick looks.
 
 Contract: `print_snapshot(snap, console, address)` prints the same pieces the live overview
-shows (state machine, models, shapes table, GPU panel, ledger, the latest critical events)
-built from the same pure renderers, so the two never disagree. Never imports Textual.
+shows (state machine, models, the line of models with queued items and no consumer when
+there are any, shapes table, GPU panel, ledger, the latest critical events) built from the
+same pure renderers, so the two never disagree. Never imports Textual.
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ def snapshot_renderable(snap: Snapshot, address: str = "") -> Group:
         title.append(f"  {address}", style=MUTED)
     if snap.simulated:
         title.append("  simulated engines", style=MUTED)
+    waiting = draw.waiting(snap)
     return Group(
         title,
         draw.state_machine(snap.states),
         draw.models(snap),
+        *([waiting] if waiting else []),
         Rule(f"shapes ({len(snap.shapes)})", style=MUTED),
         shapes_table(snap) if snap.shapes else Text("no live shapes", style=MUTED),
         Rule("GPUs", style=MUTED),

@@ -5,9 +5,12 @@ Contract: `Client.connect(address, role)` opens a Unix socket (a path, or a data
 matched to replies by request id, so a consumer can have pulls, completions and queries in
 flight at once; pushes (pre-warm, stats) arrive on `pushes`. An error frame raises
 `BrokerError` (an unknown or ambiguous job too); a lost connection fails every pending
-request with `BackendMissing`. Jobs: `open_job` (-> `JobReply`), `submit(items, job,
-resume)`, `seal_job`, `cancel_job`, `jobs`, `job` (-> `JobView`) and `job_results` (->
-`ResultRecord`s in input order). `run_sync` runs one coroutine for synchronous callers."""
+request with `BackendMissing`, and only once, to the caller awaiting it: a request whose
+write fails leaves no reply future behind with an unseen exception (no "Future exception was
+never retrieved" at exit). Jobs: `open_job` (-> `JobReply`), `submit(items, job, resume)`,
+`seal_job`, `cancel_job`, `jobs`, `job` (-> `JobView`) and `job_results` (-> `ResultRecord`s
+in input order). `run_sync` runs one coroutine for synchronous callers.
+"""
 
 from __future__ import annotations
 
@@ -202,6 +205,7 @@ class Client:
             await self._drain()
         except BaseException:
             self._waiting.pop(rid, None)
+            _settle(fut)
             raise
         return await fut
 
@@ -312,6 +316,16 @@ class Client:
 
     async def close(self) -> None:
         self._lost(BackendMissing("the connection was closed by this client"))
+
+
+def _settle(fut: asyncio.Future[Any]) -> None:
+    """A reply future nobody will await: its exception (the lost connection that `_lost`
+    set while the request was still being written) counts as seen, or it is cancelled,
+    so asyncio logs no "Future exception was never retrieved" at exit."""
+    if not fut.done():
+        fut.cancel()
+    elif not fut.cancelled():
+        fut.exception()
 
 
 def run_sync(coro: Awaitable[T]) -> T:
