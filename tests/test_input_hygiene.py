@@ -14,7 +14,7 @@ import io
 import json
 from pathlib import Path
 
-from cli_helpers import clean_env, fabricctl
+from cli_helpers import clean_env, error_lines, fabricctl
 
 from fabricctl.core.payload import decode_payload
 from fabricctl.formats.reader import LineError, Parsed, parse_lines, parse_stream
@@ -121,7 +121,7 @@ def test_submit_reports_real_line_numbers(tmp_path: Path) -> None:
     finally:
         assert broker.stop() == 0
     assert out.returncode == 1
-    assert out.stderr.decode().splitlines() == [
+    assert error_lines(out.stderr) == [
         "fabricctl: error: line 6: max_tokens must be at least 1",
         "fabricctl: error: line 9: line is not valid JSON: invalid character (byte 0)",
     ]

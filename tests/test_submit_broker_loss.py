@@ -4,7 +4,9 @@ Promises checked: with `fabricctl up` SIGKILLed while `submit` streams lines int
 submit ends non-zero (3, the broker is gone) with exactly one line on stderr, which names
 how many lines were acknowledged and says to run the same submit again; nothing follows
 it (no "Future exception was never retrieved", no traceback). The number it names is safe:
-a broker restarted on the same data dir holds at least that many items.
+a broker restarted on the same data dir holds at least that many items, and the same
+input sent again with `--job ID` (the job the line names) attaches: no duplicate error,
+and the broker then holds every line once.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli_helpers import FABRICCTL, Broker
+from cli_helpers import FABRICCTL, Broker, error_lines
 
 LINES = 20_000
 KILL_AFTER = 2048  # items the broker has stored when it is killed
 LOST = re.compile(r"^fabricctl: error: lost the broker mid-stream \(.+\): ([\d,]+) lines? "
                   r"(?:was|were) acknowledged \(stored durably\); run the same submit again "
-                  r"to send the rest$")
+                  r"\(from stdin: with --job (batch_\w+)\): it skips the stored lines and "
+                  r"sends the rest$")
 
 
 def line(i: int) -> bytes:
@@ -87,7 +90,7 @@ def test_submit_says_what_is_safe_when_the_broker_is_killed(tmp_path: Path) -> N
         if sub.poll() is None:
             sub.kill()
         broker.log.close()
-    lines = err.decode().splitlines()
+    lines = error_lines(err)
     assert sub.returncode == 3, err.decode()
     assert len(lines) == 1, err.decode()
     m = LOST.match(lines[0])
@@ -100,6 +103,15 @@ def test_submit_says_what_is_safe_when_the_broker_is_killed(tmp_path: Path) -> N
         stored = received(data_dir)
         assert KILL_AFTER <= stored < LINES
         assert acknowledged <= stored
+        # as the line says: the same input with --job sends only the rest, no duplicates
+        rerun = again.run("submit", "-", "--job", m.group(2),
+                          input=b"".join(line(i) for i in range(LINES)), timeout=300)
+        assert rerun.returncode == 0, rerun.stderr
+        assert error_lines(rerun.stderr) == []
+        assert "attached" in rerun.stderr.decode()
+        assert received(data_dir) == LINES  # 0 lost, 0 doubled
+        job = json.loads(again.run("jobs", "show", m.group(2), "--json").stdout)["job"]
+        assert job["total"] == LINES and job["sealed"]
     finally:
         assert again.stop() == 0
 

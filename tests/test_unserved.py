@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import Broker, clean_env, fabricctl
+from cli_helpers import Broker, clean_env, error_lines, fabricctl
 
 from fabricctl.core.snapshot import ConsumerView
 from fabricctl.core.unserved import Waiting, unserved, waiting_line
@@ -95,7 +95,7 @@ def test_submit_warns_once_per_unserved_model_and_status_and_top_say_so(
     lines += [native(f"s-{i}") for i in range(4, 8)]
     out = broker.run("submit", "-", input="".join(json.dumps(x) + "\n" for x in lines).encode())
     assert out.returncode == 0, out.stderr
-    assert out.stderr.decode().splitlines() == [
+    assert error_lines(out.stderr) == [
         "fabricctl: warning: no consumer serves model 'nope' (served: fabric-demo): its 3 "
         "items wait until one joins",
         "fabricctl: warning: no consumer serves model 'tiny' (served: fabric-demo): its 1,200 "
@@ -112,7 +112,7 @@ def test_submit_warns_once_per_unserved_model_and_status_and_top_say_so(
             "consumer: nope)") in top
 
     served_only = broker.run("submit", "-", input=json.dumps(native("s-late")).encode())
-    assert served_only.returncode == 0 and served_only.stderr == b""  # no warning
+    assert served_only.returncode == 0 and error_lines(served_only.stderr) == []  # no warning
 
 
 # ---- the pure parts ---------------------------------------------------------------------
