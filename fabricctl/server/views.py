@@ -1,18 +1,17 @@
 """What observers see: snapshots with the daemon's extras, one-shot query answers, pushes.
 
 Contract: every answer is msgpack of plain Structs/dicts, so `--json` readers and the
-dashboard decode the same bytes. Unknown queries and unknown shapes get an `Error`.
-`shapes` lists the live shapes (with arg "all", then the finished shapes' records, newest
-first); `shape` is the one shape its arg names (`fabricctl.core.naming`: hex, label or a
-unique hex prefix; live first, else a finished record from the store): none is `not_found`,
-several `ambiguous` (the message lists them).
-`results` pages the results in storage order as (sequence number, ResultRecord);
-`results_by_key` pages them in entry-key (ingest) order as (entry key in 24 hex digits,
-ResultRecord), after the key in `arg` ("" from the first): `fabricctl results --ordered`.
-Every read of the store goes through its methods (`results_since`, `results_by_key`,
-`result`, `finished_shapes`, `stats`, `persisted_ledger`); the views see the daemon through
-its `ServerState`.
-"""
+dashboard decode the same bytes. Unknown queries and unknown shapes get an `Error`. `shapes`
+lists the live shapes (with arg "all", then the finished shapes' records, newest first);
+`shape` is the one shape its arg names (`fabricctl.core.naming`: hex, label or a unique hex
+prefix; live first, else a finished record from the store): none is `not_found`, several
+`ambiguous` (the message lists them). `results` pages the results in storage order as
+(sequence number, ResultRecord); `results_by_key` pages them in entry-key (ingest) order as
+(entry key in 24 hex digits, ResultRecord), after the key in `arg` ("" from the first):
+`fabricctl results --ordered`. Each consumer in the `engines` extra carries the `host` and
+the GPU's NVML sample (`nvml`, or None) its heartbeats reported. Every read of the store
+goes through its methods (`results_since`, `results_by_key`, `result`, `finished_shapes`,
+`stats`, `persisted_ledger`); the views see the daemon through its `ServerState`."""
 
 from __future__ import annotations
 
@@ -46,7 +45,8 @@ def extras(state: ServerState) -> dict[str, Any]:
             out[key] = {"error": str(e)}
     out["engines"] = {
         p.consumer: {"gpu": p.gpu, "engine": p.engine, "simulated": p.simulated,
-                     "last_seen": p.last_seen, "stats": p.engine_stats}
+                     "last_seen": p.last_seen, "stats": p.engine_stats,
+                     "host": p.engine_stats.get("host") or "", "nvml": p.engine_stats.get("nvml")}
         for p in state.consumers.values() if p.consumer
     }
     out["store"] = state.store.stats()
