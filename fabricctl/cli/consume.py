@@ -196,9 +196,10 @@ async def run_agent(cfg: AppConfig, broker: str, engine: str, endpoint: str | No
         await fleet.stop()
         if monitor is not None:
             await monitor.stop()
-    for t in fleet.tasks:  # a refusal that ended a consumer ends the agent with it
-        if t.done() and not t.cancelled() and t.exception() is not None:
-            raise t.exception()  # type: ignore[misc]
+    errors = [e for t in fleet.tasks if t.done() and not t.cancelled()
+              and (e := t.exception()) is not None]  # every one retrieved, the first raised
+    if errors:  # a refusal that ended a consumer ends the agent with it
+        raise errors[0]
 
 
 async def _until_stopped(fleet: Fleet, stop: asyncio.Event) -> None:
