@@ -17,7 +17,6 @@ Every wait is bounded polling or a waited-for log line.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import subprocess

@@ -110,9 +110,9 @@ async def test_a_tls_client_against_a_plain_listener_is_told_so(tmp_path: Path) 
 
 
 def test_missing_certificate_files_are_usage_errors(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="TLS certificate .*nope.crt does not exist"):
+    with pytest.raises(UsageError, match=r"TLS certificate .*nope\.crt does not exist"):
         server_context(tmp_path / "nope.crt")
-    with pytest.raises(UsageError, match="TLS CA file .*nope.crt does not exist"):
+    with pytest.raises(UsageError, match=r"TLS CA file .*nope\.crt does not exist"):
         client_context(tmp_path / "nope.crt")
     junk = tmp_path / "junk.pem"
     junk.write_text("not a certificate\n")
