@@ -111,7 +111,7 @@ class Child:
 
     async def _read(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
-        with open(self.log_path, "a") as log:
+        with open(self.log_path, "a", buffering=1) as log:
             while raw := await self.proc.stderr.readline():
                 line = raw.decode(errors="replace").rstrip()
                 self.lines.append(line)
@@ -158,7 +158,7 @@ class Child:
         return "\n".join(self.lines[-n:])
 
 
-def agent_items(n: int, tag: str = "w") -> list[Item]:
+def agent_items(n: int, tag: str = "w", model: str = MODEL) -> list[Item]:
     """Item k of a workload: deterministic, one of three shapes, varied length."""
     out = []
     for k in range(n):
@@ -166,7 +166,7 @@ def agent_items(n: int, tag: str = "w") -> list[Item]:
         comp_tokens = [40 + 16 * i for i in range(len(comps))]
         prompt_tokens = 8 + (k * 7919) % 200
         payload = Payload(list(comps), f"question {tag}{k}", comp_tokens, prompt_tokens)
-        out.append(Item(f"{tag}{k}", MODEL, signature(list(comps)),
+        out.append(Item(f"{tag}{k}", model, signature(list(comps)),
                         sum(comp_tokens) + prompt_tokens, 4 + k % 8, encode_payload(payload)))
     return out
 
