@@ -132,9 +132,12 @@ class Child:
             hits = [ln for ln in self.lines[start:] if pattern in ln]
             return hits[times - 1] if len(hits) >= times else None
 
-        async with self.changed:
-            await asyncio.wait_for(self.changed.wait_for(
-                lambda: found() is not None or self.eof), timeout)
+        try:
+            async with self.changed:
+                await asyncio.wait_for(self.changed.wait_for(
+                    lambda: found() is not None or self.eof), timeout)
+        except TimeoutError:
+            raise AssertionError(f"{pattern!r} not within {timeout} s:\n{self.tail()}") from None
         line = found()
         assert line is not None, f"{pattern!r} never came:\n{self.tail()}"
         return line

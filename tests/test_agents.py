@@ -8,8 +8,9 @@ FABRICCTL_TOKEN, the broker's self-signed certificate pinned with --tls-ca):
   the plain client;
 - a workload gets every item exactly one result, and status shows the agents' GPUs by host;
 - one agent cut off mid-run (SIGSTOP, then SIGKILL): its batches go back after the heartbeat
-  timeout and finish on the other agent, nothing lost or doubled; SIGTERM stops an agent
-  with exit 0;
+  timeout and finish on the other agent; then a third agent joins and the other is
+  SIGKILLed mid-run (its sockets close: its batches go back at once) and the third finishes
+  the work; nothing lost or doubled either time; SIGTERM stops an agent with exit 0;
 - the broker SIGKILLed mid-run and restarted on the same data dir and port: the agents
   reconnect with backoff, register again, and the workload completes, exactly once.
 Every wait is bounded polling or a waited-for log line.
@@ -154,24 +155,45 @@ async def test_two_agents_over_tls_exactly_once_and_one_agent_cut_off(tmp_path: 
         second = agent_items(1200, "y")
         await submit(site.data, second)
         await wait_until(lambda: _at_least(done_items(site.data), 240 + 150), 120, "under way")
+        mark = len(broker.lines)
         a.signal(signal.SIGSTOP)  # cut off: its sockets stay open, its heartbeats stop
-        line = await broker.wait_line("consumer a-gpu", 30, start=len(broker.lines))
-        lost = await broker.wait_line("(heartbeat timeout)", 30)
-        assert "items back to their lanes" in lost, lost
+        for g in (0, 1):
+            await broker.wait_line(f"consumer a-gpu{g} silent for", 30, start=mark)
+        await broker.wait_line("lost (heartbeat timeout)", 10, start=mark)
+        back = [ln for ln in broker.lines[mark:] if "lost (heartbeat timeout)" in ln]
+        assert back and all(_back(ln) > 0 for ln in back), back  # it held batches: they went back
         a.kill()
         assert await a.wait(30) == -signal.SIGKILL
-        assert await done_items(site.data) < 240 + 1200, "the kill came after the end"
         await wait_until(lambda: _at_least(done_items(site.data), 240 + 1200), 120,
                          "second workload, on agent b")
         assert_exactly_once([r for r in await results(site.data) if r.id.startswith("y")],
                             second)
-        assert await consumers(site.data) == ["b-gpu0", "b-gpu1"], line
+        assert await consumers(site.data) == ["b-gpu0", "b-gpu1"]
         led = await _ledger(site.data)
         assert led["difference"] == [0, 0], led
 
-        b.signal(signal.SIGTERM)  # finish what it holds, stop the engines, exit 0
-        assert await b.wait(30) == 0, b.tail()
-        await wait_until(lambda: _is(consumers(site.data), []), 30, "b gone")
+        # a new agent joins; agent b is SIGKILLed mid-run (its sockets close at once)
+        c = await site.agent("c").start()
+        await wait_until(lambda: _is(consumers(site.data), ["b-gpu0", "b-gpu1", "c-gpu0",
+                                                            "c-gpu1"]), 60, "agent c")
+        third = agent_items(1200, "q")
+        await submit(site.data, third)
+        done = 240 + 1200
+        await wait_until(lambda: _at_least(done_items(site.data), done + 150), 120, "under way")
+        mark = len(broker.lines)
+        b.kill()
+        assert await b.wait(30) == -signal.SIGKILL
+        lost = await broker.wait_line("consumer b-gpu", 30, start=mark)  # at once, no timeout
+        assert "lost (connection closed)" in lost and _back(lost) > 0, lost
+        await wait_until(lambda: _at_least(done_items(site.data), done + 1200), 120,
+                         "third workload, on agent c")
+        assert_exactly_once([r for r in await results(site.data) if r.id.startswith("q")],
+                            third)
+        assert await consumers(site.data) == ["c-gpu0", "c-gpu1"]
+
+        c.signal(signal.SIGTERM)  # finish what it holds, stop the engines, exit 0
+        assert await c.wait(30) == 0, c.tail()
+        await wait_until(lambda: _is(consumers(site.data), []), 30, "c gone")
     finally:
         await site.cleanup()
 
@@ -204,6 +226,11 @@ async def test_the_broker_killed_and_restarted_the_agents_rejoin(tmp_path: Path)
         assert led["difference"] == [0, 0], led
     finally:
         await site.cleanup()
+
+
+def _back(line: str) -> int:
+    """N from the broker's "consumer X lost (why): N items back to their lanes"."""
+    return int(line.rsplit(": ", 1)[1].split()[0]) if "items back" in line else 0
 
 
 async def _is(value: object, want: object) -> bool:
