@@ -1,48 +1,99 @@
-"""`fabricctl consume`: one consumer on this host against a broker elsewhere (TCP + token).
+"""`fabricctl consume`: consumers on this host against a broker elsewhere (TCP + token, TLS).
 
-Contract: the `consume` command (`command`) builds the engine (simulated, or an
-OpenAI-compatible endpoint) and runs one `Consumer` until SIGINT/SIGTERM, after which it
-finishes the batch in its hands and exits. The token is `--token`, else `FABRICCTL_TOKEN`,
-else the config's `server.token`; a bad `--engine` is exit 2. The supervisor and the
-engines are imported when the consumer starts.
+Contract: the `consume` command (`command`) has two forms.
+- Without `--gpus`: one `Consumer` with its engine (simulated, or an OpenAI-compatible
+  endpoint) named `--name` (default `<host>-gpu<gpu>`).
+- With `--gpus 0,1` it is the GPU-host agent: the supervisor `fabricctl up` runs
+  (`Fleet.build` + `Fleet.start`), one engine per GPU (engine vllm: one vLLM server per GPU
+  from this host's config, started, health-checked, restarted and logged under this host's
+  data dir; sim: one simulated GPU per index; openai: one endpoint per GPU, `--endpoint`
+  a comma-separated list or `vllm.endpoints`), each with its consumer joining the remote
+  broker as `<name>-gpu<N>` (`--name` defaults to the host name). The host name, and for
+  vllm each GPU's NVML sample, go with every heartbeat, so the broker's `status` and `top`
+  show this host's GPUs under its name.
+Either way SIGINT/SIGTERM finishes the batches in hand, stops the engines and exits 0. The
+token is `--token`, else `FABRICCTL_TOKEN`, else the config's `server.token`; `--tls-ca`
+(else `server.tls_ca`) makes the TCP connection TLS, verified against that CA file or
+pinned certificate (`fabricctl.wire.tls`). A refusal no retry can change (a wrong token:
+"broker refused the token"; a certificate that does not verify; a TLS/plain mismatch) ends
+the command with that error (exit 1); a lost broker is retried with backoff, and the
+consumers register again when it is back. A bad `--engine` or `--gpus` is exit 2. The
+supervisor and the engines are imported when the consumers start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import socket
+import ssl
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from fabricctl.cli.support import ConfigFile, Verbose, load, run_async, setup_logging
+from fabricctl.cli.support import ConfigFile, DataDir, Verbose, load, run_async, setup_logging
 from fabricctl.config import AppConfig
 from fabricctl.errors import UsageError
 
 if TYPE_CHECKING:
     from fabricctl.engines.base import Engine
+    from fabricctl.supervisor.fleet import Fleet
+
+AGENT_ENGINES = ("sim", "vllm", "openai")
 
 
 def command(
     broker: str = typer.Option(..., "--broker", "-b", help="HOST:PORT of a broker's --listen, "
                                "or its data dir / socket path."),
-    engine: str = typer.Option("sim", "--engine", "-e", help="sim or openai."),
+    engine: str = typer.Option("sim", "--engine", "-e", help="sim or openai; with --gpus "
+                               "also vllm."),
     endpoint: str | None = typer.Option(None, "--endpoint", help="OpenAI-compatible base URL "
-                                        "(engine openai)."),
+                                        "(engine openai; with --gpus, one per GPU, "
+                                        "comma-separated)."),
     model: str | None = typer.Option(None, "--model", "-m"),
-    name: str | None = typer.Option(None, "--name", help="Consumer name (default: host-gpu)."),
+    name: str | None = typer.Option(None, "--name", help="Consumer name (default: host-gpu); "
+                                    "with --gpus the prefix of each GPU's consumer "
+                                    "(default: the host name)."),
     gpu: int | None = typer.Option(None, "--gpu"),
+    gpus: str | None = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1: run the "
+                                    "agent, one engine and consumer per GPU."),
     token: str | None = typer.Option(None, "--token", envvar="FABRICCTL_TOKEN"),
+    tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Connect with TLS, trusting "
+                                       "this CA file or pinned certificate "
+                                       "(server.tls_ca)."),
+    data_dir: Path | None = DataDir,
     config: Path | None = ConfigFile,
     verbose: bool = Verbose,
 ) -> None:
-    """Run one consumer against a broker (for example on another GPU host)."""
+    """Run consumers against a broker (for example on another GPU host)."""
     setup_logging(verbose)
-    cfg = load(config, model=model)
-    run_async(run_consumer(cfg, broker, engine, endpoint, name, gpu,
-                           token if token is not None else cfg.server.token))
+    cfg = load(config, model=model, data_dir=data_dir)
+    tok = token if token is not None else cfg.server.token
+    ca = str(tls_ca) if tls_ca is not None else cfg.server.tls_ca
+    if gpus is None:
+        run_async(run_consumer(cfg, broker, engine, endpoint, name, gpu, tok, ca))
+        return
+    run_async(run_agent(cfg, broker, engine, endpoint, name, gpus, tok, ca))
+
+
+def tls_context(ca: str) -> ssl.SSLContext | None:
+    if not ca:
+        return None
+    from fabricctl.wire.tls import client_context
+
+    return client_context(ca)
+
+
+def parse_gpus(gpus: str) -> list[int]:
+    try:
+        out = [int(g) for g in gpus.split(",") if g.strip()]
+    except ValueError:
+        raise UsageError(f"--gpus takes GPU indices such as 0,1, not {gpus!r}") from None
+    if not out or len(set(out)) != len(out) or min(out) < 0:
+        raise UsageError(f"--gpus takes distinct GPU indices such as 0,1, not {gpus!r}")
+    return out
 
 
 def build_engine(cfg: AppConfig, engine: str, endpoint: str | None) -> Engine:
@@ -62,20 +113,99 @@ def build_engine(cfg: AppConfig, engine: str, endpoint: str | None) -> Engine:
     raise UsageError(f"--engine must be sim or openai, not {engine!r}")
 
 
-async def run_consumer(cfg: AppConfig, broker: str, engine: str, endpoint: str | None,
-                       name: str | None, gpu: int | None, token: str) -> None:
-    from fabricctl.supervisor.consumer import Consumer
-    from fabricctl.supervisor.fleet import consumer_window
-
-    eng = build_engine(cfg, engine, endpoint)
+def _stop_on_signals() -> asyncio.Event:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    consumer = Consumer(broker, name or f"{socket.gethostname()}-gpu{gpu or 0}",
+    return stop
+
+
+async def run_consumer(cfg: AppConfig, broker: str, engine: str, endpoint: str | None,
+                       name: str | None, gpu: int | None, token: str, ca: str = "") -> None:
+    from fabricctl.supervisor.consumer import Consumer
+    from fabricctl.supervisor.fleet import consumer_window
+
+    tls = tls_context(ca)
+    eng = build_engine(cfg, engine, endpoint)
+    stop = _stop_on_signals()
+    host = socket.gethostname()
+    consumer = Consumer(broker, name or f"{host}-gpu{gpu or 0}",
                         cfg.model_name, eng, gpu, token,
-                        window=consumer_window(cfg, engine))
+                        window=consumer_window(cfg, engine), tls=tls, host=host)
     try:
         await consumer.run(stop)
     finally:
         await eng.close()
+
+
+def agent_config(cfg: AppConfig, engine: str, gpus: list[int],
+                 endpoint: str | None) -> AppConfig:
+    """This host's configuration with one engine per GPU of `gpus`."""
+    if engine not in AGENT_ENGINES:
+        raise UsageError(f"--engine must be one of {', '.join(AGENT_ENGINES)}, not {engine!r}")
+    cfg = dataclasses.replace(cfg, engine=engine, gpus=gpus)
+    if engine == "sim":
+        return dataclasses.replace(cfg, sim=dataclasses.replace(cfg.sim, gpus=len(gpus)))
+    if engine == "openai":
+        urls = [u.strip() for u in endpoint.split(",") if u.strip()] if endpoint else []
+        urls = urls or list(cfg.vllm.endpoints)
+        if len(urls) != len(gpus):
+            raise UsageError(f"--engine openai with --gpus needs one endpoint per GPU "
+                             f"({len(gpus)}), got {len(urls)} (--endpoint URL,URL or "
+                             "vllm.endpoints)")
+        return dataclasses.replace(cfg, vllm=dataclasses.replace(cfg.vllm, endpoints=urls))
+    return cfg
+
+
+def _gpu_sampler(monitor: Any) -> Any:
+    """gpu index -> that GPU's latest NVML sample (None when NVML has none)."""
+    def sample(gpu: int | None) -> Any:
+        report = monitor.latest()
+        if report is None or gpu is None:
+            return None
+        return next((g for g in report.gpus if g.index == gpu), None)
+
+    return sample
+
+
+async def run_agent(cfg: AppConfig, broker: str, engine: str, endpoint: str | None,
+                    name: str | None, gpus: str, token: str, ca: str = "") -> None:
+    """The GPU-host agent (see the module contract)."""
+    from fabricctl.supervisor.fleet import Fleet
+
+    indices = parse_gpus(gpus)
+    cfg = agent_config(cfg, engine, indices, endpoint)
+    tls = tls_context(ca)
+    stop = _stop_on_signals()
+    fleet = await Fleet.build(cfg, engine)
+    if engine != "vllm":  # the simulated GPUs and the endpoints take the indices given
+        fleet.gpus = list(indices)
+    monitor = None
+    if engine == "vllm":
+        from fabricctl.supervisor.gpus import GpuMonitor
+
+        monitor = GpuMonitor()
+        monitor.start()
+    host = socket.gethostname()
+    try:
+        fleet.start(broker, token, prefix=name or host, tls=tls, host=host,
+                    gpu_sample=_gpu_sampler(monitor) if monitor is not None else None)
+        await _until_stopped(fleet, stop)
+    finally:
+        await fleet.stop()
+        if monitor is not None:
+            await monitor.stop()
+    errors = [e for t in fleet.tasks if t.done() and not t.cancelled()
+              and (e := t.exception()) is not None]  # every one retrieved, the first raised
+    if errors:  # a refusal that ended a consumer ends the agent with it
+        raise errors[0]
+
+
+async def _until_stopped(fleet: Fleet, stop: asyncio.Event) -> None:
+    """Until a signal, or until a consumer's run ended by itself (a refusal)."""
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({waiter, *fleet.tasks}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()

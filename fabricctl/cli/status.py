@@ -16,9 +16,12 @@ Contract:
   choice, not something the broker reports. Without `--json`: the ledger and its
   difference (which must read 0), one line `N items wait for model 'X': no consumer` per
   unserved model (under the ledger), shape states, consumers (with their current and next
-  shape), store usage, the last recovery and the token counter, as Rich tables; figures
-  through `fabricctl.tui.fmt` (the formatting the dashboard shows), a figure the broker did
-  not report as "n/a".
+  shape), store usage, the last recovery, every host's GPUs grouped by host (the broker's
+  own, and those the agents' heartbeats report: host, GPU, consumer, engine, NVML
+  utilisation and memory or "simulated", tokens, KV hit rate; a broker started with
+  `--gpus none` says "no local GPUs: waiting for agents") and the token counter, as Rich
+  tables; figures through `fabricctl.tui.fmt` (the formatting the dashboard shows), a
+  figure the broker did not report as "n/a".
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ from fabricctl.config import AppConfig
 from fabricctl.core.signature import signature_hex
 from fabricctl.core.unserved import Waiting, waiting_line
 from fabricctl.formats.tokens import choose_counter
-from fabricctl.tui.fmt import age, human_bytes, pct
+from fabricctl.tui.fmt import age, gib, human_bytes, pct
 from fabricctl.wire.client import Client
 
 from .common import call, console, write_json
+
+NO_LOCAL_GPUS = "no local GPUs: waiting for agents"  # what `up --gpus none` reports
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -137,10 +142,15 @@ def render_status(st: dict[str, Any], data_dir: str) -> list[Table | Text]:
                               f"ledger {'ok' if rec.get('ledger_ok', True) else 'NOT ok'}"),
         ]))
     gpus = extra.get("gpus")
-    if isinstance(gpus, dict):
+    if engine.get("kind") == "none":
+        out.append(_kv("host", [("GPUs", str(engine.get("reason") or NO_LOCAL_GPUS))]))
+    elif isinstance(gpus, dict):
         line = (f"{len(gpus.get('gpus', []))} GPU(s)" if gpus.get("available")
                 else gpus.get("reason") or "NVML unavailable")
         out.append(_kv("host", [("GPUs", line)]))
+    by_host = hosts_table(extra)
+    if by_host is not None:
+        out.append(by_host)
     if "token_counter" in st:
         out.append(_kv("producers", [("token counts (fabricctl submit, this config)",
                                       st["token_counter"])]))
@@ -153,6 +163,57 @@ def waiting_lines(st: dict[str, Any]) -> list[Text]:
 
     return [Text(waiting_line(Waiting(w["model"], w["items"], w["tokens"])), style="bold")
             for w in st.get("unserved", [])]
+
+
+def gpu_rows(extra: dict[str, Any]) -> list[tuple[str, int | None, str, dict[str, Any],
+                                                  dict[str, Any] | None]]:
+    """(host, gpu, consumer, its engine entry, the GPU's NVML sample or None) per consumer,
+    sorted by host then GPU: an agent's sample comes with its heartbeats, the broker host's
+    from the broker's own NVML report."""
+    here = str(extra.get("host") or "")
+    report = extra.get("gpus")
+    local = {g.get("index"): g for g in (report.get("gpus") or [])} \
+        if isinstance(report, dict) and report.get("available") else {}
+    engines = extra.get("engines")
+    rows = []
+    for name, eng in (engines.items() if isinstance(engines, dict) else ()):
+        host = str(eng.get("host") or here or "?")
+        gpu = eng.get("gpu")
+        sample = eng.get("nvml")
+        if not isinstance(sample, dict):
+            sample = local.get(gpu) if host == here else None
+        rows.append((host, gpu, name, eng, sample))
+    rows.sort(key=lambda r: (r[0] != here, r[0], -1 if r[1] is None else r[1], r[2]))
+    return rows
+
+
+def hosts_table(extra: dict[str, Any]) -> Table | None:
+    """Every host's GPUs (the broker's and the agents'), grouped by host; None without any."""
+    from rich.table import Table
+
+    rows = gpu_rows(extra)
+    if not rows:
+        return None
+    hosts = {r[0] for r in rows}
+    t = Table(title=f"GPUs by host ({len(hosts)} host{'s' if len(hosts) > 1 else ''}, "
+              f"{len(rows)} GPU{'s' if len(rows) > 1 else ''})", title_justify="left")
+    for col in ("HOST", "GPU", "CONSUMER", "ENGINE", "UTIL", "MEMORY", "TOKENS", "KV HIT"):
+        t.add_column(col, justify="left" if col in ("HOST", "CONSUMER", "ENGINE") else "right")
+    last = None
+    for host, gpu, name, eng, sample in rows:
+        raw = eng.get("stats")
+        stats: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        util = sample.get("utilization_gpu") if sample else None
+        mem = (f"{gib(sample.get('memory_used'))}/{gib(sample.get('memory_total'))} GiB"
+               if sample else ("simulated" if eng.get("simulated") else "no NVML"))
+        tokens = int(stats.get("prompt_tokens", 0) or 0) + int(
+            stats.get("generation_tokens", 0) or 0)
+        q = stats.get("prefix_cache_queries") or 0
+        t.add_row(host if host != last else "", "-" if gpu is None else str(gpu), name,
+                  str(eng.get("engine") or "?"), "n/a" if util is None else f"{util}%", mem,
+                  f"{tokens:,}", pct((stats.get("prefix_cache_hits") or 0) / q if q else None))
+        last = host
+    return t
 
 
 def show_status(cfg: AppConfig, as_json: bool) -> None:

@@ -5,7 +5,12 @@ and runs `serve_forever` on fabricctl's event loop; its exit status is 0, or 130
 interrupt. `Daemon.start()` opens (and recovers) the durable store in the data dir, starts the
 socket server, decides the engine (vLLM when NVML shows GPUs, else simulated GPUs, and says
 why on the log), starts one consumer per GPU and the GPU/process monitors, whose samples go
-into the stats stream. `Daemon.stop()` stops pulls, lets in-flight batches finish, stops the
+into the stats stream; with `--gpus none` (`local_gpus=False`) it starts no engine and no
+consumer, and says "no local GPUs: waiting for agents" (the snapshot's `engine` extra, kind
+"none"): the GPUs are those of the agents that join over `--listen`. `--token` (or
+FABRICCTL_TOKEN), `--tls-cert` and `--tls-key` override `[server]` token, tls_cert and
+tls_key; the broker's host name is the `host` extra, so views can tell its GPUs from the
+agents'. `Daemon.stop()` stops pulls, lets in-flight batches finish, stops the
 server and closes LMDB. `serve_forever` wires SIGINT/SIGTERM to a graceful stop; a second
 SIGINT exits at once (LMDB's durable commits mean nothing acknowledged is lost either way).
 The server, the store and the supervisor are imported when the broker starts, not when the
@@ -19,6 +24,7 @@ import dataclasses
 import logging
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +42,11 @@ if TYPE_CHECKING:
     from fabricctl.supervisor.fleet import Fleet
 
 log = logging.getLogger("fabricctl")
+NO_LOCAL_GPUS = "no local GPUs: waiting for agents"
+
+
+def _hostname() -> str:
+    return socket.gethostname()
 
 
 def command(
@@ -50,17 +61,41 @@ def command(
                                       "needs server.token) for consumers on other hosts."),
     metrics_port: int | None = typer.Option(None, "--metrics-port",
                                             help="Serve Prometheus metrics on this port."),
+    token: str | None = typer.Option(None, "--token", envvar="FABRICCTL_TOKEN",
+                                     help="The token TCP clients must give (else "
+                                     "server.token)."),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="PEM certificate: the "
+                                         "--listen socket speaks TLS (server.tls_cert)."),
+    tls_key: Path | None = typer.Option(None, "--tls-key", help="PEM key of --tls-cert "
+                                        "(server.tls_key)."),
     verbose: bool = Verbose,
 ) -> None:
-    """Run the broker with one engine and consumer per GPU (simulated GPUs when none)."""
+    """Run the broker with one engine and consumer per GPU (simulated GPUs when none).
+
+    `--gpus none` runs the broker alone: no local engine or consumer, only the agents
+    (`fabricctl consume --gpus ...` on the GPU hosts) that join its --listen socket.
+    """
     from fabricctl.server import eventloop
 
     setup_logging(verbose)
     flags: dict[str, object] = {"data_dir": data_dir, "engine": engine, "model": model}
-    if gpus:
+    no_gpus = (gpus or "").strip().lower() == "none"
+    if gpus and not no_gpus:
         flags["gpus"] = [int(g) for g in gpus.split(",") if g.strip()]
     cfg = with_sections(load(config, **flags), listen=listen, metrics_port=metrics_port)
-    raise typer.Exit(int(run_async(serve_forever(cfg), eventloop.run)))
+    cfg = with_wire(cfg, token, tls_cert, tls_key)
+    raise typer.Exit(int(run_async(serve_forever(cfg, local_gpus=not no_gpus), eventloop.run)))
+
+
+def with_wire(cfg: AppConfig, token: str | None, tls_cert: Path | None,
+              tls_key: Path | None) -> AppConfig:
+    """`cfg` with `--token` (or FABRICCTL_TOKEN), `--tls-cert` and `--tls-key` in [server]."""
+    s = cfg.server
+    server = dataclasses.replace(
+        s, token=s.token if token is None else token,
+        tls_cert=s.tls_cert if tls_cert is None else str(tls_cert),
+        tls_key=s.tls_key if tls_key is None else str(tls_key))
+    return cfg if server == s else dataclasses.replace(cfg, server=server)
 
 
 def with_sections(cfg: AppConfig, listen: str | None = None,
@@ -80,6 +115,7 @@ def server_config(cfg: AppConfig) -> ServerConfig:
     return ServerConfig(
         cfg.data_dir, listen=cfg.server.listen or None, token=cfg.server.token,
         heartbeat_s=cfg.server.heartbeat_s, heartbeat_timeout_s=cfg.server.heartbeat_timeout_s,
+        tls_cert=cfg.server.tls_cert, tls_key=cfg.server.tls_key,
         metrics_port=cfg.metrics.prometheus_port or None, tick_s=cfg.broker.tick_s,
     )
 
@@ -88,9 +124,10 @@ class Daemon:
     """Why: `up` and `run` assemble the same pieces; this is the assembly."""
 
     def __init__(self, cfg: AppConfig, with_fleet: bool = True,
-                 store: StoreConfig | None = None) -> None:
+                 store: StoreConfig | None = None, local_gpus: bool = True) -> None:
         self.cfg = cfg
         self.with_fleet = with_fleet
+        self.local_gpus = local_gpus  # False: `--gpus none`, the agents bring the GPUs
         self.store_cfg = store  # None: the store's defaults
         self.store: DurableBroker | None = None
         self.server: BrokerServer | None = None
@@ -108,6 +145,15 @@ class Daemon:
         self.server = BrokerServer(self.store, server_config(cfg))
         await self.server.start()
         report = self._start_monitors()
+        self.server.extra["host"] = _hostname
+        if not self.local_gpus:
+            host = cfg.server.listen.rpartition(":")[0] or "127.0.0.1"
+            reason = NO_LOCAL_GPUS + (f" on {host}:{self.server.tcp_port()}"
+                                      if cfg.server.listen else " (none can join: no --listen)")
+            log.info("engine: none — %s", reason)
+            self.engine_reason = reason
+            self.server.extra["engine"] = lambda: {"kind": "none", "reason": reason}
+            return
         if not self.with_fleet:
             return
         kind, self.engine_reason = choose_engine(
@@ -115,7 +161,7 @@ class Daemon:
             (report.reason if report else None) or "NVML unavailable")
         log.info("engine: %s — %s", kind, self.engine_reason)
         self.fleet = await Fleet.build(cfg, kind)
-        self.fleet.start(self.server.cfg.socket_path)
+        self.fleet.start(self.server.cfg.socket_path, host=_hostname())
         self.server.extra["engine"] = lambda: {"kind": kind, "reason": self.engine_reason}
 
     def _start_monitors(self):
@@ -159,10 +205,10 @@ class Daemon:
             self.store = None
 
 
-async def serve_forever(cfg: AppConfig) -> int:
+async def serve_forever(cfg: AppConfig, local_gpus: bool = True) -> int:
     from fabricctl.server.heap import settle_heap
 
-    daemon = Daemon(cfg)
+    daemon = Daemon(cfg, local_gpus=local_gpus)
     await daemon.start()
     assert daemon.server is not None
     settle_heap()  # what recovery and the imports left is never garbage

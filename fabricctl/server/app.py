@@ -135,8 +135,11 @@ class BrokerServer:
         self.writer.start()
         self._tasks = [loop.create_task(self._ticker()), loop.create_task(self._watchdog())]
         cfg = self.state.cfg
-        log.info("broker listening on %s%s", cfg.socket_path,
-                 f" and tcp {cfg.listen}" if cfg.listen else "")
+        tcp = ""
+        if cfg.listen:  # the bound port: the one to dial when `listen` asked for port 0
+            host = cfg.listen.rpartition(":")[0] or "127.0.0.1"
+            tcp = f" and {'tls' if cfg.tls_cert else 'tcp'} {host}:{self.tcp_port()}"
+        log.info("broker listening on %s%s", cfg.socket_path, tcp)
 
     def tcp_port(self) -> int | None:
         """The TCP listener's bound port (useful with `listen="HOST:0"`), or None."""

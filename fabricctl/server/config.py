@@ -15,6 +15,8 @@ class ServerConfig:
     data_dir: Path
     listen: str | None = None  # "HOST:PORT" for consumers on other hosts; off by default
     token: str = ""  # required on the TCP listener
+    tls_cert: str = ""  # PEM certificate (chain): the TCP listener speaks TLS; "" plain TCP
+    tls_key: str = ""  # its PEM key ("" when the certificate file holds it)
     heartbeat_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
     max_frame: int = DEFAULT_MAX_FRAME

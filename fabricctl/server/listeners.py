@@ -4,11 +4,12 @@ the Prometheus endpoint.
 Contract: `open()` binds the Unix socket in the data dir (the socket file is replaced, since
 the data dir's lock proves no live broker owns it, and is readable and writable by its owner
 only), the TCP listener on `cfg.listen` ("HOST:PORT", "127.0.0.1" when HOST is empty) when
-it is set, and the metrics endpoint on `cfg.metrics_host:metrics_port` when that is set;
-each accepted connection becomes a `Connection` over the shared state and the router.
-`close()` stops accepting (open connections stay). `tcp_port()` and `metrics_port()` are the
-bound ports (useful with port 0), or None.
-"""
+it is set (TLS when `cfg.tls_cert` is set: `fabricctl.wire.tls.server_context`, whose failed
+handshakes are refused with one log line), and the metrics endpoint on
+`cfg.metrics_host:metrics_port` when that is set; each accepted connection becomes a
+`Connection` over the shared state and the router. `close()` stops accepting (open
+connections stay). `tcp_port()` and `metrics_port()` are the bound ports (useful with port
+0), or None."""
 
 from __future__ import annotations
 
@@ -51,8 +52,14 @@ class Listeners:
         self._servers.append(srv)
         if st.cfg.listen:
             host, _, port = st.cfg.listen.rpartition(":")
+            tls = None
+            if st.cfg.tls_cert:
+                from fabricctl.wire.tls import server_context
+
+                tls = server_context(st.cfg.tls_cert, st.cfg.tls_key or None)
             self._tcp = await loop.create_server(lambda: Connection(st, router, "tcp"),
-                                                 host or "127.0.0.1", int(port))
+                                                 host or "127.0.0.1", int(port), ssl=tls,
+                                                 ssl_handshake_timeout=10.0 if tls else None)
             self._servers.append(self._tcp)
         if st.cfg.metrics_port is not None:
             self._metrics = await st.metrics.serve(st.cfg.metrics_host, st.cfg.metrics_port)

@@ -15,6 +15,8 @@ ResultRecord), after the key in `arg` ("" from the first): `fabricctl results --
 one job its arg names (an id or a unique prefix: none is `not_found`, several `ambiguous`);
 `job_results` the results of that job's lines after `since`, in input order, `limit` at
 most; `status` carries a small `jobs` summary (the jobs not ended, with their counts).
+Each consumer in the `engines` extra carries the `host` and the GPU's NVML sample (`nvml`,
+or None) its heartbeats reported.
 Every read of the store goes through its methods (`results_since`, `results_by_key`,
 `result`, `finished_shapes`, `stats`, `persisted_ledger`, `find_jobs`, `job`, `live_jobs`,
 `recent_jobs`, `job_results`, `job_in_flight`); the views see the daemon through
@@ -57,7 +59,8 @@ def extras(state: ServerState) -> dict[str, Any]:
             out[key] = {"error": str(e)}
     out["engines"] = {
         p.consumer: {"gpu": p.gpu, "engine": p.engine, "simulated": p.simulated,
-                     "last_seen": p.last_seen, "stats": p.engine_stats}
+                     "last_seen": p.last_seen, "stats": p.engine_stats,
+                     "host": p.engine_stats.get("host") or "", "nvml": p.engine_stats.get("nvml")}
         for p in state.consumers.values() if p.consumer
     }
     out["store"] = state.store.stats()

@@ -4,14 +4,18 @@ Contract: `Consumer.run(stop)` connects to a broker (Unix socket or TCP with a t
 registers `Contract(model, *engine.limits())`, heartbeats every `heartbeat_s` with the
 engine's counters, and loops: handle any pre-warm pushes first (so the engine prefills the
 next shape's prefix before its first batch), pull (long-poll), run the batch on the engine,
-complete it. With `window` None it runs one batch at a time (the simulated engine, whose
-GPU runs batches one after another anyway). With a `window` of W requests (a real server,
-which batches continuously) it pulls the next batch as soon as fewer than W of its items
-are in the engine, so the engine's queue is refilled from the next batch before the current
-one drains; the engine sends them in the order the broker handed them out. A lost broker is
-retried with backoff (back to the shortest pause once a session had registered) until
-`stop` is set. When `stop` is set it finishes the batches in hand and returns; nothing it
-held is lost either way.
+complete it. With `window` None it runs one batch at a time (the simulated engine, whose GPU
+runs batches one after another anyway). With a `window` of W requests (a real server, which
+batches continuously) it pulls the next batch as soon as fewer than W of its items are in
+the engine, so the engine's queue is refilled from the next batch before the current one
+drains; the engine sends them in the order the broker handed them out. A lost broker is
+retried with backoff (back to the shortest pause once a session had registered) until `stop`
+is set; a refusal no retry can change (a wrong token, a certificate that does not verify, a
+broker that does not speak TLS, another protocol version: `REFUSALS`, and a plain TCP
+connection closed unanswered before any session registered) ends `run` with that
+`BrokerError`. Each heartbeat carries the engine's counters with this consumer's `host` and,
+when `gpu_sample` gives one, its GPU's NVML sample ("nvml"). When `stop` is set it finishes
+the batches in hand and returns; nothing it held is lost either way.
 
 Engine failures are isolated. When `engine.run(work)` raises `EngineError` (or runs past
 `run_timeout_s`, when set), or returns items with finish_reason "abort" (vLLM: the request
@@ -33,7 +37,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -46,6 +53,8 @@ from fabricctl.wire.client import Client
 from fabricctl.wire.protocol import PrewarmPush
 
 log = logging.getLogger("fabricctl.consumer")
+# broker answers that no retry changes: the run ends with them (`fabricctl consume` exits)
+REFUSALS = frozenset({"auth", "tls", "version"})
 
 
 class Consumer:
@@ -55,9 +64,13 @@ class Consumer:
         self, address: str | Path, name: str, model: str, engine: Engine,
         gpu: int | None = None, token: str = "", pull_wait_s: float = 1.0,
         run_timeout_s: float | None = None, isolate_attempts: int = 2,
-        window: int | None = None,
+        window: int | None = None, tls: ssl.SSLContext | None = None, host: str = "",
+        gpu_sample: Callable[[], Any] | None = None,
     ) -> None:
         self.address = address
+        self.tls = tls  # TLS over TCP (`fabricctl.wire.tls.client_context`), or None
+        self.host = host  # reported with each heartbeat: views group GPUs by host
+        self.gpu_sample = gpu_sample  # this GPU's latest NVML sample (or None), per heartbeat
         self.name = name
         self.model = model
         self.engine = engine
@@ -87,11 +100,17 @@ class Consumer:
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff = 0.2
+        registered = False  # a session of this run registered once
         while not stop.is_set():
             try:
                 await self._session(stop)
                 backoff = 0.2
             except (BackendMissing, BrokerError, ConnectionError, OSError) as e:
+                if isinstance(e, BrokerError) and (e.code in REFUSALS or (
+                        e.code == "no_answer" and not registered)):
+                    self.connected.clear()
+                    raise  # retrying cannot help: a wrong token, TLS settings or version
+                registered = registered or self.connected.is_set()
                 if self.connected.is_set():
                     backoff = 0.2  # that session had registered: a new outage starts low
                 self.connected.clear()
@@ -103,7 +122,8 @@ class Consumer:
                 backoff = min(backoff * 2, 5.0)
 
     async def _session(self, stop: asyncio.Event) -> None:
-        client = await Client.connect(self.address, "consumer", self.name, self.token)
+        client = await Client.connect(self.address, "consumer", self.name, self.token,
+                                      tls=self.tls)
         try:
             reg = await client.register(self.name, self.contract(), self.gpu, self.engine.name,
                                         self.engine.simulated)
@@ -290,10 +310,23 @@ class Consumer:
         self.batches += 1
         self.items += len(work.items)
 
+    def beat(self) -> dict[str, Any]:
+        """What a heartbeat carries: the engine's counters, this host's name and, where NVML
+        answers, this GPU's latest sample under "nvml"."""
+        stats: dict[str, Any] = msgspec.to_builtins(self.engine.stats())
+        if self.host:
+            stats["host"] = self.host
+        if self.gpu_sample is not None:
+            with contextlib.suppress(Exception):  # telemetry must never stop the heartbeat
+                sample = self.gpu_sample()
+                if sample is not None:
+                    stats["nvml"] = msgspec.to_builtins(sample)
+        return stats
+
     async def _heartbeat(self, client: Client, every: float) -> None:
         while True:
             try:
-                await client.heartbeat(msgspec.to_builtins(self.engine.stats()))
+                await client.heartbeat(self.beat())
             except (BackendMissing, ConnectionError, OSError):
                 return
             await asyncio.sleep(every)

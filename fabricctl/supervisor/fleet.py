@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,12 +82,19 @@ class Fleet:
             return cls(cfg, kind, engines, gpus, launcher)
         raise UsageError(f"unknown engine {kind!r}")
 
-    def start(self, address: str | Path, token: str = "") -> None:
+    def start(self, address: str | Path, token: str = "", prefix: str | None = None,
+              tls: ssl.SSLContext | None = None, host: str = "",
+              gpu_sample: Callable[[int | None], Any] | None = None) -> None:
+        """One consumer per engine against `address`, named `<prefix>-gpu<N>` (prefix: the
+        engine kind); `host`, and `gpu_sample(gpu)` for its NVML sample, go with every
+        heartbeat; `tls` wraps a TCP connection."""
         loop = asyncio.get_running_loop()
         for i, (engine, gpu) in enumerate(zip(self.engines, self.gpus, strict=True)):
-            name = f"{self.kind}-gpu{gpu if gpu is not None else i}"
+            name = f"{prefix or self.kind}-gpu{gpu if gpu is not None else i}"
+            sample = None if gpu_sample is None else functools.partial(gpu_sample, gpu)
             c = Consumer(address, name, self.cfg.model_name, engine, gpu, token,
-                         window=consumer_window(self.cfg, self.kind))
+                         window=consumer_window(self.cfg, self.kind), tls=tls, host=host,
+                         gpu_sample=sample)
             self.consumers.append(c)
             self.tasks.append(loop.create_task(c.run(self.stop_pulls)))
 

@@ -5,8 +5,14 @@ and `snap.extra["engines"]` (consumer -> gpu, engine, simulated, last_seen, stat
 per GPU (utilisation, memory, temperature, power) followed by one line per engine on it
 (KV hit rate = prefix-cache hits / queries, tokens/s sparkline, heartbeat age, "simulated"
 when the engine is the simulated one). Without NVML the first line is
-"NVML unavailable: <reason>" and the engines are still listed. `RateTracker` turns the
-engines' cumulative token counters into tokens/s, keyed by consumer, against snapshot time.
+"NVML unavailable: <reason>" and the engines are still listed. Engines are grouped by host
+(`snap.extra["host"]` is the broker's; each engine's `host` comes with its heartbeats): the
+broker host's first, as above, then one block per agent host, its name, then per GPU its
+NVML line (from the agent's heartbeats, when it has NVML) and its engine line; with agents
+connected the broker's block is headed by its host name too. A broker with no local GPUs
+(engine kind "none") says "no local GPUs: waiting for agents" instead of the NVML line.
+`RateTracker` turns the engines' cumulative token counters into tokens/s, keyed by
+consumer, against snapshot time.
 """
 
 from __future__ import annotations
@@ -116,13 +122,48 @@ def unavailable_reason(report: Any) -> str | None:
     return None
 
 
+def by_host(snap: Snapshot) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(the broker host's engines, {other host: its engines}); an engine that reports no
+    host is the broker's."""
+    here = snap.extra.get("host")
+    local: dict[str, dict[str, Any]] = {}
+    remote: dict[str, dict[str, Any]] = {}
+    for name, eng in engines(snap).items():
+        host = eng.get("host")
+        if not host or host == here:
+            local[name] = eng
+        else:
+            remote.setdefault(str(host), {})[name] = eng
+    return local, remote
+
+
+def host_lines(host: str, engs: dict[str, dict[str, Any]], snap: Snapshot,
+               rates: RateTracker) -> list[Text]:
+    """An agent's block: its name, then per GPU its NVML line (when its heartbeats carry
+    one) and its engine's line."""
+    lines = [Text(f"{host}  ({len(engs)} GPU{'s' if len(engs) != 1 else ''})", style="bold")]
+    for name, eng in sorted(engs.items(), key=lambda kv: (kv[1].get("gpu") is None,
+                                                          kv[1].get("gpu") or 0, kv[0])):
+        sample = eng.get("nvml")
+        if isinstance(sample, dict):
+            lines.append(gpu_line(sample))
+        lines.append(engine_line(name, eng, snap, rates))
+    return lines
+
+
 def gpu_panel(snap: Snapshot, rates: RateTracker) -> Text:
     report = snap.extra.get("gpus")
-    engs = engines(snap)
+    engs, remote = by_host(snap)
     lines: list[Text] = []
+    if remote and snap.extra.get("host"):
+        lines.append(Text(f"{snap.extra['host']}  (broker)", style="bold"))
     placed: set[str] = set()
     reason = unavailable_reason(report)
-    if reason is not None:
+    engine = snap.extra.get("engine")
+    if isinstance(engine, dict) and engine.get("kind") == "none":
+        lines.append(Text("no local GPUs" + ("" if remote else ": waiting for agents"),
+                          style=MUTED))
+    elif reason is not None:
         lines.append(Text(reason, style=WARN))
     else:
         assert isinstance(report, dict)
@@ -138,6 +179,8 @@ def gpu_panel(snap: Snapshot, rates: RateTracker) -> Text:
     for name, eng in sorted(engs.items()):
         if name not in placed:
             lines.append(engine_line(name, eng, snap, rates))
-    if not engs:
+    if not engs and not remote:
         lines.append(Text("  no consumers connected", style=MUTED))
+    for host in sorted(remote):
+        lines += host_lines(host, remote[host], snap, rates)
     return Text("\n").join(lines)

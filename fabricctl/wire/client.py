@@ -7,9 +7,13 @@ flight at once; pushes (pre-warm, stats) arrive on `pushes`. An error frame rais
 `BrokerError` (an unknown or ambiguous job too); a lost connection fails every pending
 request with `BackendMissing`, and only once, to the caller awaiting it: a request whose
 write fails leaves no reply future behind with an unseen exception (no "Future exception was
-never retrieved" at exit). Jobs: `open_job` (-> `JobReply`), `submit(items, job, resume)`,
-`seal_job`, `cancel_job`, `jobs`, `job` (-> `JobView`) and `job_results` (-> `ResultRecord`s
-in input order). `run_sync` runs one coroutine for synchronous callers.
+never retrieved" at exit). With a `tls` context a TCP connection is TLS (`wire.tls`): a
+certificate that does not verify, or a broker that does not speak TLS, is a `BrokerError`
+with code "tls"; a refused token is code "auth" ("broker refused the token"); a plain TCP
+connection closed before any answer (a TLS listener, most likely) is code "no_answer".
+Jobs: `open_job` (-> `JobReply`), `submit(items, job, resume)`, `seal_job`, `cancel_job`,
+`jobs`, `job` (-> `JobView`) and `job_results` (-> `ResultRecord`s in input order).
+`run_sync` runs one coroutine for synchronous callers.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import ssl
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -63,6 +68,7 @@ from fabricctl.wire.protocol import (
     WorkReply,
     encode,
 )
+from fabricctl.wire.tls import handshake_error
 
 T = TypeVar("T")
 _snapshot_decoder = msgspec.msgpack.Decoder(Snapshot)
@@ -87,8 +93,10 @@ class _Wire(WriteFlow):
     def __init__(self, client: Client) -> None:
         self.client = client
         self.frames = FrameReader(client._max_frame)
+        self.received = 0  # bytes from the broker, all told
 
     def data_received(self, data: bytes) -> None:
+        self.received += len(data)
         try:
             for frame in self.frames.feed(data):
                 if not self.client._on_frame(frame):
@@ -124,29 +132,44 @@ class Client:
     async def connect(
         cls, address: str | Path, role: Role, name: str = "", token: str = "",
         max_frame: int = DEFAULT_MAX_FRAME, timeout: float = 10.0,
+        tls: ssl.SSLContext | None = None,
     ) -> Client:
+        """Connect and say Hello; `tls` (a `wire.tls.client_context`) wraps a TCP connection."""
         client = cls(max_frame)
         loop = asyncio.get_running_loop()
+        tcp = is_tcp(address)
         try:
-            if is_tcp(address):
+            if tcp:
                 host, _, port = str(address).rpartition(":")
-                conn = loop.create_connection(lambda: client._wire, host, int(port))
+                conn = loop.create_connection(lambda: client._wire, host, int(port), ssl=tls)
             else:
                 conn = loop.create_unix_connection(lambda: client._wire,
                                                    str(socket_path(address)))
             transport, _ = await asyncio.wait_for(conn, timeout)
         except (OSError, TimeoutError) as e:
+            if tls is not None and (refused := handshake_error(e, str(address))) is not None:
+                raise refused from e
             raise BackendMissing(f"no broker at {address}: {e.__class__.__name__}: {e}. "
                                  f"Start one with `fabricctl up`.") from e
         client._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         transport.write(encode(Hello(PROTOCOL_VERSION, role, name, token)))
         try:
             first = await asyncio.wait_for(asyncio.shield(client._first), timeout)
+        except BackendMissing as e:
+            transport.abort()
+            if tcp and tls is None and not client._wire.received:  # closed without a word
+                raise BrokerError("no_answer", f"the broker at {address} closed the connection "
+                                  "without answering Hello: is it a TLS listener? (connect "
+                                  "with --tls-ca FILE)") from e
+            raise
         except BaseException:
             transport.abort()
             raise
         if isinstance(first, Error):
             transport.close()
+            if first.code == "auth":
+                raise BrokerError("auth", f"broker refused the token ({first.message}): give "
+                                  "it with --token, FABRICCTL_TOKEN or server.token")
             raise BrokerError(first.code, first.message)
         if not isinstance(first, Welcome):
             transport.close()
