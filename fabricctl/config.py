@@ -65,6 +65,7 @@ class ProducerSettings:
 class ServerSettings:
     listen: str = ""
     token: str = ""
+    api: str = ""  # HOST:PORT of the OpenAI Batch API (`up --api`); "": off
     heartbeat_s: float = 1.0
     heartbeat_timeout_s: float = 10.0
 

@@ -25,14 +25,25 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from fabricctl.cli.support import ConfigFile, DataDir, Verbose, load, run_async, setup_logging
+from fabricctl.cli.support import (
+    ConfigFile,
+    DataDir,
+    Verbose,
+    guarded,
+    load,
+    run_async,
+    setup_logging,
+)
 from fabricctl.config import AppConfig
 from fabricctl.errors import ExitCode
 
 if TYPE_CHECKING:
+    from fabricctl.api.app import ApiServer
+    from fabricctl.api.backend import ClientBackend
     from fabricctl.server.app import BrokerServer
     from fabricctl.server.config import ServerConfig
     from fabricctl.store.durable import DurableBroker, StoreConfig
+    from fabricctl.store.files import FileStore
     from fabricctl.supervisor.fleet import Fleet
 
 log = logging.getLogger("fabricctl")
@@ -50,6 +61,10 @@ def command(
                                       "needs server.token) for consumers on other hosts."),
     metrics_port: int | None = typer.Option(None, "--metrics-port",
                                             help="Serve Prometheus metrics on this port."),
+    api: str | None = typer.Option(None, "--api", metavar="HOST:PORT",
+                                   help="Serve the OpenAI Batch API (/v1/files, /v1/batches) "
+                                   "on HOST:PORT; loopback unless server.token is set (then "
+                                   "the bearer token)."),
     verbose: bool = Verbose,
 ) -> None:
     """Run the broker with one engine and consumer per GPU (simulated GPUs when none)."""
@@ -59,15 +74,22 @@ def command(
     flags: dict[str, object] = {"data_dir": data_dir, "engine": engine, "model": model}
     if gpus:
         flags["gpus"] = [int(g) for g in gpus.split(",") if g.strip()]
-    cfg = with_sections(load(config, **flags), listen=listen, metrics_port=metrics_port)
+    cfg = with_sections(load(config, **flags), listen=listen, metrics_port=metrics_port,
+                        api=api)
+    if cfg.server.api:
+        from fabricctl.api.address import api_address
+
+        guarded(lambda: api_address(cfg.server.api, cfg.server.token))
     raise typer.Exit(int(run_async(serve_forever(cfg), eventloop.run)))
 
 
 def with_sections(cfg: AppConfig, listen: str | None = None,
-                  metrics_port: int | None = None) -> AppConfig:
-    """`cfg` with `--listen` and `--metrics-port` put into their sections."""
+                  metrics_port: int | None = None, api: str | None = None) -> AppConfig:
+    """`cfg` with `--listen`, `--metrics-port` and `--api` put into their sections."""
     if listen is not None:
         cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, listen=listen))
+    if api is not None:
+        cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, api=api))
     if metrics_port is not None:
         cfg = dataclasses.replace(cfg, metrics=dataclasses.replace(
             cfg.metrics, prometheus_port=metrics_port))
@@ -159,12 +181,49 @@ class Daemon:
             self.store = None
 
 
+class ApiService:
+    """Why: the Batch API's server, its broker link and its files store stop together."""
+
+    def __init__(self, server: ApiServer, backend: ClientBackend, files: FileStore) -> None:
+        self.server, self.backend, self.files = server, backend, files
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        await self.backend.close()
+        self.files.close()
+
+
+async def start_api(cfg: AppConfig, daemon: Daemon) -> ApiService:
+    """The OpenAI Batch API on `server.api`, a producer on the daemon's own socket."""
+    from fabricctl.api.address import api_address
+    from fabricctl.api.app import ApiServer, BatchApi
+    from fabricctl.api.backend import ClientBackend
+    from fabricctl.formats.tokens import choose_counter
+    from fabricctl.store.files import FileStore
+
+    assert daemon.server is not None
+    host, port = api_address(cfg.server.api, cfg.server.token)
+    backend = ClientBackend(daemon.server.cfg.socket_path)
+    files = FileStore(cfg.data_dir / "files")
+    counter = choose_counter(cfg.producer.tokenizer, cfg.model)
+    server = ApiServer(BatchApi(backend, files, counter, cfg.server.token), host, port)
+    try:
+        await server.start()
+    except BaseException:
+        await backend.close()
+        files.close()
+        await daemon.stop()
+        raise
+    return ApiService(server, backend, files)
+
+
 async def serve_forever(cfg: AppConfig) -> int:
     from fabricctl.server.heap import settle_heap
 
     daemon = Daemon(cfg)
     await daemon.start()
     assert daemon.server is not None
+    api = await start_api(cfg, daemon) if cfg.server.api else None
     settle_heap()  # what recovery and the imports left is never garbage
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -187,6 +246,8 @@ async def serve_forever(cfg: AppConfig) -> int:
     await asyncio.wait({waiter, stopped}, return_when=asyncio.FIRST_COMPLETED)
     waiter.cancel()
     stopped.cancel()
+    if api is not None:
+        await api.stop()
     await daemon.stop()
     log.info("broker stopped; LMDB closed")
     return ExitCode.INTERRUPTED if interrupts else ExitCode.OK
