@@ -161,7 +161,6 @@ def test_a_good_file_passes_in_any_chunking() -> None:
      "line 2: url must be /v1/completions or /v1/chat/completions"),
     (json.dumps({**request("x"), "body": "text"}).encode(),
      "line 2: body must be a JSON object, not a string"),
-    (json.dumps(request("a")).encode(), "line 2: custom_id 'a' is a duplicate of line 1"),
     (b'{"custom_id": "' + b"x" * 5000 + b'"}', "line 2: line is longer than 4096 bytes"),
 ])
 def test_each_bad_line_is_named(line: bytes, reason: str) -> None:
@@ -169,6 +168,27 @@ def test_each_bad_line_is_named(line: bytes, reason: str) -> None:
     for step in (0, 3, 100):
         c = check(data, step)
         assert c.error is not None and c.error.startswith(reason), (step, c.error)
+
+
+def test_duplicates_are_found_after_the_stream_and_named_exactly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "f.jsonl"
+    data = jsonl([request("a"), request("b")]) + b"\n" + jsonl([request("c"), request("b")])
+    path.write_bytes(data)
+    c = check(data, 5)
+    assert c.error is None  # the streaming checks keep 8 bytes an id, not the ids
+    assert c.duplicate(path) == "line 5: custom_id 'b' is a duplicate of line 2"
+    path.write_bytes(jsonl([request("a"), request("b")]))
+    assert check(path.read_bytes()).duplicate(path) is None
+    # every id hashing alike: only an exact repeat is a duplicate
+    import fabricctl.api.upload as upload
+
+    monkeypatch.setattr(upload.xxhash, "xxh3_64_intdigest", lambda b: 42)
+    path.write_bytes(jsonl([request("x"), request("y"), request("z")]))
+    assert check(path.read_bytes()).duplicate(path) is None
+    path.write_bytes(jsonl([request("x"), request("y"), request("x")]))
+    assert check(path.read_bytes()).duplicate(path) == (
+        "line 3: custom_id 'x' is a duplicate of line 1")
 
 
 # ---- the routes, through the SDK -----------------------------------------------------------

@@ -428,7 +428,10 @@ class ApiServer:
         server.lifespan = config.lifespan_class(config)
         await server.startup(sockets=[self._sock])  # listening once this returns
         self._task = asyncio.get_running_loop().create_task(server.main_loop())
-        await self.api.resume_feeds()
+        try:
+            await self.api.resume_feeds()
+        except Exception as e:  # the API still serves; those batches stay validating
+            log.warning("could not resume the batches left validating: %s", e)
         log.info("OpenAI Batch API on http://%s:%d/v1", self.host, self.port)
 
     async def stop(self) -> None:

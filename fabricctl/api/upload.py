@@ -7,14 +7,17 @@ Contract:
   /v1/chat/completions or /v1/completions, `body` an object with a `model`; `custom_id`
   unique in the file. Lines are numbered from 1, blank ones included and skipped; CRLF and a
   BOM on the first line are accepted. It holds at most one line (a line longer than
-  `max_line_bytes` is refused without being held) plus one 64-bit hash and line number per
-  custom_id (duplicates are named by the hash of their id: two different ids colliding in
-  xxh3-64 would be reported as a duplicate). `error` is the first refusal ("line N: reason").
-- `receive_upload(stream, content_type, sink_path, ...)` reads a multipart/form-data body
+  `max_line_bytes` is refused without being held) plus one 8-byte hash (xxh3-64) per
+  custom_id: `duplicate(path)`, once the file is whole, finds the hashes seen twice and
+  only then reads the file again for those ids, comparing them exactly (a hash collision
+  is no duplicate), to name the line and the line it repeats. `error` is the first
+  refusal ("line N: reason") of the streaming checks.
+- `receive_upload(stream, content_type, sink_path)` reads a multipart/form-data body
   from an async byte stream through python-multipart's streaming parser: the `file` part
   goes through a `LineChecker`, a sha256 and into `sink_path` as it arrives (memory: one
-  chunk, one line); small fields (`purpose`) are kept up to 1 KiB. After the first bad line
-  the rest of the body is read and dropped unchecked. Returns an `Upload`; the caller
+  chunk, one line, 8 bytes per request); small fields (`purpose`) are kept up to 1 KiB. After
+  the first bad line the rest of the body is read and dropped unchecked; a file that passed
+  is then checked for duplicate custom_ids. Returns an `Upload`; the caller
   decides (purpose, error) and keeps or removes the file. A body that is not multipart, or
   lacks a `file` part, raises `ApiError` (400).
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from array import array
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +43,17 @@ from fabricctl.formats.reader import MAX_LINE_BYTES
 
 _BOM = b"\xef\xbb\xbf"
 _FIELD_MAX = 1024
+_BUCKETS = 64  # the hashes of custom_ids, spread so each set built to check one is small
 _decode = msgspec.json.decode
+
+
+class _CustomId(msgspec.Struct):
+    """Why: reads only the custom_id of a line that already passed the checks."""
+
+    custom_id: str = ""
+
+
+_cid = msgspec.json.Decoder(_CustomId)
 
 
 class LineChecker:
@@ -53,7 +67,7 @@ class LineChecker:
         self.error: str | None = None
         self._buf = bytearray()
         self._overlong = False  # the line being read is past the limit: drop until "\n"
-        self._ids: dict[int, int] = {}
+        self._hashes = [array("Q") for _ in range(_BUCKETS)]
 
     def feed(self, data: bytes) -> None:
         if self.error is not None:
@@ -111,12 +125,35 @@ class LineChecker:
         except Invalid as bad:
             return bad.reason
         key = xxhash.xxh3_64_intdigest(draft.id.encode())
-        first = self._ids.setdefault(key, n)
-        if first != n:
-            return f"custom_id {draft.id!r} is a duplicate of line {first}"
+        self._hashes[key % _BUCKETS].append(key)
         self.urls.setdefault(obj["url"], n)
         self.requests += 1
         return None
+
+
+    def duplicate(self, path: Path) -> str | None:
+        """After the file passed: "line N: custom_id ... is a duplicate of line M", or None."""
+        twice: set[int] = set()
+        for bucket in self._hashes:
+            seen: set[int] = set()
+            for h in bucket:
+                if h in seen:
+                    twice.add(h)
+                seen.add(h)
+        if not twice:
+            return None
+        first: dict[str, int] = {}
+        with open(path, "rb") as fp:
+            for n, raw in enumerate(fp, 1):
+                if not raw.strip():
+                    continue
+                cid = _cid.decode(raw.removeprefix(_BOM) if n == 1 else raw).custom_id
+                if xxhash.xxh3_64_intdigest(cid.encode()) not in twice:
+                    continue
+                if cid in first:
+                    return f"line {n}: custom_id {cid!r} is a duplicate of line {first[cid]}"
+                first[cid] = n
+        return None  # only a hash collision: the ids differ
 
 
 @dataclass
@@ -216,4 +253,6 @@ async def receive_upload(stream: AsyncIterator[bytes], content_type: str,
         os.fsync(sink.fileno())
     if not up.has_file:
         raise ApiError(400, "the upload has no 'file' part", "file", "invalid_request")
+    if up.checker.error is None:
+        up.checker.error = up.checker.duplicate(sink_path)
     return up
