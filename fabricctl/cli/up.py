@@ -10,6 +10,11 @@ server and closes LMDB. `serve_forever` wires SIGINT/SIGTERM to a graceful stop;
 SIGINT exits at once (LMDB's durable commits mean nothing acknowledged is lost either way).
 The server, the store and the supervisor are imported when the broker starts, not when the
 CLI builds its commands.
+
+With `--api HOST:PORT` (or `[server] api`) `serve_forever` also serves the OpenAI Batch API
+(`fabricctl.api`) in the same event loop once the broker is up (`start_api`): a producer on
+the daemon's own socket, its uploads under `<data dir>/files/`, stopped before the broker.
+A host that is not loopback needs `server.token` (checked before anything starts, exit 2).
 """
 
 from __future__ import annotations
