@@ -24,6 +24,9 @@ gives each model back its epoch; `restore_ledger(...)` puts the persisted receiv
 completed counts over what was re-admitted and returns the ledger's difference, (0, 0) when
 they agree.
 
+Withdrawal: `withdraw(pick, models)` takes queued entries out of their lanes unrun (a
+cancelled job's), `settle_withdrawn` / `return_withdrawn` end that (`fabricctl.core.withdrawal`).
+
 Structure: the broker owns the models, consumers, ledger, event log, lifecycle and pre-warm
 outbox, decides dispatch itself (`pull`), and composes the parts that act on that state,
 each handed what it uses at construction: `Intake` (items in), `Settlement` (batches in
@@ -34,7 +37,7 @@ names are thin delegations, so callers see one `Broker`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.events import EventKind, EventLog
@@ -42,7 +45,7 @@ from fabricctl.core.intake import Intake
 from fabricctl.core.lanes import Lane, LaneCounters
 from fabricctl.core.ledger import Ledger
 from fabricctl.core.lifecycle import Lifecycle, ModelState, Slot
-from fabricctl.core.maintenance import Maintenance
+from fabricctl.core.maintenance import Maintenance, model_shapes
 from fabricctl.core.packing import pack
 from fabricctl.core.settlement import Settlement
 from fabricctl.core.shape import Shape, ShapeState
@@ -57,6 +60,7 @@ from fabricctl.core.tracking import (
     guard_signature,
 )
 from fabricctl.core.types import Batch, Contract, Entry, Item, Prewarm
+from fabricctl.core.withdrawal import Withdrawn, return_withdrawn, settle_withdrawn, withdraw
 
 __all__ = ["Broker", "ConsumerState", "InFlight", "Placement", "ShapeGuardError",
            "UnknownBatchError", "guard_signature"]
@@ -263,6 +267,26 @@ class Broker:
     def waste(self) -> float:
         """Padding fraction of every batch dispatched so far."""
         return self.settlement.waste()
+
+    # -- withdrawal (`fabricctl.core.withdrawal`) ----------
+
+    def withdraw(self, pick: Callable[[Entry], bool], models: Iterable[str] | None = None
+                 ) -> list[Withdrawn]:
+        """Take the queued entries `pick` accepts (of `models`' shapes; None: every model)
+        out of their lanes, booked out in the ledger until `settle_withdrawn` or
+        `return_withdrawn`; in-flight entries are never taken."""
+        names = self.models.keys() if models is None else models
+        shapes = [s for m in names if (ms := self.models.get(m)) is not None
+                  for s in model_shapes(ms)]
+        return withdraw(shapes, self.ledger, pick)
+
+    def settle_withdrawn(self, withdrawn: list[Withdrawn]) -> None:
+        """Withdrawn entries have a durable outcome: the ledger counts them completed."""
+        settle_withdrawn(self.ledger, withdrawn)
+
+    def return_withdrawn(self, withdrawn: list[Withdrawn], now: float) -> None:
+        """Withdrawn entries go back to the front of their lanes (their commit failed)."""
+        return_withdrawn(self.intake.place, self.ledger, withdrawn, now)
 
     # -- maintenance and observation (`Maintenance`, `take_snapshot`) ----------
 

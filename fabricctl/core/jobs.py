@@ -26,6 +26,7 @@ from enum import StrEnum
 import msgspec
 
 MAX_ERRORS = 20  # line errors kept on a job's record; the count goes on past it
+MAX_SHAPES = 64  # shapes kept on a job's record (the ones it touched first)
 JOB_ID_PREFIX = "batch_"  # every job id, CLI or API, reads like an OpenAI batch id
 
 
@@ -47,6 +48,14 @@ class JobState(StrEnum):
 
 
 _ENDED = {JobState.FAILED, JobState.COMPLETED, JobState.EXPIRED, JobState.CANCELLED}
+
+
+class JobShape(msgspec.Struct, array_like=True, frozen=True):
+    """Why: `jobs show` names the shapes a job touched, after their segments are gone."""
+
+    model: str
+    signature: int
+    label: str = ""
 
 
 class JobRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -80,6 +89,7 @@ class JobRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     output_file_id: str = ""
     error_file_id: str = ""
     expired: bool = False  # its window passed: its queued items were cancelled for it
+    shapes: list[JobShape] = []  # the shapes its items joined (the first `MAX_SHAPES`)
 
     @property
     def outcomes(self) -> int:
@@ -94,6 +104,16 @@ class JobRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     @property
     def ended(self) -> bool:
         return self.state.ended
+
+
+def add_shapes(job: JobRecord, shapes: set[JobShape] | list[JobShape]) -> None:
+    """Note the shapes a job's items joined (new ones, up to `MAX_SHAPES` in all)."""
+    have = set(job.shapes)
+    new = [s for s in shapes if s not in have]
+    room = MAX_SHAPES - len(job.shapes)
+    if new and room > 0:
+        new.sort(key=lambda s: (s.model, s.signature))
+        job.shapes = [*job.shapes, *new[:room]]
 
 
 def job_id_of(number: int, salt: str) -> str:

@@ -3,7 +3,8 @@
 Contract: `ResultRecord` is the one result kept per item id (msgpack, array_like: new
 fields go at the end with a default, so older records still decode); `make_record(item,
 result, ...)` builds it from the item and its engine's `ItemResult`, with the engine's own
-prompt count when it gave one. `Source` records which input form an item came in (native,
+prompt count when it gave one, and the item's job and input line (results per job are read
+in line order). `Source` records which input form an item came in (native,
 OpenAI /v1/completions, OpenAI /v1/chat/completions), because its result goes back out in
 the same form (`fabricctl.formats.results`). Pure data: the store writes these, the
 formats read them.
@@ -62,6 +63,8 @@ class ResultRecord(msgspec.Struct, array_like=True, gc=False):
     created: int = 0  # unix seconds when the result was recorded
     response: bytes = b""  # the engine's response body (JSON) as it sent it, when kept
     status: int = 0  # the HTTP status of an engine's refusal (4xx), else 0
+    job: int = 0  # the job its item belonged to (its number; 0: none)
+    line: int = 0  # its item's input line within that job
 
 
 def make_record(
@@ -85,4 +88,4 @@ def make_record(
         item.id, item.model, result.text, result.finish_reason, prompt,
         result.tokens_out, result.cached_tokens, item.signature, lane, epoch, gpu,
         result.error, _SOURCES[raw] if raw in _SOURCES else Source(raw), created,
-        result.body, result.status)
+        result.body, result.status, item.job, item.line)

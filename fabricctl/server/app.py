@@ -1,10 +1,12 @@
 """The broker daemon: an asyncio server over a Unix socket (and optionally TCP).
 
-Contract: producers `Submit` chunks and get one `Ack` after the durable commit (group-committed
-with other chunks); consumers `Register` their contract, `Heartbeat`, long-poll with `Pull`,
-and settle batches with `Complete`/`Fail`; observers `Subscribe` to the stats stream or send
-one-shot `Query`s. A consumer silent past the heartbeat timeout, or whose socket errors, is
-disconnected and its batches go back to the front of their lanes at once. A malformed,
+Contract: producers `Submit` chunks and get one `Ack` after the durable commit
+(group-committed with other chunks); consumers `Register` their contract, `Heartbeat`,
+long-poll with `Pull`, and settle batches with `Complete`/`Fail`; observers `Subscribe` to
+the stats stream or send one-shot `Query`s; producers open, seal and cancel jobs (`OpenJob`,
+`SealJob`, `CancelJob`, answered by `JobReply` once durable), and the tick commits the jobs'
+expiry and settling. A consumer silent past the heartbeat timeout, or whose socket errors,
+is disconnected and its batches go back to the front of their lanes at once. A malformed,
 unknown or oversized frame gets an `Error` and closes that connection only. Pre-warm signals
 are pushed to every consumer of the model before any batch of the warming shape is sent.
 
@@ -39,15 +41,18 @@ from fabricctl.server.writer import Writer
 from fabricctl.wire.protocol import (
     PROTOCOL_VERSION,
     SOCKET_NAME,
+    CancelJob,
     Complete,
     Done,
     Error,
     Fail,
     Heartbeat,
     Hello,
+    OpenJob,
     Pull,
     Query,
     Register,
+    SealJob,
     Shutdown,
     Submit,
     Subscribe,
@@ -235,7 +240,13 @@ class BrokerServer:
         elif isinstance(frame, Subscribe):
             self._spawn(peer, self._stream(peer, frame), frame.rid)
         elif isinstance(frame, Query):
-            peer.send(views.answer(self.state, frame))
+            self._now(peer, lambda: peer.send(views.answer(self.state, frame)), frame.rid)
+        elif isinstance(frame, OpenJob):
+            self._spawn(peer, h.open_job(peer, frame), frame.rid)
+        elif isinstance(frame, SealJob):
+            self._spawn(peer, h.seal_job(peer, frame), frame.rid)
+        elif isinstance(frame, CancelJob):
+            self._spawn(peer, h.cancel_job(peer, frame), frame.rid)
         elif isinstance(frame, Shutdown):
             peer.send(Done(frame.rid))
             self._stopping = asyncio.get_running_loop().create_task(self.stop())
@@ -261,6 +272,7 @@ class BrokerServer:
         while True:
             await asyncio.sleep(st.cfg.tick_s)
             st.core.tick(st.clock())
+            self.handlers.tick_jobs()
             push_signals(st)
             st.wakeup.notify()
 

@@ -1,12 +1,12 @@
 """One group commit's work as the writer carries it: taken, prepared, staged, committed,
 applied, answered.
 
-Contract: a `Cycle` holds the submits and completions it took (each with the future its
-sender waits on), their prepared plans, the staged transaction and the running commit. A
-refused ingest (`refuse_ingest`) leaves the completions to commit alone. `answer_chunks`
-splits the rejects of the flattened submits back into each chunk's own indexes;
-`fail_all` fails futures nobody may be waiting on any more without leaving them unretrieved.
-"""
+Contract: a `Cycle` holds the submits, completions and job operations it took (each with the
+future its sender waits on), their prepared plans, the staged transaction and the running
+commit. A refused ingest (`refuse_ingest`) leaves the completions and job operations to
+commit alone. `answer_chunks` splits the rejects of the flattened submits back into each
+chunk's own indexes; `fail_all` fails futures nobody may be waiting on any more without
+leaving them unretrieved."""
 
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ from fabricctl.core.types import Item, ItemResult
 from fabricctl.wire.protocol import Reject
 
 if TYPE_CHECKING:
+    from fabricctl.core.jobs import JobRecord
     from fabricctl.store.commit import StagedCommit
     from fabricctl.store.completion import CompletePlan
     from fabricctl.store.ingest import IngestPlan
+    from fabricctl.store.jobs import JobOp, JobPlan
 
 Done = tuple[int, list[ItemResult], "int | None"]  # batch id, results, gpu
 
@@ -31,8 +33,10 @@ class Cycle:
 
     chunks: list[tuple[list[Item], asyncio.Future[list[Reject]]]]
     done: list[tuple[Done, asyncio.Future[int]]]
+    ops: list[tuple[JobOp, asyncio.Future[JobRecord | str]]] = field(default_factory=list)
     ip: IngestPlan | None = None
     cp: CompletePlan | None = None
+    jp: JobPlan | None = None
     refused: BaseException | None = None  # why the store refused the ingest
     staged: StagedCommit | None = None
     commit: asyncio.Future[bool] | None = field(default=None, repr=False)
@@ -42,7 +46,9 @@ class Cycle:
     def refuse_ingest(self, e: BaseException) -> bool:
         """The store refused the ingest: go on with the completions alone; False when there
         are none to go on with (the cycle fails)."""
-        if self.ip is None or self.cp is None or not self.cp.settled:
+        rest = (self.cp is not None and self.cp.writes) or (
+            self.jp is not None and self.jp.writes())
+        if self.ip is None or not rest:
             return False
         self.refused, self.ip = e, None
         return True
@@ -52,9 +58,16 @@ class Cycle:
             if not fut.done():
                 fut.set_result(n)
 
+    def answer_ops(self, replies: list[JobRecord | str]) -> None:
+        for (_, fut), r in zip(self.ops, replies, strict=True):
+            if not fut.done():
+                fut.set_result(r)
 
-def answer_chunks(chunks: list[tuple[list[Item], Any]], rejects: list[Any]) -> None:
-    """Split the rejects of the flattened chunks back into each chunk's own indexes."""
+
+def answer_chunks(chunks: list[tuple[list[Item], Any]], rejects: list[Any],
+                  stored: set[int] | frozenset[int] = frozenset()) -> None:
+    """Split the rejects of the flattened chunks back into each chunk's own indexes (those
+    whose flattened index is in `stored` are marked `stored`)."""
     out: list[list[Reject]] = [[] for _ in chunks]
     starts, pos = [], 0
     for c, _ in chunks:
@@ -64,7 +77,7 @@ def answer_chunks(chunks: list[tuple[list[Item], Any]], rejects: list[Any]) -> N
     for r in rejects:
         while ci + 1 < len(starts) and r.index >= starts[ci + 1]:
             ci += 1
-        out[ci].append(Reject(r.index - starts[ci], r.reason))
+        out[ci].append(Reject(r.index - starts[ci], r.reason, r.index in stored))
     for (_, fut), rs in zip(chunks, out, strict=True):
         if not fut.done():
             fut.set_result(rs)

@@ -1,14 +1,18 @@
 """The broker's answers to producers and consumers: submit, register, pull, complete, fail.
 
 Contract: a `Submit` is acknowledged only after the group commit that stored its accepted
-items, with per-item rejects; a `Pull` long-polls up to its wait for a batch and the batch is
-handed back if the channel did not take it; pre-warm pushes go out before any batch is sent;
-a `Complete` for a batch that is not the caller's (late, duplicate, another consumer's) gets
--1 and stores nothing; its cache figures feed the shape's cache-truth audit; a consumer that
-is gone (`disconnect_consumer`) gives its batches back, except those whose completion the
-writer already holds. `BrokerServer` composes one `Handlers`, handing it the shared
-`ServerState`, its writer and its `drop` (close a peer, disconnect its consumer).
-"""
+items, with per-item rejects (its items join the frame's job; with `resume`, an id already
+stored in that job is counted in `Ack.skipped`, not refused); `OpenJob`, `SealJob` and
+`CancelJob` are answered with a `JobReply` once the writer committed the change (an attach
+writes nothing), an unknown or ambiguous job with an `Error`; the tick's job operations
+(`tick_jobs`) go through the writer too; a `Pull` long-polls up to its wait for a batch and
+the batch is handed back if the channel did not take it; pre-warm pushes go out before any
+batch is sent; a `Complete` for a batch that is not the caller's (late, duplicate, another
+consumer's) gets -1 and stores nothing; its cache figures feed the shape's cache-truth
+audit; a consumer that is gone (`disconnect_consumer`) gives its batches back, except those
+whose completion the writer already holds. `BrokerServer` composes one `Handlers`, handing
+it the shared `ServerState`, its writer and its `drop` (close a peer, disconnect its
+consumer)."""
 
 from __future__ import annotations
 
@@ -18,17 +22,24 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from fabricctl.core.jobs import JobRecord
 from fabricctl.server.signals import push_signals
+from fabricctl.server.views import resolve_job
 from fabricctl.store.errors import StoreError, StoreFullError
+from fabricctl.store.jobs import CancelOp, JobOp, OpenOp, SealOp
 from fabricctl.wire.protocol import (
     Ack,
+    CancelJob,
     Complete,
     Done,
     Error,
     Fail,
+    JobReply,
+    OpenJob,
     Pull,
     Register,
     Registered,
+    SealJob,
     Submit,
     WorkReply,
 )
@@ -39,6 +50,12 @@ if TYPE_CHECKING:
     from fabricctl.server.writer import Writer
 
 log = logging.getLogger("fabricctl.server")
+
+
+def _ticked(fut: asyncio.Future[JobRecord | str]) -> None:
+    """A tick's job operation ended: a failure is logged (never left unretrieved)."""
+    if not fut.cancelled() and (e := fut.exception()) is not None:
+        log.error("a job operation of the tick failed: %s", e)
 
 
 class Handlers:
@@ -53,6 +70,9 @@ class Handlers:
     # -- producers ----------
 
     async def submit(self, peer: Peer, frame: Submit) -> None:
+        job = frame.job
+        for it in frame.items:  # the broker sets each item's job: the frame's
+            it.job = job
         try:
             rejects = await self.writer.submit(frame.items)
         except StoreFullError as e:
@@ -61,8 +81,78 @@ class Handlers:
         except StoreError as e:
             peer.send(Error("store", str(e), frame.rid))
             return
-        self.state.metrics.submitted(len(frame.items) - len(rejects))
-        peer.send(Ack(frame.rid, len(frame.items) - len(rejects), rejects))
+        skipped = 0
+        if frame.resume and rejects:
+            keep = [r for r in rejects if not r.stored]
+            skipped = len(rejects) - len(keep)
+            rejects = keep
+        accepted = len(frame.items) - len(rejects) - skipped
+        self.state.metrics.submitted(accepted)
+        peer.send(Ack(frame.rid, accepted, rejects, skipped))
+
+    # -- jobs ----------
+
+    def _resolve(self, ref: str, rid: int) -> int | Error:
+        """The one job an id or unique prefix names, or the Error to answer."""
+        return resolve_job(self.state, ref, rid)
+
+    async def _job_op(self, peer: Peer, rid: int, op: JobOp, attached: bool = False) -> None:
+        try:
+            got = await self.writer.job(op)
+        except StoreFullError as e:
+            peer.send(Error("store_full", str(e), rid))
+            return
+        except StoreError as e:
+            peer.send(Error("store", str(e), rid))
+            return
+        if isinstance(got, str):
+            peer.send(Error("not_found", got, rid))
+        else:
+            peer.send(JobReply(rid, got, attached))
+
+    async def open_job(self, peer: Peer, frame: OpenJob) -> None:
+        """A new job once its record is durable, or one to attach to: the one `job` names,
+        else (with `attach`) the newest job of the same kind, name and sha256 that is not
+        cancelled, failed or expired (nothing is written for an attach)."""
+        store = self.state.store
+        number: int | None = None
+        if frame.job:
+            found = self._resolve(frame.job, frame.rid)
+            if isinstance(found, Error):
+                peer.send(found)
+                return
+            number = found
+        elif frame.attach:
+            number = store.attach_to(frame.kind, frame.name, frame.sha256)
+        if number is not None:
+            rec = store.job(number)
+            if rec is not None:
+                peer.send(JobReply(frame.rid, rec, True))
+                return
+        await self._job_op(peer, frame.rid, OpenOp(
+            frame.kind, frame.name, frame.sha256, frame.size, frame.endpoint,
+            dict(frame.metadata), frame.window_s, frame.validating))
+
+    async def seal_job(self, peer: Peer, frame: SealJob) -> None:
+        if self.state.store.job(frame.job) is None:
+            peer.send(Error("not_found", f"no job {frame.job}", frame.rid))
+            return
+        await self._job_op(peer, frame.rid, SealOp(frame.job, frame.lines, list(frame.errors),
+                                                   frame.failed, frame.sha256))
+
+    async def cancel_job(self, peer: Peer, frame: CancelJob) -> None:
+        found = self._resolve(frame.job, frame.rid)
+        if isinstance(found, Error):
+            peer.send(found)
+            return
+        await self._job_op(peer, frame.rid, CancelOp(found))
+
+    def tick_jobs(self) -> None:
+        """The tick's job operations (expiry, finalize, a cancel's leftovers), committed by
+        the writer; nobody waits on them."""
+        st = self.state
+        for op in st.store.jobs_due(st.clock()):
+            self.writer.job(op).add_done_callback(_ticked)
 
     # -- consumers ----------
 

@@ -1,15 +1,15 @@
 """What waits for the writer: submits and completions queued until a cycle takes them.
 
-Contract: `submit(items)` and `complete(done)` queue work with the future its sender waits on
-and wake the writer. `take()` makes the next `Cycle`: up to `max_items` items of waiting
-submits (at least one chunk, whole chunks only) and up to `max_batches` waiting completions
-holding at most twice `max_items` results (at least one batch), oldest first; the batches
-it took stay `taken` until the writer `release`s that cycle. `pending_batches()` names the
-batches whose completion was received and is not settled yet (queued or taken). `fill()`
-waits up to `max_wait_s` while the next cycle is not full; `wait()` until work arrives;
-`work_before(commit)` until either work arrives or that commit returns. `close()` wakes the
-writer for the last time: it takes what waits and stops.
-"""
+Contract: `submit(items)`, `complete(done)` and `job(op)` queue work with the future its
+sender waits on and wake the writer. `take()` makes the next `Cycle`: up to `max_items`
+items of waiting submits (at least one chunk, whole chunks only) and up to `max_batches`
+waiting completions holding at most twice `max_items` results (at least one batch), and up
+to `MAX_OPS` job operations, oldest first; the batches it took stay `taken` until the writer
+`release`s that cycle. `pending_batches()` names the batches whose completion was received
+and is not settled yet (queued or taken). `fill()` waits up to `max_wait_s` while the next
+cycle is not full; `wait()` until work arrives; `work_before(commit)` until either work
+arrives or that commit returns. `close()` wakes the writer for the last time: it takes what
+waits and stops."""
 
 from __future__ import annotations
 
@@ -19,9 +19,13 @@ import time
 from collections import deque
 from typing import Any
 
+from fabricctl.core.jobs import JobRecord
 from fabricctl.core.types import Item
 from fabricctl.server.cycle import Cycle, Done
+from fabricctl.store.jobs import JobOp
 from fabricctl.wire.protocol import Reject
+
+MAX_OPS = 256  # job operations one cycle takes
 
 
 class Intake:
@@ -34,6 +38,7 @@ class Intake:
         self._chunks: deque[tuple[list[Item], asyncio.Future[list[Reject]]]] = deque()
         self._items = 0
         self._done: deque[tuple[Done, asyncio.Future[int]]] = deque()
+        self._ops: deque[tuple[JobOp, asyncio.Future[JobRecord | str]]] = deque()
         self._taken: set[int] = set()  # batches of cycles being prepared or committed
         self._wake = asyncio.Event()
         self.closing = False
@@ -51,13 +56,19 @@ class Intake:
         self._wake.set()
         return fut
 
+    def job(self, op: JobOp) -> asyncio.Future[JobRecord | str]:
+        fut: asyncio.Future[JobRecord | str] = asyncio.get_running_loop().create_future()
+        self._ops.append((op, fut))
+        self._wake.set()
+        return fut
+
     def close(self) -> None:
         self.closing = True
         self._wake.set()
 
     def waiting(self) -> bool:
-        """Whether any submit or completion waits to be taken."""
-        return bool(self._chunks or self._done)
+        """Whether any submit, completion or job operation waits to be taken."""
+        return bool(self._chunks or self._done or self._ops)
 
     def pending_batches(self) -> set[int]:
         return {d[0] for d, _ in self._done} | self._taken
@@ -107,7 +118,8 @@ class Intake:
             done.append(self._done.popleft())
             results += len(done[-1][0][1])
         self._taken.update(d[0] for d, _ in done)
-        return Cycle(chunks, done)
+        ops = [self._ops.popleft() for _ in range(min(len(self._ops), MAX_OPS))]
+        return Cycle(chunks, done, ops)
 
     def release(self, c: Cycle) -> None:
         """The cycle is over (settled or failed): its batches are no longer taken."""

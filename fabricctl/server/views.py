@@ -9,6 +9,10 @@ several `ambiguous` (the message lists them).
 `results` pages the results in storage order as (sequence number, ResultRecord);
 `results_by_key` pages them in entry-key (ingest) order as (entry key in 24 hex digits,
 ResultRecord), after the key in `arg` ("" from the first): `fabricctl results --ordered`.
+`jobs` lists the job records, newest first (`limit` of them); `job` is the `JobView` of the
+one job its arg names (an id or a unique prefix: none is `not_found`, several `ambiguous`);
+`job_results` the results of that job's lines after `since`, in input order, `limit` at
+most; `status` carries a small `jobs` summary (the jobs not ended, with their counts).
 Every read of the store goes through its methods (`results_since`, `results_by_key`,
 `result`, `finished_shapes`, `stats`, `persisted_ledger`); the views see the daemon through
 its `ServerState`.
@@ -20,12 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from fabricctl.core.jobs import JobRecord, JobState, eta_s
 from fabricctl.core.naming import describe, match
 from fabricctl.core.snapshot import ShapeView, Snapshot, shape_view
 from fabricctl.server.eventloop import loop_name
 from fabricctl.wire.protocol import (
     Answer,
     Error,
+    JobShapeView,
+    JobView,
     Query,
     StatsPush,
     Subscribe,
@@ -89,6 +96,54 @@ def _shape_answer(state: ServerState, q: Query) -> Any:
     return shape_view(s, state.clock(), state.core.cfg.starve_s, True)
 
 
+def resolve_job(state: ServerState, ref: str, rid: int) -> int | Error:
+    """The one job an id or unique id prefix names, or the `Error` to answer: none is
+    `not_found`, several `ambiguous` (the message lists them)."""
+    found = state.store.find_jobs(ref.strip())
+    if not found:
+        return Error("not_found", f"no job matches {ref!r}", rid)
+    if len(found) > 1:
+        ids = [rec.id for n in found[:20] if (rec := state.store.job(n)) is not None]
+        more = f" and {len(found) - 20} more" if len(found) > 20 else ""
+        return Error("ambiguous", f"{ref!r} names {len(found)} jobs: {', '.join(ids)}{more}; "
+                     "give more of the id", rid)
+    return found[0]
+
+
+def job_view(state: ServerState, rec: JobRecord) -> JobView:
+    """A job's record with what only the live broker knows: in flight, rate, time to go."""
+    now = state.clock()
+    in_flight = 0 if rec.ended else state.store.job_in_flight().get(rec.number, 0)
+    began = rec.times.get(JobState.IN_PROGRESS.value, rec.created)
+    end = now
+    if rec.ended:
+        end = max(rec.times.values(), default=now)
+    elapsed = end - began
+    rate = rec.outcomes / elapsed if elapsed > 0 and rec.outcomes else 0.0
+    shapes = [JobShapeView(s.model, f"{s.signature:016x}", s.label) for s in rec.shapes]
+    return JobView(rec, in_flight, shapes, round(rate, 3), eta_s(rec, now))
+
+
+def jobs_summary(state: ServerState, limit: int = 20) -> list[dict[str, Any]]:
+    """The jobs not ended, newest first, with their counts (for `status`)."""
+    live = sorted(state.store.jobs.live.values(), key=lambda r: r.number, reverse=True)
+    return [{"id": r.id, "kind": r.kind, "name": r.name, "state": r.state.value,
+             "total": r.total, "queued": r.queued, "completed": r.completed,
+             "failed": r.failed, "cancelled": r.cancelled} for r in live[:limit]]
+
+
+def _job_answer(state: ServerState, q: Query) -> Any:
+    found = resolve_job(state, q.arg, q.rid)
+    if isinstance(found, Error):
+        return found
+    rec = state.store.job(found)
+    if rec is None:
+        return Error("not_found", f"no job matches {q.arg!r}", q.rid)
+    if q.what == "job":
+        return job_view(state, rec)
+    return state.store.job_results(found, q.since, max(0, min(q.limit, 100_000)))
+
+
 def answer(state: ServerState, q: Query) -> Answer | Error:
     core, now = state.core, state.clock()
     data: Any
@@ -116,6 +171,12 @@ def answer(state: ServerState, q: Query) -> Answer | Error:
         data = state.store.results_by_key(q.arg, q.limit)
     elif q.what == "result":
         data = state.store.result(q.arg)
+    elif q.what == "jobs":
+        data = state.store.recent_jobs(max(0, q.limit))
+    elif q.what in ("job", "job_results"):
+        data = _job_answer(state, q)
+        if isinstance(data, Error):
+            return data
     elif q.what == "snapshot":
         data = snapshot(state, "all" if q.arg == "all" else "none")
     elif q.what == "status":
@@ -123,7 +184,8 @@ def answer(state: ServerState, q: Query) -> Answer | Error:
         data = {"version": state.metrics.version, "ledger": snap.ledger,
                 "difference": snap.difference, "states": snap.states,
                 "models": snap.models, "consumers": len(snap.consumers),
-                "counters": snap.counters, "extra": snap.extra}
+                "counters": snap.counters, "extra": snap.extra,
+                "jobs": jobs_summary(state)}
     else:
         return Error("unknown_query", f"unknown query {q.what!r}", q.rid)
     return Answer(q.rid, encode_raw(data))

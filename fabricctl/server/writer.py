@@ -3,22 +3,23 @@
 Contract: `submit(items)` returns the chunk's rejects once the commit that stored its
 accepted items returned (or raises the `StoreError` that refused them); `complete(done)`
 returns the results stored for one batch (-1: not in flight) once its commit returned;
-`enqueue_complete` does the same without waiting. A cycle takes up to `max_items` items of
-waiting submits (at least one chunk) and up to `max_batches` waiting completions holding at
-most twice as many results (at least one batch), waiting up to `max_wait_s` for more when
-there are fewer and no commit is running (the queues and that policy: `Intake`, in
-intake.py). It prepares both on the event loop in short steps (`fabricctl.store.steps`),
-each after the socket events that were waiting, stages them in one transaction, and commits
-it on the writer thread (`store.finish`: LMDB lets go of the GIL while it writes and syncs;
-a map that filled meanwhile is grown with `store.grow` here, and the cycle staged again).
-While that commit runs, the next cycle is taken and prepared; then the first is applied,
-answered and `on_commit` called (also after each part of its entries is made dispatchable),
-and only then is the next one staged: one transaction at a time, applied in order. A store
-refusal of the ingest (full map or disk) fails those submits only: the completions are
-committed alone. `pending_batches()` names the batches whose completion was received and is
-not settled yet; `stop()` commits whatever waits and returns once the last cycle finished (a
-cycle is never cut short).
-"""
+`enqueue_complete` does the same without waiting; `job(op)` queues a job operation (open,
+seal, cancel, the tick's), answered with the job's record once its commit returned: job
+records are written only in the writer's transactions, never in a second one on the loop. A
+cycle takes up to `max_items` items of waiting submits (at least one chunk) and up to
+`max_batches` waiting completions holding at most twice as many results (at least one
+batch), waiting up to `max_wait_s` for more when there are fewer and no commit is running
+(the queues and that policy: `Intake`, in intake.py). It prepares both on the event loop in
+short steps (`fabricctl.store.steps`), each after the socket events that were waiting,
+stages them in one transaction, and commits it on the writer thread (`store.finish`: LMDB
+lets go of the GIL while it writes and syncs; a map that filled meanwhile is grown with
+`store.grow` here, and the cycle staged again). While that commit runs, the next cycle is
+taken and prepared; then the first is applied, answered and `on_commit` called (also after
+each part of its entries is made dispatchable), and only then is the next one staged: one
+transaction at a time, applied in order. A store refusal of the ingest (full map or disk)
+fails those submits only: the completions are committed alone. `pending_batches()` names the
+batches whose completion was received and is not settled yet; `stop()` commits whatever
+waits and returns once the last cycle finished (a cycle is never cut short)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from fabricctl.core.jobs import JobRecord
 from fabricctl.core.types import Item
 from fabricctl.server.cycle import Cycle, Done, answer_chunks, fail_all
 from fabricctl.server.intake import Intake
 from fabricctl.server.pauses import io_turn, run_steps_async
 from fabricctl.store.errors import StoreError
+from fabricctl.store.jobs import JobOp
 from fabricctl.wire.protocol import Reject
 
 if TYPE_CHECKING:
@@ -71,6 +74,11 @@ class Writer:
 
     async def submit(self, items: list[Item]) -> list[Reject]:
         return await self.intake.submit(items)
+
+    def job(self, op: JobOp) -> asyncio.Future[JobRecord | str]:
+        """A job operation, answered (the record after it, or why it was refused) once its
+        commit returned."""
+        return self.intake.job(op)
 
     def enqueue_complete(self, done: Done) -> asyncio.Future[int]:
         return self.intake.complete(done)
@@ -134,6 +142,8 @@ class Writer:
             if c.done and not again:
                 c.cp = await run_steps_async(store.complete_steps([d for d, _ in c.done], now))
                 await io_turn()
+            if c.ops and not again:
+                c.jp, c.cp = store.prepare_jobs([op for op, _ in c.ops], now, c.cp)
         except BaseException as e:
             self._fail(c, e)
             if not isinstance(e, Exception):
@@ -158,7 +168,7 @@ class Writer:
         there is nothing to commit."""
         while True:
             try:
-                staged = await run_steps_async(self.store.stage_steps(c.ip, c.cp))
+                staged = await run_steps_async(self.store.stage_steps(c.ip, c.cp, c.jp))
             except StoreError as e:
                 if not c.refuse_ingest(e):
                     raise
@@ -211,21 +221,26 @@ class Writer:
             c.ingested = True
             # pulls waiting for work get each part of it as soon as it is dispatchable
             admitted = store.apply_ingest_steps(c.ip, self.clock())
-            answer_chunks(c.chunks, await run_steps_async(admitted, self.on_commit))
+            answer_chunks(c.chunks, await run_steps_async(admitted, self.on_commit),
+                          c.ip.stored)
             if c.cp is not None:
                 await io_turn()
         if c.cp is not None:
             self.complete_commits += 1
             c.answer_done(await run_steps_async(store.apply_complete_steps(c.cp, self.clock())))
+        if c.jp is not None:
+            c.answer_ops(store.apply_jobs(c.jp))
         self._settled(c)
 
     def _apply(self, c: Cycle) -> None:
         """Apply a cycle that wrote nothing (every item rejected, every batch late)."""
         store, now = self.store, self.clock()
         if c.ip is not None:
-            answer_chunks(c.chunks, store.apply_ingest(c.ip, now))
+            answer_chunks(c.chunks, store.apply_ingest(c.ip, now), c.ip.stored)
         if c.cp is not None:
             c.answer_done(store.apply_complete(c.cp, now))
+        if c.jp is not None:
+            c.answer_ops(store.apply_jobs(c.jp))
         self._settled(c)
 
     def _settled(self, c: Cycle) -> None:
@@ -239,6 +254,8 @@ class Writer:
         store, now = self.store, self.clock()
         if c.cp is not None:
             store.abort_complete(c.cp, now)
+        if c.jp is not None:
+            store.abort_jobs(c.jp)
         for (batch_id, _, _), _ in c.done:  # one whose consumer left: nobody else returns it
             f = store.core.inflight.get(batch_id)
             if (f is not None and batch_id not in store.core.settling
@@ -247,4 +264,5 @@ class Writer:
         c.failed = True
         fail_all([f for _, f in c.chunks], c.refused or e)
         fail_all([f for _, f in c.done], e)
+        fail_all([f for _, f in c.ops], e)
         self.intake.release(c)

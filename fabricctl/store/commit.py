@@ -3,7 +3,8 @@
 Contract: `stage_steps(ingest, complete)` writes the plans into a new write transaction and
 leaves it uncommitted (None: nothing to write): the ingest's rows, then the results and the
 whole-segment deletes, then the meta counters they move (ledger, next segment, result
-sequence, epochs) and the records of the shapes finished since the last commit
+sequence, epochs), the records of the jobs whose counts or state moved (`JobTable.write`:
+a job plan's operations too) and the records of the shapes finished since the last commit
 (`FinishedShapes`). A completion whose batched result put meets an existing result is written
 again one put at a time (the first result kept). `finish(staged)` commits it, on any thread
 (False: the map filled while committing: `grow(staged)` on the staging thread, then stage
@@ -29,6 +30,7 @@ from fabricctl.store.steps import Steps
 if TYPE_CHECKING:
     from fabricctl.store.completion import CompletePlan, Completion
     from fabricctl.store.ingest import Ingest, IngestPlan
+    from fabricctl.store.jobs import JobPlan
     from fabricctl.store.shapes import FinishedShapes
     from fabricctl.store.state import StoreState
 
@@ -53,15 +55,19 @@ class Commit:
         self.ingest = ingest
         self.completion = completion
         self.finished = finished
+        self.jobs = state.jobs
 
-    def stage_steps(self, ingest: IngestPlan | None,
-                    complete: CompletePlan | None) -> Steps[StagedCommit | None]:
+    def stage_steps(self, ingest: IngestPlan | None, complete: CompletePlan | None,
+                    jobs: JobPlan | None = None) -> Steps[StagedCommit | None]:
         """Stage the plans, pausing after the ingest's rows, after the results and between
         parts of segment deletes, its transaction open meanwhile."""
         ing = ingest if ingest is not None and ingest.admits else None
-        com = complete if complete is not None and complete.settled else None
-        if ing is None and com is None:
+        com = complete if complete is not None and complete.writes else None
+        jp = jobs if jobs is not None and jobs.writes() else None
+        if ing is None and com is None and jp is None:
             return None
+        now = max(ing.now if ing is not None else 0.0, com.now if com is not None else 0.0,
+                  jp.now if jp is not None else 0.0)
         dbs = self.env.dbs
         meta = self.state.meta
         grown = ing.grown() if ing is not None and com is not None else {}
@@ -75,6 +81,7 @@ class Commit:
                     yield
             if com is not None:
                 completed = yield from self.completion.settle_steps(txn, com, batched, grown)
+            self.jobs.write(txn, ing, com, jp, now)  # the jobs whose counts or state moved
             self.finished.write(txn)  # the records of shapes finished since the last commit
             ledger = meta.ledger_after(received, completed)
             meta.write(txn, dbs["meta"], ledger=ledger,
@@ -103,6 +110,7 @@ class Commit:
         """The staged transaction is durable: the persisted counters move."""
         self.state.meta.ledger = staged.txn_staged.result  # type: ignore[assignment]
         self.finished.committed()
+        self.jobs.committed()
         if staged.ingest:
             fault_point("ingest_after_commit")
         if staged.complete:

@@ -2,15 +2,18 @@
 
 Contract: `complete_steps(done, now)` (the broker's `prepare_complete`) encodes each item's
 one result for the batches still in flight and marks them settling (a completion for a batch
-no longer in flight, or already settling, is counted as a duplicate and left out: it gets
--1 and creates no second result); `settle_steps(txn, plan, ...)` writes, inside the caller's
+no longer in flight, or already settling, is counted as a duplicate and left out: it gets -1
+and creates no second result); `settle_steps(txn, plan, ...)` writes, inside the caller's
 durable transaction, the results (keyed by entry: a result is what marks its entry
-completed), their result sequence numbers, and deletes every segment whose entries all
-have results (`fabricctl.store.rows.delete_segment_steps`); `apply_complete_steps(plan,
-now)`, after the commit, settles the batches in the core and returns the results stored per
-batch. `Completion` works on the shared `StoreState` (core, env, segments, in-flight work,
-delivery counts, meta) and owns its two counters, `results_stored` and
-`duplicate_completions`. Reading results back is `fabricctl.store.reads`.
+completed), their result sequence numbers, for an item of a job its `jres` row (job, line,
+entry key) and its outcome counted on the job (`plan.jobs`: completed, failed when the
+result has an error, cancelled for a cancel's rows), and deletes every segment whose entries
+all have results (`fabricctl.store.rows.delete_segment_steps`); `apply_complete_steps(plan,
+now)`, after the commit, settles the batches in the core (and a cancel's withdrawn entries,
+`plan.withdrawn`, in the ledger) and returns the results stored per batch. `Completion`
+works on the shared `StoreState` (core, env, segments, in-flight work, delivery counts,
+meta) and owns its two counters, `results_stored` and `duplicate_completions`. Reading
+results back is `fabricctl.store.reads`.
 """
 
 from __future__ import annotations
@@ -24,15 +27,18 @@ import msgspec
 from fabricctl.core.records import make_record
 from fabricctl.core.types import ItemResult
 from fabricctl.store.faults import fault_point
-from fabricctl.store.keys import entry_key_of, seg_of
+from fabricctl.store.keys import entry_key_of, jres_key, seg_of
 from fabricctl.store.rows import delete_segment_steps, put_sequence, put_steps
 from fabricctl.store.steps import STEP_RESULTS, Steps
 
 if TYPE_CHECKING:
+    from fabricctl.core.withdrawal import Withdrawn
     from fabricctl.store.state import StoreState
 
 log = logging.getLogger("fabricctl.store")
 _result_encoder = msgspec.msgpack.Encoder()
+
+OUT_COMPLETED, OUT_FAILED, OUT_CANCELLED = 0, 1, 2  # a row's outcome, counted on its job
 
 
 class _Conflict(Exception):
@@ -43,17 +49,27 @@ class CompletePlan:
     """Why: completion is prepared, committed and applied in three steps, so the commit can
     run off the event loop; this is what passes between them."""
 
-    __slots__ = ("epochs", "gone", "out", "per_seg", "rows", "seq", "settled", "stored")
+    __slots__ = ("epochs", "gone", "jobs", "now", "out", "per_seg", "rows", "seq", "settled",
+                 "stored", "withdrawn")
 
     def __init__(self, n: int) -> None:
         self.out: list[int] = [-1] * n
         self.settled: list[tuple[int, int]] = []  # (index in the request, batch id)
-        self.rows: list[tuple[bytes, bytes, int, int]] = []  # entry key, record, seg, tokens
+        # entry key, record, seg, tokens, job, line, outcome (OUT_*)
+        self.rows: list[tuple[bytes, bytes, int, int, int, int, int]] = []
+        self.withdrawn: list[Withdrawn] = []  # a cancel's entries, taken from their lanes
+        self.jobs: dict[int, list[int]] = {}  # job -> [completed, failed, cancelled] stored
+        self.now = 0.0
         self.epochs: dict[str, int] = {}
         self.per_seg: dict[int, int] = {}
         self.gone: list[int] = []
         self.seq = 0
         self.stored: list[bool] = []
+
+    @property
+    def writes(self) -> bool:
+        """Whether it has anything to commit: settled batches or a cancel's results."""
+        return bool(self.settled or self.rows)
 
 
 class Completion:
@@ -77,6 +93,7 @@ class Completion:
         batches every `STEP_RESULTS` results."""
         inflight, work = self.core.inflight, self.work
         plan = CompletePlan(len(done))
+        plan.now = now
         settling = self.core.settling
         rows = plan.rows
         models: set[str] = set()
@@ -107,7 +124,9 @@ class Completion:
                         error="the engine returned no result for this item")
                     rec = make_record(item, r, lane=lane, epoch=epoch, gpu=gpu, created=created)
                     key = e.key
-                    rows.append((entry_key_of(key), encode(rec), seg_of(key), e.tokens))
+                    rows.append((entry_key_of(key), encode(rec), seg_of(key), e.tokens,
+                                 item.job, item.line,
+                                 OUT_COMPLETED if r.error is None else OUT_FAILED))
         except BaseException:  # closed at a pause, or failed: these batches are not settling
             settling.difference_update(b for _, b in plan.settled)
             raise
@@ -130,30 +149,45 @@ class Completion:
         counts: dict[int, int] = {}
         items_done = tokens_done = 0
         stored: list[bool] = []
+        jobs: dict[int, list[int]] = {}
+        jres: list[tuple[bytes, bytes]] = []
         if batched:
-            for _, _, seg_id, tok in rows:
+            for k, _, seg_id, tok, job, line, outcome in rows:
                 counts[seg_id] = counts.get(seg_id, 0) + 1
                 tokens_done += tok
+                if job:
+                    c = jobs.get(job)
+                    if c is None:
+                        c = jobs[job] = [0, 0, 0]
+                    c[outcome] += 1
+                    jres.append((jres_key(job, line, k), b""))
             items_done = n = len(rows)
             if (yield from put_steps(txn, dbs["results"],
-                                     sorted([(k, rec) for k, rec, _, _ in rows]))) != n:
+                                     sorted([(r[0], r[1]) for r in rows]))) != n:
                 raise _Conflict("results")
-            put_sequence(txn, dbs["rseq"], seq, [k for k, _, _, _ in rows])
+            put_sequence(txn, dbs["rseq"], seq, [r[0] for r in rows])
             seq += n
             stored = [True] * n
         else:
             res = dbs["results"]
             new: list[bytes] = []
-            for k, rec, seg_id, tok in rows:  # each entry settles once (the core's in-flight
-                counts[seg_id] = counts.get(seg_id, 0) + 1  # table): it completes here
-                items_done += 1
+            for k, rec, seg_id, tok, job, line, outcome in rows:  # each entry settles once
+                counts[seg_id] = counts.get(seg_id, 0) + 1  # (the core's in-flight table):
+                items_done += 1  # it completes here
                 tokens_done += tok
                 ok = txn.put(k, rec, db=res, overwrite=False)
                 if ok:
                     new.append(k)
+                    if job:
+                        jobs.setdefault(job, [0, 0, 0])[outcome] += 1
+                        jres.append((jres_key(job, line, k), b""))
                 stored.append(ok)
             put_sequence(txn, dbs["rseq"], seq, new)
             seq += len(new)
+        if jres:
+            jres.sort()
+            yield from put_steps(txn, dbs["jres"], jres)
+        plan.jobs = jobs
         fault_point("complete_results")
         gone_now = []
         budget = [0]  # keys left to delete before the next pause: pause before the first
@@ -170,7 +204,7 @@ class Completion:
         """After the commit: settle the batches in the core; returns results stored per
         batch. It pauses every `STEP_RESULTS // 8` batches settled."""
         out = plan.out
-        if not plan.settled:
+        if not plan.writes:
             return out
         segs, work = self.segs, self.work
         meta = self.state.meta
@@ -197,4 +231,10 @@ class Completion:
                 for e in b.entries:
                     undone.pop(e.key, None)
             self.results_stored += out[i]
+        if plan.withdrawn:  # a cancel's entries: their error results are durable
+            self.core.settle_withdrawn(plan.withdrawn)
+            self.results_stored += len(plan.withdrawn)
+            if undone:
+                for _, _, e in plan.withdrawn:
+                    undone.pop(e.key, None)
         return out

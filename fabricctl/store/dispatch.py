@@ -1,17 +1,18 @@
 """Dispatch: the part of the durable broker that hands batches out and takes them back.
 
-Contract: `pull(consumer, now)` takes a batch from the core, verifies every segment and entry
-exists and carries the batch's shape (the hard guard: `ShapeGuardError` propagates) before
-returning its `Work`; any other failed check puts the batch back untouched and re-raises.
-`fail(batch_id, now, reason)` puts a batch back at the front of its lane (a batch whose
-completion is settling stays); `disconnect(consumer, now, why, keep)` does so for every
-batch a lost consumer held, except those settling or in `keep`; `abort_complete(plan, now)`
-undoes `prepare_complete` after a failed commit. Every entry that comes back undone is
-counted in the shared `undone` table; one handed out `max_deliveries` times without a
-result is quarantined at its next pull: it gets an error result and the rest of its batch
-goes out. The error results go through `settle` (the broker's `complete_many`) at once, or,
-after `defer()`, wait in `deferred` for the server's next completion commit
-(`take_deferred()`).
+Contract: `pull(consumer, now)` takes a batch from the core, verifies every segment and
+entry exists and carries the batch's shape (the hard guard: `ShapeGuardError` propagates)
+before returning its `Work` (each item with its job, from its segment, and its input line);
+any other failed check puts the batch back untouched and re-raises. `fail(batch_id, now,
+reason)` puts a batch back at the front of its lane (a batch whose completion is settling
+stays); `disconnect(consumer, now, why, keep)` does so for every batch a lost consumer held,
+except those settling or in `keep`; `abort_complete(plan, now)` undoes `prepare_complete`
+after a failed commit (a cancel's withdrawn entries go back to their lanes). Every entry
+that comes back undone is counted in the shared `undone` table; one handed out
+`max_deliveries` times without a result is quarantined at its next pull: it gets an error
+result and the rest of its batch goes out. The error results go through `settle` (the
+broker's `complete_many`) at once, or, after `defer()`, wait in `deferred` for the server's
+next completion commit (`take_deferred()`).
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ class Dispatch:
             # step 1: every segment and entry exists and is of this shape, before anything moves
             fault_point("dispatch_step1")
             keys = []
+            jobs = []  # each entry's job (its segment's)
             last = -1
+            job = 0
             segs = self.segs
             for e in batch.entries:
                 seg_id = seg_of(e.key)
@@ -84,8 +87,10 @@ class Dispatch:
                         raise SegmentMissingError(f"segment {seg_id} of batch {batch.id} is gone")
                     guard_signature(batch.signature, hdr.signature, f"segment {seg_id}")
                     label = hdr.label
+                    job = hdr.job
                     last = seg_id
                 keys.append(entry_key_of(e.key))
+                jobs.append(job)
             with self.env.read() as txn:
                 found = txn.cursor(db=self.env.dbs["data"]).getmulti(keys)
             if len(found) != len(keys):
@@ -100,10 +105,10 @@ class Dispatch:
         decode = entry_decoder.decode
         model, sig = batch.model, batch.signature
         items = []
-        for _, v in found:
+        for (_, v), job in zip(found, jobs, strict=True):
             s = decode(v)
             items.append(Item(s.id, model, sig, s.tokens, s.max_tokens, s.payload, label,
-                              s.source))
+                              s.source, s.line, job))
         fault_point("dispatch_step2")  # cursors advance: the core popped the lane queue
         fault_point("dispatch_step3")  # pending map: the core's in-flight table
         if self.undone:
@@ -182,3 +187,6 @@ class Dispatch:
             f = inflight.get(batch_id)
             if f is not None and f.batch.consumer not in core.consumers:
                 self.fail(batch_id, now, "its completion could not be stored")
+        if plan.withdrawn:  # a cancel's entries go back to their lanes
+            core.return_withdrawn(plan.withdrawn, now)
+            plan.withdrawn = []

@@ -34,6 +34,17 @@ Contract:
   after N deliveries without a result; last: <reason>") and sends the rest of its batch
   (after `defer_results()`, those error results wait for the server's next commit:
   `take_deferred()`).
+- Jobs (`fabricctl.store.jobs`): every item may belong to a job (`Item.job`; `submit(items,
+  now, job, resume)`); its id is scoped to the job (two jobs may share ids; a resumed submit
+  counts an id already stored in its job as skipped). A job's record is written in the same
+  transaction as every count it holds: its items' ingest (total), their results (completed,
+  failed: a result with an error) and a cancel (cancelled), so it is exact after kill -9.
+  `prepare_jobs(ops, now, into)` / `apply_jobs` / `abort_jobs` carry the job operations
+  (open, seal, cancel, the tick's expiry and finalize) through the same commit; `job_ops`,
+  `open_job`, `seal_job`, `cancel_job` and `tick_jobs` run them in a row. A cancel (or an
+  expiry) withdraws the job's queued entries from the core's lanes and writes an error result
+  for each ("cancelled" / "expired") in one commit; in-flight items finish. A job's results
+  read back in input-line order (`job_results`), also after its segments are gone.
 - Every shape that finishes leaves its record (`finished_view`) in the `shapes` table in the
   next commit (or on `close`); the last `finished_shapes_kept` are kept (shapes.py).
 - Reads for the server, each in one short read transaction: `entry(key)`,
@@ -58,6 +69,7 @@ import msgspec
 
 from fabricctl.core.broker import Broker
 from fabricctl.core.config import CoreConfig
+from fabricctl.core.jobs import JobRecord
 from fabricctl.core.records import ResultRecord
 from fabricctl.core.snapshot import ShapeView
 from fabricctl.core.types import Item, ItemResult, Work
@@ -67,6 +79,7 @@ from fabricctl.store.config import StoreConfig
 from fabricctl.store.dispatch import Dispatch, Done
 from fabricctl.store.env import StoreEnv
 from fabricctl.store.ingest import Ingest, IngestPlan, Reject
+from fabricctl.store.jobs import CancelOp, JobOp, JobOps, JobPlan, JobTable, OpenOp, SealOp
 from fabricctl.store.keys import SegHeader, StoredEntry
 from fabricctl.store.meta import Meta, PersistedLedger
 from fabricctl.store.reads import Reads
@@ -89,7 +102,8 @@ class DurableBroker:
         self._closed = False
         self.env = StoreEnv(Path(data_dir), self.store_cfg.map_size, self.store_cfg.map_ceiling)
         self.core = Broker(cfg)
-        self.state = state = StoreState(self.store_cfg, self.env, self.core)
+        self.jobs = JobTable(self.env)
+        self.state = state = StoreState(self.store_cfg, self.env, self.core, self.jobs)
         self.segs: dict[int, SegHeader] = state.segs
         self.work: dict[int, list[Item]] = state.work  # in-flight batch id -> its items
         self.undone: dict[int, tuple[int, str]] = state.undone  # key -> (times back, why)
@@ -98,6 +112,7 @@ class DurableBroker:
         self._dispatch = Dispatch(state, self.complete_many)
         self._finished = FinishedShapes(self.env, self.core, self.store_cfg.finished_shapes_kept)
         self._commit = Commit(state, self._ingest, self._completion, self._finished)
+        self._jobs = JobOps(state)
         self._reads = Reads(self.env)
         try:
             self.recovery: RecoveryReport = recover(state, now)
@@ -138,6 +153,21 @@ class DurableBroker:
             self.commit(ingest=plan)
         return self.apply_ingest(plan, now)
 
+    def submit(self, items: list[Item], now: float, job: int = 0, resume: bool = False
+               ) -> tuple[list[Reject], int]:
+        """`ingest` for the items of one job (each item's `job` is set to it); with `resume`
+        an id already stored in the job is skipped, not a reject. Returns (rejects, skipped)."""
+        for it in items:
+            it.job = job
+        plan = self.prepare_ingest(items, now)
+        if plan.admits:
+            self.commit(ingest=plan)
+        rejects = self.apply_ingest(plan, now)
+        if not resume or not plan.stored:
+            return rejects, 0
+        keep = [r for r in rejects if r.index not in plan.stored]
+        return keep, len(rejects) - len(keep)
+
     def prepare_ingest(self, items: list[Item], now: float) -> IngestPlan:
         """Screen, place and encode a chunk (nothing is written yet)."""
         return run_steps(self.ingest_steps(items, now))
@@ -170,7 +200,7 @@ class DurableBroker:
         (a late or duplicate completion: dropped, it creates no second result).
         """
         plan = self.prepare_complete(done, now)
-        if plan.settled:
+        if plan.writes:
             try:
                 self.commit(complete=plan)
             except BaseException:
@@ -200,33 +230,120 @@ class DurableBroker:
         """`apply_complete` in steps (every `STEP_RESULTS // 8` batches settled)."""
         return self._completion.apply_complete_steps(plan, now)
 
+    # -- jobs ----------
+
+    def prepare_jobs(self, ops: list[JobOp], now: float, into: CompletePlan | None = None
+                     ) -> tuple[JobPlan, CompletePlan | None]:
+        """Prepare job operations (nothing is written yet): new records, changes, and for a
+        cancel or an expiry the job's queued entries withdrawn from their lanes with their
+        error results, added to `into` (a completion plan of the same commit) or a new
+        plan; commit both, then `apply_complete` and `apply_jobs` (or `abort_complete` and
+        `abort_jobs`)."""
+        return self._jobs.prepare(ops, now, into)
+
+    def apply_jobs(self, plan: JobPlan) -> list[JobRecord | str]:
+        """After the commit: per operation, the job's record, or why it was refused."""
+        self.jobs.release(plan)
+        return self.jobs.replies(plan)
+
+    def abort_jobs(self, plan: JobPlan) -> None:
+        """The commit failed: the plan's jobs may get tick operations again."""
+        self.jobs.release(plan)
+
+    def job_ops(self, ops: list[JobOp], now: float) -> list[JobRecord | str]:
+        """Prepare, commit and apply job operations in a row (a store without a writer)."""
+        plan, cp = self.prepare_jobs(ops, now)
+        if plan.writes() or (cp is not None and cp.writes):
+            try:
+                self.commit(complete=cp, jobs=plan)
+            except BaseException:
+                if cp is not None:
+                    self.abort_complete(cp, now)
+                self.abort_jobs(plan)
+                raise
+        if cp is not None:
+            self.apply_complete(cp, now)
+        return self.apply_jobs(plan)
+
+    def _one(self, op: JobOp, now: float) -> JobRecord:
+        got = self.job_ops([op], now)[0]
+        if isinstance(got, str):
+            raise KeyError(got)
+        return got
+
+    def open_job(self, kind: str, now: float, **fields: Any) -> JobRecord:
+        """A new job, durable when this returns (fields: those of `OpenOp`)."""
+        return self._one(OpenOp(kind, **fields), now)
+
+    def seal_job(self, job: int, lines: int, now: float, errors: list[str] | None = None,
+                 failed: bool = False, sha256: str = "") -> JobRecord:
+        return self._one(SealOp(job, lines, errors or [], failed, sha256), now)
+
+    def cancel_job(self, job: int, now: float, expired: bool = False) -> JobRecord:
+        """Cancel: queued items get an error result ("cancelled"), in-flight ones finish."""
+        return self._one(CancelOp(job, expired), now)
+
+    def jobs_due(self, now: float) -> list[JobOp]:
+        """The operations the tick owes the live jobs (`JobTable.due`)."""
+        return self.jobs.due(now, self._jobs.in_flight)
+
+    def tick_jobs(self, now: float) -> list[JobRecord | str]:
+        """The tick's job operations, committed at once (a store without a writer)."""
+        ops = self.jobs_due(now)
+        return self.job_ops(ops, now) if ops else []
+
+    def job_in_flight(self) -> dict[int, int]:
+        """Job -> its items an engine holds now."""
+        return self._jobs.in_flight()
+
+    def job(self, number: int) -> JobRecord | None:
+        """A job's record as last committed."""
+        return self.jobs.get(number)
+
+    def find_jobs(self, ref: str) -> list[int]:
+        """The jobs an id or id prefix names, newest first."""
+        return self.jobs.find(ref)
+
+    def attach_to(self, kind: str, name: str, sha256: str) -> int | None:
+        """The newest job of this input a rerun may join (`JobTable.attach_to`)."""
+        return self.jobs.attach_to(kind, name, sha256)
+
+    def recent_jobs(self, limit: int = 1000) -> list[JobRecord]:
+        """The newest `limit` jobs, newest first."""
+        return self.jobs.recent(limit)
+
+    def job_results(self, job: int, after_line: int = 0, limit: int = 1000
+                    ) -> list[ResultRecord]:
+        """A job's results in input-line order, of lines after `after_line`."""
+        return self._reads.job_results(job, after_line, limit)
+
     # -- the commit ----------
 
     def commit(self, ingest: IngestPlan | None = None,
-               complete: CompletePlan | None = None) -> None:
+               complete: CompletePlan | None = None, jobs: JobPlan | None = None) -> None:
         """One durable transaction for a prepared ingest and/or completion, with the meta
         counters they move: `stage_commit`, then `finish` (growing a map that filled
         while committing), then `committed`. Apply the ingest first, then the completion.
         With an ingest in it, a full map past the ceiling is refused (`StoreFullError`); a
         completion alone may grow the map into the drain headroom."""
-        while (staged := self.stage_commit(ingest, complete)) is not None:
+        while (staged := self.stage_commit(ingest, complete, jobs)) is not None:
             if self.finish(staged):
                 self.committed(staged)
                 return
             self.grow(staged)
 
-    def stage_commit(self, ingest: IngestPlan | None,
-                     complete: CompletePlan | None) -> StagedCommit | None:
+    def stage_commit(self, ingest: IngestPlan | None, complete: CompletePlan | None,
+                     jobs: JobPlan | None = None) -> StagedCommit | None:
         """Write the plans into a new transaction, not committed yet (None: nothing to
         write). Its `finish` may run on a writer thread, while this thread goes on
         dispatching; nothing else may write until `committed` (or a failed finish)."""
-        return run_steps(self.stage_steps(ingest, complete))
+        return run_steps(self.stage_steps(ingest, complete, jobs))
 
-    def stage_steps(self, ingest: IngestPlan | None,
-                    complete: CompletePlan | None) -> Steps[StagedCommit | None]:
+    def stage_steps(self, ingest: IngestPlan | None, complete: CompletePlan | None,
+                    jobs: JobPlan | None = None) -> Steps[StagedCommit | None]:
         """`stage_commit` in steps: it pauses after the ingest's rows, after the results and
         between parts of segment deletes, its transaction open meanwhile."""
-        return self._commit.stage_steps(ingest, complete)
+        return self._commit.stage_steps(ingest, complete, jobs)
 
     def finish(self, staged: StagedCommit) -> bool:
         """Commit a staged transaction (any thread: LMDB lets go of the GIL); False: the map
@@ -281,9 +398,9 @@ class DurableBroker:
         digits; "" from the first), each as (key, its msgpack record as stored)."""
         return self._reads.results_by_key(after, limit)
 
-    def result(self, item_id: str) -> ResultRecord | None:
-        """The stored result of an item, or None while it has none."""
-        return self._reads.result(item_id)
+    def result(self, item_id: str, job: int = 0) -> ResultRecord | None:
+        """The stored result of an item (of `job`), or None while it has none."""
+        return self._reads.result(item_id, job)
 
     def finished_shapes(self, limit: int = 1000) -> list[ShapeView]:
         """The records of the newest `limit` finished shapes, newest first (those not yet

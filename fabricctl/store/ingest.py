@@ -1,17 +1,21 @@
 """Ingest: the half of the durable broker that takes items in.
 
 Contract: `ingest_steps(items, now)` (the broker's `prepare_ingest`) validates and
-de-duplicates a chunk (an id already stored, or repeated within the chunk, is a reject, in
-index order), assigns each item to its lane and encodes its entry, id and the new segment
-headers; `ingest_rows(txn, plan)` writes them inside the caller's durable transaction (every
-key above every stored one: append mode, return counts checked); `apply_ingest_steps(plan,
-now)` (the broker's `apply_ingest`), after the commit, makes the entries dispatchable and
-returns the rejects. An entry whose lane or shape was retired while its
-commit ran (the tick, a shape switch) joins its key's open shape instead.
-`Ingest` is the durable broker's ingest part: it works on the shared `StoreState` (the
-core, the env, the segments, the meta counters, the settings) and owns one thing itself,
-the tail segment (the newest one, the only one that may take more entries). Stepped forms
-pause as `fabricctl.store.steps` describes; the broker runs them straight through.
+de-duplicates a chunk (an id already stored in the item's job, or repeated within the chunk, is
+a reject, in index order; `plan.stored` names the rejects already stored, which a resumed
+submit counts as skipped; an item of a job that takes no more items is refused), counts each
+job's new items (`plan.jobs`, written on its record in the same commit), assigns each item
+to its lane and encodes its entry, id and the new segment headers; `ingest_rows(txn, plan)`
+writes them inside the caller's durable transaction (every key above every stored one:
+append mode, return counts checked); `apply_ingest_steps(plan, now)` (the broker's
+`apply_ingest`), after the commit, makes the entries dispatchable and returns the rejects.
+An entry whose lane or shape was retired while its commit ran (the tick, a shape switch)
+joins its key's open shape instead. `Ingest` is the durable broker's ingest part: it works
+on the shared `StoreState` (the core, the env, the segments, the meta counters, the
+settings) and owns one thing itself, the tail segment (the newest one, the only one that may
+take more entries). Segments are job-pure: entries of one (model, signature, job) each; the
+tail grows only for its own key. Stepped forms pause as `fabricctl.store.steps` describes;
+the broker runs them straight through.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import TYPE_CHECKING
 import lmdb
 import msgspec
 
+from fabricctl.core.jobs import JobShape
 from fabricctl.core.lanes import Lane
 from fabricctl.core.shape import Shape
 from fabricctl.core.types import Entry, Item
@@ -32,6 +37,7 @@ from fabricctl.store.keys import (
     StoredEntry,
     entry_encoder,
     header_encoder,
+    id_key,
     seg_base,
     seg_key,
 )
@@ -58,6 +64,10 @@ def validate(item: Item) -> str | None:
         return "id must be a non-empty string"
     if len(item.id) > MAX_ID_CHARS:
         return f"id is longer than {MAX_ID_CHARS} characters"
+    if "\x00" in item.id:
+        return "id must not contain NUL"
+    if not 0 <= item.line < 1 << 63:
+        return "line must be a non-negative integer"
     if not item.model:
         return "model must be a non-empty string"
     if item.input_tokens < 1:
@@ -72,7 +82,8 @@ def validate(item: Item) -> str | None:
 def _valid(item: Item) -> bool:
     """The common case of `validate` in one expression (the hot path of ingest)."""
     return (0 < len(item.id) <= MAX_ID_CHARS and bool(item.model) and item.input_tokens >= 1
-            and item.max_tokens >= 1 and 0 <= item.signature < 1 << 64)
+            and item.max_tokens >= 1 and 0 <= item.signature < 1 << 64
+            and "\x00" not in item.id and 0 <= item.line < 1 << 63)
 
 
 class _Run:
@@ -94,11 +105,15 @@ class IngestPlan:
     """Why: ingest is prepared, committed and applied in three steps, so the commit can run
     off the event loop; this is what passes between them."""
 
-    __slots__ = ("admits", "data_rows", "id_rows", "next_seg", "received", "rejects", "runs",
-                 "seg_rows")
+    __slots__ = ("admits", "data_rows", "id_rows", "job_shapes", "jobs", "next_seg", "now",
+                 "received", "rejects", "runs", "seg_rows", "stored")
 
-    def __init__(self, rejects: list[Reject]) -> None:
+    def __init__(self, rejects: list[Reject], now: float = 0.0) -> None:
         self.rejects = rejects
+        self.now = now
+        self.stored: set[int] = set()  # indexes of rejects already stored in their job
+        self.jobs: dict[int, int] = {}  # job -> items of it this ingest adds
+        self.job_shapes: dict[int, set[JobShape]] = {}  # job -> the shapes they join
         self.admits: list[tuple[Shape, Lane, Entry]] = []
         self.id_rows: list[tuple[bytes, bytes]] = []
         self.data_rows: list[tuple[bytes, bytes]] = []
@@ -125,28 +140,38 @@ class Ingest:
 
     def _screen(
         self, items: list[Item], pending: set[bytes]
-    ) -> Steps[tuple[list[Reject], list[tuple[int, Item, bytes]]]]:
-        """Split a chunk into rejects and the items to store (index, item, UTF-8 id), pausing
-        every `STEP_ROWS` items; ids in `pending` (being committed) count as stored."""
+    ) -> Steps[tuple[list[Reject], list[tuple[int, Item, bytes]], set[int]]]:
+        """Split a chunk into rejects, the items to store (index, item, `ids` key) and the
+        indexes of rejects already stored in their job, pausing every `STEP_ROWS` items; ids
+        in `pending` (being committed) count as stored. An item of a job that takes no
+        more items (sealed, ended, unknown) is refused, unless it is already stored."""
         rejects: list[Reject] = []
         good: list[tuple[int, Item, bytes]] = []
-        seen: set[str] = set()
+        seen: set[bytes] = set()
+        refuses = self.state.jobs.refuses_items
+        closed: dict[int, str | None] = {}  # job -> why it takes no items (None: it does)
         for i, item in enumerate(items):
             if i and i % STEP_ROWS == 0:
                 yield
             why = None if _valid(item) else validate(item)
             if why is None:
-                ident = item.id
-                idb = ident.encode()
-                if len(idb) > MAX_ID_BYTES:
-                    why = f"id is longer than {MAX_ID_BYTES} bytes in UTF-8"
-                elif ident in seen or idb in pending:
-                    why = f"duplicate id {ident!r}"
+                job = item.job
+                key = item.id.encode()
+                if job:
+                    key = id_key(job, key)
+                    if job not in closed:
+                        closed[job] = refuses(job)
+                if len(key) > MAX_ID_BYTES:
+                    why = f"id is longer than {MAX_ID_BYTES - len(key) + len(item.id.encode())}" \
+                        " bytes in UTF-8"
+                elif key in seen or key in pending:
+                    why = f"duplicate id {item.id!r}"
                 else:
-                    seen.add(ident)
-                    good.append((i, item, idb))
+                    seen.add(key)
+                    good.append((i, item, key))
                     continue
             rejects.append(Reject(i, why))
+        stored_at: set[int] = set()
         if good:
             found = []
             for k in range(0, len(good), STEP_ROWS):  # no read transaction across a pause
@@ -156,11 +181,17 @@ class Ingest:
                         [g[2] for g in good[k:k + STEP_ROWS]])
             if found:
                 stored = {k for k, _ in found}
-                rejects.extend(Reject(i, f"duplicate id {item.id!r}")
-                               for i, item, idb in good if idb in stored)
-                rejects.sort(key=lambda r: r.index)
+                for i, item, key in good:
+                    if key in stored:
+                        rejects.append(Reject(i, f"duplicate id {item.id!r}"))
+                        stored_at.add(i)
                 good = [g for g in good if g[2] not in stored]
-        return rejects, good
+            if any(closed.values()):
+                shut = [g for g in good if closed.get(g[1].job)]
+                rejects.extend(Reject(i, closed[item.job] or "") for i, item, _ in shut)
+                good = [g for g in good if not closed.get(g[1].job)]
+            rejects.sort(key=lambda r: r.index)
+        return rejects, good, stored_at
 
     def ingest_steps(self, items: list[Item], now: float, landing: bool = False,
                      after: IngestPlan | None = None) -> Steps[IngestPlan]:
@@ -175,15 +206,16 @@ class Ingest:
         if env.free_disk() < self.cfg.disk_reserve:
             raise StoreFullError(env.full_message("the disk is nearly full"))
         pending = {idb for idb, _ in after.id_rows} if after is not None else set()
-        rejects, good = yield from self._screen(items, pending)
-        plan = IngestPlan(rejects)
+        rejects, good, stored_at = yield from self._screen(items, pending)
+        plan = IngestPlan(rejects, now)
+        plan.stored = stored_at
         if not good:
             return plan
         yield
         open_shape = self.core.open_shape
         segs = self.segs
         limit = self.cfg.segment_entries
-        keyed: dict[tuple[str, int], list] = {}  # (model, sig) -> [shape, its run here]
+        keyed: dict[tuple[str, int, int], list] = {}  # (model, sig, job) -> [shape, its run]
         every: list[_Run] = []
         next_seg = self.state.meta.next_seg
         tail = segs.get(self.tail_seg)
@@ -194,24 +226,32 @@ class Ingest:
         id_rows = plan.id_rows
         admits = plan.admits
         tokens = 0
+        jobs = plan.jobs
         encode, pack = entry_encoder.encode, _ENTRY.pack
         for placed, (_, item, idb) in enumerate(good, 1):
             if placed % STEP_ITEMS == 0:
                 yield
             n = item.input_tokens
-            slot = keyed.get((item.model, item.signature))
+            job = item.job
+            slot = keyed.get((item.model, item.signature, job))
             if slot is None:
                 shape = open_shape(item.model, item.signature, item.label, now)
-                slot = keyed[(item.model, item.signature)] = [shape, None]
+                slot = keyed[(item.model, item.signature, job)] = [shape, None]
+                if job:
+                    plan.job_shapes.setdefault(job, set()).add(
+                        JobShape(item.model, item.signature, shape.label))
             shape, run = slot
+            if job:
+                jobs[job] = jobs.get(job, 0) + 1
             lane = shape.lanes.assign(n, now)
-            if run is None or run.end >= limit:  # first item of this shape here, or a full run
+            if run is None or run.end >= limit:  # first item of this key here, or a full run
                 if (run is None and tail is not None and tail.count < limit
-                        and tail.signature == item.signature and tail.model == item.model):
+                        and tail.signature == item.signature and tail.model == item.model
+                        and tail.job == job):
                     run = _Run(self.tail_seg, tail, False)  # the newest segment grows
                     tail = None
                 else:
-                    hdr = SegHeader(item.model, item.signature, shape.label, 0, 0, now)
+                    hdr = SegHeader(item.model, item.signature, shape.label, 0, 0, now, job)
                     run = _Run(next_seg, hdr, True)
                     next_seg += 1
                 slot[1] = run
@@ -221,7 +261,7 @@ class Ingest:
             key = pack(run.seg_id, off)
             run.rows.append((key, encode(StoredEntry(
                 n, item.max_tokens, now, lane.id, lane.target, item.id, item.payload,
-                item.source))))
+                item.source, item.line))))
             id_rows.append((idb, key))
             admits.append((shape, lane, Entry(run.base | off, n, item.max_tokens, now)))
             tokens += n

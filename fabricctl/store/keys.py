@@ -5,7 +5,8 @@ one cursor range is one segment. An entry key is seg_id (u64) + offset (u32); in
 same pair is one int, seg_id << 32 | offset. Only this module knows that layout: everyone
 else converts with its helpers (`ref`, `unref`, `seg_of`, `seg_base`, `entry_key`,
 `entry_key_of`, `ref_of`, `split_entry_key`). A segment is shape-pure: the entries of one
-(model, signature) from one or more consecutive ingest commits, each carrying its lane.
+(model, signature) and one job from one or more consecutive ingest commits, each carrying
+its lane.
 Segment ids only grow and a segment takes new entries only while it is the newest one, so
 every key an ingest writes is larger than every key on disk: ingest appends at the end of
 the tables (LMDB's append mode, return counts checked), whatever the number of lanes it
@@ -17,8 +18,11 @@ feeds. Named databases:
   Entries are written in the transaction that acknowledges them and deleted only with their
   whole segment, so a live segment's entries are exactly offsets 0 .. count-1: the last
   entry on disk is the segment's persisted readable boundary;
-- `ids`: item id (UTF-8) -> entry key, for every item ever stored (the duplicate check;
-  kept after completion so a completed id stays a duplicate);
+- `ids`: item id -> entry key, for every item ever stored (the duplicate check; kept after
+  completion so a completed id stays a duplicate). Ids are scoped per job (`id_key`): for
+  job 0 (none) the key is the plain UTF-8 id (as every layout before jobs wrote it), for
+  job N > 0 it is NUL + N (u32) + the id, so two jobs may use the same id (ids holding NUL
+  are refused);
 - `results`: entry key -> ResultRecord, the item's one result (kept after its segment goes).
   A result marks its entry completed: recovery skips the entries of a live segment whose
   keys are in `results` (layout 3 also wrote a tombstone per entry, in a `tomb` table);
@@ -30,6 +34,12 @@ feeds. Named databases:
   the table is created): finish number (u64, counting on from the last row) -> the
   `ShapeView` record of a shape that finished, the last `finished_shapes_kept` of them
   (the oldest rows dropped in the commit that writes past the bound). shapes.py.
+- `jobs` (added like `shapes`): job number (u32) -> its `JobRecord`, rewritten in every
+  transaction that changes its counts (the ingest of its items, their results, a cancel)
+  or its state (open, seal, cancel, settle). jobs.py.
+- `jres` (added like `shapes`): job (u32) + input line (u64) + entry key -> empty, one row
+  per result of an item of a job (N > 0), written with the result: a job's results read
+  back in input order, also after its segments are deleted.
 Entry keys are never reused: segment ids only grow.
 
 Cost model: an LMDB commit costs about one page write per page it dirties, so every write
@@ -55,7 +65,8 @@ TOMB_FORMAT = 3  # the layout before: its `tomb` table only repeated the results
 _SEG = struct.Struct(">Q")
 _ENTRY = struct.Struct(">QI")
 
-DB_NAMES = (b"seg", b"data", b"ids", b"results", b"rseq", b"meta", b"shapes")
+DB_NAMES = (b"seg", b"data", b"ids", b"results", b"rseq", b"meta", b"shapes", b"jobs",
+            b"jres")
 
 
 class SegHeader(msgspec.Struct, array_like=True):
@@ -72,6 +83,7 @@ class SegHeader(msgspec.Struct, array_like=True):
     count: int  # entries written (the readable boundary)
     deleted: int  # entries completed (with a result)
     created: float
+    job: int = 0  # the job of every entry of the segment (0: none)
 
 
 class StoredEntry(msgspec.Struct, array_like=True):
@@ -90,6 +102,7 @@ class StoredEntry(msgspec.Struct, array_like=True):
     id: str
     payload: bytes
     source: int = 0
+    line: int = 0  # the item's input line within its job
 
 
 class EntryHead(msgspec.Struct, array_like=True, gc=False):
@@ -155,6 +168,20 @@ def entry_key_of(key: int) -> bytes:
 def ref_of(key: bytes | memoryview) -> int:
     """The in-memory entry key of a packed entry key."""
     return int.from_bytes(key, "big")
+
+
+def id_key(job: int, idb: bytes) -> bytes:
+    """The `ids` key of an item id (UTF-8) in a job: the plain id for job 0."""
+    return idb if not job else b"\x00" + job.to_bytes(4, "big") + idb
+
+
+def job_key(job: int) -> bytes:
+    return job.to_bytes(4, "big")
+
+
+def jres_key(job: int, line: int, entry: bytes) -> bytes:
+    """The `jres` row of a job's result: job, input line, then the packed entry key."""
+    return job.to_bytes(4, "big") + line.to_bytes(8, "big") + entry
 
 
 def rseq_key(seq: int) -> bytes:

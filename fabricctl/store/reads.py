@@ -6,7 +6,8 @@ is the stored entry of an in-memory entry key, or None once its segment is gone;
 `results_since(seq, limit)` pages the results in storage order as (sequence number,
 ResultRecord); `results_by_key(after, limit)` pages them in entry-key (ingest) order as
 (entry key in 24 hex digits, the record's msgpack as stored), after the key `after` ("" from
-the first); `result(item_id)` is one item's result; `usage()` the data dir and its space.
+the first); `job_results(job, after_line, limit)` pages one job's results in input-line
+order; `result(item_id, job)` is one item's result; `usage()` the data dir and its space.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from fabricctl.store.keys import (
     StoredEntry,
     entry_decoder,
     entry_key_of,
+    id_key,
+    job_key,
+    jres_key,
     rseq_key,
     rseq_of,
 )
@@ -84,11 +88,30 @@ class Reads:
                 at = cur.next()
         return out
 
-    def result(self, item_id: str) -> ResultRecord | None:
-        """The stored result of an item, or None while it has none."""
+    def job_results(self, job: int, after_line: int, limit: int) -> list[ResultRecord]:
+        """Up to `limit` results of a job's items, in input-line order, of lines after
+        `after_line`: one walk of the `jres` rows, then the results by entry key."""
+        prefix = job_key(job)
+        start = jres_key(job, max(0, after_line + 1), b"")
+        keys: list[bytes] = []
+        with self.env.read() as txn:
+            cur = txn.cursor(db=self.env.dbs["jres"])
+            at = cur.set_range(start)
+            while at and len(keys) < limit:
+                k = bytes(cur.key())
+                if k[:4] != prefix:
+                    break
+                keys.append(k[12:])
+                at = cur.next()
+            found = dict(txn.cursor(db=self.env.dbs["results"]).getmulti(keys))
+        decode = _result_decoder.decode
+        return [decode(found[k]) for k in keys if k in found]
+
+    def result(self, item_id: str, job: int = 0) -> ResultRecord | None:
+        """The stored result of an item (of `job`), or None while it has none."""
         dbs = self.env.dbs
         with self.env.read() as txn:
-            key = txn.get(item_id.encode(), db=dbs["ids"])
+            key = txn.get(id_key(job, item_id.encode()), db=dbs["ids"])
             raw = txn.get(key, db=dbs["results"]) if key is not None else None
         return _result_decoder.decode(raw) if raw is not None else None
 

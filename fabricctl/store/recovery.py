@@ -13,7 +13,10 @@ commit) are deleted; the persisted ledger must then equal completed + queued, an
 says whether it does. Afterwards the process lets go of the map pages the scan touched. A
 data dir of layout 3 (whose tombstones duplicate its results) is taken over: its tombstone
 table is dropped. A data dir written in another layout version is refused with a
-`StoreError` that says so.
+`StoreError` that says so. The jobs come back from their table (`JobTable.load`): every
+count as the last commit left it; nothing is in flight after a start, so a job's in-flight
+items are queued again with the rest of its segments' entries (a cancelled job's are
+withdrawn again by the next tick).
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ def recover(state: StoreState, now: float) -> RecoveryReport:
                 "or move it aside and start with an empty data dir")
         headers = {seg_id_of(k): header_decoder.decode(v)
                    for k, v in txn.cursor(db=dbs["seg"])}
+        state.jobs.load(txn)
         answered: dict[int, set[int]] = {}  # live segment -> offsets that have a result
         results = txn.cursor(db=dbs["results"])
         for sid in headers:

@@ -12,6 +12,8 @@ once, by recovery, so parts read it through the state. Who writes what:
   drops it when it comes back undone, completion drops it once settled;
 - `undone` (entry key -> (times back undone, last reason)): dispatch counts, completion
   forgets an entry once it has its result;
+- `jobs` (the `JobTable`): the commit writes the records of the jobs it changes and makes
+  them current once durable; recovery loads them;
 - `meta`: the counters that move with the commits (ingest: next segment; completion:
   result sequence, epochs; the commit: the persisted ledger).
 """
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from fabricctl.core.types import Item
     from fabricctl.store.config import StoreConfig
     from fabricctl.store.env import StoreEnv
+    from fabricctl.store.jobs import JobTable
     from fabricctl.store.keys import SegHeader
 
 
@@ -38,6 +41,7 @@ class StoreState:
     cfg: StoreConfig
     env: StoreEnv
     core: Broker
+    jobs: JobTable
     meta: Meta = field(default_factory=Meta)
     segs: dict[int, SegHeader] = field(default_factory=dict)
     work: dict[int, list[Item]] = field(default_factory=dict)  # in-flight batch id -> items

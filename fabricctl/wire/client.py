@@ -4,9 +4,10 @@ Contract: `Client.connect(address, role)` opens a Unix socket (a path, or a data
 `broker.sock`) or TCP (`HOST:PORT`, with a token) and exchanges Hello/Welcome. Requests are
 matched to replies by request id, so a consumer can have pulls, completions and queries in
 flight at once; pushes (pre-warm, stats) arrive on `pushes`. An error frame raises
-`BrokerError`; a lost connection fails every pending request with `BackendMissing`.
-`run_sync` runs one coroutine for synchronous callers.
-"""
+`BrokerError` (an unknown or ambiguous job too); a lost connection fails every pending
+request with `BackendMissing`. Jobs: `open_job` (-> `JobReply`), `submit(items, job,
+resume)`, `seal_job`, `cancel_job`, `jobs`, `job` (-> `JobView`) and `job_results` (->
+`ResultRecord`s in input order). `run_sync` runs one coroutine for synchronous callers."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from typing import Any, TypeVar, cast
 
 import msgspec
 
+from fabricctl.core.jobs import JobRecord
+from fabricctl.core.records import ResultRecord
 from fabricctl.core.snapshot import Snapshot
 from fabricctl.core.types import Contract, Item, ItemResult, Work
 from fabricctl.errors import BackendMissing, BrokerError, ProtocolError
@@ -29,6 +32,7 @@ from fabricctl.wire.protocol import (
     SOCKET_NAME,
     Ack,
     Answer,
+    CancelJob,
     Complete,
     Done,
     Error,
@@ -38,12 +42,16 @@ from fabricctl.wire.protocol import (
     FrameTooLarge,
     Heartbeat,
     Hello,
+    JobReply,
+    JobView,
+    OpenJob,
     PrewarmPush,
     Pull,
     Query,
     Register,
     Registered,
     Role,
+    SealJob,
     Shutdown,
     StatsPush,
     Submit,
@@ -204,8 +212,48 @@ class Client:
             raise self.closed_error or BackendMissing("connection closed")
 
     # -- producers ----------
-    async def submit(self, items: list[Item]) -> Ack:
-        return await self.request(lambda rid: Submit(rid, items))
+    async def submit(self, items: list[Item], job: int = 0, resume: bool = False) -> Ack:
+        """Store items (in job number `job`; `resume`: ids already stored in that job are
+        counted in `Ack.skipped`, not refused)."""
+        return await self.request(lambda rid: Submit(rid, items, job, resume))
+
+    # -- jobs ----------
+    async def open_job(self, kind: str, name: str = "", sha256: str = "", size: int = 0,
+                       endpoint: str = "", metadata: dict[str, str] | None = None,
+                       window_s: float = 0.0, attach: bool = True, job: str = "",
+                       validating: bool = False) -> JobReply:
+        """A new job, or the one to attach to (`job`: an id or unique prefix; else, with
+        `attach`, the newest job of the same kind, name and sha256 still going or done)."""
+        return await self.request(lambda rid: OpenJob(
+            rid, kind, name, sha256, size, endpoint, dict(metadata or {}), window_s, attach,
+            job, validating))
+
+    async def seal_job(self, job: int, lines: int, errors: list[str] | None = None,
+                       failed: bool = False, sha256: str = "") -> JobReply:
+        """The job's input ended after `lines` lines (`errors`: the refused lines' messages;
+        `failed`: refuse the whole job)."""
+        return await self.request(lambda rid: SealJob(rid, job, lines, list(errors or []),
+                                                      failed, sha256))
+
+    async def cancel_job(self, job: str) -> JobReply:
+        """Cancel a job by id or unique prefix: queued items are cancelled, in-flight ones
+        finish."""
+        return await self.request(lambda rid: CancelJob(rid, job))
+
+    async def jobs(self, limit: int = 1000) -> list[JobRecord]:
+        """The newest jobs, newest first."""
+        return cast(list[JobRecord], await self.query("jobs", limit=limit,
+                                                      type=list[JobRecord]))
+
+    async def job(self, id: str) -> JobView:
+        """One job (id or unique prefix): its record, in flight, shapes, rate, ETA."""
+        return cast(JobView, await self.query("job", arg=id, type=JobView))
+
+    async def job_results(self, job: str, after_line: int = 0, limit: int = 1000
+                          ) -> list[ResultRecord]:
+        """A job's results of lines after `after_line`, in input order, `limit` at most."""
+        return cast(list[ResultRecord], await self.query(
+            "job_results", arg=job, since=after_line, limit=limit, type=list[ResultRecord]))
 
     # -- consumers ----------
     async def register(self, name: str, contract: Contract, gpu: int | None = None,

@@ -61,9 +61,15 @@ class Submit(msgspec.Struct, tag=True):
     resume: bool = False
 
 
-class Reject(msgspec.Struct, array_like=True):
+class Reject(msgspec.Struct, array_like=True, omit_defaults=True):
+    """Why: a submit is answered per item; this is one item it did not take, by its index.
+
+    `stored`: it is a duplicate of an item already stored in its job (a resumed submit
+    counts those in `Ack.skipped` instead)."""
+
     index: int
     reason: str
+    stored: bool = False
 
 
 class Ack(msgspec.Struct, tag=True):
@@ -116,6 +122,25 @@ class JobReply(msgspec.Struct, tag=True):
     rid: int
     job: JobRecord
     attached: bool = False
+
+
+class JobShapeView(msgspec.Struct):
+    """Why: `jobs show` names each shape a job touched as `shapes` does (hex signature)."""
+
+    model: str
+    signature: str  # 16 hex digits
+    label: str = ""
+
+
+class JobView(msgspec.Struct):
+    """Why: what `jobs show` prints of one job: its record and what only the broker knows
+    now (items an engine holds, the rate so far, the time to go)."""
+
+    job: JobRecord
+    in_flight: int = 0
+    shapes: list[JobShapeView] = []
+    items_per_s: float = 0.0  # outcomes per second since it started running
+    eta_s: float | None = None  # seconds to go at that rate; None while there is none
 
 
 class Register(msgspec.Struct, tag=True):

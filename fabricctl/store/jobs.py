@@ -1,0 +1,441 @@
+"""Jobs in the store: the `jobs` table, the live jobs in memory, and the job operations.
+
+Contract: a job's record (`fabricctl.core.jobs.JobRecord`) is written in the transaction of
+every change to it, so after any crash its counts agree with the entries and results on
+disk: `write(txn, ingest, complete, plan, now)` (called by the commit, inside its
+transaction) takes the current record of every job the commit touches, adds the totals of
+the ingest (and the shapes its items joined), the outcomes of the completion (completed,
+failed, cancelled), applies the plan's operations in order, settles it once (in_progress ->
+finalizing, cancelling -> cancelled, an expired window -> expired, once every item has an
+outcome; finalizing -> completed is the tick's `FinalizeOp`), and puts it; `committed()`
+makes those records current (a restaged transaction writes them again from the same base).
+
+Operations come in as `OpenOp`, `SealOp`, `CancelOp` (expired: the completion window's
+cancel) and `FinalizeOp`; `JobPlan` carries them from `prepare` (the durable broker's
+`prepare_jobs`, which also withdraws a cancelled job's queued entries) to the commit and to
+`replies(plan)`: per operation, the record after it, or the message of why it was refused.
+
+Memory: `live` holds the jobs not ended (what the tick looks at), `ids` every job's id ->
+number (lookup by id or unique prefix), `by_input` (kind, name, sha256) -> numbers (attach);
+ended records are read from the table. `due(now, in_flight)` names the operations the tick
+owes: an expired window, a finalizing job, a cancelled job whose items came back to a lane.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import lmdb
+import msgspec
+
+from fabricctl.core.jobs import (
+    MAX_SHAPES,
+    JobRecord,
+    JobState,
+    add_errors,
+    add_shapes,
+    expire_due,
+    fail_validation,
+    job_id_of,
+    mark_expired,
+    new_job,
+    request_cancel,
+    seal,
+    settle,
+    start,
+)
+from fabricctl.core.records import ResultRecord, Source
+from fabricctl.core.types import Entry
+from fabricctl.store.completion import OUT_CANCELLED, CompletePlan
+from fabricctl.store.keys import entry_decoder, entry_key_of, job_key, ref_of, seg_of
+
+if TYPE_CHECKING:
+    from fabricctl.store.env import StoreEnv
+    from fabricctl.store.ingest import IngestPlan
+    from fabricctl.store.state import StoreState
+
+_encode = msgspec.msgpack.Encoder().encode
+_result_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(JobRecord).decode
+
+
+@dataclass(slots=True)
+class OpenOp:
+    """Why: a new job's fields travel from the request to the commit that makes it."""
+
+    kind: str
+    name: str = ""
+    sha256: str = ""
+    size: int = 0
+    endpoint: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+    window_s: float = 0.0
+    validating: bool = False
+    salt: str = ""  # the id's salt; "" draws one
+
+
+@dataclass(slots=True)
+class SealOp:
+    """Why: the end of a job's input (or its refusal as a whole) is one durable change."""
+
+    job: int
+    lines: int
+    errors: list[str] = field(default_factory=list)
+    failed: bool = False
+    sha256: str = ""
+
+
+@dataclass(slots=True)
+class CancelOp:
+    """Why: a cancel (or a window's expiry) withdraws the queued items in the same commit."""
+
+    job: int
+    expired: bool = False  # the completion window's: the items' error is "expired"
+
+
+@dataclass(slots=True)
+class FinalizeOp:
+    """Why: finalizing -> completed is a settle of its own, on the tick."""
+
+    job: int
+    in_flight: int = 0
+
+
+JobOp = OpenOp | SealOp | CancelOp | FinalizeOp
+Change = Callable[[JobRecord], None]
+
+
+@dataclass(slots=True)
+class JobPlan:
+    """Why: job operations are prepared, committed and answered like ingests."""
+
+    now: float
+    new: dict[int, JobRecord] = field(default_factory=dict)  # opened by this plan
+    changes: list[tuple[int, Change]] = field(default_factory=list)  # applied in order
+    answers: list[int | str] = field(default_factory=list)  # per op: job number, or why not
+    busy: set[int] = field(default_factory=set)  # jobs whose tick op this plan carries
+
+    def writes(self) -> bool:
+        return bool(self.new or self.changes)
+
+
+class JobTable:
+    """Why: a job's counts change in the commits of its items; one place keeps them exact."""
+
+    def __init__(self, env: StoreEnv) -> None:
+        self.env = env
+        self.live: dict[int, JobRecord] = {}
+        self.ids: dict[str, int] = {}
+        self.by_input: dict[tuple[str, str, str], list[int]] = {}
+        self.next = 1
+        self.busy: set[int] = set()  # jobs with a tick operation on its way
+        self._staged: dict[int, JobRecord] = {}
+
+    # -- start ----------
+
+    def load(self, txn: lmdb.Transaction) -> None:
+        """Read every job from the table (recovery)."""
+        for k, v in txn.cursor(db=self.env.dbs["jobs"]):
+            rec = _decode(v)
+            self._index(rec)
+            if not rec.ended:
+                self.live[rec.number] = rec
+            self.next = max(self.next, int.from_bytes(k, "big") + 1)
+
+    def _index(self, rec: JobRecord) -> None:
+        self.ids[rec.id] = rec.number
+        if rec.sha256:
+            self.by_input.setdefault((rec.kind, rec.name, rec.sha256), []).append(rec.number)
+
+    # -- reads ----------
+
+    def get(self, number: int) -> JobRecord | None:
+        """A job's record as last committed (a live one from memory)."""
+        rec = self.live.get(number)
+        if rec is not None or not 0 < number < self.next:
+            return rec
+        with self.env.read() as txn:
+            raw = txn.get(job_key(number), db=self.env.dbs["jobs"])
+        return _decode(raw) if raw is not None else None
+
+    def find(self, ref: str) -> list[int]:
+        """The jobs `ref` names: its exact id, else every id it is a prefix of, newest first."""
+        if ref in self.ids:
+            return [self.ids[ref]]
+        if not ref:
+            return []
+        return sorted((n for i, n in self.ids.items() if i.startswith(ref)), reverse=True)
+
+    def attach_to(self, kind: str, name: str, sha256: str) -> int | None:
+        """The newest job of this input that a rerun may join (not cancelled, failed or
+        expired), or None."""
+        if not sha256:
+            return None
+        for n in reversed(self.by_input.get((kind, name, sha256), [])):
+            rec = self.get(n)
+            if rec is not None and rec.state not in (
+                    JobState.CANCELLED, JobState.CANCELLING, JobState.FAILED,
+                    JobState.EXPIRED) and not rec.expired:
+                return n
+        return None
+
+    def refuses_items(self, number: int) -> str | None:
+        """Why new items may not join this job, or None."""
+        rec = self.live.get(number)
+        if rec is not None and not rec.sealed:
+            return None
+        if rec is None and self.get(number) is None:
+            return f"no job {number}"
+        shown = rec.id if rec is not None else str(number)
+        return f"job {shown} is sealed: no more items join it"
+
+    def recent(self, limit: int) -> list[JobRecord]:
+        """The newest `limit` jobs, newest first."""
+        out: list[JobRecord] = []
+        with self.env.read() as txn:
+            cur = txn.cursor(db=self.env.dbs["jobs"])
+            at = cur.last()
+            while at and len(out) < limit:
+                out.append(_decode(cur.value()))
+                at = cur.prev()
+        return out
+
+    # -- operations ----------
+
+    def open(self, op: OpenOp, now: float, plan: JobPlan) -> int:
+        """Make a new job's record in `plan`; returns its number."""
+        number = self.next
+        self.next += 1
+        salt = op.salt or secrets.token_hex(3)
+        rec = new_job(number, job_id_of(number, salt), op.kind, now, validating=op.validating,
+                      window_s=op.window_s or None, name=op.name, sha256=op.sha256,
+                      size=op.size, endpoint=op.endpoint, metadata=dict(op.metadata))
+        plan.new[number] = rec
+        return number
+
+    @staticmethod
+    def seal_change(op: SealOp, now: float) -> Change:
+        def change(rec: JobRecord) -> None:
+            if op.sha256 and not rec.sha256:
+                rec.sha256 = op.sha256
+            if op.failed:
+                fail_validation(rec, op.errors, now)
+                return
+            start(rec, now)
+            add_errors(rec, op.errors)
+            seal(rec, op.lines, now)
+        return change
+
+    @staticmethod
+    def cancel_change(expired: bool, now: float) -> Change:
+        def change(rec: JobRecord) -> None:
+            if expired:
+                if expire_due(rec, now):
+                    mark_expired(rec)
+            else:
+                request_cancel(rec, now)
+        return change
+
+    @staticmethod
+    def finalize_change(in_flight: int, now: float) -> Change:
+        def change(rec: JobRecord) -> None:
+            if rec.state is JobState.FINALIZING:
+                settle(rec, in_flight, now)
+        return change
+
+    def due(self, now: float, in_flight: Callable[[], dict[int, int]]) -> list[JobOp]:
+        """The operations the tick owes the live jobs (none for a job with one on its way):
+        an expired window, finalizing -> completed, and a cancelled or expired job whose
+        items came back to a lane (a lost consumer's batch, a restart) withdrawn again.
+        `in_flight` (job -> items an engine holds) is computed only when needed."""
+        ops: list[JobOp] = []
+        flying: dict[int, int] | None = None
+        for n, rec in self.live.items():
+            if n in self.busy:
+                continue
+            if expire_due(rec, now):
+                ops.append(CancelOp(n, expired=True))
+            elif rec.state is JobState.FINALIZING:
+                ops.append(FinalizeOp(n))
+            elif (rec.state is JobState.CANCELLING or rec.expired) and rec.queued:
+                if flying is None:
+                    flying = in_flight()
+                if rec.queued > flying.get(n, 0):
+                    ops.append(CancelOp(n, expired=rec.expired))
+            else:
+                continue
+            self.busy.add(n)
+        return ops
+
+    # -- the commit ----------
+
+    def write(self, txn: lmdb.Transaction, ingest: IngestPlan | None,
+              complete: CompletePlan | None, plan: JobPlan | None, now: float) -> int:
+        """Put the record of every job this transaction changes; returns how many."""
+        staged: dict[int, JobRecord] = {}
+        db = self.env.dbs["jobs"]
+
+        def rec(n: int) -> JobRecord | None:
+            r = staged.get(n)
+            if r is None:
+                base = (plan.new.get(n) if plan is not None else None) or self.live.get(n)
+                if base is None:
+                    raw = txn.get(job_key(n), db=db)
+                    if raw is None:
+                        return None
+                    base = _decode(raw)
+                r = staged[n] = msgspec.structs.replace(base)
+            return r
+
+        if plan is not None:
+            for n in plan.new:
+                rec(n)
+        if ingest is not None:
+            for n, k in ingest.jobs.items():
+                if (r := rec(n)) is not None:
+                    r.total += k
+                    add_shapes(r, ingest.job_shapes.get(n, set()))
+        if complete is not None:
+            for n, (done, failed, cancelled) in complete.jobs.items():
+                if (r := rec(n)) is not None:
+                    r.completed += done
+                    r.failed += failed
+                    r.cancelled += cancelled
+        if plan is not None:
+            for n, change in plan.changes:
+                if (r := rec(n)) is not None:
+                    change(r)
+        for n, r in staged.items():
+            if r.state is not JobState.FINALIZING:
+                settle(r, 0, now)  # every item has an outcome: it moves on (in flight is
+            txn.put(job_key(n), _encode(r), db=db)  # part of queued: 0 once queued is 0)
+        self._staged = staged
+        return len(staged)
+
+    def committed(self) -> None:
+        """The transaction `write` filled is durable: its records are current."""
+        for n, r in self._staged.items():
+            if r.id not in self.ids:
+                self._index(r)
+            if r.ended:
+                self.live.pop(n, None)
+            else:
+                self.live[n] = r
+        self._staged = {}
+
+    def release(self, plan: JobPlan) -> None:
+        """The plan is over (committed or failed): its jobs may get tick operations again."""
+        self.busy.difference_update(plan.busy)
+
+    def replies(self, plan: JobPlan) -> list[JobRecord | str]:
+        """Per operation of a committed plan: the job's record now, or why it was refused."""
+        out: list[JobRecord | str] = []
+        for a in plan.answers:
+            if isinstance(a, str):
+                out.append(a)
+                continue
+            r = self.get(a)
+            out.append(r if r is not None else f"no job {a}")
+        return out
+
+
+class JobOps:
+    """Why: a job operation reaches into the core (a cancel withdraws queued entries) and the
+    segments; this part does that and hands the commit a plan."""
+
+    def __init__(self, state: StoreState) -> None:
+        self.state = state
+        self.table = state.jobs
+
+    def in_flight(self) -> dict[int, int]:
+        """Job -> items of it an engine holds now (from the core's in-flight batches)."""
+        segs = self.state.segs
+        out: dict[int, int] = {}
+        last_seg, job = -1, 0
+        for f in self.state.core.inflight.values():
+            for e in f.batch.entries:
+                sid = seg_of(e.key)
+                if sid != last_seg:
+                    last_seg = sid
+                    h = segs.get(sid)
+                    job = h.job if h is not None else 0
+                if job:
+                    out[job] = out.get(job, 0) + 1
+        return out
+
+    def prepare(self, ops: list[JobOp], now: float, into: CompletePlan | None
+                ) -> tuple[JobPlan, CompletePlan | None]:
+        """Prepare `ops` (nothing is written yet): new records, changes, and for a cancel the
+        error results of the job's queued entries (withdrawn from their lanes), added to
+        `into` (the cycle's completion; a new plan when None and there are any)."""
+        plan = JobPlan(now)
+        table = self.table
+        for op in ops:
+            if isinstance(op, OpenOp):
+                plan.answers.append(table.open(op, now, plan))
+                continue
+            n = op.job
+            if n not in table.live and n not in plan.new:
+                if isinstance(op, FinalizeOp | CancelOp):
+                    plan.busy.add(n)
+                plan.answers.append(n if table.get(n) is not None else f"no job {n}")
+                continue
+            if isinstance(op, SealOp):
+                plan.changes.append((n, table.seal_change(op, now)))
+            elif isinstance(op, FinalizeOp):
+                plan.busy.add(n)
+                plan.changes.append((n, table.finalize_change(op.in_flight, now)))
+            else:
+                plan.busy.add(n)
+                into = self._cancel(n, op.expired, now, plan, into)
+            plan.answers.append(n)
+        return plan, into
+
+    def _cancel(self, n: int, expired: bool, now: float, plan: JobPlan,
+                into: CompletePlan | None) -> CompletePlan | None:
+        rec = self.table.live[n]
+        probe = msgspec.structs.replace(rec)
+        if expired:
+            if expire_due(probe, now):
+                mark_expired(probe)
+        else:
+            request_cancel(probe, now)
+        if not (probe.state is JobState.CANCELLING or probe.expired):
+            return into  # ended meanwhile, or nothing to expire: the record as it is
+        plan.changes.append((n, self.table.cancel_change(expired, now)))
+        st = self.state
+        segs = st.segs
+
+        def pick(e: Entry) -> bool:
+            h = segs.get(seg_of(e.key))
+            return h is not None and h.job == n
+
+        models = None if len(rec.shapes) >= MAX_SHAPES else {s.model for s in rec.shapes}
+        picked = st.core.withdraw(pick, models)
+        if not picked:
+            return into
+        plan_c = into if into is not None else CompletePlan(0)
+        plan_c.withdrawn.extend(picked)
+        plan_c.now = max(plan_c.now, now)
+        why = "expired" if expired else "cancelled"
+        keys = sorted(entry_key_of(e.key) for _, _, e in picked)
+        with st.env.read() as txn:
+            found = txn.cursor(db=st.env.dbs["data"]).getmulti(keys)
+        created = int(now)
+        tokens = {entry_key_of(e.key): e.tokens for _, _, e in picked}
+        for raw_k, v in found:
+            k = bytes(raw_k)
+            s = entry_decoder.decode(v)
+            seg = seg_of(ref_of(k))
+            h = segs[seg]
+            ms = st.core.models.get(h.model)
+            rec_r = ResultRecord(
+                s.id, h.model, "", why, s.tokens, 0, None, h.signature, s.lane,
+                ms.epoch if ms is not None else 0, None, why, Source(s.source), created,
+                b"", 0, n, s.line)
+            plan_c.rows.append((k, _result_encode(rec_r), seg, tokens[k], n, s.line,
+                                OUT_CANCELLED))
+        return plan_c
