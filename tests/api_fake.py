@@ -2,8 +2,9 @@
 
 It keeps jobs, their items and results in dicts and moves jobs with the same pure functions
 the store uses (`new_job`, `start`, `seal`, `request_cancel`, `settle`). `run(n)` answers the
-first n queued items (an item whose prompt says "fail" gets an error result); a cancel drops
-every queued item as cancelled. Results carry their job and input line, in input order.
+first n queued items (an item whose prompt says "fail" gets an error result); a cancel
+withdraws every queued item, answering it as the store does (a "cancelled" record). Results
+carry their job and input line, in input order.
 """
 
 from __future__ import annotations
@@ -19,13 +20,6 @@ from fabricctl.errors import BrokerError
 from fabricctl.wire.protocol import Ack, JobReply, Reject
 
 
-class JobResult(ResultRecord, array_like=True, gc=False):
-    """A result record with the job and line fields the store gives them."""
-
-    job: int = 0
-    line: int = 0
-
-
 @dataclass
 class View:
     job: JobRecord
@@ -36,7 +30,7 @@ class View:
 class FakeBackend:
     jobs_by_number: dict[int, JobRecord] = field(default_factory=dict)
     queued: dict[int, list[Item]] = field(default_factory=dict)
-    results: dict[int, list[JobResult]] = field(default_factory=dict)
+    results: dict[int, list[ResultRecord]] = field(default_factory=dict)
     submits: int = 0
     now: float = 1_700_000_000.0
 
@@ -83,7 +77,11 @@ class FakeBackend:
 
     async def cancel_job(self, job: str) -> JobReply:
         rec = self._find(job)
-        if J.request_cancel(rec, self.now):
+        if J.request_cancel(rec, self.now):  # the store answers each withdrawn item so
+            for item in self.queued[rec.number]:
+                self.results[rec.number].append(ResultRecord(
+                    item.id, item.model, finish_reason="cancelled", error="cancelled",
+                    source=Source(item.source), job=rec.number, line=item.line))
             rec.cancelled += len(self.queued[rec.number])
             self.queued[rec.number] = []
             J.settle(rec, 0, self.now)
@@ -110,7 +108,7 @@ class FakeBackend:
         for item in take:
             prompt = decode_payload(item.payload).prompt
             err = "engine said no" if "fail" in prompt else None
-            self.results[number].append(JobResult(
+            self.results[number].append(ResultRecord(
                 item.id, item.model, text=f"answer to {prompt}", error=err,
                 source=Source(item.source), created=int(self.now), job=number,
                 line=item.line))

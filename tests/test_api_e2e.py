@@ -246,7 +246,7 @@ def test_cancelling_a_large_batch(tmp_path: Path) -> None:
             assert time.monotonic() < deadline
             time.sleep(0.02)
         got = c.batches.cancel(batch.id)
-        assert got.status in ("cancelling", "cancelled")
+        assert got.status == "cancelling"  # in-flight requests finish first
         seen = [got.status, *wait_ended(c, batch.id)]
         assert seen[-1] == "cancelled"
         done = c.batches.retrieve(batch.id)
@@ -269,14 +269,14 @@ def test_cancelling_a_large_batch(tmp_path: Path) -> None:
 
 @needs_jobs
 def test_a_batch_past_its_window_expires(tmp_path: Path) -> None:
-    b = ApiBroker(tmp_path / "d", tmp_path, toml="[sim]\ntime_scale = 0.05\n")
+    b = ApiBroker(tmp_path / "d", tmp_path, toml="[sim]\ntime_scale = 1.0\n")
     try:
         c = b.client()
-        n = 5000
+        n = 3000
         f = c.files.create(file=("in.jsonl", jsonl([request(f"e{i}", max_tokens=64)
                                                     for i in range(n)])), purpose="batch")
-        batch = c.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="3s")
-        assert batch.completion_window == "3s" and batch.expires_at is not None
+        batch = c.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="2s")
+        assert batch.completion_window == "2s" and batch.expires_at is not None
         seen = wait_ended(c, batch.id)
         assert seen[-1] == "expired", seen
         done = c.batches.retrieve(batch.id)

@@ -164,13 +164,10 @@ class BatchApi:
         size = self.files.size_of(file_id)
         if size is None:
             size = 0
-            async for chunk in content(self.backend, job, which, self._input(job)):
+            async for chunk in content(self.backend, job, which):
                 size += len(chunk)
             self.files.set_size(file_id, size)  # ended: its content no longer changes
         return size
-
-    def _input(self, job: JobRecord) -> Path:
-        return self.files.blob_path(job.input_file_id or job.name)
 
 
 # ---- handlers -------------------------------------------------------------------------------
@@ -241,7 +238,7 @@ async def file_content(api: BatchApi, request: Request) -> Response:
     v = await api.virtual(file_id)
     if v is not None:
         job, which = v
-        return StreamingResponse(content(api.backend, job, which, api._input(job)),
+        return StreamingResponse(content(api.backend, job, which),
                                  media_type="application/jsonl")
     rec = api.upload(file_id)
     return StreamingResponse(_read_file(api.files.blob_path(rec.id)),

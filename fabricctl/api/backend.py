@@ -5,7 +5,6 @@ Contract: `BatchBackend` is the Protocol of those calls (the signatures of
 `ClientBackend` is the real one: a producer connection to the daemon's own Unix socket,
 opened on first use and opened again when the broker dropped it (the API is a producer
 like `submit`: it adds no second path into the store). Tests use an in-memory fake.
-`line_of(result)` is the input line a result record answers.
 """
 
 from __future__ import annotations
@@ -55,11 +54,6 @@ class BatchBackend(Protocol):
                           limit: int = 1000) -> list[ResultRecord]: ...
 
 
-def line_of(rec: ResultRecord) -> int:
-    """The input line of a job's result (`ResultRecord.line`, set by the store)."""
-    return int(getattr(rec, "line", 0))
-
-
 class ClientBackend:
     """Why: one producer connection, reopened after a loss, shared by every API request."""
 
@@ -73,13 +67,6 @@ class ClientBackend:
             if self._client is None or self._client.closed.is_set():
                 self._client = await Client.connect(self.socket_path, "producer", self.name)
             return cast(BatchBackend, self._client)
-
-    async def _retry(self) -> BatchBackend:
-        """After a lost connection: a fresh one (once)."""
-        async with self._lock:
-            if self._client is not None and self._client.closed.is_set():
-                self._client = None
-        return await self._conn()
 
     async def open_job(self, kind: str, name: str = "", sha256: str = "", size: int = 0,
                        endpoint: str = "", metadata: dict[str, str] | None = None,
@@ -104,14 +91,14 @@ class ClientBackend:
     async def jobs(self) -> list[JobRecord]:
         try:
             return await (await self._conn()).jobs()
-        except BackendMissing:  # reads are safe to send again
-            return await (await self._retry()).jobs()
+        except BackendMissing:  # the broker dropped us: a read is safe to send again
+            return await (await self._conn()).jobs()
 
     async def job(self, id: str) -> JobView:
         try:
             return await (await self._conn()).job(id)
         except BackendMissing:
-            return await (await self._retry()).job(id)
+            return await (await self._conn()).job(id)
 
     async def job_results(self, job: str, after_line: int = 0,
                           limit: int = 1000) -> list[ResultRecord]:
@@ -119,7 +106,7 @@ class ClientBackend:
             return await (await self._conn()).job_results(job, after_line=after_line,
                                                           limit=limit)
         except BackendMissing:
-            return await (await self._retry()).job_results(job, after_line=after_line,
+            return await (await self._conn()).job_results(job, after_line=after_line,
                                                            limit=limit)
 
     async def close(self) -> None:

@@ -8,12 +8,12 @@ Contract:
   line the broker refused, a line the reader refused). Every item carries its input line.
   With `resume` (the daemon restarted while it fed) items the job already holds are
   skipped by the broker. A file with no request at all fails the job.
-- `content(backend, job, which, path)` yields the output (`which="output"`: successful
-  results) or error file (`"error"`: error results, then the requests cancelled or expired
-  unrun as `batch_cancelled` / `batch_expired` lines, OpenAI's codes) in input-line order,
-  each line in OpenAI batch output form (`fabricctl.formats.results.result_line`). It pages
-  through `job_results` (`PAGE` records at a time) and, only when the job cancelled
-  requests, walks the input file beside them for the custom_ids that have no result.
+- `content(backend, job, which)` yields the output (`which="output"`: successful results)
+  or error file (`"error"`: error results, and the requests cancelled or expired unrun,
+  which the store answers with a "cancelled" / "expired" record, as OpenAI's
+  `batch_cancelled` / `batch_expired` lines) in input-line order, each result in OpenAI
+  batch output form (`fabricctl.formats.results.result_line`). It pages through
+  `job_results`, `PAGE` records at a time.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 import xxhash
 
-from fabricctl.api.backend import BatchBackend, line_of
+from fabricctl.api.backend import BatchBackend
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.records import LENGTH_EXCEEDED, ResultRecord
 from fabricctl.core.types import Item
@@ -105,6 +105,22 @@ async def feed(backend: BatchBackend, path: Path, job: JobRecord, counter: Token
 
 # ---- output -------------------------------------------------------------------------------
 
+# The store answers a request withdrawn unrun with a record whose finish_reason (and error)
+# says why; OpenAI writes such a request to the error file with these codes.
+_UNRUN = {
+    "cancelled": ("batch_cancelled",
+                  "This request could not be executed before the batch was cancelled."),
+    "expired": ("batch_expired",
+                "This request could not be executed before the completion window expired."),
+}
+
+
+def unrun_code(rec: ResultRecord) -> str | None:
+    """`batch_cancelled` / `batch_expired` for a request withdrawn before it ran, else None."""
+    if rec.finish_reason in _UNRUN and rec.error == rec.finish_reason and not rec.response:
+        return _UNRUN[rec.finish_reason][0]
+    return None
+
 
 def is_error(rec: ResultRecord) -> bool:
     return rec.error is not None or rec.status != 0 or rec.finish_reason == LENGTH_EXCEEDED
@@ -126,75 +142,30 @@ class _UnrunLine(msgspec.Struct):
     error: _Unrun
 
 
-class _CustomId(msgspec.Struct):
-    """Why: reads only the custom_id of an input line."""
-
-    custom_id: str = ""
-
-
-_cid = msgspec.json.Decoder(_CustomId)
 _enc = msgspec.json.Encoder()
 
 
-def unrun_line(job: JobRecord, custom_id: str) -> bytes:
-    if job.expired:
-        err = _Unrun("batch_expired",
-                     "This request could not be executed before the completion window expired.")
-    else:
-        err = _Unrun("batch_cancelled",
-                     "This request could not be executed before the batch was cancelled.")
-    h = xxhash.xxh3_128_hexdigest(f"{job.id}\x00{custom_id}".encode())
-    return _enc.encode(_UnrunLine(f"batch_req_{h}", custom_id, None, err)) + b"\n"
+def unrun_line(rec: ResultRecord) -> bytes:
+    code, message = _UNRUN[rec.finish_reason or ""]
+    h = xxhash.xxh3_128_hexdigest(f"{rec.id}\x00{rec.created}".encode())
+    return _enc.encode(_UnrunLine(f"batch_req_{h}", rec.id, None, _Unrun(code, message))) + b"\n"
 
 
-def _input_ids(path: Path) -> Iterator[tuple[int, str]]:
-    """(line, custom_id) of every request line of an input file, in order."""
-    try:
-        fp = open(path, "rb")  # noqa: SIM115 - closed by the generator
-    except FileNotFoundError:
-        return
-    with fp:
-        for n, raw in enumerate(fp, 1):
-            if not raw.strip():
-                continue
-            if n == 1:
-                raw = raw.removeprefix(b"\xef\xbb\xbf")
-            try:
-                yield n, _cid.decode(raw).custom_id
-            except msgspec.DecodeError:
-                continue
-
-
-async def content(backend: BatchBackend, job: JobRecord, which: str,
-                  path: Path) -> AsyncIterator[bytes]:
+async def content(backend: BatchBackend, job: JobRecord, which: str) -> AsyncIterator[bytes]:
     """The lines of a batch's output or error file, in input order (see the contract)."""
     want_errors = which == "error"
-    unrun = want_errors and job.cancelled > 0
-    inputs = _input_ids(path) if unrun else iter(())
-    ahead = next(inputs, None)  # the next input request not yet accounted for
     after = 0
     while True:
         page = await backend.job_results(job.id, after_line=after, limit=PAGE)
         out = bytearray()
         for rec in page:
-            line = line_of(rec)
-            while ahead is not None and ahead[0] <= line:  # before this line: never ran
-                if ahead[0] < line:
-                    out += unrun_line(job, ahead[1])
-                ahead = next(inputs, None)
-            if is_error(rec) == want_errors:
+            if unrun_code(rec) is not None:
+                if want_errors:
+                    out += unrun_line(rec)
+            elif is_error(rec) == want_errors:
                 out += result_line(rec)
-            after = max(after, line)
         if out:
             yield bytes(out)
-        if len(page) < PAGE or not page or line_of(page[-1]) <= 0:
+        if len(page) < PAGE or page[-1].line <= after:
             break
-    rest = bytearray()
-    while ahead is not None:
-        rest += unrun_line(job, ahead[1])
-        if len(rest) > 1 << 16:
-            yield bytes(rest)
-            rest.clear()
-        ahead = next(inputs, None)
-    if rest:
-        yield bytes(rest)
+        after = page[-1].line
