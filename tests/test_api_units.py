@@ -198,7 +198,7 @@ class Harness:
     def __init__(self, tmp: Path, token: str = "") -> None:
         self.backend = FakeBackend()
         self.files = FileStore(tmp / "files")
-        self.api = BatchApi(self.backend, self.files, EstimateCounter(), token,
+        self.api = BatchApi(self.backend, self.files, EstimateCounter(), token=token,
                             clock=lambda: self.backend.now)
         self.app = build_app(self.api)
 

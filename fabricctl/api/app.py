@@ -10,10 +10,14 @@ Contract:
 - An upload streams (`fabricctl.api.upload`) into the files dir and is kept only when every
   line passed; then its record is in the `FileStore`. A batch is created by
   `open_job(kind="api", validating=True, ...)` and answered at once (`validating`); its file
-  is fed in by a task of the `BatchApi` (`fabricctl.api.batches.feed`), which seals it.
+  is fed in by a task of the `BatchApi` (`fabricctl.api.batches.feed`, which seals it; a
+  feed that fails fails the job with its error).
   Jobs left validating by a stopped daemon are fed again (`resume`) when the API starts.
 - A batch's output and error files are virtual: `file-<batch id>-output` / `-error`, found
   once the batch ended with such lines, their content streamed from the job's results.
+- `process_feeder(...)` is how the daemon feeds: each batch from a child process
+  (`fabricctl.api.feeder`), a producer on the daemon's socket, so parsing and token
+  counting never hold the broker's GIL; without it `BatchApi` feeds in its own loop.
 - `ApiServer(api, host, port)` binds the socket itself (a clear error when it cannot; port
   0 picks one, `port` then says which), serves with `uvicorn.Server` as a task of the
   running loop without touching its signal handlers, and `stop()` ends it and the feeds.
@@ -27,6 +31,7 @@ import hmac
 import logging
 import secrets
 import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -65,7 +70,7 @@ from fabricctl.api.objects import (
 from fabricctl.api.upload import receive_upload
 from fabricctl.core.jobs import JobRecord, JobState
 from fabricctl.errors import BrokerError, UsageError
-from fabricctl.formats.tokens import TokenCounter
+from fabricctl.formats.tokens import EstimateCounter, TokenCounter
 from fabricctl.store.files import FileRecord, FileStore
 
 log = logging.getLogger("fabricctl.api")
@@ -77,14 +82,49 @@ def _json(obj: object, status: int = 200) -> Response:
     return Response(_enc.encode(obj), status, media_type="application/json")
 
 
+Feeder = Callable[[JobRecord, FileRecord, Path, bool], Awaitable[None]]
+
+
+def process_feeder(socket_path: Path, tokenizer: str, model: str) -> Feeder:
+    """Feed each batch from a `fabricctl.api.feeder` child process (its own GIL)."""
+
+    async def run(job: JobRecord, rec: FileRecord, path: Path, resume: bool) -> None:
+        args = [sys.executable, "-m", "fabricctl.api.feeder", str(socket_path),
+                str(job.number), job.id, str(path), str(rec.lines), "--tokenizer", tokenizer,
+                "--model", model, *(["--resume"] if resume else [])]
+        proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL,
+                                                    stdout=asyncio.subprocess.DEVNULL,
+                                                    stderr=asyncio.subprocess.PIPE)
+        try:
+            _, err = await proc.communicate()
+        except BaseException:  # the API stops: the job stays validating, fed again later
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            raise
+        if proc.returncode != 0:
+            lines = err.decode(errors="replace").strip().splitlines()
+            raise RuntimeError(lines[-1] if lines else f"the feeder exited {proc.returncode}")
+
+    return run
+
+
 class BatchApi:
     """Why: the state every request shares: the broker link, the files and the feeds."""
 
-    def __init__(self, backend: BatchBackend, files: FileStore, counter: TokenCounter,
-                 token: str = "", clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, backend: BatchBackend, files: FileStore,
+                 counter: TokenCounter | None = None, token: str = "",
+                 clock: Callable[[], float] = time.time, feeder: Feeder | None = None) -> None:
         self.backend, self.files, self.counter, self.token = backend, files, counter, token
         self.clock = clock
         self.feeds: dict[str, asyncio.Task[None]] = {}
+        self.feeder: Feeder = feeder or self._feed_here
+
+    async def _feed_here(self, job: JobRecord, rec: FileRecord, path: Path,
+                         resume: bool) -> None:
+        """Feed in this process (tests; the daemon uses `process_feeder`)."""
+        await feed(self.backend, path, job, self.counter or EstimateCounter(), rec.lines,
+                   resume=resume)
 
     # -- feeds ----------
 
@@ -95,8 +135,7 @@ class BatchApi:
 
     async def _feed(self, job: JobRecord, rec: FileRecord, resume: bool) -> None:
         try:
-            await feed(self.backend, self.files.blob_path(rec.id), job, self.counter,
-                       rec.lines, resume=resume)
+            await self.feeder(job, rec, self.files.blob_path(rec.id), resume)
         except asyncio.CancelledError:
             raise
         except Exception as e:

@@ -24,6 +24,7 @@ Contract:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from array import array
@@ -250,9 +251,9 @@ async def receive_upload(stream: AsyncIterator[bytes], content_type: str,
                 parser.write(chunk)
         parser.finalize()
         sink.flush()
-        os.fsync(sink.fileno())
+        await asyncio.to_thread(os.fsync, sink.fileno())  # seconds for a big file: off the loop
     if not up.has_file:
         raise ApiError(400, "the upload has no 'file' part", "file", "invalid_request")
     if up.checker.error is None:
-        up.checker.error = up.checker.duplicate(sink_path)
+        up.checker.error = await asyncio.to_thread(up.checker.duplicate, sink_path)
     return up

@@ -201,17 +201,18 @@ class ApiService:
 async def start_api(cfg: AppConfig, daemon: Daemon) -> ApiService:
     """The OpenAI Batch API on `server.api`, a producer on the daemon's own socket."""
     from fabricctl.api.address import api_address
-    from fabricctl.api.app import ApiServer, BatchApi
+    from fabricctl.api.app import ApiServer, BatchApi, process_feeder
     from fabricctl.api.backend import ClientBackend
-    from fabricctl.formats.tokens import choose_counter
     from fabricctl.store.files import FileStore
 
     assert daemon.server is not None
     host, port = api_address(cfg.server.api, cfg.server.token)
     backend = ClientBackend(daemon.server.cfg.socket_path)
     files = FileStore(cfg.data_dir / "files")
-    counter = choose_counter(cfg.producer.tokenizer, cfg.model)
-    server = ApiServer(BatchApi(backend, files, counter, cfg.server.token), host, port)
+    socket_path = daemon.server.cfg.socket_path
+    feeder = process_feeder(socket_path, cfg.producer.tokenizer, cfg.model)
+    api = BatchApi(backend, files, token=cfg.server.token, feeder=feeder)
+    server = ApiServer(api, host, port)
     try:
         await server.start()
     except BaseException:
