@@ -14,7 +14,8 @@ one job its arg names (an id or a unique prefix: none is `not_found`, several `a
 `job_results` the results of that job's lines after `since`, in input order, `limit` at
 most; `status` carries a small `jobs` summary (the jobs not ended, with their counts).
 Every read of the store goes through its methods (`results_since`, `results_by_key`,
-`result`, `finished_shapes`, `stats`, `persisted_ledger`); the views see the daemon through
+`result`, `finished_shapes`, `stats`, `persisted_ledger`, `find_jobs`, `job`, `live_jobs`,
+`recent_jobs`, `job_results`, `job_in_flight`); the views see the daemon through
 its `ServerState`.
 """
 
@@ -126,7 +127,7 @@ def job_view(state: ServerState, rec: JobRecord) -> JobView:
 
 def jobs_summary(state: ServerState, limit: int = 20) -> list[dict[str, Any]]:
     """The jobs not ended, newest first, with their counts (for `status`)."""
-    live = sorted(state.store.jobs.live.values(), key=lambda r: r.number, reverse=True)
+    live = state.store.live_jobs()
     return [{"id": r.id, "kind": r.kind, "name": r.name, "state": r.state.value,
              "total": r.total, "queued": r.queued, "completed": r.completed,
              "failed": r.failed, "cancelled": r.cancelled} for r in live[:limit]]

@@ -81,7 +81,10 @@ class Commit:
                     yield
             if com is not None:
                 completed = yield from self.completion.settle_steps(txn, com, batched, grown)
-            self.jobs.write(txn, ing, com, jp, now)  # the jobs whose counts or state moved
+            self.jobs.write(  # the jobs whose counts or state moved
+                txn, jp, now, ing.jobs if ing is not None else None,
+                ing.job_shapes if ing is not None else None,
+                com.jobs if com is not None else None)
             self.finished.write(txn)  # the records of shapes finished since the last commit
             ledger = meta.ledger_after(received, completed)
             meta.write(txn, dbs["meta"], ledger=ledger,

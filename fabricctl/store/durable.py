@@ -79,7 +79,8 @@ from fabricctl.store.config import StoreConfig
 from fabricctl.store.dispatch import Dispatch, Done
 from fabricctl.store.env import StoreEnv
 from fabricctl.store.ingest import Ingest, IngestPlan, Reject
-from fabricctl.store.jobs import CancelOp, JobOp, JobOps, JobPlan, JobTable, OpenOp, SealOp
+from fabricctl.store.jobops import JobOps
+from fabricctl.store.jobs import CancelOp, JobOp, JobPlan, JobTable, OpenOp, SealOp
 from fabricctl.store.keys import SegHeader, StoredEntry
 from fabricctl.store.meta import Meta, PersistedLedger
 from fabricctl.store.reads import Reads
@@ -307,6 +308,10 @@ class DurableBroker:
     def attach_to(self, kind: str, name: str, sha256: str) -> int | None:
         """The newest job of this input a rerun may join (`JobTable.attach_to`)."""
         return self.jobs.attach_to(kind, name, sha256)
+
+    def live_jobs(self) -> list[JobRecord]:
+        """The jobs not ended, newest first (from memory: no read)."""
+        return sorted(self.jobs.live.values(), key=lambda r: r.number, reverse=True)
 
     def recent_jobs(self, limit: int = 1000) -> list[JobRecord]:
         """The newest `limit` jobs, newest first."""

@@ -2,18 +2,20 @@
 
 Contract: a job's record (`fabricctl.core.jobs.JobRecord`) is written in the transaction of
 every change to it, so after any crash its counts agree with the entries and results on
-disk: `write(txn, ingest, complete, plan, now)` (called by the commit, inside its
-transaction) takes the current record of every job the commit touches, adds the totals of
-the ingest (and the shapes its items joined), the outcomes of the completion (completed,
-failed, cancelled), applies the plan's operations in order, settles it once (in_progress ->
-finalizing, cancelling -> cancelled, an expired window -> expired, once every item has an
-outcome; finalizing -> completed is the tick's `FinalizeOp`), and puts it; `committed()`
-makes those records current (a restaged transaction writes them again from the same base).
+disk: `write(txn, plan, now, totals, shapes, outcomes)` (called by the commit, inside its
+transaction, with what its ingest and completion count per job) takes the current record of
+every job the commit touches, adds the totals of the ingest (and the shapes its items
+joined), the outcomes of the completion (completed, failed, cancelled), applies the plan's
+operations in order, settles it once (in_progress -> finalizing, cancelling -> cancelled, an
+expired window -> expired, once every item has an outcome; finalizing -> completed is the
+tick's `FinalizeOp`), and puts it; `committed()` makes those records current (a restaged
+transaction writes them again from the same base).
 
 Operations come in as `OpenOp`, `SealOp`, `CancelOp` (expired: the completion window's
-cancel) and `FinalizeOp`; `JobPlan` carries them from `prepare` (the durable broker's
-`prepare_jobs`, which also withdraws a cancelled job's queued entries) to the commit and to
-`replies(plan)`: per operation, the record after it, or the message of why it was refused.
+cancel) and `FinalizeOp`; `JobPlan` carries them from `JobOps.prepare` (jobops.py: the
+durable broker's `prepare_jobs`, which also withdraws a cancelled job's queued entries) to
+the commit and to `replies(plan)`: per operation, the record after it, or the message of why
+it was refused.
 
 Memory: `live` holds the jobs not ended (what the tick looks at), `ids` every job's id ->
 number (lookup by id or unique prefix), `by_input` (kind, name, sha256) -> numbers (attach);
@@ -32,8 +34,8 @@ import lmdb
 import msgspec
 
 from fabricctl.core.jobs import (
-    MAX_SHAPES,
     JobRecord,
+    JobShape,
     JobState,
     add_errors,
     add_shapes,
@@ -47,18 +49,12 @@ from fabricctl.core.jobs import (
     settle,
     start,
 )
-from fabricctl.core.records import ResultRecord, Source
-from fabricctl.core.types import Entry
-from fabricctl.store.completion import OUT_CANCELLED, CompletePlan
-from fabricctl.store.keys import entry_decoder, entry_key_of, job_key, ref_of, seg_of
+from fabricctl.store.keys import job_key
 
 if TYPE_CHECKING:
     from fabricctl.store.env import StoreEnv
-    from fabricctl.store.ingest import IngestPlan
-    from fabricctl.store.state import StoreState
 
 _encode = msgspec.msgpack.Encoder().encode
-_result_encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(JobRecord).decode
 
 
@@ -272,9 +268,13 @@ class JobTable:
 
     # -- the commit ----------
 
-    def write(self, txn: lmdb.Transaction, ingest: IngestPlan | None,
-              complete: CompletePlan | None, plan: JobPlan | None, now: float) -> int:
-        """Put the record of every job this transaction changes; returns how many."""
+    def write(self, txn: lmdb.Transaction, plan: JobPlan | None, now: float,
+              totals: dict[int, int] | None = None,
+              shapes: dict[int, set[JobShape]] | None = None,
+              outcomes: dict[int, list[int]] | None = None) -> int:
+        """Put the record of every job this transaction changes; returns how many.
+        `totals`: items an ingest adds per job (`shapes`: the shapes they joined);
+        `outcomes`: per job, [completed, failed, cancelled] a completion adds."""
         staged: dict[int, JobRecord] = {}
         db = self.env.dbs["jobs"]
 
@@ -293,13 +293,12 @@ class JobTable:
         if plan is not None:
             for n in plan.new:
                 rec(n)
-        if ingest is not None:
-            for n, k in ingest.jobs.items():
-                if (r := rec(n)) is not None:
-                    r.total += k
-                    add_shapes(r, ingest.job_shapes.get(n, set()))
-        if complete is not None:
-            for n, (done, failed, cancelled) in complete.jobs.items():
+        for n, k in (totals or {}).items():
+            if (r := rec(n)) is not None:
+                r.total += k
+                add_shapes(r, (shapes or {}).get(n, set()))
+        if outcomes:
+            for n, (done, failed, cancelled) in outcomes.items():
                 if (r := rec(n)) is not None:
                     r.completed += done
                     r.failed += failed
@@ -340,102 +339,3 @@ class JobTable:
             r = self.get(a)
             out.append(r if r is not None else f"no job {a}")
         return out
-
-
-class JobOps:
-    """Why: a job operation reaches into the core (a cancel withdraws queued entries) and the
-    segments; this part does that and hands the commit a plan."""
-
-    def __init__(self, state: StoreState) -> None:
-        self.state = state
-        self.table = state.jobs
-
-    def in_flight(self) -> dict[int, int]:
-        """Job -> items of it an engine holds now (from the core's in-flight batches)."""
-        segs = self.state.segs
-        out: dict[int, int] = {}
-        last_seg, job = -1, 0
-        for f in self.state.core.inflight.values():
-            for e in f.batch.entries:
-                sid = seg_of(e.key)
-                if sid != last_seg:
-                    last_seg = sid
-                    h = segs.get(sid)
-                    job = h.job if h is not None else 0
-                if job:
-                    out[job] = out.get(job, 0) + 1
-        return out
-
-    def prepare(self, ops: list[JobOp], now: float, into: CompletePlan | None
-                ) -> tuple[JobPlan, CompletePlan | None]:
-        """Prepare `ops` (nothing is written yet): new records, changes, and for a cancel the
-        error results of the job's queued entries (withdrawn from their lanes), added to
-        `into` (the cycle's completion; a new plan when None and there are any)."""
-        plan = JobPlan(now)
-        table = self.table
-        for op in ops:
-            if isinstance(op, OpenOp):
-                plan.answers.append(table.open(op, now, plan))
-                continue
-            n = op.job
-            if n not in table.live and n not in plan.new:
-                if isinstance(op, FinalizeOp | CancelOp):
-                    plan.busy.add(n)
-                plan.answers.append(n if table.get(n) is not None else f"no job {n}")
-                continue
-            if isinstance(op, SealOp):
-                plan.changes.append((n, table.seal_change(op, now)))
-            elif isinstance(op, FinalizeOp):
-                plan.busy.add(n)
-                plan.changes.append((n, table.finalize_change(op.in_flight, now)))
-            else:
-                plan.busy.add(n)
-                into = self._cancel(n, op.expired, now, plan, into)
-            plan.answers.append(n)
-        return plan, into
-
-    def _cancel(self, n: int, expired: bool, now: float, plan: JobPlan,
-                into: CompletePlan | None) -> CompletePlan | None:
-        rec = self.table.live[n]
-        probe = msgspec.structs.replace(rec)
-        if expired:
-            if expire_due(probe, now):
-                mark_expired(probe)
-        else:
-            request_cancel(probe, now)
-        if not (probe.state is JobState.CANCELLING or probe.expired):
-            return into  # ended meanwhile, or nothing to expire: the record as it is
-        plan.changes.append((n, self.table.cancel_change(expired, now)))
-        st = self.state
-        segs = st.segs
-
-        def pick(e: Entry) -> bool:
-            h = segs.get(seg_of(e.key))
-            return h is not None and h.job == n
-
-        models = None if len(rec.shapes) >= MAX_SHAPES else {s.model for s in rec.shapes}
-        picked = st.core.withdraw(pick, models)
-        if not picked:
-            return into
-        plan_c = into if into is not None else CompletePlan(0)
-        plan_c.withdrawn.extend(picked)
-        plan_c.now = max(plan_c.now, now)
-        why = "expired" if expired else "cancelled"
-        keys = sorted(entry_key_of(e.key) for _, _, e in picked)
-        with st.env.read() as txn:
-            found = txn.cursor(db=st.env.dbs["data"]).getmulti(keys)
-        created = int(now)
-        tokens = {entry_key_of(e.key): e.tokens for _, _, e in picked}
-        for raw_k, v in found:
-            k = bytes(raw_k)
-            s = entry_decoder.decode(v)
-            seg = seg_of(ref_of(k))
-            h = segs[seg]
-            ms = st.core.models.get(h.model)
-            rec_r = ResultRecord(
-                s.id, h.model, "", why, s.tokens, 0, None, h.signature, s.lane,
-                ms.epoch if ms is not None else 0, None, why, Source(s.source), created,
-                b"", 0, n, s.line)
-            plan_c.rows.append((k, _result_encode(rec_r), seg, tokens[k], n, s.line,
-                                OUT_CANCELLED))
-        return plan_c

@@ -1,0 +1,217 @@
+"""Jobs in the durable store (issue 17): ids scoped per job, job-pure segments, results per
+job in input order, cancel and expiry (queued items get error results, in-flight ones
+finish), the tick's settling, and a restart that keeps every job and count."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from fabricctl.core.config import CoreConfig
+from fabricctl.core.jobs import JobState
+from fabricctl.core.types import Contract, Item, ItemResult, Work
+from fabricctl.store.durable import DurableBroker, StoreConfig
+from fabricctl.store.ingest import Reject
+
+MODEL = "m"
+CORE = CoreConfig(lifecycle=False)
+
+
+def store(path: Path, now: float = 100.0) -> DurableBroker:
+    s = DurableBroker(path / "data", now, CORE, StoreConfig(segment_entries=16))
+    s.core.register("gpu0", Contract(MODEL, 8, 100_000, 4096), now)
+    return s
+
+
+def items(n: int, prefix: str = "request-", sig: int = 7, first_line: int = 1) -> list[Item]:
+    return [Item(f"{prefix}{k}", MODEL, sig, 20 + k % 5, 4, f"p{k}".encode(),
+                 line=first_line + k) for k in range(n)]
+
+
+def answer(w: Work, text: str = "ok", fail: set[str] = frozenset()) -> list[ItemResult]:  # type: ignore[assignment]
+    return [ItemResult(it.id, text=text, error="boom" if it.id in fail else None)
+            for it in w.items]
+
+
+def pull_all(s: DurableBroker, now: float = 101.0) -> list[Work]:
+    out = []
+    while (w := s.pull("gpu0", now)) is not None:
+        out.append(w)
+    return out
+
+
+def test_ids_are_scoped_per_job(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    a = s.open_job("api", 100.0, name="file-a")
+    b = s.open_job("api", 100.0, name="file-b")
+    assert s.submit(items(4), 100.0, job=a.number) == ([], 0)
+    assert s.submit(items(4), 100.0, job=b.number) == ([], 0)  # the same custom_ids
+    assert s.submit(items(2), 100.0) == ([], 0)  # and in no job
+    dup = s.submit(items(3), 100.0, job=a.number)  # a repeat in its own job
+    assert dup == ([Reject(i, f"duplicate id 'request-{i}'") for i in range(3)], 0)
+    rejects, skipped = s.submit(items(6), 100.0, job=a.number, resume=True)
+    assert (rejects, skipped) == ([], 4)
+    assert s.job(a.number).total == 6 and s.job(b.number).total == 4  # type: ignore[union-attr]
+    nul = s.submit([Item("x\x00y", MODEL, 7, 5, 4)], 100.0, job=a.number)
+    assert nul == ([Reject(0, "id must not contain NUL")], 0)
+    # the id index of job 0 is the plain id, as before jobs
+    with s.env.read() as txn:
+        assert txn.get(b"request-0", db=s.env.dbs["ids"]) is not None
+        assert txn.get(b"\x00" + a.number.to_bytes(4, "big") + b"request-0",
+                       db=s.env.dbs["ids"]) is not None
+    # every segment is job-pure
+    jobs_of = {}
+    for w in pull_all(s):
+        for it in w.items:
+            jobs_of.setdefault(it.job, set()).add(it.id)
+    assert jobs_of == {0: {"request-0", "request-1"},
+                       a.number: {f"request-{k}" for k in range(6)},
+                       b.number: {f"request-{k}" for k in range(4)}}
+    assert {h.job for h in s.segs.values()} == {0, a.number, b.number}
+    s.close()
+
+
+def test_results_per_job_in_input_order(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    j = s.open_job("submit", 100.0, name="in.jsonl")
+    its = items(30) + items(10, prefix="other-", sig=8, first_line=31)
+    assert s.submit(its, 100.0, job=j.number) == ([], 0)
+    s.seal_job(j.number, 40, 100.0)
+    works = pull_all(s)
+    assert len(works) > 3
+    for w in reversed(works):  # completed newest first: storage order is not input order
+        s.complete(w.id, answer(w, fail={"request-3"}), 102.0)
+    rec = s.job(j.number)
+    assert rec is not None
+    assert (rec.total, rec.completed, rec.failed, rec.cancelled) == (40, 39, 1, 0)
+    assert rec.state is JobState.FINALIZING  # the last result's commit settled it
+    results = s.job_results(j.number)
+    assert [r.line for r in results] == list(range(1, 41))
+    assert [r.id for r in results] == [it.id for it in its]
+    assert [r.error for r in results].count("boom") == 1
+    assert [r.line for r in s.job_results(j.number, after_line=35, limit=3)] == [36, 37, 38]
+    assert s.segs == {}  # every segment resolved and deleted; the results stay readable
+    assert s.tick_jobs(103.0)[0].state is JobState.COMPLETED  # type: ignore[union-attr]
+    assert s.tick_jobs(104.0) == []
+    s.close()
+
+
+def test_cancel_queued_cancelled_in_flight_finish(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    j = s.open_job("submit", 100.0)
+    other = s.open_job("submit", 100.0)
+    s.submit(items(40), 100.0, job=j.number)
+    s.submit(items(5, prefix="keep-"), 100.0, job=other.number)
+    held = s.pull("gpu0", 101.0)
+    assert held is not None and held.items[0].job == j.number
+    n_held = len(held.items)
+    rec = s.cancel_job(j.number, 102.0)
+    assert rec.state is JobState.CANCELLING and rec.sealed
+    assert (rec.cancelled, rec.queued) == (40 - n_held, n_held)
+    assert s.core.ledger.consistent()
+    rest = pull_all(s, 103.0)  # only the other job's items are left to dispatch
+    assert {it.job for w in rest for it in w.items} == {other.number}
+    assert s.complete(held.id, answer(held), 104.0) == n_held  # in flight: it finishes
+    rec = s.job(j.number)
+    assert rec is not None and rec.state is JobState.CANCELLED
+    assert (rec.total, rec.completed, rec.failed, rec.cancelled) == (40, n_held, 0, 40 - n_held)
+    results = s.job_results(j.number, limit=100)
+    assert [r.line for r in results] == list(range(1, 41))
+    assert [r.error for r in results] == [None] * n_held + ["cancelled"] * (40 - n_held)
+    assert {r.finish_reason for r in results[n_held:]} == {"cancelled"}
+    for w in rest:
+        s.complete(w.id, answer(w), 105.0)
+    assert s.core.ledger.consistent() and s.core.ledger.items_completed == 45
+    assert s.job(other.number).completed == 5  # type: ignore[union-attr]
+    assert s.segs == {}
+    # a cancel of an ended job changes nothing
+    assert s.cancel_job(j.number, 106.0).cancelled == 40 - n_held
+    s.close()
+
+
+def test_expiry_cancels_queued_items_as_expired(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    j = s.open_job("api", 100.0, window_s=10.0)
+    s.submit(items(20), 100.0, job=j.number)
+    held = s.pull("gpu0", 101.0)
+    assert held is not None
+    assert s.tick_jobs(109.0) == []  # not due yet
+    [rec] = s.tick_jobs(110.0)
+    assert not isinstance(rec, str)
+    assert rec.expired and rec.state is JobState.IN_PROGRESS  # waits for its in-flight items
+    assert rec.cancelled == 20 - len(held.items)
+    s.complete(held.id, answer(held), 111.0)
+    rec2 = s.job(j.number)
+    assert rec2 is not None and rec2.state is JobState.EXPIRED
+    assert list(rec2.times) == ["in_progress", "expired"]
+    errors = [r.error for r in s.job_results(j.number)]
+    assert errors == [None] * len(held.items) + ["expired"] * (20 - len(held.items))
+    s.close()
+
+
+def test_sealed_and_unknown_jobs_take_no_items(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    j = s.open_job("submit", 100.0)
+    s.submit(items(2), 100.0, job=j.number)
+    s.seal_job(j.number, 2, 100.0)
+    rejects, skipped = s.submit(items(3), 100.0, job=j.number, resume=True)
+    assert skipped == 2 and rejects == [Reject(2, f"job {j.id} is sealed: no more items join it")]
+    assert s.submit(items(1), 100.0, job=77) == ([Reject(0, "no job 77")], 0)
+    with pytest.raises(KeyError):
+        s.seal_job(77, 1, 100.0)
+    s.close()
+
+
+def test_restart_keeps_jobs_counts_and_a_cancel(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    done = s.open_job("submit", 100.0, name="f", sha256="ab" * 32)
+    s.submit(items(12), 100.0, job=done.number)
+    for w in pull_all(s):
+        s.complete(w.id, answer(w), 101.0)
+    going = s.open_job("run", 100.0, name="g")
+    s.submit(items(30), 100.0, job=going.number)
+    held = s.pull("gpu0", 102.0)
+    assert held is not None
+    s.complete(held.id, answer(held), 103.0)
+    held2 = s.pull("gpu0", 103.0)
+    assert held2 is not None
+    s.cancel_job(going.number, 104.0)  # held2 is in flight when the store goes
+    before = {n: s.job(n) for n in (done.number, going.number)}
+    s.close()
+
+    s = store(tmp_path, 200.0)
+    assert s.recovery.ledger_ok
+    for n, rec in before.items():
+        assert s.job(n) == rec
+    assert s.attach_to("submit", "f", "ab" * 32) == done.number
+    assert [r.id for r in s.recent_jobs()] == [going.id, done.id]
+    assert s.find_jobs(going.id[:-1]) == [going.number]
+    # held2's items came back to a lane: the tick withdraws them again
+    [rec] = s.tick_jobs(201.0)
+    assert not isinstance(rec, str) and rec.state is JobState.CANCELLED
+    assert rec.outcomes == rec.total == 30
+    assert len(s.job_results(going.number)) == 30
+    assert pull_all(s) == []
+    s.close()
+    s = store(tmp_path, 300.0)  # a third start: the same again, numbers go on
+    assert s.job(going.number) == rec
+    assert s.open_job("submit", 300.0).number == going.number + 1
+    s.close()
+
+
+def test_a_data_dir_without_the_job_tables_opens(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    assert s.submit(items(3), 100.0) == ([], 0)
+    s.close()
+    env = lmdb.open(str(tmp_path / "data" / "fabric.lmdb"), max_dbs=16, subdir=True)
+    with env.begin(write=True) as txn:  # as a data dir written before jobs
+        for name in (b"jobs", b"jres"):
+            txn.drop(env.open_db(name, txn=txn), delete=True)
+    env.close()
+    s = store(tmp_path, 200.0)
+    assert s.recovery.items == 3 and s.recent_jobs() == []
+    j = s.open_job("submit", 200.0)
+    assert j.number == 1
+    s.close()
