@@ -12,7 +12,10 @@ Promises checked against a real `up --api 127.0.0.1:PORT` subprocess:
   in input order; list shows the batch; cancelling a large batch on slowed simulated GPUs
   goes cancelling then cancelled with request counts that add up and `batch_cancelled`
   lines in the error file; a batch past its completion window expires, results so far
-  kept; a job the API created survives a restart of `up`.
+  kept; a job the API created survives a restart of `up`, and one whose file was still
+  being fed when `up` was SIGKILLed is fed again after the restart (`resume`): one result
+  per request, in input order.
+- `--api` on a port already taken ends `up` with one error line naming it (exit 2).
 """
 
 from __future__ import annotations
@@ -187,6 +190,19 @@ def test_non_loopback_without_token_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "d").exists()  # refused before anything started
 
 
+def test_a_taken_port_is_one_error_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = fabricctl("up", "--data-dir", str(tmp_path / "d"), "--engine", "sim", "--api",
+                        f"127.0.0.1:{port}", env=clean_env(tmp_path), cwd=tmp_path,
+                        timeout=120)
+    assert out.returncode == 2, out.stderr
+    err = out.stderr.decode()
+    assert f"--api 127.0.0.1:{port}: cannot listen there" in err and "Traceback" not in err
+
+
 def test_a_large_upload_keeps_memory_flat(broker: ApiBroker, tmp_path: Path) -> None:
     row = request("x", "y" * 300)
     lines = []
@@ -308,3 +324,58 @@ def test_a_batch_survives_a_restart(tmp_path: Path) -> None:
         assert [json.loads(x)["custom_id"] for x in out] == [f"s{i}" for i in range(50)]
     finally:
         assert b2.stop() == 0, b2.logs()
+
+
+@needs_jobs
+def test_a_batch_being_fed_when_up_is_killed_is_fed_again(tmp_path: Path) -> None:
+    slow = "[sim]\ntime_scale = 0.05\n"
+    b = ApiBroker(tmp_path / "d", tmp_path, toml=slow)
+    n = 20000
+    c = b.client()
+    f = c.files.create(file=("in.jsonl", jsonl([request(f"k{i}") for i in range(n)])),
+                       purpose="batch")
+    batch = c.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
+    deadline = time.monotonic() + 60
+    while True:  # some of it is in, not all: the feed is under way
+        got = c.batches.retrieve(batch.id)
+        assert got.request_counts is not None and time.monotonic() < deadline
+        if got.request_counts.total >= 1024:
+            break
+        time.sleep(0.01)
+    assert got.status == "validating" and got.request_counts.total < n
+    b.proc.kill()
+    b.proc.wait()
+    b.log.close()
+    b2 = ApiBroker(tmp_path / "d", tmp_path, toml=slow)
+    try:
+        c2 = b2.client()
+        assert wait_ended(c2, batch.id, 300)[-1] == "completed"
+        done = c2.batches.retrieve(batch.id)
+        assert done.request_counts is not None and done.errors is None
+        assert (done.request_counts.total, done.request_counts.completed) == (n, n)
+        assert done.output_file_id
+        out = c2.files.content(done.output_file_id).text.splitlines()
+        assert [json.loads(x)["custom_id"] for x in out] == [f"k{i}" for i in range(n)]
+    finally:
+        assert b2.stop() == 0, b2.logs()
+
+
+@needs_jobs
+def test_cancelling_while_validating_stops_the_feed(tmp_path: Path) -> None:
+    b = ApiBroker(tmp_path / "d", tmp_path, toml="[sim]\ntime_scale = 0.05\n")
+    try:
+        c = b.client()
+        n = 20000
+        f = c.files.create(file=("in.jsonl", jsonl([request(f"v{i}") for i in range(n)])),
+                           purpose="batch")
+        batch = c.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
+        assert c.batches.cancel(batch.id).status in ("cancelling", "cancelled")
+        assert wait_ended(c, batch.id)[-1] == "cancelled"
+        done = c.batches.retrieve(batch.id)
+        counts = done.request_counts
+        assert counts is not None and counts.total < n  # the rest of the file never went in
+        assert counts.completed + counts.failed == counts.total
+        again = c.batches.retrieve(batch.id)  # nothing joins it later
+        assert again.request_counts == counts and again.status == "cancelled"
+    finally:
+        assert b.stop() == 0, b.logs()

@@ -6,7 +6,9 @@ Contract:
   GET list with `limit`/`after` newest first, GET `/{id}`, POST `/{id}/cancel`) with OpenAI's
   object shapes (`fabricctl.api.objects`). Every refusal is OpenAI's error shape with its
   status: 400 bad request, 401 a wrong or missing bearer token (only when a token is set),
-  404 unknown id or route, 405 wrong method.
+  404 unknown id or route, 405 wrong method, 409 cancelling a batch that ended, 500 (type
+  `server_error`) what failed here or in the broker. Cancelling a batch still being fed
+  stops its feed first.
 - An upload streams (`fabricctl.api.upload`) into the files dir and is kept only when every
   line passed; then its record is in the `FileStore`. A batch is created by
   `open_job(kind="api", validating=True, ...)` and answered at once (`validating`); its file
@@ -144,6 +146,13 @@ class BatchApi:
                 await self.backend.seal_job(job.number, rec.lines,
                                             errors=[f"feeding the file failed: {e}"],
                                             failed=True)
+
+    async def stop_feed(self, job_id: str) -> None:
+        task = self.feeds.get(job_id)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
     async def resume_feeds(self) -> None:
         """Jobs a stopped daemon left validating: feed their files again (or fail them)."""
@@ -342,6 +351,7 @@ async def cancel_batch(api: BatchApi, request: Request) -> Response:
     if job.ended:
         raise ApiError(409, f"batch {job.id} is already {job.state.value}: it cannot be "
                        "cancelled", None, "batch_ended")
+    await api.stop_feed(job.id)  # still validating: no more of its file goes in
     return _json(batch_object((await api.backend.cancel_job(job.id)).job))
 
 
@@ -408,6 +418,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return Response(_enc.encode(body), exc.status_code, media_type="application/json")
 
 
+async def _server_error(request: Request, exc: Exception) -> Response:
+    log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
+    body = ErrorBody(ErrorInfo(f"the server failed: {type(exc).__name__}: {exc}",
+                               "server_error", None, None))
+    return Response(_enc.encode(body), 500, media_type="application/json")
+
+
 async def _broker_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, BrokerError)
     body = ErrorBody(ErrorInfo(f"the broker refused: {exc.message}", "server_error", None,
@@ -429,7 +446,8 @@ def build_app(api: BatchApi) -> ASGIApp:
         Route("/v1/batches/{batch_id}/cancel", r(api, cancel_batch), methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={
-        ApiError: _api_error, HTTPException: _http_error, BrokerError: _broker_error})
+        ApiError: _api_error, HTTPException: _http_error, BrokerError: _broker_error,
+        Exception: _server_error})
     return _Auth(app, api.token)
 
 
