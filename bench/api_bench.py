@@ -11,8 +11,9 @@ The file: `--lines` OpenAI chat requests over `--shapes` system prompts, generat
 either clock starts. Reported: both wall times, their ratio (api / submit; the issue's
 target is <= 1.2), the upload's own time and rate, and the daemon's memory while it took
 the upload: VmHWM (peak RSS) just before and just after `files.create`, and the growth,
-against the file's size (flat means the growth does not scale with the file). Both runs must
-write one output line per input line.
+against the file's size (flat means the growth does not scale with the file), and when (from
+the start of the upload) the poll first saw each status. Both runs must write one output
+line per input line.
 
     .venv/bin/python bench/api_bench.py                 # a table, 100,000 lines
     .venv/bin/python bench/api_bench.py --json          # exactly one JSON object
@@ -143,11 +144,13 @@ def run_api(home: Path, path: Path) -> dict[str, Any]:
         hwm_after = up.status_kib("VmHWM")
         b = c.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
         statuses = [b.status]
+        seen_at = {b.status: time.perf_counter() - t0}
         while b.status not in ("completed", "failed", "cancelled", "expired"):
             time.sleep(0.05)
             b = c.batches.retrieve(b.id)
             if b.status != statuses[-1]:
                 statuses.append(b.status)
+                seen_at[b.status] = time.perf_counter() - t0
         if b.status != "completed" or not b.output_file_id:
             raise RuntimeError(f"batch ended {b.status}: {b.errors}")
         out = home / "api-out.jsonl"
@@ -159,6 +162,7 @@ def run_api(home: Path, path: Path) -> dict[str, Any]:
         with out.open("rb") as fp:
             lines_out = sum(1 for _ in fp)
         return {"wall_s": wall, "upload_s": t_up, "statuses": statuses,
+                "seen_at_s": {k: round(v, 2) for k, v in seen_at.items()},
                 "lines_out": lines_out, "upload_hwm_before_kib": hwm_before,
                 "upload_hwm_after_kib": hwm_after, "upload_rss_before_kib": rss_before,
                 "upload_peak_growth_kib": hwm_after - hwm_before}
@@ -223,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         "upload_peak_rss_after_mib": round(api["upload_hwm_after_kib"] / 1024, 1),
         "upload_peak_growth_mib": round(api["upload_peak_growth_kib"] / 1024, 1),
         "statuses": api["statuses"],
+        "api_status_seen_at_s": api["seen_at_s"],
         "api_lines_out": api["lines_out"], "submit_lines_out": sub["lines_out"],
     }
     ok = all(a["lines_out"] == s["lines_out"] == args.lines for a, s in runs)

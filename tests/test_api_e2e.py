@@ -13,14 +13,15 @@ Promises checked against a real `up --api 127.0.0.1:PORT` subprocess:
   goes cancelling then cancelled with request counts that add up and `batch_cancelled`
   lines in the error file; a batch past its completion window expires, results so far
   kept; a job the API created survives a restart of `up`, and one whose file was still
-  being fed when `up` was SIGKILLed is fed again after the restart (`resume`): one result
-  per request, in input order.
+  being fed when `up` was SIGKILLed (or stopped by SIGINT) is fed again after the restart
+  (`resume`): one result per request, in input order.
 - `--api` on a port already taken ends `up` with one error line naming it (exit 2).
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import time
@@ -327,7 +328,8 @@ def test_a_batch_survives_a_restart(tmp_path: Path) -> None:
 
 
 @needs_jobs
-def test_a_batch_being_fed_when_up_is_killed_is_fed_again(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["sigkill", "sigint"])
+def test_a_batch_being_fed_when_up_stops_is_fed_again(tmp_path: Path, how: str) -> None:
     slow = "[sim]\ntime_scale = 0.05\n"
     b = ApiBroker(tmp_path / "d", tmp_path, toml=slow)
     n = 20000
@@ -343,8 +345,11 @@ def test_a_batch_being_fed_when_up_is_killed_is_fed_again(tmp_path: Path) -> Non
             break
         time.sleep(0.01)
     assert got.status == "validating" and got.request_counts.total < n
-    b.proc.kill()
-    b.proc.wait()
+    if how == "sigkill":
+        b.proc.kill()
+    else:  # a graceful stop: the feed is stopped, not failed
+        b.proc.send_signal(signal.SIGINT)
+    assert b.proc.wait(timeout=60) in (-signal.SIGKILL, 130)
     b.log.close()
     b2 = ApiBroker(tmp_path / "d", tmp_path, toml=slow)
     try:

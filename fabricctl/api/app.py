@@ -94,9 +94,12 @@ def process_feeder(socket_path: Path, tokenizer: str, model: str) -> Feeder:
         args = [sys.executable, "-m", "fabricctl.api.feeder", str(socket_path),
                 str(job.number), job.id, str(path), str(rec.lines), "--tokenizer", tokenizer,
                 "--model", model, *(["--resume"] if resume else [])]
+        # its own session: a Ctrl-C at `up`'s terminal must not kill it before the API
+        # stops it (a feeder that died on its own fails its job)
         proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL,
                                                     stdout=asyncio.subprocess.DEVNULL,
-                                                    stderr=asyncio.subprocess.PIPE)
+                                                    stderr=asyncio.subprocess.PIPE,
+                                                    start_new_session=True)
         try:
             _, err = await proc.communicate()
         except BaseException:  # the API stops: the job stays validating, fed again later
