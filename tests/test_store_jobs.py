@@ -148,6 +148,14 @@ def test_expiry_cancels_queued_items_as_expired(tmp_path: Path) -> None:
     assert list(rec2.times) == ["in_progress", "expired"]
     errors = [r.error for r in s.job_results(j.number)]
     assert errors == [None] * len(held.items) + ["expired"] * (20 - len(held.items))
+    # a job still validating at its deadline expires once it runs
+    v = s.open_job("api", 200.0, window_s=5.0, validating=True)
+    assert s.tick_jobs(206.0) == []
+    s.submit(items(2, prefix="v-"), 206.0, job=v.number)
+    assert s.seal_job(v.number, 2, 206.0).state is JobState.IN_PROGRESS
+    [late] = s.tick_jobs(207.0)
+    assert not isinstance(late, str) and late.state is JobState.EXPIRED
+    assert (late.cancelled, list(late.times)) == (2, ["validating", "in_progress", "expired"])
     s.close()
 
 

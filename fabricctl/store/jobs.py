@@ -250,8 +250,8 @@ class JobTable:
         ops: list[JobOp] = []
         flying: dict[int, int] | None = None
         for n, rec in self.live.items():
-            if n in self.busy:
-                continue
+            if n in self.busy or rec.state is JobState.VALIDATING:
+                continue  # one on its way; a validating job's window counts once it runs
             if expire_due(rec, now):
                 ops.append(CancelOp(n, expired=True))
             elif rec.state is JobState.FINALIZING:

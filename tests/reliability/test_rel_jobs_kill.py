@@ -10,7 +10,10 @@ lock): the job's results equal its completed + failed + cancelled counts, its to
 those plus the entries still queued on disk, and no line has two results. The next life
 attaches to the job by its sha256 and sends every chunk again with resume (stored lines are
 skipped, not refused). A last life without faults seals it and runs it to `completed`: one
-result per line, 1..960, none lost or doubled.
+result per line, 1..960, none lost or doubled. In the harness's own kill a second job is
+submitted and cancelled at once: on disk it is cancelling or cancelled with counts that add
+up, and it ends cancelled with one outcome per line (the items that came back to a lane
+after a kill are withdrawn again by the tick).
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ from rel_history import MODEL, TOTALS
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.jobs import JobState
-from fabricctl.core.types import Item
+from fabricctl.core.types import Contract, Item
 from fabricctl.store.durable import DurableBroker
 from fabricctl.wire.client import Client
 
 LINES = 960
 CHUNK = 40
+CANCELLED = 200  # the lines of a second job, cancelled in the harness's own kill
 SHA = "5e" * 32
 LIVES = [  # (fault point and probability, or None: the harness kills once results flow)
     "ingest_before_commit:0.3", "complete_results:0.3", None, "ingest_after_commit:0.3",
@@ -45,25 +49,40 @@ def line_item(line: int) -> Item:
                 f"line {line}".encode(), line=line)
 
 
-def check_on_disk(data: Path) -> tuple[int, int]:
-    """Open the dead broker's data dir: the job's counts agree with what is stored.
-    Returns (total, outcomes)."""
+def bp_data(bp: BrokerProc) -> Path:
+    """The data dir a `fabricctl up` child serves."""
+    return Path(bp.argv[bp.argv.index("--data-dir") + 1])
+
+
+def check_on_disk(data: Path, sealed: bool) -> tuple[int, int]:
+    """Open the dead broker's data dir: each job's counts agree with what is stored.
+    Returns (total, outcomes) of the main job."""
     store = DurableBroker(data, time.time(), CoreConfig())
     try:
         assert store.recovery.ledger_ok, store.recovery
-        jobs = store.recent_jobs()
-        if not jobs:
-            return 0, 0
-        [job] = jobs  # attached every time: one job
-        results = store.job_results(job.number, 0, 10 * LINES)
-        lines = [r.line for r in results]
-        assert len(lines) == len(set(lines)), "a line has two results"
-        assert len(results) == job.completed + job.failed + job.cancelled, (job, len(results))
-        assert job.failed == job.cancelled == 0
-        queued = sum(h.count - h.deleted for h in store.segs.values() if h.job == job.number)
-        assert job.total == len(results) + queued, (job, len(results), queued)
-        assert {r.id for r in results} == {f"request-{n}" for n in lines}
-        return job.total, len(results)
+        out = (0, 0)
+        for job in store.recent_jobs():
+            results = store.job_results(job.number, 0, 10 * LINES)
+            lines = [r.line for r in results]
+            assert len(lines) == len(set(lines)), "a line has two results"
+            assert len(results) == job.completed + job.failed + job.cancelled, (job,
+                                                                               len(results))
+            queued = sum(h.count - h.deleted for h in store.segs.values()
+                         if h.job == job.number)
+            assert job.total == len(results) + queued, (job, len(results), queued)
+            assert {r.id for r in results} == {f"request-{n}" for n in lines}
+            assert job.failed == 0
+            if job.name == "cancel.jsonl":
+                assert job.state in (JobState.CANCELLING, JobState.CANCELLED), job
+                assert {r.error for r in results} <= {None, "cancelled"}
+                assert job.cancelled == sum(r.error == "cancelled" for r in results)
+                print(f"  the cancelled job: {job.state.value}, {job.total} items, "
+                      f"{job.cancelled} cancelled, {job.completed} completed, {queued} queued")
+            else:
+                assert job.cancelled == 0 and job.sealed is sealed  # in the last life only
+                assert job.state is (JobState.COMPLETED if sealed else JobState.IN_PROGRESS)
+                out = (job.total, len(results))
+        return out
     finally:
         store.close()
 
@@ -84,11 +103,22 @@ async def one_life(c: Client, bp: BrokerProc, fault: str | None, last: bool, upt
     if last:
         sealed = await c.seal_job(number, LINES)
         assert sealed.job.total == LINES
-    elif fault is None:  # the harness kills once results flow in this life
-        start = (await c.job(reply.job.id)).job.completed
-        while (await c.job(reply.job.id)).job.completed < min(start + CHUNK, upto):
-            await asyncio.sleep(0.02)
-        bp.kill()
+    elif fault is None:  # the harness kills while a cancelled job waits for in-flight items
+        doomed = (await c.open_job("run", name="cancel.jsonl", sha256="c0" * 32)).job
+        holder = await Client.connect(bp_data(bp), "consumer", "holder")
+        try:
+            await holder.register("holder", Contract(MODEL, 16, 4096, 4096))
+            await c.submit([line_item(n) for n in range(1, CANCELLED + 1)], job=doomed.number)
+            held = False
+            while not held:  # batches this consumer takes and never completes
+                w = await holder.pull(0.5)
+                held = w is not None and any(it.job == doomed.number for it in w.items)
+            cancel = await c.cancel_job(doomed.id)
+            assert cancel.job.state is JobState.CANCELLING and cancel.job.queued > 0
+            assert cancel.job.cancelled > 0
+            bp.kill()  # its held items come back queued: the next life's tick cancels them
+        finally:
+            await holder.close()
 
 
 async def test_job_state_and_counts_survive_kill9(tmp_path: Path) -> None:
@@ -108,7 +138,8 @@ async def test_job_state_and_counts_survive_kill9(tmp_path: Path) -> None:
                 await one_life(c, bp, armed, last, upto)
                 if last:
                     async def done(cl: Client = c) -> bool:
-                        return (await cl.jobs())[0].state is JobState.COMPLETED
+                        return {j.state for j in await cl.jobs()} == {
+                            JobState.COMPLETED, JobState.CANCELLED}
                     deadline = time.monotonic() + 60
                     while not await done():
                         assert time.monotonic() < deadline, bp.tail()
@@ -133,7 +164,7 @@ async def test_job_state_and_counts_survive_kill9(tmp_path: Path) -> None:
                 TOTALS.faults += 1
         assert not any("Traceback" in ln or "LEDGER DIFFERENCE" in ln for ln in bp.lines), \
             bp.tail()
-        total, outcomes = check_on_disk(data)
+        total, outcomes = check_on_disk(data, last)
         assert outcomes <= total <= LINES
         how = "stopped" if last else "killed by " + ("us" if bp.killed_by_us else "its fault")
         print(f"life {n} ({fault}): {how}, "
@@ -141,7 +172,11 @@ async def test_job_state_and_counts_survive_kill9(tmp_path: Path) -> None:
     assert kills == len(LIVES)
     store = DurableBroker(data, time.time(), CoreConfig())
     with contextlib.closing(store):
-        [job] = store.recent_jobs()
+        job, doomed = store.recent_jobs()[::-1]
+        assert doomed.name == "cancel.jsonl" and doomed.state is JobState.CANCELLED
+        assert doomed.total == doomed.outcomes == CANCELLED and doomed.cancelled > 0
+        assert [r.line for r in store.job_results(doomed.number, 0, 1000)] == list(
+            range(1, CANCELLED + 1))
         assert job.state is JobState.COMPLETED and job.sealed and job.lines == LINES
         assert (job.total, job.completed, job.failed, job.cancelled) == (LINES, LINES, 0, 0)
         results = store.job_results(job.number, 0, 10 * LINES)
