@@ -2,7 +2,7 @@
 
 Two fresh `fabricctl up --engine sim` daemons in their own data dirs, one after the other:
 - api: `up --api 127.0.0.1:PORT`; the official `openai` SDK uploads the file
-  (`files.create`), creates the batch, retrieves it every 50 ms until it ended and
+  (`files.create`), creates the batch, retrieves it every `--poll-s` (50 ms) until it ended and
   downloads the output file (`files.content`). Wall time from the start of the upload to
   the last byte of output.
 - submit: `fabricctl submit FILE --wait` (output to a file), its wall time from start to
@@ -128,7 +128,7 @@ class Up:
         self.log.close()
 
 
-def run_api(home: Path, path: Path) -> dict[str, Any]:
+def run_api(home: Path, path: Path, poll_s: float = 0.05) -> dict[str, Any]:
     import openai
 
     port = free_port()
@@ -146,7 +146,7 @@ def run_api(home: Path, path: Path) -> dict[str, Any]:
         statuses = [b.status]
         seen_at = {b.status: time.perf_counter() - t0}
         while b.status not in ("completed", "failed", "cancelled", "expired"):
-            time.sleep(0.05)
+            time.sleep(poll_s)
             b = c.batches.retrieve(b.id)
             if b.status != statuses[-1]:
                 statuses.append(b.status)
@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lines", type=int, default=100_000)
     ap.add_argument("--shapes", type=int, default=8)
     ap.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    ap.add_argument("--poll-s", type=float, default=0.05, help="batches.retrieve interval")
     ap.add_argument("--repeat", type=int, default=1, help="run both N times, alternating "
                     "which goes first; report the median pair (by ratio)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary dir")
@@ -205,11 +206,11 @@ def main(argv: list[str] | None = None) -> int:
         size = make_file(path, args.lines, args.shapes)
         for r in range(args.repeat):
             if r % 2 == 0:
-                api = run_api(tmp / f"api{r}", path)
+                api = run_api(tmp / f"api{r}", path, args.poll_s)
                 sub = run_submit(tmp / f"submit{r}", path)
             else:
                 sub = run_submit(tmp / f"submit{r}", path)
-                api = run_api(tmp / f"api{r}", path)
+                api = run_api(tmp / f"api{r}", path, args.poll_s)
             runs.append((api, sub))
     finally:
         if not args.keep:

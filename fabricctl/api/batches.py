@@ -4,8 +4,9 @@ Contract:
 - `feed(backend, path, job, counter)` streams an uploaded file into its (validating) job:
   a reader thread parses it with `fabricctl.formats.reader.parse_stream` (the reader
   `submit` uses; at most `QUEUED` chunks of `CHUNK` items wait), each chunk goes in with
-  `submit(items, job=...)`, and `seal_job` ends it with the refused lines' messages (a
-  line the broker refused, a line the reader refused). Every item carries its input line.
+  `submit(items, job=...)` (`IN_FLIGHT` awaiting their acks at once), and `seal_job` ends
+  it with the refused lines' messages in line order (a line the broker refused, a line
+  the reader refused). Every item carries its input line.
   With `resume` (the daemon restarted while it fed) items the job already holds are
   skipped by the broker. A file with no request at all fails the job.
 - `content(backend, job, which)` yields the output (`which="output"`: successful results)
@@ -38,7 +39,8 @@ from fabricctl.formats.results import result_line
 from fabricctl.formats.tokens import TokenCounter
 
 CHUNK = 512
-QUEUED = 4
+QUEUED = 4  # parsed chunks waiting for a submit slot
+IN_FLIGHT = 4  # submits awaiting their ack at once, as `submit` does
 PAGE = 1000
 
 
@@ -84,23 +86,55 @@ async def feed(backend: BatchBackend, path: Path, job: JobRecord, counter: Token
 
     threading.Thread(target=_read, args=(path, counter, put), daemon=True,
                      name=f"fabricctl-api-feed-{job.id}").start()
-    errors: list[str] = []
+    errors: list[tuple[int, str]] = []  # (line, message): acks come back in any order
     accepted = 0
-    while True:
-        got = await queue.get()
-        if got is None:
-            break
-        if isinstance(got, BaseException):
-            raise got
-        errors.extend(got.errors)
-        if got.items:
-            ack = await backend.submit(got.items, job=job.number, resume=resume)
-            accepted += ack.accepted + ack.skipped
-            errors.extend(f"line {got.items[r.index].line}: {r.reason}" for r in ack.rejects)
+    slots = asyncio.Semaphore(IN_FLIGHT)
+    tasks: set[asyncio.Task[None]] = set()
+    failure: list[BaseException] = []
+
+    async def send(items: list[Item]) -> None:
+        nonlocal accepted
+        try:
+            ack = await backend.submit(items, job=job.number, resume=resume)
+        except BaseException as e:
+            failure.append(e)
+            return
+        finally:
+            slots.release()
+        accepted += ack.accepted + ack.skipped
+        errors.extend((items[r.index].line, r.reason) for r in ack.rejects)
+
+    try:
+        while not failure:
+            got = await queue.get()
+            if got is None:
+                break
+            if isinstance(got, BaseException):
+                raise got
+            errors.extend((_line_of(e), e) for e in got.errors)
+            if got.items:
+                await slots.acquire()
+                task = loop.create_task(send(got.items))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(list(tasks))
+    finally:
+        for t in tasks:
+            t.cancel()
+    if failure:
+        raise failure[0]
+    messages = [m if m.startswith("line ") else f"line {n}: {m}" for n, m in sorted(errors)]
     if accepted == 0:
-        errors = errors or ["the file has no requests"]
-        return (await backend.seal_job(job.number, lines, errors=errors, failed=True)).job
-    return (await backend.seal_job(job.number, lines, errors=errors)).job
+        messages = messages or ["the file has no requests"]
+        return (await backend.seal_job(job.number, lines, errors=messages, failed=True)).job
+    return (await backend.seal_job(job.number, lines, errors=messages)).job
+
+
+def _line_of(message: str) -> int:
+    """The N of a reader's "line N: reason"."""
+    head = message.removeprefix("line ").partition(":")[0]
+    return int(head) if head.isdigit() else 0
 
 
 # ---- output -------------------------------------------------------------------------------
