@@ -68,6 +68,7 @@ class ServerSettings:
     tls_cert: str = ""  # PEM certificate of the TCP listener: TLS on (`up`)
     tls_key: str = ""  # its PEM key ("" when tls_cert holds it)
     tls_ca: str = ""  # what a consumer on another host trusts: a CA file or the pinned cert
+    api: str = ""  # HOST:PORT of the OpenAI Batch API (`up --api`); "": off
     heartbeat_s: float = 1.0
     heartbeat_timeout_s: float = 10.0
 

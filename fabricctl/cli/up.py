@@ -15,6 +15,11 @@ server and closes LMDB. `serve_forever` wires SIGINT/SIGTERM to a graceful stop;
 SIGINT exits at once (LMDB's durable commits mean nothing acknowledged is lost either way).
 The server, the store and the supervisor are imported when the broker starts, not when the
 CLI builds its commands.
+
+With `--api HOST:PORT` (or `[server] api`) `serve_forever` also serves the OpenAI Batch API
+(`fabricctl.api`) in the same event loop once the broker is up (`start_api`): a producer on
+the daemon's own socket, its uploads under `<data dir>/files/`, stopped before the broker.
+A host that is not loopback needs `server.token` (checked before anything starts, exit 2).
 """
 
 from __future__ import annotations
@@ -31,14 +36,25 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from fabricctl.cli.support import ConfigFile, DataDir, Verbose, load, run_async, setup_logging
+from fabricctl.cli.support import (
+    ConfigFile,
+    DataDir,
+    Verbose,
+    guarded,
+    load,
+    run_async,
+    setup_logging,
+)
 from fabricctl.config import AppConfig
 from fabricctl.errors import ExitCode
 
 if TYPE_CHECKING:
+    from fabricctl.api.app import ApiServer
+    from fabricctl.api.backend import ClientBackend
     from fabricctl.server.app import BrokerServer
     from fabricctl.server.config import ServerConfig
     from fabricctl.store.durable import DurableBroker, StoreConfig
+    from fabricctl.store.files import FileStore
     from fabricctl.supervisor.fleet import Fleet
 
 log = logging.getLogger("fabricctl")
@@ -68,6 +84,10 @@ def command(
                                          "--listen socket speaks TLS (server.tls_cert)."),
     tls_key: Path | None = typer.Option(None, "--tls-key", help="PEM key of --tls-cert "
                                         "(server.tls_key)."),
+    api: str | None = typer.Option(None, "--api", metavar="HOST:PORT",
+                                   help="Serve the OpenAI Batch API (/v1/files, /v1/batches) "
+                                   "on HOST:PORT; loopback unless server.token is set (then "
+                                   "the bearer token)."),
     verbose: bool = Verbose,
 ) -> None:
     """Run the broker with one engine and consumer per GPU (simulated GPUs when none).
@@ -82,8 +102,13 @@ def command(
     no_gpus = (gpus or "").strip().lower() == "none"
     if gpus and not no_gpus:
         flags["gpus"] = [int(g) for g in gpus.split(",") if g.strip()]
-    cfg = with_sections(load(config, **flags), listen=listen, metrics_port=metrics_port)
+    cfg = with_sections(load(config, **flags), listen=listen, metrics_port=metrics_port,
+                        api=api)
     cfg = with_wire(cfg, token, tls_cert, tls_key)
+    if cfg.server.api:
+        from fabricctl.api.address import api_address
+
+        guarded(lambda: api_address(cfg.server.api, cfg.server.token))
     raise typer.Exit(int(run_async(serve_forever(cfg, local_gpus=not no_gpus), eventloop.run)))
 
 
@@ -99,10 +124,12 @@ def with_wire(cfg: AppConfig, token: str | None, tls_cert: Path | None,
 
 
 def with_sections(cfg: AppConfig, listen: str | None = None,
-                  metrics_port: int | None = None) -> AppConfig:
-    """`cfg` with `--listen` and `--metrics-port` put into their sections."""
+                  metrics_port: int | None = None, api: str | None = None) -> AppConfig:
+    """`cfg` with `--listen`, `--metrics-port` and `--api` put into their sections."""
     if listen is not None:
         cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, listen=listen))
+    if api is not None:
+        cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, api=api))
     if metrics_port is not None:
         cfg = dataclasses.replace(cfg, metrics=dataclasses.replace(
             cfg.metrics, prometheus_port=metrics_port))
@@ -205,12 +232,50 @@ class Daemon:
             self.store = None
 
 
+class ApiService:
+    """Why: the Batch API's server, its broker link and its files store stop together."""
+
+    def __init__(self, server: ApiServer, backend: ClientBackend, files: FileStore) -> None:
+        self.server, self.backend, self.files = server, backend, files
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        await self.backend.close()
+        self.files.close()
+
+
+async def start_api(cfg: AppConfig, daemon: Daemon) -> ApiService:
+    """The OpenAI Batch API on `server.api`, a producer on the daemon's own socket."""
+    from fabricctl.api.address import api_address
+    from fabricctl.api.app import ApiServer, BatchApi, process_feeder
+    from fabricctl.api.backend import ClientBackend
+    from fabricctl.store.files import FileStore
+
+    assert daemon.server is not None
+    host, port = api_address(cfg.server.api, cfg.server.token)
+    backend = ClientBackend(daemon.server.cfg.socket_path)
+    files = FileStore(cfg.data_dir / "files")
+    socket_path = daemon.server.cfg.socket_path
+    feeder = process_feeder(socket_path, cfg.producer.tokenizer, cfg.model)
+    api = BatchApi(backend, files, token=cfg.server.token, feeder=feeder)
+    server = ApiServer(api, host, port)
+    try:
+        await server.start()
+    except BaseException:
+        await backend.close()
+        files.close()
+        await daemon.stop()
+        raise
+    return ApiService(server, backend, files)
+
+
 async def serve_forever(cfg: AppConfig, local_gpus: bool = True) -> int:
     from fabricctl.server.heap import settle_heap
 
     daemon = Daemon(cfg, local_gpus=local_gpus)
     await daemon.start()
     assert daemon.server is not None
+    api = await start_api(cfg, daemon) if cfg.server.api else None
     settle_heap()  # what recovery and the imports left is never garbage
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -233,6 +298,8 @@ async def serve_forever(cfg: AppConfig, local_gpus: bool = True) -> int:
     await asyncio.wait({waiter, stopped}, return_when=asyncio.FIRST_COMPLETED)
     waiter.cancel()
     stopped.cancel()
+    if api is not None:
+        await api.stop()
     await daemon.stop()
     log.info("broker stopped; LMDB closed")
     return ExitCode.INTERRUPTED if interrupts else ExitCode.OK

@@ -1,0 +1,506 @@
+"""The OpenAI Batch API over HTTP: a Starlette app, served by uvicorn in the daemon's loop.
+
+Contract:
+- `build_app(api)` serves `/v1/files` (POST multipart upload with purpose "batch", GET list,
+  GET/DELETE `/v1/files/{id}`, GET `/v1/files/{id}/content`) and `/v1/batches` (POST create,
+  GET list with `limit`/`after` newest first, GET `/{id}`, POST `/{id}/cancel`) with OpenAI's
+  object shapes (`fabricctl.api.objects`). Every refusal is OpenAI's error shape with its
+  status: 400 bad request, 401 a wrong or missing bearer token (only when a token is set),
+  404 unknown id or route, 405 wrong method, 409 cancelling a batch that ended, 500 (type
+  `server_error`) what failed here or in the broker. Cancelling a batch still being fed
+  stops its feed first.
+- An upload streams (`fabricctl.api.upload`) into the files dir and is kept only when every
+  line passed; then its record is in the `FileStore`. A batch is created by
+  `open_job(kind="api", validating=True, ...)` and answered at once (`validating`); its file
+  is fed in by a task of the `BatchApi` (`fabricctl.api.batches.feed`, which seals it; a
+  feed that fails fails the job with its error).
+  Jobs left validating by a stopped daemon are fed again (`resume`) when the API starts.
+- A batch's output and error files are virtual: `file-<batch id>-output` / `-error`, found
+  once the batch ended with such lines, their content streamed from the job's results.
+- `process_feeder(...)` is how the daemon feeds: each batch from a child process
+  (`fabricctl.api.feeder`), a producer on the daemon's socket, so parsing and token
+  counting never hold the broker's GIL; without it `BatchApi` feeds in its own loop.
+- `ApiServer(api, host, port)` binds the socket itself (a clear error when it cannot; port
+  0 picks one, `port` then says which), serves with `uvicorn.Server` as a task of the
+  running loop without touching its signal handlers, and `stop()` ends it and the feeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import secrets
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from fabricctl.api.backend import BatchBackend
+from fabricctl.api.batches import content, feed
+from fabricctl.api.objects import (
+    ENDPOINTS,
+    OUTPUT,
+    ApiError,
+    Batch,
+    Deleted,
+    ErrorBody,
+    ErrorInfo,
+    FileObject,
+    batch_object,
+    error_body,
+    file_object,
+    has_errors,
+    has_output,
+    page,
+    parse_window,
+    virtual_file,
+    virtual_file_object,
+)
+from fabricctl.api.upload import receive_upload
+from fabricctl.core.jobs import JobRecord, JobState
+from fabricctl.errors import BrokerError, UsageError
+from fabricctl.formats.tokens import EstimateCounter, TokenCounter
+from fabricctl.store.files import FileRecord, FileStore
+
+log = logging.getLogger("fabricctl.api")
+_enc = msgspec.json.Encoder()
+MAX_METADATA = 16
+
+
+def _json(obj: object, status: int = 200) -> Response:
+    return Response(_enc.encode(obj), status, media_type="application/json")
+
+
+Feeder = Callable[[JobRecord, FileRecord, Path, bool], Awaitable[None]]
+
+
+def process_feeder(socket_path: Path, tokenizer: str, model: str) -> Feeder:
+    """Feed each batch from a `fabricctl.api.feeder` child process (its own GIL)."""
+
+    async def run(job: JobRecord, rec: FileRecord, path: Path, resume: bool) -> None:
+        args = [sys.executable, "-m", "fabricctl.api.feeder", str(socket_path),
+                str(job.number), job.id, str(path), str(rec.lines), "--tokenizer", tokenizer,
+                "--model", model, *(["--resume"] if resume else [])]
+        # its own session: a Ctrl-C at `up`'s terminal must not kill it before the API
+        # stops it (a feeder that died on its own fails its job)
+        proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL,
+                                                    stdout=asyncio.subprocess.DEVNULL,
+                                                    stderr=asyncio.subprocess.PIPE,
+                                                    start_new_session=True)
+        try:
+            _, err = await proc.communicate()
+        except BaseException:  # the API stops: the job stays validating, fed again later
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            raise
+        if proc.returncode != 0:
+            lines = err.decode(errors="replace").strip().splitlines()
+            raise RuntimeError(lines[-1] if lines else f"the feeder exited {proc.returncode}")
+
+    return run
+
+
+class BatchApi:
+    """Why: the state every request shares: the broker link, the files and the feeds."""
+
+    def __init__(self, backend: BatchBackend, files: FileStore,
+                 counter: TokenCounter | None = None, token: str = "",
+                 clock: Callable[[], float] = time.time, feeder: Feeder | None = None) -> None:
+        self.backend, self.files, self.counter, self.token = backend, files, counter, token
+        self.clock = clock
+        self.feeds: dict[str, asyncio.Task[None]] = {}
+        self.feeder: Feeder = feeder or self._feed_here
+
+    async def _feed_here(self, job: JobRecord, rec: FileRecord, path: Path,
+                         resume: bool) -> None:
+        """Feed in this process (tests; the daemon uses `process_feeder`)."""
+        await feed(self.backend, path, job, self.counter or EstimateCounter(), rec.lines,
+                   resume=resume)
+
+    # -- feeds ----------
+
+    def start_feed(self, job: JobRecord, rec: FileRecord, resume: bool = False) -> None:
+        task = asyncio.get_running_loop().create_task(self._feed(job, rec, resume))
+        self.feeds[job.id] = task
+        task.add_done_callback(lambda _t: self.feeds.pop(job.id, None))
+
+    async def _feed(self, job: JobRecord, rec: FileRecord, resume: bool) -> None:
+        try:
+            await self.feeder(job, rec, self.files.blob_path(rec.id), resume)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("batch %s: feeding %s failed: %s", job.id, rec.id, e)
+            with contextlib.suppress(Exception):
+                await self.backend.seal_job(job.number, rec.lines,
+                                            errors=[f"feeding the file failed: {e}"],
+                                            failed=True)
+
+    async def stop_feed(self, job_id: str) -> None:
+        task = self.feeds.get(job_id)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def resume_feeds(self) -> None:
+        """Jobs a stopped daemon left validating: feed their files again (or fail them)."""
+        for job in await self.backend.jobs():
+            if job.kind != "api" or job.state is not JobState.VALIDATING:
+                continue
+            rec = self.files.get(job.name)
+            if rec is None or not self.files.blob_path(rec.id).exists():
+                await self.backend.seal_job(job.number, 0, failed=True,
+                                            errors=[f"input file {job.name} is gone"])
+                continue
+            log.info("batch %s: feeding %s again after a restart", job.id, rec.id)
+            self.start_feed(job, rec, resume=True)
+
+    async def stop(self) -> None:
+        tasks = list(self.feeds.values())
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
+    # -- lookups ----------
+
+    async def batch(self, batch_id: str) -> JobRecord:
+        try:
+            job = (await self.backend.job(batch_id)).job
+        except BrokerError:
+            job = None
+        if job is None or job.id != batch_id or job.kind != "api":
+            raise ApiError(404, f"No batch found with id '{batch_id}'.", "batch_id",
+                           "not_found")
+        return job
+
+    def upload(self, file_id: str) -> FileRecord:
+        rec = self.files.get(file_id)
+        if rec is None:
+            raise ApiError(404, f"No such File object: {file_id}", "id", "not_found")
+        return rec
+
+    async def virtual(self, file_id: str) -> tuple[JobRecord, str] | None:
+        """(its batch, "output" | "error") of a derived file that exists, else None."""
+        v = virtual_file(file_id)
+        if v is None:
+            return None
+        batch_id, which = v
+        try:
+            job = await self.batch(batch_id)
+        except ApiError:
+            raise ApiError(404, f"No such File object: {file_id}", "id", "not_found") from None
+        exists = has_output(job) if which == OUTPUT else has_errors(job)
+        if not exists:
+            raise ApiError(404, f"No such File object: {file_id}", "id", "not_found")
+        return job, which
+
+    async def virtual_size(self, file_id: str, job: JobRecord, which: str) -> int:
+        size = self.files.size_of(file_id)
+        if size is None:
+            size = 0
+            async for chunk in content(self.backend, job, which):
+                size += len(chunk)
+            self.files.set_size(file_id, size)  # ended: its content no longer changes
+        return size
+
+
+# ---- handlers -------------------------------------------------------------------------------
+
+
+async def create_file(api: BatchApi, request: Request) -> Response:
+    file_id = f"file-{secrets.token_hex(12)}"
+    part = api.files.part_path(file_id)
+    try:
+        up = await receive_upload(request.stream(), request.headers.get("content-type", ""),
+                                  part)
+        purpose = up.fields.get("purpose")
+        if purpose != "batch":
+            raise ApiError(400, f"purpose must be 'batch' (this server runs batches only), "
+                           f"not {purpose!r}", "purpose", "invalid_value")
+        if up.checker.error is not None:
+            raise ApiError(400, f"{up.filename}: {up.checker.error}", "file",
+                           "invalid_file")
+        if up.checker.requests == 0:
+            raise ApiError(400, f"{up.filename}: the file has no requests", "file",
+                           "invalid_file")
+        rec = FileRecord(id=file_id, bytes=up.size, created_at=int(api.clock()),
+                         filename=up.filename, purpose="batch", sha256=up.sha256,
+                         lines=up.checker.lines, requests=up.checker.requests,
+                         urls=up.checker.urls)
+        api.files.add(rec)
+    finally:
+        part.unlink(missing_ok=True)
+    log.info("file %s: %s, %d requests, %d bytes", rec.id, rec.filename, rec.requests,
+             rec.bytes)
+    return _json(file_object(rec))
+
+
+async def list_files(api: BatchApi, request: Request) -> Response:
+    q = request.query_params
+    records = api.files.list()
+    purpose = q.get("purpose")
+    if purpose:
+        records = [r for r in records if r.purpose == purpose]
+    if q.get("order", "desc") == "desc":
+        records.reverse()
+    objs = [file_object(r) for r in records]
+    return _json(page(objs, [o.id for o in objs], q.get("after"), _limit(q.get("limit"),
+                                                                          10000)))
+
+
+async def retrieve_file(api: BatchApi, request: Request) -> Response:
+    file_id = request.path_params["file_id"]
+    v = await api.virtual(file_id)
+    if v is not None:
+        job, which = v
+        size = await api.virtual_size(file_id, job, which)
+        return _json(virtual_file_object(job, which, size))
+    return _json(file_object(api.upload(file_id)))
+
+
+async def delete_file(api: BatchApi, request: Request) -> Response:
+    file_id = request.path_params["file_id"]
+    if virtual_file(file_id) is not None:
+        raise ApiError(400, "a batch's output files are deleted with their batch", "id")
+    if not api.files.delete(api.upload(file_id).id):
+        raise ApiError(404, f"No such File object: {file_id}", "id", "not_found")
+    return _json(Deleted(file_id))
+
+
+async def file_content(api: BatchApi, request: Request) -> Response:
+    file_id = request.path_params["file_id"]
+    v = await api.virtual(file_id)
+    if v is not None:
+        job, which = v
+        return StreamingResponse(content(api.backend, job, which),
+                                 media_type="application/jsonl")
+    rec = api.upload(file_id)
+    return StreamingResponse(_read_file(api.files.blob_path(rec.id)),
+                             media_type="application/jsonl")
+
+
+def _read_file(path: Path, chunk: int = 1 << 16) -> Iterator[bytes]:
+    with open(path, "rb") as fp:
+        while data := fp.read(chunk):
+            yield data
+
+
+class _CreateBatch(msgspec.Struct, forbid_unknown_fields=False):
+    """Why: the body of batches.create, type-checked on decode."""
+
+    input_file_id: str
+    endpoint: str
+    completion_window: str = "24h"
+    metadata: dict[str, str] | None = None
+
+
+async def create_batch(api: BatchApi, request: Request) -> Response:
+    try:
+        body = msgspec.json.decode(await request.body(), type=_CreateBatch)
+    except msgspec.ValidationError as e:
+        raise ApiError(400, f"invalid batch: {e}", None, "invalid_request") from None
+    except msgspec.DecodeError:
+        raise ApiError(400, "the request body must be a JSON object", None,
+                       "invalid_request") from None
+    if body.endpoint not in ENDPOINTS:
+        raise ApiError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}, not "
+                       f"{body.endpoint!r}", "endpoint", "invalid_value")
+    window_s = parse_window(body.completion_window)
+    metadata = body.metadata or {}
+    if len(metadata) > MAX_METADATA or any(
+            len(k) > 64 or len(v) > 512 for k, v in metadata.items()):
+        raise ApiError(400, "metadata takes at most 16 pairs, keys of at most 64 characters "
+                       "and values of at most 512", "metadata", "invalid_value")
+    rec = api.files.get(body.input_file_id)
+    if rec is None:
+        raise ApiError(400, f"No such File object: {body.input_file_id}", "input_file_id",
+                       "invalid_value")
+    for url, line in sorted(rec.urls.items(), key=lambda u: u[1]):
+        if url != body.endpoint:
+            raise ApiError(400, f"line {line}: url {url} does not match the batch's endpoint "
+                           f"{body.endpoint}", "endpoint", "mismatched_url")
+    reply = await api.backend.open_job(
+        "api", name=rec.id, sha256=rec.sha256, size=rec.bytes, endpoint=body.endpoint,
+        metadata=metadata, window_s=window_s, attach=False, validating=True)
+    job = reply.job
+    api.start_feed(job, rec)
+    log.info("batch %s: %s, %d requests for %s", job.id, rec.id, rec.requests, body.endpoint)
+    return _json(batch_object(job))
+
+
+async def retrieve_batch(api: BatchApi, request: Request) -> Response:
+    return _json(batch_object(await api.batch(request.path_params["batch_id"])))
+
+
+async def cancel_batch(api: BatchApi, request: Request) -> Response:
+    job = await api.batch(request.path_params["batch_id"])
+    if job.ended:
+        raise ApiError(409, f"batch {job.id} is already {job.state.value}: it cannot be "
+                       "cancelled", None, "batch_ended")
+    await api.stop_feed(job.id)  # still validating: no more of its file goes in
+    return _json(batch_object((await api.backend.cancel_job(job.id)).job))
+
+
+async def list_batches(api: BatchApi, request: Request) -> Response:
+    q = request.query_params
+    jobs = [j for j in await api.backend.jobs() if j.kind == "api"]
+    jobs.sort(key=lambda j: (j.created, j.number), reverse=True)
+    objs: list[Batch] = [batch_object(j) for j in jobs]
+    return _json(page(objs, [o.id for o in objs], q.get("after"), _limit(q.get("limit"), 100)))
+
+
+def _limit(text: str | None, most: int) -> int:
+    if text is None:
+        return 20
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= most:
+        raise ApiError(400, f"limit must be an integer from 1 to {most}", "limit",
+                       "invalid_value")
+    return n
+
+
+# ---- the app --------------------------------------------------------------------------------
+
+
+class _Auth:
+    """Why: the bearer token guards every route before Starlette parses anything."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app, self.token = app, token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.token:
+            given = b""
+            for name, value in scope.get("headers", []):
+                if name == b"authorization":
+                    given = value.removeprefix(b"Bearer ").strip()
+            if not hmac.compare_digest(given, self.token):
+                body = error_body(ApiError(401, "Incorrect API key provided: the bearer "
+                                           "token must be this broker's server.token", None,
+                                           "invalid_api_key"))
+                await Response(body, 401, media_type="application/json")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _route(api: BatchApi, fn: Callable[[BatchApi, Request], Awaitable[Response]]) -> Any:
+    async def endpoint(request: Request) -> Response:
+        return await fn(api, request)
+    return endpoint
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return Response(error_body(exc), exc.status, media_type="application/json")
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    body = ErrorBody(ErrorInfo(f"{request.method} {request.url.path}: {exc.detail}",
+                               "invalid_request_error", None, None))
+    return Response(_enc.encode(body), exc.status_code, media_type="application/json")
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
+    body = ErrorBody(ErrorInfo(f"the server failed: {type(exc).__name__}: {exc}",
+                               "server_error", None, None))
+    return Response(_enc.encode(body), 500, media_type="application/json")
+
+
+async def _broker_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, BrokerError)
+    body = ErrorBody(ErrorInfo(f"the broker refused: {exc.message}", "server_error", None,
+                               exc.code))
+    return Response(_enc.encode(body), 500, media_type="application/json")
+
+
+def build_app(api: BatchApi) -> ASGIApp:
+    r = _route
+    routes = [
+        Route("/v1/files", r(api, create_file), methods=["POST"]),
+        Route("/v1/files", r(api, list_files), methods=["GET"]),
+        Route("/v1/files/{file_id}", r(api, retrieve_file), methods=["GET"]),
+        Route("/v1/files/{file_id}", r(api, delete_file), methods=["DELETE"]),
+        Route("/v1/files/{file_id}/content", r(api, file_content), methods=["GET"]),
+        Route("/v1/batches", r(api, create_batch), methods=["POST"]),
+        Route("/v1/batches", r(api, list_batches), methods=["GET"]),
+        Route("/v1/batches/{batch_id}", r(api, retrieve_batch), methods=["GET"]),
+        Route("/v1/batches/{batch_id}/cancel", r(api, cancel_batch), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={
+        ApiError: _api_error, HTTPException: _http_error, BrokerError: _broker_error,
+        Exception: _server_error})
+    return _Auth(app, api.token)
+
+
+class _QuietServer(uvicorn.Server):
+    """Why: the daemon owns SIGINT/SIGTERM; uvicorn must not take them over."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class ApiServer:
+    """Why: uvicorn inside the daemon's own loop, started and stopped with it."""
+
+    def __init__(self, api: BatchApi, host: str, port: int) -> None:
+        self.api, self.host, self.port = api, host, port
+        self._server: _QuietServer | None = None
+        self._sock: socket.socket | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        try:
+            self._sock = socket.create_server((self.host, self.port))
+        except OSError as e:
+            raise UsageError(f"--api {self.host}:{self.port}: cannot listen there: "
+                             f"{e.strerror or e}") from e
+        self.port = self._sock.getsockname()[1]
+        config = uvicorn.Config(build_app(self.api), log_level="warning", lifespan="off",
+                                access_log=False, timeout_graceful_shutdown=5)
+        config.load()
+        server = self._server = _QuietServer(config)
+        server.lifespan = config.lifespan_class(config)
+        await server.startup(sockets=[self._sock])  # listening once this returns
+        self._task = asyncio.get_running_loop().create_task(server.main_loop())
+        try:
+            await self.api.resume_feeds()
+        except Exception as e:  # the API still serves; those batches stay validating
+            log.warning("could not resume the batches left validating: %s", e)
+        log.info("OpenAI Batch API on http://%s:%d/v1", self.host, self.port)
+
+    async def stop(self) -> None:
+        await self.api.stop()
+        server, task = self._server, self._task
+        if server is None or task is None:
+            return
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await task
+            await server.shutdown(sockets=[self._sock] if self._sock else None)
+        self._server = self._task = None
+
+
+__all__ = ["ApiServer", "BatchApi", "FileObject", "build_app"]

@@ -1,0 +1,259 @@
+"""The OpenAI objects the Batch API answers with, and how a job and an upload map onto them.
+
+Contract (pure: no I/O, no clock):
+- `parse_window("24h")` -> seconds: `<N>h`, `<N>m` or `<N>s` with N a positive integer;
+  anything else raises `ApiError` (400, param `completion_window`). `window_text(job)` gives
+  the window back in the same form.
+- `batch_object(job)` maps a `JobRecord` onto OpenAI's `Batch`: status is the job's state
+  (the same names); `*_at` are the whole seconds it entered each state (`job.times`), None
+  when it never did; `request_counts.failed` is failed + cancelled + rejected (a cancelled or
+  expired request is an error line `batch_cancelled` / `batch_expired` in the error file, as
+  OpenAI writes it), so `completed + failed == total` once the batch ended. The output file
+  id is given once the batch ended with a successful result, the error file id once it
+  ended with an error line. Their ids are `output_file_id(batch)` / `error_file_id(batch)`,
+  read back by `virtual_file`.
+- `job_errors(job)` turns the job's "line N: reason" messages into `errors.data` entries
+  with their `line`.
+- `ApiError(status, message, param, code)` is every refusal; `error_body` writes it in
+  OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from fabricctl.core.jobs import JobRecord, JobState
+from fabricctl.store.files import FileRecord
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+_WINDOW = re.compile(r"^([1-9][0-9]{0,8})([hms])$")
+_UNIT = {"h": 3600, "m": 60, "s": 1}
+_LINE = re.compile(r"^line (\d+): (.*)$", re.S)
+OUTPUT = "output"
+ERROR = "error"
+
+
+class ApiError(Exception):
+    """Why: every refusal carries OpenAI's status and error fields to one handler."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, type: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = (
+            status, message, param, code, type)
+
+
+class ErrorInfo(msgspec.Struct):
+    """Why: the inner object of OpenAI's error response."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(msgspec.Struct):
+    """Why: OpenAI's error response, which its SDK turns into `openai.APIStatusError`s."""
+
+    error: ErrorInfo
+
+
+def error_body(e: ApiError) -> bytes:
+    return msgspec.json.encode(ErrorBody(ErrorInfo(e.message, e.type, e.param, e.code)))
+
+
+def parse_window(text: object) -> float:
+    """The completion window in seconds: "24h", "90m", "30s"."""
+    m = _WINDOW.match(text) if isinstance(text, str) else None
+    if m is None:
+        raise ApiError(400, f"completion_window must be a whole number of hours, minutes or "
+                       f"seconds such as \"24h\", \"90m\" or \"30s\", not {text!r}",
+                       "completion_window", "invalid_value")
+    return float(int(m.group(1)) * _UNIT[m.group(2)])
+
+
+def window_text(job: JobRecord) -> str:
+    if job.deadline is None:
+        return "24h"
+    seconds = round(job.deadline - job.created)
+    for unit in ("h", "m"):
+        if seconds % _UNIT[unit] == 0:
+            return f"{seconds // _UNIT[unit]}{unit}"
+    return f"{seconds}s"
+
+
+class RequestCounts(msgspec.Struct):
+    """Why: OpenAI's `BatchRequestCounts`."""
+
+    total: int
+    completed: int
+    failed: int
+
+
+class BatchError(msgspec.Struct):
+    """Why: one entry of a batch's `errors.data`."""
+
+    code: str | None
+    line: int | None
+    message: str
+    param: str | None = None
+
+
+class BatchErrors(msgspec.Struct):
+    """Why: OpenAI's `errors` list object of a batch."""
+
+    data: list[BatchError]
+    object: str = "list"
+
+
+class Batch(msgspec.Struct):
+    """Why: OpenAI's `Batch` object, field for field."""
+
+    id: str
+    object: str
+    endpoint: str
+    errors: BatchErrors | None
+    input_file_id: str
+    completion_window: str
+    status: str
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    in_progress_at: int | None
+    expires_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCounts
+    metadata: dict[str, str] | None
+
+
+class FileObject(msgspec.Struct):
+    """Why: OpenAI's `FileObject`."""
+
+    id: str
+    object: str
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: str = "processed"
+    status_details: str | None = None
+
+
+class Deleted(msgspec.Struct):
+    """Why: OpenAI's answer to a file delete."""
+
+    id: str
+    object: str = "file"
+    deleted: bool = True
+
+
+class ListPage(msgspec.Struct):
+    """Why: OpenAI's cursor page (`first_id`, `last_id`, `has_more`), which the SDK pages by."""
+
+    data: list[Batch] | list[FileObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+    object: str = "list"
+
+
+def _at(job: JobRecord, state: JobState) -> int | None:
+    t = job.times.get(state.value)
+    return None if t is None else int(t)
+
+
+def job_errors(job: JobRecord) -> BatchErrors | None:
+    if not job.errors:
+        return None
+    data = []
+    for text in job.errors:
+        m = _LINE.match(text)
+        if m:
+            data.append(BatchError("invalid_request", int(m.group(1)), m.group(2)))
+        else:
+            data.append(BatchError("invalid_request", None, text))
+    return BatchErrors(data)
+
+
+def has_output(job: JobRecord) -> bool:
+    return job.ended and job.completed > 0
+
+
+def has_errors(job: JobRecord) -> bool:
+    return job.ended and (job.failed + job.cancelled) > 0
+
+
+def output_file_id(batch_id: str) -> str:
+    return f"file-{batch_id}-{OUTPUT}"
+
+
+def error_file_id(batch_id: str) -> str:
+    return f"file-{batch_id}-{ERROR}"
+
+
+def virtual_file(file_id: str) -> tuple[str, str] | None:
+    """(batch id, "output" | "error") of a derived file id, or None for an upload's id."""
+    if not file_id.startswith("file-batch_"):
+        return None
+    batch, _, which = file_id.removeprefix("file-").rpartition("-")
+    return (batch, which) if batch and which in (OUTPUT, ERROR) else None
+
+
+def batch_object(job: JobRecord) -> Batch:
+    failed = job.failed + job.cancelled + job.rejected
+    return Batch(
+        id=job.id,
+        object="batch",
+        endpoint=job.endpoint,
+        errors=job_errors(job),
+        input_file_id=job.input_file_id or job.name,
+        completion_window=window_text(job),
+        status=job.state.value,
+        output_file_id=output_file_id(job.id) if has_output(job) else None,
+        error_file_id=error_file_id(job.id) if has_errors(job) else None,
+        created_at=int(job.created),
+        in_progress_at=_at(job, JobState.IN_PROGRESS),
+        expires_at=None if job.deadline is None else int(job.deadline),
+        finalizing_at=_at(job, JobState.FINALIZING),
+        completed_at=_at(job, JobState.COMPLETED),
+        failed_at=_at(job, JobState.FAILED),
+        expired_at=_at(job, JobState.EXPIRED),
+        cancelling_at=_at(job, JobState.CANCELLING),
+        cancelled_at=_at(job, JobState.CANCELLED),
+        request_counts=RequestCounts(job.total + job.rejected, job.completed, failed),
+        metadata=job.metadata or None,
+    )
+
+
+def file_object(rec: FileRecord) -> FileObject:
+    return FileObject(id=rec.id, object="file", bytes=rec.bytes, created_at=rec.created_at,
+                      filename=rec.filename, purpose=rec.purpose)
+
+
+def virtual_file_object(job: JobRecord, which: str, size: int) -> FileObject:
+    fid = output_file_id(job.id) if which == OUTPUT else error_file_id(job.id)
+    created = job.times.get(job.state.value, job.created)
+    return FileObject(id=fid, object="file", bytes=size, created_at=int(created),
+                      filename=f"{job.id}_{which}.jsonl", purpose="batch_output")
+
+
+def page(items: list[Batch] | list[FileObject], ids: list[str], after: str | None,
+         limit: int) -> ListPage:
+    """The page of `limit` items after the one whose id is `after` (None: from the start)."""
+    start = 0
+    if after:
+        if after not in ids:
+            raise ApiError(400, f"after: no object with id {after!r}", "after")
+        start = ids.index(after) + 1
+    chunk = items[start:start + limit]
+    chunk_ids = ids[start:start + limit]
+    return ListPage(data=chunk, first_id=chunk_ids[0] if chunk_ids else None,
+                    last_id=chunk_ids[-1] if chunk_ids else None,
+                    has_more=start + limit < len(items))
