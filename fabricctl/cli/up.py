@@ -5,8 +5,11 @@ and runs `serve_forever` on fabricctl's event loop; its exit status is 0, or 130
 interrupt. `Daemon.start()` opens (and recovers) the durable store in the data dir, starts the
 socket server, decides the engine (vLLM when NVML shows GPUs, else simulated GPUs, and says
 why on the log), starts one consumer per GPU and the GPU/process monitors, whose samples go
-into the stats stream. `Daemon.stop()` stops pulls, lets in-flight batches finish, stops the
-server and closes LMDB. `serve_forever` wires SIGINT/SIGTERM to a graceful stop; a second
+into the stats stream; with `--ray ADDRESS|auto` Ray places one GPU worker per GPU instead
+(`supervisor/ray_fleet.py`), each joining over the TCP listener (127.0.0.1 on an ephemeral
+port with a fresh token when none is configured). `Daemon.stop()` stops pulls, lets
+in-flight batches finish, stops the server (and the Ray workers, and a local Ray) and closes
+LMDB. `serve_forever` wires SIGINT/SIGTERM to a graceful stop; a second
 SIGINT exits at once (LMDB's durable commits mean nothing acknowledged is lost either way).
 The server, the store and the supervisor are imported when the broker starts, not when the
 CLI builds its commands.
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from fabricctl.server.config import ServerConfig
     from fabricctl.store.durable import DurableBroker, StoreConfig
     from fabricctl.supervisor.fleet import Fleet
+    from fabricctl.supervisor.ray_fleet import RayFleet
 
 log = logging.getLogger("fabricctl")
 
@@ -50,6 +54,10 @@ def command(
                                       "needs server.token) for consumers on other hosts."),
     metrics_port: int | None = typer.Option(None, "--metrics-port",
                                             help="Serve Prometheus metrics on this port."),
+    ray: str | None = typer.Option(None, "--ray", metavar="ADDRESS|auto",
+                                   help="Place one GPU worker per GPU as a Ray actor: on the "
+                                   "Ray cluster at ADDRESS, or (auto) on a local Ray whose "
+                                   "GPUs are the configured ones. Needs fabricctl[ray]."),
     verbose: bool = Verbose,
 ) -> None:
     """Run the broker with one engine and consumer per GPU (simulated GPUs when none)."""
@@ -60,7 +68,7 @@ def command(
     if gpus:
         flags["gpus"] = [int(g) for g in gpus.split(",") if g.strip()]
     cfg = with_sections(load(config, **flags), listen=listen, metrics_port=metrics_port)
-    raise typer.Exit(int(run_async(serve_forever(cfg), eventloop.run)))
+    raise typer.Exit(int(run_async(serve_forever(cfg, ray=ray), eventloop.run)))
 
 
 def with_sections(cfg: AppConfig, listen: str | None = None,
@@ -88,13 +96,19 @@ class Daemon:
     """Why: `up` and `run` assemble the same pieces; this is the assembly."""
 
     def __init__(self, cfg: AppConfig, with_fleet: bool = True,
-                 store: StoreConfig | None = None) -> None:
+                 store: StoreConfig | None = None, ray: str | None = None) -> None:
+        self.ray = ray  # `up --ray`: the GPU workers are Ray actors (supervisor/ray_fleet.py)
+        if ray is not None:
+            from fabricctl.supervisor.ray_fleet import with_ray_listener
+
+            cfg = with_ray_listener(cfg)
         self.cfg = cfg
         self.with_fleet = with_fleet
         self.store_cfg = store  # None: the store's defaults
         self.store: DurableBroker | None = None
         self.server: BrokerServer | None = None
         self.fleet: Fleet | None = None
+        self.ray_fleet: RayFleet | None = None
         self.engine_reason = ""
         self._monitors: list[object] = []
 
@@ -113,10 +127,31 @@ class Daemon:
         kind, self.engine_reason = choose_engine(
             cfg, bool(report and report.available), len(report.gpus) if report else 0,
             (report.reason if report else None) or "NVML unavailable")
+        if self.ray is not None:
+            await self._start_ray(kind)
+            return
         log.info("engine: %s — %s", kind, self.engine_reason)
         self.fleet = await Fleet.build(cfg, kind)
         self.fleet.start(self.server.cfg.socket_path)
         self.server.extra["engine"] = lambda: {"kind": kind, "reason": self.engine_reason}
+
+    async def _start_ray(self, kind: str) -> None:
+        """`up --ray`: Ray places the GPU workers; they join this broker over TCP."""
+        from fabricctl.supervisor.ray_fleet import RayFleet, advertised, import_ray, ray_engine
+
+        assert self.server is not None and self.ray is not None
+        kind, self.engine_reason = ray_engine(self.cfg, self.ray, (kind, self.engine_reason))
+        log.info("engine: %s — %s; GPU workers placed by Ray (%s)", kind, self.engine_reason,
+                 self.ray)
+        port = self.server.tcp_port()
+        assert port is not None
+        broker = advertised(self.cfg.server.listen, port,
+                            lambda: str(import_ray().util.get_node_ip_address()))
+        self.ray_fleet = RayFleet(self.cfg, kind, self.ray)
+        await self.ray_fleet.start(broker, self.cfg.server.token)
+        self.server.extra["engine"] = lambda: {"kind": kind, "reason": self.engine_reason,
+                                               "ray": self.ray}
+        self.server.extra["ray"] = self.ray_fleet.describe
 
     def _start_monitors(self):
         """GPU (NVML) and process (psutil) monitors feed the stats stream; never fatal."""
@@ -146,6 +181,8 @@ class Daemon:
     async def stop(self) -> None:
         if self.fleet is not None:
             await self.fleet.stop()
+        if self.ray_fleet is not None:
+            await self.ray_fleet.stop()
         for m in self._monitors:
             stop = getattr(m, "stop", None)
             if stop is not None:
@@ -159,10 +196,10 @@ class Daemon:
             self.store = None
 
 
-async def serve_forever(cfg: AppConfig) -> int:
+async def serve_forever(cfg: AppConfig, ray: str | None = None) -> int:
     from fabricctl.server.heap import settle_heap
 
-    daemon = Daemon(cfg)
+    daemon = Daemon(cfg, ray=ray)
     await daemon.start()
     assert daemon.server is not None
     settle_heap()  # what recovery and the imports left is never garbage

@@ -2,7 +2,8 @@
 
 Contract: `choose_engine(cfg, report)` decides sim/vllm/openai (auto: vllm when NVML shows
 GPUs, else the simulated engine, with the reason in words). `Fleet.start(address)` starts one
-consumer per GPU (or per simulated GPU, or per endpoint) against the broker at `address`;
+consumer per GPU (or per simulated GPU, or per endpoint) against the broker at `address`,
+named `<kind>-gpu<N>` unless `names` gives one name per engine;
 `Fleet.stop()` stops pulls first, lets every consumer finish the batch in its hands, then
 stops the engines (and their servers, for vLLM).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,10 +81,11 @@ class Fleet:
             return cls(cfg, kind, engines, gpus, launcher)
         raise UsageError(f"unknown engine {kind!r}")
 
-    def start(self, address: str | Path, token: str = "") -> None:
+    def start(self, address: str | Path, token: str = "",
+              names: Sequence[str] | None = None) -> None:
         loop = asyncio.get_running_loop()
         for i, (engine, gpu) in enumerate(zip(self.engines, self.gpus, strict=True)):
-            name = f"{self.kind}-gpu{gpu if gpu is not None else i}"
+            name = names[i] if names else f"{self.kind}-gpu{gpu if gpu is not None else i}"
             c = Consumer(address, name, self.cfg.model_name, engine, gpu, token,
                          window=consumer_window(self.cfg, self.kind))
             self.consumers.append(c)
