@@ -99,8 +99,9 @@ class Daemon:
                  store: StoreConfig | None = None, ray: str | None = None) -> None:
         self.ray = ray  # `up --ray`: the GPU workers are Ray actors (supervisor/ray_fleet.py)
         if ray is not None:
-            from fabricctl.supervisor.ray_fleet import with_ray_listener
+            from fabricctl.supervisor.ray_fleet import import_ray, with_ray_listener
 
+            import_ray()  # without it, say so before the store is opened
             cfg = with_ray_listener(cfg)
         self.cfg = cfg
         self.with_fleet = with_fleet

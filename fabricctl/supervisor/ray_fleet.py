@@ -259,7 +259,11 @@ class RayFleet:
         ray = self._ray
         opts: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
         if not self.local:
-            ray.init(address=self.address, **opts)
+            try:
+                ray.init(address=self.address, **opts)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise BackendMissing(f"no Ray cluster at {self.address}: {first}") from e
             if self.kind == "openai":
                 return len(local_gpus(self.cfg, self.kind))
             count = int(ray.cluster_resources().get("GPU", 0))
