@@ -10,8 +10,11 @@ consumer, and says "no local GPUs: waiting for agents" (the snapshot's `engine` 
 "none"): the GPUs are those of the agents that join over `--listen`. `--token` (or
 FABRICCTL_TOKEN), `--tls-cert` and `--tls-key` override `[server]` token, tls_cert and
 tls_key; the broker's host name is the `host` extra, so views can tell its GPUs from the
-agents'. `Daemon.stop()` stops pulls, lets in-flight batches finish, stops the
-server and closes LMDB. `serve_forever` wires SIGINT/SIGTERM to a graceful stop; a second
+agents'. With `--ray ADDRESS|auto` Ray places one GPU worker per GPU instead
+(`supervisor/ray_fleet.py`), each joining over the TCP listener (127.0.0.1 on an ephemeral
+port with a fresh token when none is configured). `Daemon.stop()` stops pulls, lets
+in-flight batches finish, stops the server (and the Ray workers, and a local Ray) and closes
+LMDB. `serve_forever` wires SIGINT/SIGTERM to a graceful stop; a second
 SIGINT exits at once (LMDB's durable commits mean nothing acknowledged is lost either way).
 The server, the store and the supervisor are imported when the broker starts, not when the
 CLI builds its commands.
@@ -56,6 +59,7 @@ if TYPE_CHECKING:
     from fabricctl.store.durable import DurableBroker, StoreConfig
     from fabricctl.store.files import FileStore
     from fabricctl.supervisor.fleet import Fleet
+    from fabricctl.supervisor.ray_fleet import RayFleet
 
 log = logging.getLogger("fabricctl")
 NO_LOCAL_GPUS = "no local GPUs: waiting for agents"
@@ -88,6 +92,10 @@ def command(
                                    help="Serve the OpenAI Batch API (/v1/files, /v1/batches) "
                                    "on HOST:PORT; loopback unless server.token is set (then "
                                    "the bearer token)."),
+    ray: str | None = typer.Option(None, "--ray", metavar="ADDRESS|auto",
+                                   help="Place one GPU worker per GPU as a Ray actor: on the "
+                                   "Ray cluster at ADDRESS, or (auto) on a local Ray whose "
+                                   "GPUs are the configured ones. Needs fabricctl[ray]."),
     verbose: bool = Verbose,
 ) -> None:
     """Run the broker with one engine and consumer per GPU (simulated GPUs when none).
@@ -109,7 +117,8 @@ def command(
         from fabricctl.api.address import api_address
 
         guarded(lambda: api_address(cfg.server.api, cfg.server.token))
-    raise typer.Exit(int(run_async(serve_forever(cfg, local_gpus=not no_gpus), eventloop.run)))
+    raise typer.Exit(int(run_async(serve_forever(cfg, local_gpus=not no_gpus, ray=ray),
+                                   eventloop.run)))
 
 
 def with_wire(cfg: AppConfig, token: str | None, tls_cert: Path | None,
@@ -151,7 +160,14 @@ class Daemon:
     """Why: `up` and `run` assemble the same pieces; this is the assembly."""
 
     def __init__(self, cfg: AppConfig, with_fleet: bool = True,
-                 store: StoreConfig | None = None, local_gpus: bool = True) -> None:
+                 store: StoreConfig | None = None, local_gpus: bool = True,
+                 ray: str | None = None) -> None:
+        self.ray = ray  # `up --ray`: the GPU workers are Ray actors (supervisor/ray_fleet.py)
+        if ray is not None:
+            from fabricctl.supervisor.ray_fleet import import_ray, with_ray_listener
+
+            import_ray()  # without it, say so before the store is opened
+            cfg = with_ray_listener(cfg)
         self.cfg = cfg
         self.with_fleet = with_fleet
         self.local_gpus = local_gpus  # False: `--gpus none`, the agents bring the GPUs
@@ -159,6 +175,7 @@ class Daemon:
         self.store: DurableBroker | None = None
         self.server: BrokerServer | None = None
         self.fleet: Fleet | None = None
+        self.ray_fleet: RayFleet | None = None
         self.engine_reason = ""
         self._monitors: list[object] = []
 
@@ -186,10 +203,31 @@ class Daemon:
         kind, self.engine_reason = choose_engine(
             cfg, bool(report and report.available), len(report.gpus) if report else 0,
             (report.reason if report else None) or "NVML unavailable")
+        if self.ray is not None:
+            await self._start_ray(kind)
+            return
         log.info("engine: %s — %s", kind, self.engine_reason)
         self.fleet = await Fleet.build(cfg, kind)
         self.fleet.start(self.server.cfg.socket_path, host=_hostname())
         self.server.extra["engine"] = lambda: {"kind": kind, "reason": self.engine_reason}
+
+    async def _start_ray(self, kind: str) -> None:
+        """`up --ray`: Ray places the GPU workers; they join this broker over TCP."""
+        from fabricctl.supervisor.ray_fleet import RayFleet, advertised, import_ray, ray_engine
+
+        assert self.server is not None and self.ray is not None
+        kind, self.engine_reason = ray_engine(self.cfg, self.ray, (kind, self.engine_reason))
+        log.info("engine: %s — %s; GPU workers placed by Ray (%s)", kind, self.engine_reason,
+                 self.ray)
+        port = self.server.tcp_port()
+        assert port is not None
+        broker = advertised(self.cfg.server.listen, port,
+                            lambda: str(import_ray().util.get_node_ip_address()))
+        self.ray_fleet = RayFleet(self.cfg, kind, self.ray)
+        await self.ray_fleet.start(broker, self.cfg.server.token)
+        self.server.extra["engine"] = lambda: {"kind": kind, "reason": self.engine_reason,
+                                               "ray": self.ray}
+        self.server.extra["ray"] = self.ray_fleet.describe
 
     def _start_monitors(self):
         """GPU (NVML) and process (psutil) monitors feed the stats stream; never fatal."""
@@ -219,6 +257,8 @@ class Daemon:
     async def stop(self) -> None:
         if self.fleet is not None:
             await self.fleet.stop()
+        if self.ray_fleet is not None:
+            await self.ray_fleet.stop()
         for m in self._monitors:
             stop = getattr(m, "stop", None)
             if stop is not None:
@@ -269,10 +309,11 @@ async def start_api(cfg: AppConfig, daemon: Daemon) -> ApiService:
     return ApiService(server, backend, files)
 
 
-async def serve_forever(cfg: AppConfig, local_gpus: bool = True) -> int:
+async def serve_forever(cfg: AppConfig, local_gpus: bool = True,
+                        ray: str | None = None) -> int:
     from fabricctl.server.heap import settle_heap
 
-    daemon = Daemon(cfg, local_gpus=local_gpus)
+    daemon = Daemon(cfg, local_gpus=local_gpus, ray=ray)
     await daemon.start()
     assert daemon.server is not None
     api = await start_api(cfg, daemon) if cfg.server.api else None

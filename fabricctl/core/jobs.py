@@ -177,7 +177,8 @@ def expire_due(job: JobRecord, now: float) -> bool:
     """Its completion window passed with items still to run (the store then cancels its
     queued items and marks it `expired`)."""
     return (job.deadline is not None and now >= job.deadline and not job.ended
-            and not job.expired and job.state is not JobState.CANCELLING)
+            and not job.expired
+            and job.state not in (JobState.CANCELLING, JobState.FINALIZING))  # all outcomes in
 
 
 def mark_expired(job: JobRecord) -> None:

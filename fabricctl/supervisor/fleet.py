@@ -2,7 +2,8 @@
 
 Contract: `choose_engine(cfg, report)` decides sim/vllm/openai (auto: vllm when NVML shows
 GPUs, else the simulated engine, with the reason in words). `Fleet.start(address)` starts one
-consumer per GPU (or per simulated GPU, or per endpoint) against the broker at `address`;
+consumer per GPU (or per simulated GPU, or per endpoint) against the broker at `address`,
+named `<kind>-gpu<N>` unless `names` gives one name per engine;
 `Fleet.stop()` stops pulls first, lets every consumer finish the batch in its hands, then
 stops the engines (and their servers, for vLLM).
 """
@@ -14,7 +15,7 @@ import contextlib
 import functools
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,13 +85,15 @@ class Fleet:
 
     def start(self, address: str | Path, token: str = "", prefix: str | None = None,
               tls: ssl.SSLContext | None = None, host: str = "",
-              gpu_sample: Callable[[int | None], Any] | None = None) -> None:
-        """One consumer per engine against `address`, named `<prefix>-gpu<N>` (prefix: the
-        engine kind); `host`, and `gpu_sample(gpu)` for its NVML sample, go with every
-        heartbeat; `tls` wraps a TCP connection."""
+              gpu_sample: Callable[[int | None], Any] | None = None,
+              names: Sequence[str] | None = None) -> None:
+        """One consumer per engine against `address`, named `names[i]` when given, else
+        `<prefix>-gpu<N>` (prefix: the engine kind); `host`, and `gpu_sample(gpu)` for its
+        NVML sample, go with every heartbeat; `tls` wraps a TCP connection."""
         loop = asyncio.get_running_loop()
         for i, (engine, gpu) in enumerate(zip(self.engines, self.gpus, strict=True)):
-            name = f"{prefix or self.kind}-gpu{gpu if gpu is not None else i}"
+            name = (names[i] if names
+                    else f"{prefix or self.kind}-gpu{gpu if gpu is not None else i}")
             sample = None if gpu_sample is None else functools.partial(gpu_sample, gpu)
             c = Consumer(address, name, self.cfg.model_name, engine, gpu, token,
                          window=consumer_window(self.cfg, self.kind), tls=tls, host=host,
