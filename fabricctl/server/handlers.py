@@ -26,7 +26,7 @@ from fabricctl.core.jobs import JobRecord
 from fabricctl.server.signals import push_signals
 from fabricctl.server.views import resolve_job
 from fabricctl.store.errors import StoreError, StoreFullError
-from fabricctl.store.jobs import CancelOp, JobOp, OpenOp, SealOp
+from fabricctl.store.jobs import CancelOp, FlushOp, JobOp, OpenOp, SealOp
 from fabricctl.wire.protocol import (
     Ack,
     CancelJob,
@@ -65,6 +65,7 @@ class Handlers:
                  drop: Callable[[Peer, str], None]) -> None:
         self.state = state
         self.writer = writer
+        self._flushing = False  # a FlushOp is on its way to a commit
         self.drop = drop  # the server's: close a peer, and disconnect its consumer
 
     # -- producers ----------
@@ -151,8 +152,18 @@ class Handlers:
         """The tick's job operations (expiry, finalize, a cancel's leftovers), committed by
         the writer; nobody waits on them."""
         st = self.state
-        for op in st.store.jobs_due(st.clock()):
-            self.writer.job(op).add_done_callback(_ticked)
+        ops: list[JobOp] = list(st.store.jobs_due(st.clock()))
+        if not ops and not self._flushing and st.store.finished_waiting():
+            ops.append(FlushOp())  # an idle broker still makes a finished shape's record durable
+            self._flushing = True
+        for op in ops:
+            fut = self.writer.job(op)
+            fut.add_done_callback(_ticked)
+            if isinstance(op, FlushOp):
+                fut.add_done_callback(self._flushed)
+
+    def _flushed(self, fut: asyncio.Future[JobRecord | str]) -> None:
+        self._flushing = False
 
     # -- consumers ----------
 

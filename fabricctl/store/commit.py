@@ -64,8 +64,9 @@ class Commit:
         ing = ingest if ingest is not None and ingest.admits else None
         com = complete if complete is not None and complete.writes else None
         jp = jobs if jobs is not None and jobs.writes() else None
-        if ing is None and com is None and jp is None:
-            return None
+        if ing is None and com is None and jp is None and not (
+                jobs is not None and self.finished.waiting()):
+            return None  # nothing to write (a flush writes the finished shapes' records)
         now = max(ing.now if ing is not None else 0.0, com.now if com is not None else 0.0,
                   jp.now if jp is not None else 0.0)
         dbs = self.env.dbs

@@ -293,6 +293,10 @@ class DurableBroker:
         ops = self.jobs_due(now)
         return self.job_ops(ops, now) if ops else []
 
+    def finished_waiting(self) -> bool:
+        """Records of finished shapes wait for a commit (the tick then sends a `FlushOp`)."""
+        return self._finished.waiting()
+
     def job_in_flight(self) -> dict[int, int]:
         """Job -> its items an engine holds now."""
         return self._jobs.in_flight()

@@ -20,7 +20,15 @@ from fabricctl.core.jobs import MAX_SHAPES, JobState, expire_due, mark_expired, 
 from fabricctl.core.records import ResultRecord, Source
 from fabricctl.core.types import Entry
 from fabricctl.store.completion import OUT_CANCELLED, CompletePlan
-from fabricctl.store.jobs import CancelOp, FinalizeOp, JobOp, JobPlan, OpenOp, SealOp
+from fabricctl.store.jobs import (
+    CancelOp,
+    FinalizeOp,
+    FlushOp,
+    JobOp,
+    JobPlan,
+    OpenOp,
+    SealOp,
+)
 from fabricctl.store.keys import entry_decoder, entry_key_of, ref_of, seg_of
 
 if TYPE_CHECKING:
@@ -61,6 +69,9 @@ class JobOps:
         plan = JobPlan(now)
         table = self.table
         for op in ops:
+            if isinstance(op, FlushOp):  # no job changes: the commit writes what is pending
+                plan.answers.append("flushed")
+                continue
             if isinstance(op, OpenOp):
                 plan.answers.append(table.open(op, now, plan))
                 continue

@@ -101,7 +101,13 @@ class FinalizeOp:
     in_flight: int = 0
 
 
-JobOp = OpenOp | SealOp | CancelOp | FinalizeOp
+@dataclass(slots=True)
+class FlushOp:
+    """Why: a broker gone idle right after a shape finished would keep its record in memory
+    only (until the next commit); the tick sends this to commit what is pending."""
+
+
+JobOp = OpenOp | SealOp | CancelOp | FinalizeOp | FlushOp
 Change = Callable[[JobRecord], None]
 
 

@@ -65,6 +65,11 @@ class FinishedShapes:
         self._written = len(self.pending)
         return self._written
 
+    def waiting(self) -> bool:
+        """Whether records wait for a commit (a shape finished since the last one)."""
+        self._take()
+        return bool(self.pending)
+
     def committed(self) -> None:
         """The transaction `write` filled is durable: those records are no longer pending."""
         del self.pending[:self._written]
