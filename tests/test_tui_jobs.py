@@ -1,5 +1,6 @@
 """The overview's jobs box: hidden with no job, one line per job (live first) with its
-progress, failures and ETA when the snapshot carries jobs (`Snapshot.jobs`)."""
+progress, failures and ETA when the snapshot carries jobs (`Snapshot.jobs`); and each GPU's
+line naming the shape its consumer pulls from now and the one warming for it."""
 
 from __future__ import annotations
 
@@ -53,3 +54,19 @@ async def test_overview_shows_jobs_only_when_there_are_some() -> None:
             await pilot.pause()
             assert box.has_class("-shown") is shown
             assert ("batch_2aa" in box.text.plain) is shown
+
+
+def test_each_gpu_line_names_the_shape_it_pulls_from_and_the_next_one() -> None:
+    from fabricctl.tui.gpu import RateTracker, gpu_panel
+
+    snap = make_snapshot()
+    shape = snap.shapes[0]
+    first = msgspec.structs.replace(snap.consumers[0], current=shape.signature,
+                                    next=snap.shapes[1].signature, model=shape.model)
+    snap = msgspec.structs.replace(snap, consumers=[first, *snap.consumers[1:]])
+    text = gpu_panel(snap, RateTracker()).plain
+    line = next(ln for ln in text.split("\n") if ln.strip().startswith(first.name[:14]))
+    assert f"now {draw.short_name(shape.signature, shape.label)[:16]}" in line
+    assert " next " in line
+    others = [ln for ln in text.split("\n") if " now " in ln]
+    assert len(others) == 1 + sum(c.current is not None for c in snap.consumers[1:])

@@ -4,7 +4,8 @@ Contract: `gpu_panel(snap, rates)` reads `snap.extra["gpus"]` (a `GpuReport` as 
 and `snap.extra["engines"]` (consumer -> gpu, engine, simulated, last_seen, stats). One line
 per GPU (utilisation, memory, temperature, power) followed by one line per engine on it
 (KV hit rate = prefix-cache hits / queries, tokens/s sparkline, heartbeat age, "simulated"
-when the engine is the simulated one). Without NVML the first line is
+when the engine is the simulated one, then `now <shape> next <shape>`: the shape its
+consumer pulls from and the one warming for it, from `snap.consumers`). Without NVML the first line is
 "NVML unavailable: <reason>" and the engines are still listed. Engines are grouped by host
 (`snap.extra["host"]` is the broker's; each engine's `host` comes with its heartbeats): the
 broker host's first, as above, then one block per agent host, its name, then per GPU its
@@ -24,6 +25,7 @@ from rich.text import Text
 
 from fabricctl.core.snapshot import Snapshot
 from fabricctl.tui import fmt
+from fabricctl.tui.draw import labels, short_name
 from fabricctl.tui.palette import CRITICAL, MUTED, OK, WARN
 
 HISTORY = 60
@@ -92,7 +94,25 @@ def engine_line(name: str, eng: dict[str, Any], snap: Snapshot, rates: RateTrack
     line.append(f"{fmt.age(hb):>5}", style=WARN if hb is not None and hb > 5 else "")
     if eng.get("simulated"):
         line.append(" simulated", style=WARN)
+    line.append_text(shape_part(name, snap))
     return line
+
+
+def shape_part(consumer: str, snap: Snapshot) -> Text:
+    """`  now <shape> next <shape>`: the shape the consumer pulls from and the one warming
+    for it (labels when given, else hex); empty for a consumer the snapshot does not list."""
+    view = next((c for c in snap.consumers if c.name == consumer), None)
+    if view is None or (view.current is None and view.next is None):
+        return Text()
+    names = labels(snap)
+    part = Text("  now ", style=MUTED)
+    part.append(fmt.shorten(short_name(view.current, names.get((view.model, view.current or 0),
+                                                                  "")), 16))
+    if view.next is not None:
+        part.append(" next ", style=MUTED)
+        part.append(fmt.shorten(short_name(view.next, names.get((view.model, view.next), "")),
+                                16))
+    return part
 
 
 def gpu_line(g: dict[str, Any]) -> Text:
