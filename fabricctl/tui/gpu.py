@@ -2,18 +2,18 @@
 
 Contract: `gpu_panel(snap, rates)` reads `snap.extra["gpus"]` (a `GpuReport` as builtins)
 and `snap.extra["engines"]` (consumer -> gpu, engine, simulated, last_seen, stats). One line
-per GPU (utilisation, memory, temperature, power) followed by one line per engine on it
-(KV hit rate = prefix-cache hits / queries, tokens/s sparkline, heartbeat age, "simulated"
-when the engine is the simulated one, then `now <shape> next <shape>`: the shape its
-consumer pulls from and the one warming for it, from `snap.consumers`). Without NVML the first line is
-"NVML unavailable: <reason>" and the engines are still listed. Engines are grouped by host
-(`snap.extra["host"]` is the broker's; each engine's `host` comes with its heartbeats): the
-broker host's first, as above, then one block per agent host, its name, then per GPU its
+per GPU (utilisation, memory, temperature, power) followed by one line per engine on it (KV
+hit rate = prefix-cache hits / queries, tokens/s sparkline, heartbeat age, "simulated" when
+the engine is the simulated one, then `now <shape> next <shape>`: the shape its consumer
+pulls from and the one warming for it, from `snap.consumers`). Without NVML the first line
+is "NVML unavailable: <reason>" and the engines are still listed. Engines are grouped by
+host (`snap.extra["host"]` is the broker's; each engine's `host` comes with its heartbeats):
+the broker host's first, as above, then one block per agent host, its name, then per GPU its
 NVML line (from the agent's heartbeats, when it has NVML) and its engine line; with agents
 connected the broker's block is headed by its host name too. A broker with no local GPUs
 (engine kind "none") says "no local GPUs: waiting for agents" instead of the NVML line.
-`RateTracker` turns the engines' cumulative token counters into tokens/s, keyed by
-consumer, against snapshot time.
+`RateTracker` turns the engines' cumulative token counters into tokens/s, keyed by consumer,
+against snapshot time.
 """
 
 from __future__ import annotations
