@@ -453,7 +453,7 @@ async def fabricctl_phase(client: httpx.AsyncClient, wl: Workload, base_url: str
                            summary_kv_hit_achievable=summary.kv_hit_achievable,
                            shape_switches=summary.shape_switches,
                            midstream_switches=summary.midstream_switches,
-                           summary_wall_s=summary.wall_s)
+                           summary_wall_s=summary.wall_s, serve_s=summary.serve_s)
     if phase.error is None and phase.items_done != len(wl.items):
         phase.error = (f"{phase.items_done} of {len(wl.items)} items completed as expected "
                        f"({len(recs)} results, finish reasons {phase.extra['finish_reasons']})")
@@ -542,7 +542,17 @@ def ratios(ph: dict[str, dict[str, Any]]) -> dict[str, float | None]:
             computed_noprewarm_over_fabricctl=ratio(d["prompt_tokens_computed"],
                                                     c["prompt_tokens_computed"]),
         )
+    for name, key in (("fabricctl", "rps_fabricctl_serving_over_grouped"),
+                      ("no-prewarm", "rps_noprewarm_serving_over_grouped")):
+        p = ph.get(name)
+        if p is not None and "error" not in p and p.get("serve_s"):
+            out[key] = ratio(p["items_done"] / p["serve_s"], b["req_per_s"])
     return out
+
+
+def len_items(out: dict[str, Any]) -> int:
+    """Items per phase (every phase runs the same workload)."""
+    return int(next(iter(out["phases"].values())).get("items_done", 0) or 0)
 
 
 def table(out: dict[str, Any]) -> str:
@@ -566,7 +576,10 @@ def table(out: dict[str, Any]) -> str:
                      f"{fab['shape_switches']} shape switches "
                      f"({fab['midstream_switches']} mid-stream); its RunSummary: "
                      f"kv_hit_rate {fab['summary_kv_hit_rate']}, kv_hit_achievable "
-                     f"{fab['summary_kv_hit_achievable']}, wall {fab['summary_wall_s']} s")
+                     f"{fab['summary_kv_hit_achievable']}, wall {fab['summary_wall_s']} s, "
+                     f"serving {fab['serve_s']} s (job open to last result: "
+                     f"{len_items(out) / fab['serve_s']:.2f} req/s without start-up)"
+                     if fab.get("serve_s") else "")
     for name, ph in out["phases"].items():
         if "error" in ph:
             lines.append(f"{name}: ERROR {ph['error']}")

@@ -91,6 +91,7 @@ class RunSummary(msgspec.Struct):
     ledger_difference: tuple[int, int]
     token_counter: str = "estimate"  # "estimate" or "tokenizer:<path>" (choose_counter)
     unserved: int = 0  # items for a model no consumer serves: not sent, an error result each
+    serve_s: float = 0.0  # the job alone: from opening it to its last result (no start-up)
 
 
 def command(
@@ -339,6 +340,7 @@ async def run_job(
             if str(input_path) != "-":
                 name = str(input_path.resolve())
                 sha256 = (await asyncio.to_thread(file_digest, input_path))[0]
+            t_job = time.perf_counter()
             reply = await client.open_job("run", name=name, sha256=sha256,
                                           attach=keep_data and bool(sha256))
             if reply.attached:
@@ -357,6 +359,7 @@ async def run_job(
             out.flush()
             follower.nudge()
             await collector
+            serve_s = time.perf_counter() - t_job
             if order is not None:
                 order.finish()  # empty by now: every result of the job came
             out.flush()
@@ -383,7 +386,7 @@ async def run_job(
             padding_waste=round(core.waste(), 4), thrash_events=core.batches_hist.thrashed,
             engine=daemon.fleet.kind, simulated=daemon.fleet.kind == "sim",
             gpus=len(daemon.fleet.engines), ledger_difference=core.ledger.difference(),
-            token_counter=counter.name, unserved=unserved.total,
+            token_counter=counter.name, unserved=unserved.total, serve_s=round(serve_s, 3),
         )
     finally:
         await daemon.stop()
