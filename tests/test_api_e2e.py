@@ -7,14 +7,13 @@ Promises checked against a real `up --api 127.0.0.1:PORT` subprocess:
   API in the config's `[server] api`) a wrong key is 401 and the right one works; a
   non-loopback `--api` without a token is refused at once (exit 2, naming server.token);
   a 48 MiB upload raises the daemon's peak RSS (VmHWM) by far less than the file.
-- batches (these need the broker's job frames, `needs_jobs`): create, then retrieve until
-  done, the statuses seen in OpenAI's order; the output file has one line per custom_id
-  in input order; list shows the batch; cancelling a large batch on slowed simulated GPUs
-  goes cancelling then cancelled with request counts that add up and `batch_cancelled`
-  lines in the error file; a batch past its completion window expires, results so far
-  kept; a job the API created survives a restart of `up`, and one whose file was still
-  being fed when `up` was SIGKILLed (or stopped by SIGINT) is fed again after the restart
-  (`resume`): one result per request, in input order.
+- batches: create, then retrieve until done, the statuses seen in OpenAI's order; the output
+  file has one line per custom_id in input order; list shows the batch; cancelling a large
+  batch on slowed simulated GPUs goes cancelling then cancelled with request counts that add
+  up and `batch_cancelled` lines in the error file; a batch past its completion window
+  expires, results so far kept; a job the API created survives a restart of `up`, and one
+  whose file was still being fed when `up` was SIGKILLed (or stopped by SIGINT) is fed again
+  after the restart (`resume`): one result per request, in input order.
 - `--api` on a port already taken ends `up` with one error line naming it (exit 2).
 """
 
@@ -23,7 +22,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,22 +29,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from cli_helpers import FABRICCTL, START_TIMEOUT_S, Broker, clean_env, fabricctl
-
-from fabricctl.wire.client import Client
+from agent_helpers import free_port
+from cli_helpers import START_TIMEOUT_S, Broker, clean_env, fabricctl
 
 CHAT = "/v1/chat/completions"
 ORDER = ["validating", "in_progress", "finalizing", "completed"]
-needs_jobs = pytest.mark.skipif(not hasattr(Client, "open_job"),
-                                reason="needs the broker's job frames (branch wt17S)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def request(cid: str, prompt: str = "hi", max_tokens: int = 4) -> dict:
     return {"custom_id": cid, "method": "POST", "url": CHAT,
             "body": {"model": "fabric-demo", "max_tokens": max_tokens,
@@ -68,13 +55,7 @@ class ApiBroker(Broker):
         if token:
             server += f'token = "{token}"\n'
         (home / "fabric.toml").write_text(server + toml)
-        self.data_dir, self.home = data_dir, home
-        self.env = clean_env(home)
-        self.log = open(home / f"broker-{data_dir.name}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [*FABRICCTL, "up", "--data-dir", str(data_dir), "--engine", "sim"],
-            stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=home)
-        self.wait_ready()
+        super().__init__(data_dir, home)
         self.wait_api()
 
     def wait_api(self) -> None:
@@ -223,7 +204,6 @@ def test_a_large_upload_keeps_memory_flat(broker: ApiBroker, tmp_path: Path) -> 
 # ---- batches ----------------------------------------------------------------------------
 
 
-@needs_jobs
 def test_a_batch_runs_to_completion(broker: ApiBroker) -> None:
     c = broker.client()
     ids = [f"q{i}" for i in range(300)]
@@ -249,7 +229,6 @@ def test_a_batch_runs_to_completion(broker: ApiBroker) -> None:
     assert b.id in [x.id for x in c.batches.list().data]
 
 
-@needs_jobs
 def test_cancelling_a_large_batch(tmp_path: Path) -> None:
     b = ApiBroker(tmp_path / "d", tmp_path, toml="[sim]\ntime_scale = 0.05\n")
     try:
@@ -284,7 +263,6 @@ def test_cancelling_a_large_batch(tmp_path: Path) -> None:
         assert b.stop() == 0, b.logs()
 
 
-@needs_jobs
 def test_a_batch_past_its_window_expires(tmp_path: Path) -> None:
     b = ApiBroker(tmp_path / "d", tmp_path, toml="[sim]\ntime_scale = 1.0\n")
     try:
@@ -306,7 +284,6 @@ def test_a_batch_past_its_window_expires(tmp_path: Path) -> None:
         assert b.stop() == 0, b.logs()
 
 
-@needs_jobs
 def test_a_batch_survives_a_restart(tmp_path: Path) -> None:
     b = ApiBroker(tmp_path / "d", tmp_path)
     f = b.client().files.create(file=("in.jsonl", jsonl([request(f"s{i}") for i in
@@ -327,7 +304,6 @@ def test_a_batch_survives_a_restart(tmp_path: Path) -> None:
         assert b2.stop() == 0, b2.logs()
 
 
-@needs_jobs
 @pytest.mark.parametrize("how", ["sigkill", "sigint"])
 def test_a_batch_being_fed_when_up_stops_is_fed_again(tmp_path: Path, how: str) -> None:
     slow = "[sim]\ntime_scale = 0.05\n"
@@ -365,7 +341,6 @@ def test_a_batch_being_fed_when_up_stops_is_fed_again(tmp_path: Path, how: str) 
         assert b2.stop() == 0, b2.logs()
 
 
-@needs_jobs
 def test_cancelling_while_validating_stops_the_feed(tmp_path: Path) -> None:
     b = ApiBroker(tmp_path / "d", tmp_path, toml="[sim]\ntime_scale = 0.05\n")
     try:

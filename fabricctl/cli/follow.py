@@ -31,6 +31,13 @@ PAGE = 2000
 POLL_S = 0.1  # the broker has no result push: the stream is polled this often when dry
 
 
+async def results_stored(client: Client) -> int:
+    """How many results the broker has stored (its result sequence number): a follower
+    started from it misses nothing stored later."""
+    status = await client.query("status")
+    return int(status.get("extra", {}).get("store", {}).get("results", 0))
+
+
 class JobFollower:
     """Why: submit --wait, run and results --follow --job all need "this job's results,
     once each, until it is done", from two sources that overlap."""

@@ -28,6 +28,7 @@ import typer
 from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded, settings
 from fabricctl.config import AppConfig
 from fabricctl.core.jobs import JobRecord
+from fabricctl.core.unserved import Waiting, waiting_line
 from fabricctl.tui.fmt import age, pct, shorten
 from fabricctl.wire.client import Client
 
@@ -122,12 +123,8 @@ def _fetch_view(cfg: AppConfig, job: str) -> tuple[Any, dict[str, Any]]:
 
 def _waiting_lines(status: dict[str, Any]) -> list[str]:
     """The broker's "N items wait for model X: no consumer" lines, from its status."""
-    out = []
-    for u in status.get("unserved", []) or []:
-        if isinstance(u, dict):
-            out.append(f"{u.get('items', 0):,} items wait for model {u.get('model')!r}: "
-                       "no consumer")
-    return out
+    return [waiting_line(Waiting(w["model"], w["items"], w["tokens"]))
+            for w in status.get("unserved", [])]
 
 
 def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:

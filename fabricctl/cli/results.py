@@ -37,6 +37,7 @@ from typing import Any, BinaryIO
 
 import typer
 
+from fabricctl.cli.follow import JobFollower, results_stored
 from fabricctl.cli.support import ConfigFile, DataDir, fail, guarded, settings
 from fabricctl.config import AppConfig
 from fabricctl.errors import ExitCode
@@ -125,12 +126,6 @@ async def _key_pages(client: Client) -> AsyncIterator[list[tuple[str, ResultReco
             return
 
 
-async def _stored(client: Client) -> int:
-    """How many results the broker has stored (its result sequence number)."""
-    status = await client.query("status")
-    return int(status.get("extra", {}).get("store", {}).get("results", 0))
-
-
 async def print_results(cfg: AppConfig, out: BinaryIO, *, since: int, follow: bool,
                         as_json: bool, ordered: bool = False) -> None:
     client = await Client.connect(cfg.data_dir, "observer", "fabricctl-results")
@@ -140,7 +135,7 @@ async def print_results(cfg: AppConfig, out: BinaryIO, *, since: int, follow: bo
             out.write(b'{"results":[')
             first, last = True, since
             if ordered:
-                last = await _stored(client)  # before the listing: all of those are in it
+                last = await results_stored(client)  # before the listing: all of those are in it
             async for page in pages:
                 for key, rec in page:
                     if not first:
@@ -171,10 +166,15 @@ async def _job_line_pages(client: Client, job: str) -> AsyncIterator[list[Result
             return
 
 
+async def _job_stream_pages(client: Client, number: int, since: int
+                            ) -> AsyncIterator[list[ResultRecord]]:
+    """A job's results in storage order, from the broker's result stream after `since`."""
+    async for page in _pages(client, since, False):
+        yield [rec for _, rec in page if rec.job == number]
+
+
 async def print_job_results(cfg: AppConfig, out: BinaryIO, job: str, *, since: int,
                             follow: bool, as_json: bool, ordered: bool) -> None:
-    from fabricctl.cli.follow import JobFollower
-
     client = await Client.connect(cfg.data_dir, "observer", "fabricctl-results")
     try:
         view = await client.job(job)
@@ -186,18 +186,12 @@ async def print_job_results(cfg: AppConfig, out: BinaryIO, job: str, *, since: i
 
             await JobFollower(client, job_id, number, write, since=since).run()
             return
-        if ordered:
-            async def pages() -> AsyncIterator[list[ResultRecord]]:
-                async for page in _job_line_pages(client, job_id):
-                    yield page
-        else:
-            async def pages() -> AsyncIterator[list[ResultRecord]]:
-                async for page in _pages(client, since, False):
-                    yield [rec for _, rec in page if rec.job == number]
+        pages = (_job_line_pages(client, job_id) if ordered
+                 else _job_stream_pages(client, number, since))
         first = True
         if as_json:
             out.write(b'{"job":"%s","results":[' % job_id.encode())
-        async for page in pages():
+        async for page in pages:
             if as_json:
                 for rec in page:
                     if not first:

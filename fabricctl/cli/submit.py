@@ -61,7 +61,7 @@ from typing import Any, BinaryIO
 
 import typer
 
-from fabricctl.cli.follow import JobFollower
+from fabricctl.cli.follow import JobFollower, results_stored
 from fabricctl.cli.ordered import InputOrder
 from fabricctl.cli.support import ConfigFile, DataDir, fail, guarded, settings
 from fabricctl.config import AppConfig
@@ -365,7 +365,7 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
     """Submit a stream as a job; the exit code (see the module contract)."""
     client = await Client.connect(cfg.data_dir, "producer", "fabricctl-submit")
     try:
-        since = await _stored(client)  # before the job opens: no result of it is older
+        since = await results_stored(client)  # before the job opens: no result of it is older
         reply = await client.open_job("submit", name=name, sha256=sha256, size=size,
                                       attach=bool(job) or (bool(sha256) and not new_job),
                                       job=job)
@@ -418,12 +418,6 @@ def _announce(err: Any, job: JobRecord, attached: bool) -> None:
     else:
         e.write(f"fabricctl: job {job.id}\n")
     e.flush()
-
-
-async def _stored(client: Client) -> int:
-    """How many results the broker has stored (its result sequence number)."""
-    status = await client.query("status")
-    return int(status.get("extra", {}).get("store", {}).get("results", 0))
 
 
 def file_digest(path: Path) -> tuple[str, int]:
