@@ -338,6 +338,48 @@ async def scrape(client: httpx.AsyncClient) -> Scrape:
     return out
 
 
+class Occupancy:
+    """Why: req/s below the grouped order's is either more work or an emptier engine; this
+    samples vLLM's running and waiting gauges through a phase to tell which."""
+
+    def __init__(self, client: httpx.AsyncClient, every_s: float = 0.05) -> None:
+        self.client = client
+        self.every_s = every_s
+        self.samples: list[tuple[float, float]] = []  # (running, waiting)
+        self._task: asyncio.Task[None] | None = None
+
+    async def _loop(self) -> None:
+        while True:
+            resp = await self.client.get("/metrics")
+            running = waiting = 0.0
+            for family in text_string_to_metric_families(resp.text):
+                for s in family.samples:
+                    if s.name == "vllm:num_requests_running":
+                        running += s.value
+                    elif s.name == "vllm:num_requests_waiting":
+                        waiting += s.value
+            self.samples.append((running, waiting))
+            await asyncio.sleep(self.every_s)  # a sampling period, not synchronisation
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> dict[str, float]:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                await self._task
+        n = len(self.samples) or 1
+        return {
+            "mean_running": round(sum(r for r, _ in self.samples) / n, 2),
+            "mean_waiting": round(sum(w for _, w in self.samples) / n, 2),
+            "share_underfilled": round(sum(1 for r, w in self.samples
+                                           if r < IN_FLIGHT and w == 0) / n, 3),
+            "share_idle": round(sum(1 for r, w in self.samples if r == 0 and w == 0) / n, 3),
+            "samples": len(self.samples),
+        }
+
+
 async def reset_prefix_cache(client: httpx.AsyncClient) -> None:
     """POST /reset_prefix_cache until it succeeds (it fails while blocks are held)."""
     for _ in range(40):
@@ -393,9 +435,12 @@ async def client_phase(client: httpx.AsyncClient, name: str, wl: Workload,
             phase.items_done += 1
 
     before = await scrape(client)
+    occupancy = Occupancy(client)
+    occupancy.start()
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
     phase.wall_s = time.perf_counter() - t0
+    phase.extra["occupancy"] = await occupancy.stop()
     phase.deltas = (await scrape(client)).minus(before)
     phase.client_cached_tokens = cached
     if bad:
@@ -418,6 +463,8 @@ async def fabricctl_phase(client: httpx.AsyncClient, wl: Workload, base_url: str
     sink = io.BytesIO()
     errors: list[str] = []
     before = await scrape(client)
+    occupancy = Occupancy(client)
+    occupancy.start()
     t0 = time.perf_counter()
     summary: RunSummary | None = None
     try:  # the tree may be mid-change: any failure is this phase's error, not the bench's
@@ -438,6 +485,7 @@ async def fabricctl_phase(client: httpx.AsyncClient, wl: Workload, base_url: str
     except Exception as e:
         phase.error = f"run_job failed: {e!r}"
     phase.wall_s = time.perf_counter() - t0
+    phase.extra["occupancy"] = await occupancy.stop()
     phase.deltas = (await scrape(client)).minus(before)
     recs = [json.loads(line) for line in sink.getvalue().splitlines() if line.strip()]
     per_id = Counter(r.get("id") for r in recs)
@@ -580,6 +628,13 @@ def table(out: dict[str, Any]) -> str:
                      f"serving {fab['serve_s']} s (job open to last result: "
                      f"{len_items(out) / fab['serve_s']:.2f} req/s without start-up)"
                      if fab.get("serve_s") else "")
+    for name, ph in out["phases"].items():
+        occ = ph.get("occupancy")
+        if occ:
+            lines.append(f"{name}: vLLM running {occ['mean_running']} on average (waiting "
+                         f"{occ['mean_waiting']}); under {IN_FLIGHT} with none waiting "
+                         f"{occ['share_underfilled']:.0%} of samples, idle "
+                         f"{occ['share_idle']:.0%}")
     for name, ph in out["phases"].items():
         if "error" in ph:
             lines.append(f"{name}: ERROR {ph['error']}")

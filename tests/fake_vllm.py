@@ -9,7 +9,8 @@ token), and HTTP 400 with vLLM's error body
 for a bad value (a negative temperature, n < 1, a prompt that is not a string, no
 messages). `GET /metrics` gives zero counters with block size 16, `GET /health` 200. It is
 the simulated engine seen through the HTTP path, so a test on it fails where the wire is
-wrong, as one on the real vLLM would. `delay_s` makes each completion take that long.
+wrong, as one on the real vLLM would. `delay_s` makes each completion take that long;
+with `max_running`, at most that many run at once and the rest wait, as --max-num-seqs does.
 """
 
 from __future__ import annotations
@@ -79,11 +80,21 @@ def answer(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
                            "prompt_tokens_details": {"cached_tokens": 0}}}
 
 
+class _Server(ThreadingHTTPServer):
+    """Why: the stdlib's listen backlog of 5 drops connections past it, and a dropped SYN
+    costs a client a 1 s retransmit: 32 requests opened at once would read as a slow engine."""
+
+    request_queue_size = 256
+    daemon_threads = True
+
+
 class FakeVllm:
     """Why: the HTTP path's semantics without a 2.5 GB vLLM, for the fast suite."""
 
-    def __init__(self, delay_s: float = 0.0) -> None:
+    def __init__(self, delay_s: float = 0.0, max_running: int = 0) -> None:
         self.delay_s = delay_s  # each completion takes this long: an engine doing work
+        # at most this many run at once, the rest wait (vLLM's --max-num-seqs); 0: no bound
+        self._running = threading.BoundedSemaphore(max_running) if max_running else None
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self._lock = threading.Lock()
         fake = self
@@ -113,14 +124,18 @@ class FakeVllm:
                     self._send(404, b'{"detail":"Not Found"}', "application/json")
                     return
                 if fake.delay_s:
-                    time.sleep(fake.delay_s)  # the engine's work, not synchronisation
+                    if fake._running is not None:
+                        with fake._running:
+                            time.sleep(fake.delay_s)  # the engine's work, not synchronisation
+                    else:
+                        time.sleep(fake.delay_s)
                 status, out = answer(self.path, body)
                 self._send(status, json.dumps(out).encode(), "application/json")
 
             def log_message(self, fmt: str, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()

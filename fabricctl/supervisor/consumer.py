@@ -14,8 +14,9 @@ is set; a refusal no retry can change (a wrong token, a certificate that does no
 broker that does not speak TLS, another protocol version: `REFUSALS`, and a plain TCP
 connection closed unanswered before any session registered) ends `run` with that
 `BrokerError`. Each heartbeat carries the engine's counters with this consumer's `host` and,
-when `gpu_sample` gives one, its GPU's NVML sample ("nvml"). When `stop` is set it finishes
-the batches in hand and returns; nothing it held is lost either way.
+when `gpu_sample` gives one, its GPU's NVML sample ("nvml"). When `stop` is set it cuts a
+pending long-poll short (a batch answered after that is failed back), finishes the batches
+in hand and returns; nothing it held is lost either way.
 
 Engine failures are isolated. When `engine.run(work)` raises `EngineError` (or runs past
 `run_timeout_s`, when set), or returns items with finish_reason "abort" (vLLM: the request
@@ -159,7 +160,7 @@ class Consumer:
                 self._room.clear()
                 await self._room.wait()  # a batch in the engine finished
                 continue
-            work = await client.pull(self.pull_wait_s)  # bounded long-poll
+            work = await self._pull(client, stop)
             if work is None:
                 continue
             await self._prewarm(client)
@@ -170,6 +171,37 @@ class Consumer:
             if self.down_pause_s:  # the engine is down: let a healthy consumer pull
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.down_pause_s)
+
+    async def _pull(self, client: Client, stop: asyncio.Event) -> Work | None:
+        """A bounded long-poll that `stop` cuts short (a fleet shutting down does not wait
+        out the poll); a batch answered after the cut is handed back to the broker."""
+        pull = asyncio.ensure_future(client.pull(self.pull_wait_s))
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((pull, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if pull.done():
+            return pull.result()
+        pull.add_done_callback(lambda t: self._hand_back(client, t))
+        return None
+
+    def _hand_back(self, client: Client, pull: asyncio.Future[Work | None]) -> None:
+        """A pull answered after `stop`: its batch goes back (or, the connection gone, the
+        broker takes it back as it does a lost consumer's)."""
+        if pull.cancelled() or pull.exception() is not None:
+            return
+        work = pull.result()
+        if work is None:
+            return
+
+        async def fail() -> None:
+            with contextlib.suppress(BackendMissing, BrokerError, ConnectionError, OSError):
+                await client.fail(work.id, f"consumer {self.name} is stopping")
+
+        task = asyncio.get_running_loop().create_task(fail())
+        self._unacked.add(task)
+        task.add_done_callback(self._unacked.discard)
 
     def _start(self, client: Client, work: Work) -> None:
         """Run a batch beside the ones already in the engine (windowed mode)."""
