@@ -1,4 +1,4 @@
-"""Grouping by shape against arrival order on ONE real vLLM CPU server: req/s and KV hits.
+"""Grouping by shape against arrival order on real vLLM CPU servers: req/s and KV hits.
 
 Contract. One run builds a random ~12M-parameter Llama (`bench/make_bench_model.py`, run
 with `.venv-vllm`'s python; its BPE tokenizer is trained on prose from the docstrings of
@@ -30,6 +30,13 @@ warm-up before the first), with vLLM's `/metrics` scraped before and after:
                 `[broker] prewarm = "on"`;
   d. no-prewarm: phase c with `[broker] prewarm = "off"` (what "auto", the default, does
                 on a real engine: `fabricctl.core.config.prewarm_enabled`).
+With `--servers 2` a second server (core 1, the same KV cache) starts beside the first, and
+after phases a-d (on the first server alone):
+  e. round-robin-2: the items in arrival order dealt out to the two servers in turn, 16 in
+                flight on each;
+  f. fabricctl-2: phase d with both servers (one consumer each, the default shape scope).
+Their hit rates are set against the ONE-server achievable (each prefix computed once in
+all), so splitting a shape over both servers shows as points below it.
 
 Per phase: wall seconds, req/s (items / wall), vLLM's hit rate (Δhits / Δqueries of
 `vllm:prefix_cache_{hits,queries}_total`), prompt tokens computed (Δqueries - Δhits),
@@ -37,13 +44,17 @@ Per phase: wall seconds, req/s (items / wall), vLLM's hit rate (Δhits / Δqueri
 preemptions, and the achievable hit rate: F x (requests - shapes) / Δqueries, i.e. every
 full prefix block of every request is a hit except one cold prefill of each prefix
 (requests include fabricctl's pre-warms: extra requests whose tokens are bare prefixes).
-Ratios: req/s of b and c over a, c over b, d over c; c's and d's hit rate minus their
-achievable, in points; prompt tokens computed by c over b and d over c. Exit status 0 when
+Ratios: req/s of b and c over a, c over b, d over c and over b; c's and d's hit rate minus
+their achievable, in points; prompt tokens computed by c and d over b, d over c; with two
+servers f over e, f's and e's hit rate minus the one-server achievable. `occupancy` per phase
+samples vLLM's running and waiting gauges every 50 ms. `serve_s` ratios leave out
+`fabricctl run`'s start-up (job open to last result). Exit status 0 when
 every phase completed every item.
 
     .venv/bin/python bench/vllm_bench.py                    # a table (a few minutes)
     .venv/bin/python bench/vllm_bench.py --json             # exactly one JSON object
     .venv/bin/python bench/vllm_bench.py --items 96 --keep  # quicker; keep the temp dir
+    .venv/bin/python bench/vllm_bench.py --servers 2        # also the two-server phases
 """
 
 from __future__ import annotations
@@ -293,16 +304,23 @@ def kv_blocks(wl: Workload) -> tuple[int, str]:
 
 # -- the server ----------
 
-def free_port() -> int:
+def free_port(count: int = 1) -> int:
+    """A port p with p .. p + count - 1 all free on 127.0.0.1 (one per server)."""
     rng = random.Random()
     for _ in range(200):
         p = rng.randrange(20000, 60000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p))
-            except OSError:
-                continue
-            return p
+        socks = []
+        try:
+            for k in range(count):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", p + k))
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+        return p
     raise RuntimeError("no free port on 127.0.0.1")
 
 
@@ -338,30 +356,51 @@ async def scrape(client: httpx.AsyncClient) -> Scrape:
     return out
 
 
+SERVER_PIDS: list[int] = []  # the servers' process ids, set once they run
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(this process's CPU seconds, the servers' process trees' CPU seconds)."""
+    import psutil
+
+    server = 0.0
+    for pid in SERVER_PIDS:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            for proc in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    t = proc.cpu_times()
+                    server += t.user + t.system
+    return time.process_time(), server
+
+
 class Occupancy:
     """Why: req/s below the grouped order's is either more work or an emptier engine; this
     samples vLLM's running and waiting gauges through a phase to tell which."""
 
-    def __init__(self, client: httpx.AsyncClient, every_s: float = 0.05) -> None:
-        self.client = client
+    def __init__(self, clients: list[httpx.AsyncClient], every_s: float = 0.05) -> None:
+        self.clients = clients
         self.every_s = every_s
         self.samples: list[tuple[float, float]] = []  # (running, waiting)
         self._task: asyncio.Task[None] | None = None
+        self._cpu0 = (0.0, 0.0)
 
     async def _loop(self) -> None:
         while True:
-            resp = await self.client.get("/metrics")
             running = waiting = 0.0
-            for family in text_string_to_metric_families(resp.text):
-                for s in family.samples:
-                    if s.name == "vllm:num_requests_running":
-                        running += s.value
-                    elif s.name == "vllm:num_requests_waiting":
-                        waiting += s.value
+            for client in self.clients:
+                resp = await client.get("/metrics")
+                for family in text_string_to_metric_families(resp.text):
+                    for s in family.samples:
+                        if s.name == "vllm:num_requests_running":
+                            running += s.value
+                        elif s.name == "vllm:num_requests_waiting":
+                            waiting += s.value
             self.samples.append((running, waiting))
             await asyncio.sleep(self.every_s)  # a sampling period, not synchronisation
 
     def start(self) -> None:
+        self._cpu0 = cpu_seconds()
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> dict[str, float]:
@@ -370,14 +409,26 @@ class Occupancy:
             with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
                 await self._task
         n = len(self.samples) or 1
+        full = IN_FLIGHT * len(self.clients)
+        here, server = cpu_seconds()
         return {
+            "bench_process_cpu_s": round(here - self._cpu0[0], 2),  # client, or broker too
+            "servers_cpu_s": round(server - self._cpu0[1], 2),
             "mean_running": round(sum(r for r, _ in self.samples) / n, 2),
             "mean_waiting": round(sum(w for _, w in self.samples) / n, 2),
             "share_underfilled": round(sum(1 for r, w in self.samples
-                                           if r < IN_FLIGHT and w == 0) / n, 3),
+                                           if r < full and w == 0) / n, 3),
             "share_idle": round(sum(1 for r, w in self.samples if r == 0 and w == 0) / n, 3),
             "samples": len(self.samples),
         }
+
+
+async def scrape_all(clients: list[httpx.AsyncClient]) -> Scrape:
+    """Every server's counters, summed (the first server's cache config)."""
+    parts = [await scrape(c) for c in clients]
+    out = Scrape({k: sum(p.values.get(k, 0.0) for p in parts) for k in parts[0].values},
+                 parts[0].block_size, parts[0].num_blocks)
+    return out
 
 
 async def reset_prefix_cache(client: httpx.AsyncClient) -> None:
@@ -404,16 +455,17 @@ class Phase:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-async def client_phase(client: httpx.AsyncClient, name: str, wl: Workload,
+async def client_phase(clients: list[httpx.AsyncClient], name: str, wl: Workload,
                        order: list[Item]) -> Phase:
-    """One request per item, IN_FLIGHT workers taking the items in `order`."""
+    """One request per item, IN_FLIGHT workers per server; with several servers the items
+    are dealt out in turn (round robin), each server taking its share in `order`."""
     shapes = wl.shapes
-    todo = iter(order)
+    queues = [iter(order[k::len(clients)]) for k in range(len(clients))]
     phase = Phase(name)
     cached = 0
     bad: list[str] = []
 
-    async def worker() -> None:
+    async def worker(client: httpx.AsyncClient, todo: Any) -> None:
         nonlocal cached
         for item in todo:  # shared iterator: bounded by the items
             body = {"model": SERVED, "prompt": shapes[item.shape].prefix + item.prompt,
@@ -434,14 +486,15 @@ async def client_phase(client: httpx.AsyncClient, name: str, wl: Workload,
             cached += int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
             phase.items_done += 1
 
-    before = await scrape(client)
-    occupancy = Occupancy(client)
+    before = await scrape_all(clients)
+    occupancy = Occupancy(clients)
     occupancy.start()
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
+    await asyncio.gather(*(worker(c, q) for c, q in zip(clients, queues, strict=True)
+                           for _ in range(IN_FLIGHT)))
     phase.wall_s = time.perf_counter() - t0
     phase.extra["occupancy"] = await occupancy.stop()
-    phase.deltas = (await scrape(client)).minus(before)
+    phase.deltas = (await scrape_all(clients)).minus(before)
     phase.client_cached_tokens = cached
     if bad:
         phase.error = f"{len(bad)} bad responses, first: {bad[0]}"
@@ -455,15 +508,16 @@ def native_lines(wl: Workload) -> str:
                    for i in wl.items)
 
 
-async def fabricctl_phase(client: httpx.AsyncClient, wl: Workload, base_url: str,
-                          model_dir: Path, work: Path, prewarm: str = "on",
-                          name: str = "fabricctl") -> Phase:
-    """The items as native JSONL through `run_job`, engine "openai" on the same server."""
+async def fabricctl_phase(clients: list[httpx.AsyncClient], wl: Workload,
+                          base_urls: list[str], model_dir: Path, work: Path,
+                          prewarm: str = "on", name: str = "fabricctl") -> Phase:
+    """The items as native JSONL through `run_job`, engine "openai" on the same servers
+    (one consumer each)."""
     phase = Phase(name)
     sink = io.BytesIO()
     errors: list[str] = []
-    before = await scrape(client)
-    occupancy = Occupancy(client)
+    before = await scrape_all(clients)
+    occupancy = Occupancy(clients)
     occupancy.start()
     t0 = time.perf_counter()
     summary: RunSummary | None = None
@@ -473,7 +527,7 @@ async def fabricctl_phase(client: httpx.AsyncClient, wl: Workload, base_url: str
         cfg = AppConfig(
             data_dir=work / f"fabric-data-{name}", engine="openai", model=SERVED,
             broker=CoreConfig(prewarm=prewarm),
-            vllm=VllmSettings(endpoints=[base_url]),
+            vllm=VllmSettings(endpoints=base_urls),
             consumer=ConsumerSettings(max_batch_size=IN_FLIGHT,
                                       max_batch_tokens=IN_FLIGHT * wl.max_len,
                                       max_input_len=wl.max_len),
@@ -486,7 +540,7 @@ async def fabricctl_phase(client: httpx.AsyncClient, wl: Workload, base_url: str
         phase.error = f"run_job failed: {e!r}"
     phase.wall_s = time.perf_counter() - t0
     phase.extra["occupancy"] = await occupancy.stop()
-    phase.deltas = (await scrape(client)).minus(before)
+    phase.deltas = (await scrape_all(clients)).minus(before)
     recs = [json.loads(line) for line in sink.getvalue().splitlines() if line.strip()]
     per_id = Counter(r.get("id") for r in recs)
     good = [r for r in recs if r.get("finish_reason") == "length"
@@ -590,7 +644,29 @@ def ratios(ph: dict[str, dict[str, Any]]) -> dict[str, float | None]:
             computed_noprewarm_over_fabricctl=ratio(d["prompt_tokens_computed"],
                                                     c["prompt_tokens_computed"]),
         )
+    if d is not None and "error" not in d:  # the default (pre-warm "auto" = off on vLLM)
+        out.update(
+            rps_noprewarm_over_arrival=ratio(d["req_per_s"], a["req_per_s"]),
+            rps_noprewarm_over_grouped=ratio(d["req_per_s"], b["req_per_s"]),
+            computed_noprewarm_over_grouped=ratio(d["prompt_tokens_computed"],
+                                                  b["prompt_tokens_computed"]),
+        )
+    rr, f2 = ph.get("round-robin-2"), ph.get("fabricctl-2")
+    if rr is not None and f2 is not None and "error" not in rr and "error" not in f2:
+        out.update(
+            rps_fabricctl2_over_roundrobin2=ratio(f2["req_per_s"], rr["req_per_s"]),
+            fabricctl2_hit_minus_one_server_achievable_pts=round(
+                (f2["hit_rate"] - f2["achievable_hit_rate"]) * 100, 2),
+            roundrobin2_hit_minus_one_server_achievable_pts=round(
+                (rr["hit_rate"] - rr["achievable_hit_rate"]) * 100, 2),
+            rps_fabricctl2_over_noprewarm=ratio(f2["req_per_s"], d["req_per_s"])
+            if d is not None and "error" not in d else None,
+        )
+        if f2.get("serve_s"):
+            out["rps_fabricctl2_serving_over_roundrobin2"] = ratio(
+                f2["items_done"] / f2["serve_s"], rr["req_per_s"])
     for name, key in (("fabricctl", "rps_fabricctl_serving_over_grouped"),
+                      ("fabricctl-2", "rps_fabricctl2_serving_over_grouped"),
                       ("no-prewarm", "rps_noprewarm_serving_over_grouped")):
         p = ph.get(name)
         if p is not None and "error" not in p and p.get("serve_s"):
@@ -615,7 +691,7 @@ def table(out: dict[str, Any]) -> str:
         row = f"{name:<10}" + "".join(f"{fmt.format(ph.get(k, 0)):>12}" for k, _, fmt in cols)
         lines.append(row)
     lines.append("")
-    for fname in ("fabricctl", "no-prewarm"):
+    for fname in ("fabricctl", "no-prewarm", "fabricctl-2"):
         fab = out["phases"].get(fname, {})
         if "summary_kv_hit_rate" not in fab:
             continue
@@ -634,7 +710,8 @@ def table(out: dict[str, Any]) -> str:
             lines.append(f"{name}: vLLM running {occ['mean_running']} on average (waiting "
                          f"{occ['mean_waiting']}); under {IN_FLIGHT} with none waiting "
                          f"{occ['share_underfilled']:.0%} of samples, idle "
-                         f"{occ['share_idle']:.0%}")
+                         f"{occ['share_idle']:.0%}; CPU s: bench process "
+                         f"{occ['bench_process_cpu_s']}, servers {occ['servers_cpu_s']}")
     for name, ph in out["phases"].items():
         if "error" in ph:
             lines.append(f"{name}: ERROR {ph['error']}")
@@ -674,10 +751,11 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                   "--max-num-seqs", str(IN_FLIGHT), "--enforce-eager",
                   "--enable-prefix-caching", "--block-size", str(BLOCK),
                   "--num-gpu-blocks-override", str(blocks), "--enable-prompt-tokens-details")
-    spec = vllm_cpu_spec(VENV, str(model_dir), SERVED, logs, port_base=free_port(),
+    spec = vllm_cpu_spec(VENV, str(model_dir), SERVED, logs,
+                         port_base=free_port(args.servers),
                          extra_args=extra_args, start_timeout_s=300.0, stop_timeout_s=20.0,
                          env={"VLLM_SERVER_DEV_MODE": "1"})
-    launcher = Launcher(spec, [0])
+    launcher = Launcher(spec, list(range(args.servers)))  # one core each
     atexit.register(_kill_leftovers, launcher)
     server = launcher.servers[0]
     out: dict[str, Any] = {}
@@ -686,32 +764,51 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         try:
             await launcher.start()
         except LaunchError as e:
-            tail = server.log_path.read_text(errors="replace")[-3000:] \
-                if server.log_path.exists() else ""
+            tail = "\n".join(s.log_path.read_text(errors="replace")[-3000:]
+                             for s in launcher.servers if s.log_path.exists())
             raise RuntimeError(f"{e}\n{tail}") from None
         started_s = time.perf_counter() - t0
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=300.0) as client:
-            cfg = await scrape(client)
-            if cfg.block_size != BLOCK or cfg.num_blocks != blocks:
-                raise RuntimeError(f"server has {cfg.num_blocks} blocks of {cfg.block_size}, "
-                                   f"asked for {blocks} of {BLOCK}")
-            await warm_up(client, tok, paras)
+        SERVER_PIDS[:] = [pid for pid in launcher.pids().values() if pid is not None]
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(
+                httpx.AsyncClient(base_url=s.base_url, timeout=300.0))
+                for s in launcher.servers]
+            client = clients[0]
+            for c in clients:
+                cfg = await scrape(c)
+                if cfg.block_size != BLOCK or cfg.num_blocks != blocks:
+                    raise RuntimeError(f"server has {cfg.num_blocks} blocks of "
+                                       f"{cfg.block_size}, asked for {blocks} of {BLOCK}")
+                await warm_up(c, tok, paras)
+            one = [client]
             phases: dict[str, Phase] = {}
             await reset_prefix_cache(client)
-            phases["arrival"] = await client_phase(client, "arrival", wl, list(wl.items))
+            phases["arrival"] = await client_phase(one, "arrival", wl, list(wl.items))
             await reset_prefix_cache(client)
             grouped = sorted(wl.items, key=lambda i: i.shape)  # stable: arrival within shape
-            phases["grouped"] = await client_phase(client, "grouped", wl, grouped)
-            await reset_prefix_cache(client)
-            phases["fabricctl"] = await fabricctl_phase(client, wl, server.base_url,
-                                                        model_dir, work, prewarm="on")
+            phases["grouped"] = await client_phase(one, "grouped", wl, grouped)
+            if not args.no_prewarm_phase:
+                await reset_prefix_cache(client)
+                phases["fabricctl"] = await fabricctl_phase(one, wl, [server.base_url],
+                                                            model_dir, work, prewarm="on")
             await reset_prefix_cache(client)
             phases["no-prewarm"] = await fabricctl_phase(
-                client, wl, server.base_url, model_dir, work, prewarm="off", name="no-prewarm")
+                one, wl, [server.base_url], model_dir, work, prewarm="off", name="no-prewarm")
+            if len(clients) > 1:
+                urls = [s.base_url for s in launcher.servers]
+                for c in clients:
+                    await reset_prefix_cache(c)
+                phases["round-robin-2"] = await client_phase(clients, "round-robin-2", wl,
+                                                             list(wl.items))
+                for c in clients:
+                    await reset_prefix_cache(c)
+                phases["fabricctl-2"] = await fabricctl_phase(
+                    clients, wl, urls, model_dir, work, prewarm="off", name="fabricctl-2")
         ph = {name: figures(p, wl) for name, p in phases.items()}
         out = {"phases": ph, "ratios": ratios(ph)}
         out.update({
-            "items": len(wl.items), "shapes": args.shapes, "shapes_used": wl.shapes_used,
+            "items": len(wl.items), "servers": args.servers, "shapes": args.shapes,
+            "shapes_used": wl.shapes_used,
             "seed": args.seed, "prefix_tokens": PREFIX_TOKENS,
             "full_prefix_tokens": wl.full_prefix_tokens,
             "item_tokens_min": min(i.tokens for i in wl.items), "item_tokens_max": wl.max_len,
@@ -740,6 +837,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--items", type=int, default=480)
     ap.add_argument("--shapes", type=int, default=12)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--servers", type=int, default=1, choices=(1, 2),
+                    help="2: also run round robin and fabricctl over two servers (one core "
+                         "each) against the one-server achievable hit rate")
+    ap.add_argument("--no-prewarm-phase", action="store_true",
+                    help="skip phase c (fabricctl with pre-warm on)")
     ap.add_argument("--json", action="store_true", help="print exactly one JSON object")
     ap.add_argument("--keep", action="store_true",
                     help="keep the temp dir (model, server log, items, fabricctl data)")
