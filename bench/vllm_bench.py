@@ -90,9 +90,15 @@ if __package__ in (None, ""):
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from fabricctl.cli.calibrate import measure
+from fabricctl.cli.replay import counter_for, read_workload
 from fabricctl.cli.run import RunSummary, run_job
 from fabricctl.config import AppConfig, ConsumerSettings, ProducerSettings, VllmSettings
 from fabricctl.core.config import CoreConfig
+from fabricctl.engines.costs import SimCosts
+from fabricctl.replay.calibrate import Probes, ServerShape, fit_costs
+from fabricctl.replay.run import BatchLimits, costs_for, replay
+from fabricctl.replay.workload import load
 from fabricctl.supervisor.launcher import Launcher, LaunchError, vllm_cpu_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -578,6 +584,43 @@ async def warm_up(client: httpx.AsyncClient, tok: Tok, paras: list[str]) -> None
     await asyncio.gather(*(one(k) for k in range(IN_FLIGHT)))
 
 
+# -- the rehearsal's prediction ----------
+
+def predict(items_path: Path, tokenizer: Path, costs: SimCosts, max_len: int,
+            gpus: int) -> dict[str, float]:
+    """`fabricctl replay` of the bench's own items on `gpus` GPUs of the calibrated costs,
+    with the contract the fabricctl phases register: simulated seconds per policy."""
+    parsed = read_workload(items_path, counter_for(str(tokenizer), ""))
+    items = load(parsed, costs.block_size)
+    sim = costs_for(items, max_num_seqs=IN_FLIGHT, base=costs)
+    limits = BatchLimits(IN_FLIGHT, IN_FLIGHT * max_len, max_len)
+    res = replay(items, ["round-robin", "fabric"], gpus, sim, limits)
+    return {name: r.makespan_s for name, r in res.items()}
+
+
+def prediction(probes: Probes, costs: SimCosts, sims: dict[int, dict[str, float]],
+               ph: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The replay's fabric/round-robin speed-up beside the measured default/arrival one
+    (and with two servers fabricctl-2/round-robin-2), and each phase's simulated seconds."""
+    out: dict[str, Any] = {"costs": dataclasses.asdict(costs),
+                           "probes": dataclasses.asdict(probes)}
+    pairs = {1: ("no-prewarm", "arrival"), 2: ("fabricctl-2", "round-robin-2")}
+    for gpus, sim in sims.items():
+        fab, base = pairs[gpus]
+        if fab not in ph or base not in ph or "error" in ph[fab] or "error" in ph[base]:
+            continue
+        predicted = sim["round-robin"] / sim["fabric"]
+        measured = ph[base]["wall_s"] / ph[fab]["wall_s"]
+        out[f"gpus{gpus}"] = {
+            "predicted_fabric_over_roundrobin": round(predicted, 3),
+            "measured_fabricctl_over_arrival": round(measured, 3),
+            "error": round(predicted / measured - 1, 3),
+            "simulated_s": {k: round(v, 2) for k, v in sim.items()},
+            "measured_s": {fab: ph[fab]["wall_s"], base: ph[base]["wall_s"]},
+        }
+    return out
+
+
 # -- figures ----------
 
 def figures(p: Phase, wl: Workload) -> dict[str, Any]:
@@ -715,11 +758,17 @@ def table(out: dict[str, Any]) -> str:
     for name, ph in out["phases"].items():
         if "error" in ph:
             lines.append(f"{name}: ERROR {ph['error']}")
+    for key, pr in out.get("prediction", {}).items():
+        if key.startswith("gpus"):
+            lines.append(f"replay ({key[4:]} GPU, calibrated costs): fabric "
+                         f"{pr['predicted_fabric_over_roundrobin']}x round robin; measured "
+                         f"{pr['measured_fabricctl_over_arrival']}x (error {pr['error']:+.1%});"
+                         f" simulated s {pr['simulated_s']}, measured s {pr['measured_s']}")
     width = 40
     for k, v in out["ratios"].items():
         lines.append(f"{k:<{width}}{'n/a' if v is None else v:>14}")
     for k, v in out.items():
-        if k not in ("phases", "ratios"):
+        if k not in ("phases", "ratios", "prediction"):
             lines.append(f"{k:<{width}}{v!s:>14}" if len(str(v)) <= 14 else f"{k}: {v}")
     return "\n".join(lines)
 
@@ -780,6 +829,9 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     raise RuntimeError(f"server has {cfg.num_blocks} blocks of "
                                        f"{cfg.block_size}, asked for {blocks} of {BLOCK}")
                 await warm_up(c, tok, paras)
+            probes = await measure(client, SERVED, ServerShape(BLOCK, blocks, IN_FLIGHT, 2048),
+                                   MAX_MODEL_LEN)
+            costs = fit_costs(probes, ServerShape(BLOCK, blocks, IN_FLIGHT, 2048))
             one = [client]
             phases: dict[str, Phase] = {}
             await reset_prefix_cache(client)
@@ -805,7 +857,10 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 phases["fabricctl-2"] = await fabricctl_phase(
                     clients, wl, urls, model_dir, work, prewarm="off", name="fabricctl-2")
         ph = {name: figures(p, wl) for name, p in phases.items()}
-        out = {"phases": ph, "ratios": ratios(ph)}
+        sims = {g: predict(work / "items.jsonl", model_dir / "tokenizer.json", costs,
+                           wl.max_len, g) for g in range(1, args.servers + 1)}
+        out = {"phases": ph, "ratios": ratios(ph),
+               "prediction": prediction(probes, costs, sims, ph)}
         out.update({
             "items": len(wl.items), "servers": args.servers, "shapes": args.shapes,
             "shapes_used": wl.shapes_used,

@@ -123,6 +123,15 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
          "fabricctl consume --broker gpu-head:7070 --engine openai \\\n"
          "    --endpoint http://127.0.0.1:8001 --gpu 0"),
     ],
+    "replay": [
+        ("Would grouping by shape pay on two GPUs whose caches hold half the prefixes?",
+         "fabricctl replay prompts.jsonl --gpus 2 --pressure 2 --model /models/llama"),
+    ],
+    "calibrate": [
+        ("Fit the replay's costs to a running server, then rehearse on it:",
+         "fabricctl calibrate -e http://127.0.0.1:8001 --max-num-seqs 256 -o costs.toml\n"
+         "fabricctl replay prompts.jsonl --costs costs.toml --gpus 1 --model /models/llama"),
+    ],
     "submit": [
         ("Submit a workload and keep only the results' ids and cache hits:",
          "python examples/produce.py --items 1000 | fabricctl submit - --wait \\\n"

@@ -1,15 +1,16 @@
 """An in-process stand-in for a vLLM server on a real socket, answering as vLLM does.
 
 `FakeVllm()` serves on 127.0.0.1 (a free port) from a thread until `close()`. It records
-every request as `(path, body)` in `requests`, and answers `/v1/completions` and
-`/v1/chat/completions` one request at a time the way vLLM does: each request's own
-`max_tokens` (default 16), `n` choices, `ignore_eos`, with the simulated engine's drawn output
-lengths (`fabricctl.engines.simanswer`), vLLM's usage (a character a
-token), and HTTP 400 with vLLM's error body
-for a bad value (a negative temperature, n < 1, a prompt that is not a string, no
-messages). `GET /metrics` gives zero counters with block size 16, `GET /health` 200. It is
-the simulated engine seen through the HTTP path, so a test on it fails where the wire is
-wrong, as one on the real vLLM would. `delay_s` makes each completion take that long;
+every request as `(path, body)` in `requests`, and answers `/v1/completions` (a prompt as
+text or as token ids) and `/v1/chat/completions` one request at a time the way vLLM does:
+each request's own `max_tokens` (default 16), `n` choices, `ignore_eos`, with the simulated
+engine's drawn output lengths (`fabricctl.engines.simanswer`), vLLM's usage (a character a
+token, a token id a token), and HTTP 400 with vLLM's error body for a bad value (a negative
+temperature, n < 1, a prompt that is neither text nor token ids, no messages).
+`GET /metrics` gives zero counters with block size 16 and 64 KV blocks, `GET /v1/models`
+one model "m" (max_model_len 512), `GET /health` 200. It is the simulated engine seen
+through the HTTP path, so a test on it fails where the wire is wrong, as one on the real
+vLLM would. `delay_s` makes each completion take that long;
 with `max_running`, at most that many run at once and the rest wait, as --max-num-seqs does.
 """
 
@@ -29,7 +30,8 @@ vllm:prefix_cache_queries_total{engine="0",model_name="m"} 0
 # TYPE vllm:prefix_cache_hits counter
 vllm:prefix_cache_hits_total{engine="0",model_name="m"} 0
 # TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0"} 1.0
+vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",\
+num_gpu_blocks="64"} 1.0
 """
 
 
@@ -54,8 +56,11 @@ def answer(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         prompt = json.dumps(messages)
     else:
         prompt = body.get("prompt")
-        if not isinstance(prompt, str):
-            return _bad("prompt must be a string")
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            prompt = " ".join(map(str, prompt))  # token ids, counted a token each below
+            prompt_tokens = len(body["prompt"])
+        elif not isinstance(prompt, str):
+            return _bad("prompt must be a string or a list of token ids")
     max_tokens = body.get("max_tokens") or 16
     # the drawn lengths depend on the prompt and seed only, as a model's output would
     item = Item(id=f"{body.get('seed')}|{prompt}", model=str(body.get("model")),
@@ -71,7 +76,8 @@ def answer(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         else:
             choices.append({"index": j, "text": text, "logprobs": None,
                             "finish_reason": reason, "stop_reason": None})
-    prompt_tokens = len(prompt)  # a character a token: unlike fabricctl's estimate
+    if not isinstance(body.get("prompt"), list):
+        prompt_tokens = len(prompt)  # a character a token: unlike fabricctl's estimate
     completion = sum(t for t, _ in plan)
     return 200, {"id": "cmpl-fake", "object": "chat.completion" if chat else "text_completion",
                  "created": 1, "model": body.get("model"), "choices": choices,
@@ -112,6 +118,10 @@ class FakeVllm:
                     self._send(200, METRICS.encode(), "text/plain")
                 elif self.path == "/health":
                     self._send(200, b"", "text/plain")
+                elif self.path == "/v1/models":
+                    self._send(200, json.dumps({"object": "list", "data": [
+                        {"id": "m", "object": "model", "max_model_len": 512}]}).encode(),
+                        "application/json")
                 else:
                     self._send(404, b'{"detail":"Not Found"}', "application/json")
 

@@ -2,11 +2,11 @@
 
 Contract: this module builds the root app (`--version`, the help text) and registers, in
 help order, the command of each module of `fabricctl.cli`: `up`, `run`, `consume`, `replay`,
-`submit`, `results`, `status`, `doctor`, `down`, `top`, and the groups `jobs`, `shapes` and
-`config`
-(`configcmd`). Each module declares its command as `command` (a group as `group`) next to
-the logic it calls, and imports its heavy dependencies (Rich tables, the server, the store,
-Textual) only when the command runs, so building the app stays cheap and never loads Textual.
+`calibrate`, `submit`, `results`, `status`, `doctor`, `down`, `top`, and the groups `jobs`,
+`shapes` and `config` (`configcmd`). Each module declares its command as `command` (a group
+as `group`) next to the logic it calls, and imports its heavy dependencies (Rich tables, the
+server, the store, Textual) only when the command runs, so building the app stays cheap and
+never loads Textual.
 `main` is the console-script entry point; `setup_logging` is `fabricctl.cli.support`'s.
 
 Exit codes (one IntEnum, `fabricctl.errors.ExitCode`, one mapping, `errors.exit_code_of`,
@@ -23,6 +23,7 @@ import typer
 
 from fabricctl import __version__
 from fabricctl.cli import (
+    calibrate,
     configcmd,
     consume,
     doctor,
@@ -71,7 +72,8 @@ def _root(
     """Shape-aware batch inference on your own GPUs: broker, supervisor and dashboard."""
 
 
-COMMANDS = {"up": up, "run": run, "consume": consume, "replay": replay, "submit": submit,
+COMMANDS = {"up": up, "run": run, "consume": consume, "replay": replay,
+            "calibrate": calibrate, "submit": submit,
             "results": results, "status": status, "doctor": doctor, "down": down, "top": top}
 GROUPS = {"jobs": jobs, "shapes": shapes, "config": configcmd}
 

@@ -8,8 +8,13 @@ prints either a Rich table (one row per policy, on stdout, the parameters on std
 `json_out`, one JSON object keyed by policy name whose values are `PolicyResult` fields.
 `policy` is one name or "all" (fabric, the three baselines and the oracle: an omniscient
 shape scheduler on the same GPUs, the limit the "vs oracle" column measures against); a
-comma-separated list of names (ablations included) also works. The KV pool is
-`kv_tokens`, else the pool that gives cache `pressure`, else the simulated GPU's default.
+comma-separated list of names (ablations included) also works. The simulated GPU is the
+default profile (`fabricctl/engines/costs.py`), or the `costs` file (a TOML table of
+`SimCosts` fields, as `fabricctl calibrate` writes for a live server; a file that does not
+load is a `UsageError`). Its KV pool is `kv_tokens`, else the pool that gives cache
+`pressure`, else the profile's; `max_num_seqs` (None: the profile's, 64 for the default
+one) bounds running sequences. Each simulated consumer registers the contract `run` and `up`
+would (`[consumer] max_batch_size`, `max_batch_tokens`, `max_input_len`).
 Arrivals: all at t = 0 when `rate` is 0 (an offline batch job), else Poisson at `rate`
 items per simulated second from `seed`.
 Token counts (and so every prefix's size in blocks) come from the counter `submit` and `run`
@@ -38,6 +43,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from fabricctl.core.types import Item
+    from fabricctl.engines.costs import SimCosts
     from fabricctl.formats.tokens import TokenCounter
     from fabricctl.replay.report import PolicyResult
 
@@ -55,7 +61,11 @@ def command(
     rate: float = typer.Option(0.0, "--rate", help="Poisson arrivals per simulated second "
                                "(0: all at once, an offline batch job)."),
     seed: int = typer.Option(0, "--seed"),
-    max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Running sequences per GPU."),
+    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="Running sequences "
+                                            "per GPU (default: the --costs file's, else 64)."),
+    costs: Path | None = typer.Option(None, "--costs", help="Simulated GPU costs (TOML, e.g. "
+                                      "from `fabricctl calibrate`); default: an H100 with a "
+                                      "7B model."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object keyed by policy."),
     config: Path | None = ConfigFile,
     model: str | None = typer.Option(None, "--model", "-m", help="The model (a directory "
@@ -67,9 +77,11 @@ def command(
     (--model DIR), else an estimate of 4 bytes a token, as for submit and run.
     """
     cfg = load(config, model=model)
+    c = cfg.consumer
     raise typer.Exit(guarded(lambda: run_replay(
         workload, gpus, policy, json_out, kv_tokens, pressure, rate, seed, max_num_seqs,
-        tokenizer=cfg.producer.tokenizer, model=cfg.model)))
+        tokenizer=cfg.producer.tokenizer, model=cfg.model, costs_file=costs,
+        contract=(c.max_batch_size, c.max_batch_tokens, c.max_input_len))))
 
 
 def policy_names(policy: str) -> list[str]:
@@ -142,13 +154,15 @@ def results_table(results: dict[str, PolicyResult], title: str) -> Table:
 
 
 def run_replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: int | None,
-               pressure: float | None, rate: float, seed: int, max_num_seqs: int,
-               tokenizer: str = "", model: str = "") -> int:
+               pressure: float | None, rate: float, seed: int, max_num_seqs: int | None,
+               tokenizer: str = "", model: str = "", costs_file: Path | None = None,
+               contract: tuple[int, int, int] | None = None) -> int:
     """Replay `workload` through `policy` on `gpus` simulated GPUs; print; return exit code.
-    Tokens are counted by `choose_counter(tokenizer, model)`."""
+    Tokens are counted by `choose_counter(tokenizer, model)`; `contract` is (max batch size,
+    max batch tokens, max input length), default `BatchLimits()`."""
     try:
         return _replay(workload, gpus, policy, json_out, kv_tokens, pressure, rate, seed,
-                       max_num_seqs, tokenizer, model)
+                       max_num_seqs, tokenizer, model, costs_file, contract)
     except UsageError as e:
         _say(f"fabricctl replay: {e}")
         return exit_code_of(e)
@@ -165,21 +179,35 @@ def counter_for(tokenizer: str, model: str) -> TokenCounter:
         raise UsageError(f"tokenizer {tokenizer}: {e}") from None
 
 
+def load_costs_file(path: Path | None) -> SimCosts:
+    """The default profile, or `path`'s costs; a file that does not load is a `UsageError`."""
+    from fabricctl.engines.costs import SimCosts
+    from fabricctl.replay.calibrate import load_costs
+
+    if path is None:
+        return SimCosts()
+    try:
+        return load_costs(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UsageError(f"costs {path}: {e}") from None
+
+
 def _replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: int | None,
-            pressure: float | None, rate: float, seed: int, max_num_seqs: int,
-            tokenizer: str = "", model: str = "") -> int:
+            pressure: float | None, rate: float, seed: int, max_num_seqs: int | None,
+            tokenizer: str = "", model: str = "", costs_file: Path | None = None,
+            contract: tuple[int, int, int] | None = None) -> int:
+
     import msgspec
     from rich.console import Console
 
-    from fabricctl.engines.costs import SimCosts
-    from fabricctl.replay.run import costs_for, limits_for, pressure_of, replay
+    from fabricctl.replay.run import BatchLimits, costs_for, limits_for, pressure_of, replay
     from fabricctl.replay.workload import load
 
     try:
         names = policy_names(policy)
         if gpus < 1:
             raise ValueError("gpus must be at least 1")
-        if max_num_seqs < 1:
+        if max_num_seqs is not None and max_num_seqs < 1:
             raise ValueError("max_num_seqs must be at least 1")
         if rate < 0:
             raise ValueError("rate must be >= 0")
@@ -193,14 +221,17 @@ def _replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: i
     parsed = read_workload(workload, counter)
     if not parsed:
         raise UsageError(f"{workload}: no readable item")
-    base = SimCosts()
+    base = load_costs_file(costs_file)
+    if max_num_seqs is None:
+        max_num_seqs = base.max_num_seqs if costs_file is not None else 64
     items = load(parsed, base.block_size, rate, seed)
     try:
         costs = costs_for(items, kv_tokens=kv_tokens, pressure=pressure,
                           max_num_seqs=max_num_seqs, base=base)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    limits = limits_for(items, costs)
+    given = BatchLimits(*contract) if contract is not None else BatchLimits()
+    limits = limits_for(items, costs, given)
     results = {n: msgspec.structs.replace(r, token_counter=counter.name)
                for n, r in replay(items, names, gpus, costs, limits).items()}
     if json_out:
@@ -210,8 +241,9 @@ def _replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: i
     arrivals = "all at t=0" if rate == 0 else f"Poisson {rate:g}/s (seed {seed})"
     _say(f"simulated: {len(items):,} items, {gpus} GPU(s), KV {costs.kv_tokens:,} tokens "
          f"(cache pressure {pressure_of(items, costs):.2f}), max_num_seqs {max_num_seqs}, "
-         f"arrivals {arrivals}; token counts: {counter.name}; "
-         "cost model: fabricctl/engines/costs.py")
+         f"arrivals {arrivals}; token counts: {counter.name}; cost model: "
+         f"{costs_file or 'fabricctl/engines/costs.py (an H100, a 7B model)'}; contract "
+         f"{limits.max_batch_size} items / {limits.max_batch_tokens:,} tokens a batch")
     console = Console() if sys.stdout.isatty() else Console(width=160)
     console.print(results_table(results, f"fabricctl replay — {workload.name} (simulated)"))
     return int(ExitCode.OK)

@@ -12,6 +12,9 @@ Step time (seconds) of one scheduler step, as `step_seconds` computes it:
   + cached_tokens * cached_token_s                               # cache hits: bookkeeping
   + decode_seqs * decode_seq_s + decode_context_tokens * kv_token_s
   + new_graph_keys * graph_build_s                               # first use of (lane, epoch)
+A request reaches the scheduler `request_s` after the server's front end is free (one request
+at a time, beside the steps). `fabricctl calibrate` fits these numbers to a live server
+(`fabricctl.replay.calibrate`); `fabricctl replay --costs FILE` uses them.
 """
 
 from __future__ import annotations
@@ -60,6 +63,14 @@ class SimCosts:
     graph_cache_size: int = 512
     """(lane, epoch) keys kept before the least recently used graph is dropped (graph pool
     memory is finite); 0 keeps every key."""
+
+    # the server's front end ----------------------------------------------------------------
+    request_s: float = 0.0
+    """The API server's own time per request (HTTP, tokenising, detokenising), one request
+    after another and beside the engine's steps: a request reaches the scheduler that long
+    after the front end is free. 0 (not modelled) in this GPU profile, where the engine
+    dominates; on a small model it caps req/s at 1 / request_s, and `fabricctl calibrate`
+    measures it."""
 
     @property
     def kv_tokens(self) -> int:

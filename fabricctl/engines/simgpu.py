@@ -16,6 +16,10 @@ yields one more, and a request finishes after `max_out` tokens (max_tokens, clip
 prompt + output <= max_model_len). Step time comes from `SimCosts.step_seconds`; a request's
 (lane, epoch) key, if any, builds a CUDA graph on its first use. Runs of decode-only steps
 that neither allocate nor finish anything are fast-forwarded with identical results.
+With `SimCosts.request_s` > 0 the server's front end comes first: an added request joins the
+waiting queue `request_s` after the front end is free (one request at a time, beside the
+steps; an otherwise idle GPU's clock jumps to the next request's arrival); `queued` counts
+both.
 Two uses: batch mode (`run_work`: a whole Work, its ItemResults and simulated seconds) and
 request mode (`add`, `advance_to`, per-request `finish_time`), e.g. a replay of routers.
 """
@@ -61,10 +65,17 @@ class SimGPU:
         self.running: list[SimRequest] = []
         self.graphs: OrderedDict[Hashable, None] = OrderedDict()
         self._done: list[SimRequest] = []  # finished without running, reported next step
+        self._front: deque[tuple[float, SimRequest]] = deque()  # (reaches the scheduler at, r)
+        self._front_free = 0.0  # when the front end has finished every request handed to it
 
     @property
     def busy(self) -> bool:
-        return bool(self.running or self.waiting or self._done)
+        return bool(self.running or self.waiting or self._done or self._front)
+
+    @property
+    def queued(self) -> int:
+        """Requests not running yet: waiting, or still in the front end."""
+        return len(self.waiting) + len(self._front)
 
     # -- request mode ------------------------------------------------------------------------
     def add(
@@ -82,6 +93,9 @@ class SimGPU:
             self.counters.length_exceeded += 1
             self.counters.requests += 1
             self._done.append(r)
+        elif self.costs.request_s > 0:
+            self._front_free = max(self.now, self._front_free) + self.costs.request_s
+            self._front.append((self._front_free, r))
         else:
             self.waiting.append(r)
         return r
@@ -165,9 +179,18 @@ class SimGPU:
     def _step(self, until: float, single: bool = False) -> list[SimRequest]:
         finished, self._done = self._done, []
         running, cache, costs, c = self.running, self.cache, self.costs, self.counters
+        front = self._front
+        if front:
+            if not running and not self.waiting and front[0][0] > self.now:
+                if front[0][0] > until:  # idle until after `until`
+                    self.now = until
+                    return finished
+                self.now = front[0][0]
+            while front and front[0][0] <= self.now:
+                self.waiting.append(front.popleft()[1])
         if not running and not self.waiting:
             return finished
-        if self.fast_forward and not single:
+        if self.fast_forward and not single and not front:
             k = self._fast_forward_steps()
             if k > 1:
                 return finished + self._fast_forward(k, until)

@@ -89,7 +89,7 @@ class PrefixAffinity(_Base):
 
     def arrive(self, r: ReplayItem, now: float) -> None:
         gpus = self.sim.gpus
-        loads = [len(g.waiting) + len(g.running) for g in gpus]
+        loads = [g.queued + len(g.running) for g in gpus]
         least = min(range(len(gpus)), key=loads.__getitem__)
         g = self.last.get(r.shape)
         if g is None or loads[g] > self.rel * loads[least] + self.slack:

@@ -55,7 +55,7 @@ class Simulation:
         admits in steady state (max_num_seqs / `out`, the output tokens, i.e. steps, of a
         request), at least one."""
         gpu = self.gpus[g]
-        return len(gpu.waiting) < max(1, -(-self.costs.max_num_seqs // max(1, out)))
+        return gpu.queued < max(1, -(-self.costs.max_num_seqs // max(1, out)))
 
     def prewarm(self, g: int, r: ReplayItem, now: float) -> None:
         """Run a shape's prefix (from one of its items) as one request of max_tokens 1."""

@@ -1,0 +1,196 @@
+"""Calibration: the fit from probe timings, the costs file, the simulated front end, and
+`fabricctl calibrate` / `replay --costs` as a user runs them (against FakeVllm)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+from fake_vllm import FakeVllm
+
+from fabricctl.cli.replay import run_replay
+from fabricctl.engines.costs import SimCosts
+from fabricctl.engines.simgpu import SimGPU
+from fabricctl.formats.workload import generate
+from fabricctl.replay.calibrate import Probes, ServerShape, costs_toml, fit_costs, load_costs
+
+SERVER = ServerShape(block_size=32, num_blocks=51, max_num_seqs=16, max_num_batched_tokens=2048)
+
+
+def probes(**kw: float) -> Probes:
+    base = dict(front_s=0.48, front_requests=48, decode_one_s=0.5, decode_batch_s=1.3,
+                decode_tokens=48, prefill_s=1.6, prefill_len=320, tiny_s=0.16, tiny_len=8,
+                cached_s=0.2, cached_len=288, batch=16)
+    base.update(kw)
+    return Probes(**base)  # type: ignore[arg-type]
+
+
+def test_fit_reads_each_cost_off_its_probe() -> None:
+    c = fit_costs(probes(), SERVER)
+    assert c.request_s == pytest.approx(0.01)  # 0.48 s / 48 requests
+    assert c.step_overhead_s == pytest.approx((0.5 - 0.01) / 48)
+    assert c.decode_seq_s == pytest.approx(((1.3 - 16 * 0.01) / 48 - (0.5 - 0.01) / 48) / 16)
+    # 16 x 320 tokens, at most 1,600 (the KV pool) a step: 4 steps, 3 beyond the tiny probe's
+    assert c.prefill_token_s == pytest.approx((1.6 - 0.16 - 3 * c.step_overhead_s)
+                                              / (16 * 312))
+    assert c.cached_token_s == pytest.approx((0.2 - 0.16) / (16 * 288))
+    assert (c.forward_s, c.kv_token_s, c.graph_build_s) == (0.0, 0.0, 0.0)
+    assert (c.block_size, c.num_blocks, c.max_num_seqs, c.max_num_batched_tokens) == \
+        (32, 51, 16, 2048)
+
+
+def test_fit_never_gives_a_negative_or_zero_prefill_cost() -> None:
+    c = fit_costs(probes(decode_batch_s=0.1, prefill_s=0.01, cached_s=0.05), SERVER)
+    assert c.decode_seq_s == 0.0
+    assert c.cached_token_s == 0.0
+    assert c.prefill_token_s > 0
+
+
+def test_fit_refuses_probes_it_cannot_read() -> None:
+    with pytest.raises(ValueError, match="longer than the tiny"):
+        fit_costs(probes(prefill_len=8), SERVER)
+    with pytest.raises(ValueError, match="at least one"):
+        fit_costs(probes(front_requests=0), SERVER)
+
+
+def test_costs_file_round_trips_every_field() -> None:
+    c = dataclasses.replace(fit_costs(probes(), SERVER), graph_cache_size=7)
+    text = costs_toml(c, "made by a test\nsecond line")
+    assert text.startswith("# made by a test\n# second line\n")
+    assert load_costs(text) == c
+
+
+def test_costs_file_keeps_defaults_and_names_bad_fields() -> None:
+    assert load_costs("block_size = 32\n") == SimCosts(block_size=32)
+    with pytest.raises(ValueError, match="unknown cost 'blocksize'"):
+        load_costs("blocksize = 32\n")
+    with pytest.raises(ValueError, match="block_size must be an integer"):
+        load_costs("block_size = 32.5\n")
+    with pytest.raises(ValueError, match="request_s must be a number"):
+        load_costs('request_s = "fast"\n')
+    with pytest.raises(ValueError, match="must be >= 0"):
+        load_costs("prefill_token_s = -1.0\n")
+    with pytest.raises(ValueError, match="not TOML"):
+        load_costs("block_size = \n")
+
+
+def test_front_end_admits_one_request_per_request_s() -> None:
+    costs = SimCosts(block_size=16, num_blocks=65, max_num_seqs=8, request_s=0.01,
+                     step_overhead_s=0.001, forward_s=0.0, prefill_token_s=0.0)
+    gpu = SimGPU(costs, max_input_len=100, max_model_len=200)
+    reqs = [gpu.add(f"r{k}", [], 8, 1) for k in range(4)]
+    assert gpu.queued == 4 and gpu.busy
+    gpu.drain()
+    # each reaches the scheduler 10 ms after the one before it, and takes one 1 ms step
+    assert [r.finish_time for r in reqs] == pytest.approx([0.011, 0.021, 0.031, 0.041])
+    assert gpu.queued == 0 and not gpu.busy
+
+
+def test_front_end_caps_throughput_and_advance_to_stops_at_t() -> None:
+    costs = SimCosts(block_size=16, num_blocks=65, max_num_seqs=8, request_s=0.05,
+                     step_overhead_s=0.001, forward_s=0.0, prefill_token_s=0.0)
+    gpu = SimGPU(costs, max_input_len=100, max_model_len=200)
+    for k in range(3):
+        gpu.add(f"r{k}", [], 8, 1)
+    done = gpu.advance_to(0.075)  # the first reached the scheduler at 0.05, the next at 0.1
+    assert [r.rid for r in done] == ["r0"]
+    assert gpu.now == pytest.approx(0.075)
+    assert [r.rid for r in gpu.drain()] == ["r1", "r2"]
+    assert gpu.now == pytest.approx(0.151)
+
+
+def test_no_front_end_by_default() -> None:
+    gpu = SimGPU(SimCosts(block_size=16, num_blocks=65, max_num_seqs=8), max_input_len=100,
+                 max_model_len=200)
+    r = gpu.add("r", [], 8, 1)
+    assert gpu.waiting[0] is r and gpu.queued == 1
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("calibrate") / "w.jsonl"
+    with path.open("wb") as f:
+        for d in generate(items=120, shapes=4, seed=3, prefix_tokens=256, median_tokens=30,
+                          max_tokens=4):
+            f.write(msgspec.json.encode(d) + b"\n")
+    return path
+
+
+def replay_json(workload: Path, capsys: pytest.CaptureFixture[str], **kw: object
+                ) -> dict[str, dict[str, object]]:
+    args: dict[str, object] = dict(workload=workload, gpus=1, policy="round-robin,fabric",
+                                   json_out=True, kv_tokens=None, pressure=None, rate=0.0,
+                                   seed=0, max_num_seqs=None)
+    args.update(kw)
+    assert run_replay(**args) == 0  # type: ignore[arg-type]
+    out: dict[str, dict[str, object]] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def test_replay_runs_on_the_costs_file(workload: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    slow = fit_costs(probes(front_s=4.8), SERVER)  # a 100 ms front end: req/s <= 10
+    path = tmp_path / "costs.toml"
+    path.write_text(costs_toml(slow))
+    default = replay_json(workload, capsys)
+    got = replay_json(workload, capsys, costs_file=path)
+    for name in ("round-robin", "fabric"):
+        assert float(got[name]["makespan_s"]) >= 120 * 0.1  # type: ignore[arg-type]
+        assert float(got[name]["makespan_s"]) > float(default[name]["makespan_s"])  # type: ignore[arg-type]
+
+
+def test_replay_refuses_a_costs_file_that_does_not_load(
+        workload: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "costs.toml"
+    path.write_text("warp_speed = 9\n")
+    args: dict[str, object] = dict(workload=workload, gpus=1, policy="fabric", json_out=True,
+                                   kv_tokens=None, pressure=None, rate=0.0, seed=0,
+                                   max_num_seqs=None, costs_file=path)
+    assert run_replay(**args) == 2  # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    assert f"costs {path}: unknown cost 'warp_speed'" in err
+
+
+def fabricctl(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fabricctl", *argv], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_calibrate_command_writes_costs_replay_reads(tmp_path: Path, workload: Path) -> None:
+    fake = FakeVllm(delay_s=0.005, max_running=16)
+    try:
+        out = tmp_path / "costs.toml"
+        done = fabricctl("calibrate", "-e", fake.url, "--max-num-seqs", "16", "-o", str(out))
+        assert done.returncode == 0, done.stderr
+        costs = load_costs(out.read_text())
+        assert (costs.block_size, costs.num_blocks, costs.max_num_seqs) == (16, 64, 16)
+        # the one-request decode probe took at least the fake's 5 ms: so does its fit
+        assert costs.request_s + 48 * costs.step_overhead_s >= 0.005
+        assert out.read_text().startswith(f"# fabricctl calibrate: {fake.url} (model m)")
+        bodies = fake.bodies()
+        assert bodies and all(isinstance(b["prompt"], list) and b["ignore_eos"] is True
+                              for b in bodies)
+        assert len({tuple(b["prompt"]) for b in bodies}) > 0.9 * len(bodies)  # unique
+        again = fabricctl("replay", str(workload), "--gpus", "1", "--costs", str(out),
+                          "--policy", "fabric", "--json")
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["fabric"]["items"] == 120
+        table = fabricctl("replay", str(workload), "--gpus", "1", "--costs", str(out),
+                          "--policy", "fabric")
+        assert table.returncode == 0, table.stderr
+        assert f"cost model: {out}" in table.stderr
+        assert "max_num_seqs 16" in table.stderr  # the file's, not the default 64
+    finally:
+        fake.close()
+
+
+def test_calibrate_names_a_server_that_does_not_answer() -> None:
+    done = fabricctl("calibrate", "-e", "http://127.0.0.1:9", "--max-num-seqs", "16")
+    assert done.returncode == 3
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "127.0.0.1:9" in lines[0], done.stderr
