@@ -17,7 +17,15 @@ from fabricctl.cli.replay import run_replay
 from fabricctl.engines.costs import SimCosts
 from fabricctl.engines.simgpu import SimGPU
 from fabricctl.formats.workload import generate
-from fabricctl.replay.calibrate import Probes, ServerShape, costs_toml, fit_costs, load_costs
+from fabricctl.replay.calibrate import (
+    Probes,
+    ServerShape,
+    cached_probe_s,
+    costs_toml,
+    fit_costs,
+    load_costs,
+    simulate_burst,
+)
 
 SERVER = ServerShape(block_size=32, num_blocks=51, max_num_seqs=16, max_num_batched_tokens=2048)
 
@@ -25,7 +33,8 @@ SERVER = ServerShape(block_size=32, num_blocks=51, max_num_seqs=16, max_num_batc
 def probes(**kw: float) -> Probes:
     base = dict(front_s=0.48, front_requests=48, decode_one_s=0.5, decode_batch_s=1.3,
                 decode_tokens=48, prefill_s=1.6, prefill_len=320, tiny_s=0.16, tiny_len=8,
-                cached_s=0.2, cached_len=288, batch=16)
+                cached_s=0.9, cached_len=288, cached_new=24, cached_out=4, cached_requests=48,
+                batch=16)
     base.update(kw)
     return Probes(**base)  # type: ignore[arg-type]
 
@@ -38,14 +47,16 @@ def test_fit_reads_each_cost_off_its_probe() -> None:
     # 16 x 320 tokens, at most 1,600 (the KV pool) a step: 4 steps, 3 beyond the tiny probe's
     assert c.prefill_token_s == pytest.approx((1.6 - 0.16 - 3 * c.step_overhead_s)
                                               / (16 * 312))
-    assert c.cached_token_s == pytest.approx((0.2 - 0.16) / (16 * 288))
+    # the simulated cached probe takes as long as the measured one
+    assert cached_probe_s(probes(), c) == pytest.approx(0.9, rel=1e-3)
+    assert 0 < c.cached_token_s < c.prefill_token_s
     assert (c.forward_s, c.kv_token_s, c.graph_build_s) == (0.0, 0.0, 0.0)
     assert (c.block_size, c.num_blocks, c.max_num_seqs, c.max_num_batched_tokens) == \
         (32, 51, 16, 2048)
 
 
 def test_fit_never_gives_a_negative_or_zero_prefill_cost() -> None:
-    c = fit_costs(probes(decode_batch_s=0.1, prefill_s=0.01, cached_s=0.05), SERVER)
+    c = fit_costs(probes(decode_batch_s=0.1, prefill_s=0.01, cached_s=0.001), SERVER)
     assert c.decode_seq_s == 0.0
     assert c.cached_token_s == 0.0
     assert c.prefill_token_s > 0
@@ -194,3 +205,17 @@ def test_calibrate_names_a_server_that_does_not_answer() -> None:
     assert done.returncode == 3
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "127.0.0.1:9" in lines[0], done.stderr
+
+
+def test_a_cached_probe_slower_than_any_hit_explains_costs_a_full_prefill() -> None:
+    c = fit_costs(probes(cached_s=1000.0), SERVER)
+    assert c.cached_token_s == c.prefill_token_s
+
+
+def test_simulated_burst_keeps_at_once_in_flight() -> None:
+    costs = SimCosts(block_size=16, num_blocks=65, max_num_seqs=8, step_overhead_s=0.01,
+                     forward_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0)
+    _, one_at_a_time = simulate_burst(costs, [([], 8, 1)] * 4, 1)
+    _, four = simulate_burst(costs, [([], 8, 1)] * 4, 4)
+    assert one_at_a_time == pytest.approx(0.04)  # four steps, one request each
+    assert four == pytest.approx(0.01)  # one step for all four

@@ -1,21 +1,22 @@
 """`fabricctl calibrate --endpoint URL`: fit the replay's simulated costs to a live server.
 
-Contract: `calibrate(endpoint, ...)` times five probes against one idle OpenAI-compatible
+Contract: `calibrate(endpoint, ...)` times six probes against one idle OpenAI-compatible
 server (vLLM: `ignore_eos`, prompts as token ids, so no tokenizer is needed and every prompt
 is unique, never a prefix-cache hit): a warm-up of every probe (the CPU backend compiles
 kernels for new sizes on first use); then, each timed `repeat` times and the median kept,
 `front` tiny requests of one output token, `batch` at a time (the front end's pace); one
 tiny request decoding `decode` tokens; `batch` of them at once; `batch` tiny requests and
 `batch` requests of `prefill` uncached tokens (clipped to the server's max_model_len, from
-/v1/models), each with one output token; `batch` requests of one shared prefix of whole
-blocks (up to 288 tokens), cached by one untimed request just before, plus tiny unique
-tails. The block size and KV blocks come
-from `vllm:cache_config_info` on /metrics; `max_num_seqs` and `max_num_batched_tokens` are
-the server's settings, given as options (vLLM does not report them). The fit is
-`fabricctl.replay.calibrate.fit_costs`; the result is printed (or written to `out`) as the
-TOML table `fabricctl replay --costs FILE` reads. A server that does not answer is a
-`BackendMissing` (exit 3); an answer that is not a completion, or /metrics without
-`vllm:cache_config_info`, an `EngineError` (exit 1). The `calibrate` command is `command`.
+/v1/models), each with one output token; and, shaped like a grouped workload, `cached`
+requests of one shared prefix of whole blocks (up to 288 tokens, cached by one untimed
+request just before), each with 24 tokens of its own and 4 output tokens, `batch` at a time.
+The block size and KV blocks come from `vllm:cache_config_info` on /metrics; `max_num_seqs`
+and `max_num_batched_tokens` are the server's settings, given as options (vLLM does not
+report them). The fit is `fabricctl.replay.calibrate.fit_costs`; the result is printed (or
+written to `out`) as the TOML table `fabricctl replay --costs FILE` reads. A server that
+does not answer is a `BackendMissing` (exit 3); an answer that is not a completion, or
+/metrics without `vllm:cache_config_info`, an `EngineError` (exit 1). The `calibrate`
+command is `command`.
 """
 
 from __future__ import annotations
@@ -132,11 +133,12 @@ async def server_shape(client: Any, max_num_seqs: int, max_num_batched_tokens: i
 
 
 TINY = 8  # tokens of a tiny prompt
+OWN, OUT = 24, 4  # the cached probe's own tokens after the shared prefix, and its output
 
 
 async def measure(client: Any, model: str, shape: ServerShape, max_model_len: int,
                   front: int = 48, decode: int = 48, prefill: int = 320,
-                  repeat: int = 3) -> Probes:
+                  cached: int = 48, repeat: int = 3) -> Probes:
     """The probes of the module docstring, after a warm-up."""
     batch = min(16, shape.max_num_seqs)
     kv_tokens = (shape.num_blocks - 1) * shape.block_size
@@ -146,9 +148,9 @@ async def measure(client: Any, model: str, shape: ServerShape, max_model_len: in
     shared = p.prompt(max(shape.block_size,
                           min(288, kv_tokens // 4) // shape.block_size * shape.block_size))
 
-    async def cached() -> float:
-        await p.one(TINY, 1, shared)  # untimed: the prefix is computed once, then cached
-        return await p.burst(batch, batch, TINY, 1, shared)
+    async def grouped() -> float:
+        await p.one(OWN, 1, shared)  # untimed: the prefix is computed once, then cached
+        return await p.burst(cached, batch, OWN, OUT, shared)
 
     probes = {
         "front": lambda: p.burst(front, batch, TINY, 1),
@@ -156,7 +158,7 @@ async def measure(client: Any, model: str, shape: ServerShape, max_model_len: in
         "decode_batch": lambda: p.burst(batch, batch, TINY, decode),
         "tiny": lambda: p.burst(batch, batch, TINY, 1),
         "prefill": lambda: p.burst(batch, batch, prefill, 1),
-        "cached": cached,
+        "cached": grouped,
     }
     for probe in probes.values():  # warm-up
         await probe()
@@ -167,7 +169,7 @@ async def measure(client: Any, model: str, shape: ServerShape, max_model_len: in
     best = {name: statistics.median(ts) for name, ts in times.items()}
     return Probes(best["front"], front, best["decode_one"], best["decode_batch"], decode,
                   best["prefill"], prefill, best["tiny"], TINY, best["cached"], len(shared),
-                  batch)
+                  OWN, OUT, cached, batch)
 
 
 async def calibrate(endpoint: str, model: str | None, max_num_seqs: int,

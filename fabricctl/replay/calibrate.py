@@ -1,6 +1,6 @@
 """Calibration: simulated-GPU costs fitted to a live server's timings, and their file form.
 
-Contract: `fit_costs(probes, server)` turns four timed probes of one idle server (`Probes`,
+Contract: `fit_costs(probes, server)` turns six timed probes of one idle server (`Probes`,
 measured by `fabricctl calibrate`) and what the server reports of itself (`ServerShape`) into
 a `SimCosts` whose replay takes about as long as that server would:
 - `request_s` = front-end probe seconds / its requests (tiny prompts, one output token, so
@@ -13,9 +13,14 @@ a `SimCosts` whose replay takes about as long as that server would:
   steps x `step_overhead_s`) / the extra prompt tokens, where the steps are the
   chunked-prefill steps its tokens need beyond the first (the budget, or the KV pool when
   smaller, per step);
-- `cached_token_s` = (the cached probe - the tiny one) / its cached tokens: what a prompt
-  token found in the prefix cache still costs (the new tokens attend to it);
-- KV reads of decodes and graph builds cost nothing on such a server (`--enforce-eager`);
+- `cached_token_s`, what a prompt token found in the prefix cache still costs (the new
+  tokens and every decode attend to it), is the value that makes a simulated GPU of the
+  costs above take as long as the server did on the cached probe, a burst shaped like a
+  grouped workload (`cached_requests` requests of one shared `cached_len`-token prefix, each
+  with `cached_new` tokens of its own and `cached_out` output tokens, `batch` at a time,
+  after one request that caches the prefix): found by bisection in [0, prefill_token_s]
+  (`simulate_burst` runs the simulated probe);
+- KV reads of decodes and graph builds cost nothing more on such a server (`--enforce-eager`);
 the KV pool, scheduler limits and block size are the server's. Every fitted cost is clamped
 to >= 0 and `prefill_token_s` to > 0. `costs_toml(costs, note)` writes a flat TOML table of
 every `SimCosts` field; `load_costs(text)` reads one back (missing fields keep the default
@@ -29,6 +34,7 @@ import math
 import tomllib
 
 from fabricctl.engines.costs import SimCosts
+from fabricctl.engines.simgpu import SimGPU
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -44,8 +50,11 @@ class Probes:
     prefill_len: int
     tiny_s: float  # `batch` requests of `tiny_len` tokens, max_tokens 1
     tiny_len: int
-    cached_s: float  # `batch` requests of a cached `cached_len`-token prefix + `tiny_len` new
-    cached_len: int
+    cached_s: float  # `cached_requests` requests: a cached `cached_len`-token prefix, each
+    cached_len: int  # with `cached_new` tokens of its own and `cached_out` output tokens
+    cached_new: int
+    cached_out: int
+    cached_requests: int
     batch: int
 
 
@@ -61,7 +70,8 @@ class ServerShape:
 
 def fit_costs(p: Probes, server: ServerShape) -> SimCosts:
     """Costs that make a simulated GPU take as long as the probed server (module docstring)."""
-    if min(p.front_requests, p.decode_tokens, p.tiny_len, p.cached_len, p.batch) < 1:
+    if min(p.front_requests, p.decode_tokens, p.tiny_len, p.cached_len, p.cached_new,
+           p.cached_out, p.cached_requests, p.batch) < 1:
         raise ValueError("every probe needs at least one request and one token")
     if p.prefill_len <= p.tiny_len:
         raise ValueError("the prefill probe's prompts must be longer than the tiny ones")
@@ -75,15 +85,65 @@ def fit_costs(p: Probes, server: ServerShape) -> SimCosts:
     steps = math.ceil(p.batch * p.prefill_len / per_step)
     extra = p.batch * (p.prefill_len - p.tiny_len)
     prefill_token_s = max(1e-9, (p.prefill_s - p.tiny_s - (steps - 1) * step_s) / extra)
-    cached_token_s = max(0.0, (p.cached_s - p.tiny_s) / (p.batch * p.cached_len))
-    return SimCosts(
+    costs = SimCosts(
         block_size=server.block_size, num_blocks=server.num_blocks,
         max_num_seqs=server.max_num_seqs,
         max_num_batched_tokens=server.max_num_batched_tokens,
         step_overhead_s=step_s, forward_s=0.0, prefill_token_s=prefill_token_s,
-        cached_token_s=cached_token_s, decode_seq_s=decode_seq_s, kv_token_s=0.0, graph_build_s=0.0,
+        cached_token_s=0.0, decode_seq_s=decode_seq_s, kv_token_s=0.0, graph_build_s=0.0,
         request_s=request_s,
     )
+    lo, hi = 0.0, prefill_token_s
+    if cached_probe_s(p, costs) >= p.cached_s:
+        return costs  # the costs above already account for it all
+    if cached_probe_s(p, dataclasses.replace(costs, cached_token_s=hi)) <= p.cached_s:
+        return dataclasses.replace(costs, cached_token_s=hi)  # a hit never costs more
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if cached_probe_s(p, dataclasses.replace(costs, cached_token_s=mid)) < p.cached_s:
+            lo = mid
+        else:
+            hi = mid
+    return dataclasses.replace(costs, cached_token_s=(lo + hi) / 2)
+
+
+def cached_probe_s(p: Probes, costs: SimCosts) -> float:
+    """Simulated seconds of the cached probe on a GPU of `costs`."""
+    bs = costs.block_size
+    blocks = p.cached_len // bs
+    shared = list(range(1, blocks + 1))
+    length = p.cached_len + p.cached_new
+    own = [[1_000_000 * (k + 1) + j for j in range(blocks, length // bs)]
+           for k in range(p.cached_requests + 1)]  # each request's own full blocks
+    gpu, _ = simulate_burst(costs, [(shared + own[-1], length, 1)], 1)
+    return simulate_burst(costs, [(shared + own[k], length, p.cached_out)
+                                  for k in range(p.cached_requests)], p.batch, gpu)[1]
+
+
+def simulate_burst(costs: SimCosts, requests: list[tuple[list[int], int, int]], at_once: int,
+                   gpu: SimGPU | None = None) -> tuple[SimGPU, float]:
+    """A client sending `requests` (block hashes, prompt tokens, max tokens) `at_once` in
+    flight to a simulated GPU (a fresh one, or `gpu` as left by an earlier burst): the GPU
+    and the burst's simulated seconds."""
+    if gpu is None:
+        gpu = SimGPU(costs, max_input_len=costs.kv_tokens - 2,
+                     max_model_len=costs.kv_tokens - 1)
+    start = gpu.now
+    todo = iter(requests)
+    live = 0
+    for hashes, tokens, out in todo:
+        gpu.add("probe", hashes, tokens, out)
+        live += 1
+        if live == at_once:
+            break
+    while live:
+        for _ in gpu.step():
+            live -= 1
+            nxt = next(todo, None)
+            if nxt is not None:
+                gpu.add("probe", *nxt)
+                live += 1
+    return gpu, gpu.now - start
 
 
 def costs_toml(costs: SimCosts, note: str = "") -> str:
