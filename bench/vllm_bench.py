@@ -48,7 +48,15 @@ Ratios: req/s of b and c over a, c over b, d over c and over b; c's and d's hit 
 their achievable, in points; prompt tokens computed by c and d over b, d over c; with two
 servers f over e, f's and e's hit rate minus the one-server achievable. `occupancy` per phase
 samples vLLM's running and waiting gauges every 50 ms. `serve_s` ratios leave out
-`fabricctl run`'s start-up (job open to last result). Exit status 0 when
+`fabricctl run`'s start-up (job open to last result).
+
+The rehearsal's prediction: before phase a the first server is calibrated as `fabricctl
+calibrate` does (`fabricctl.cli.calibrate.measure`, fitted by
+`fabricctl.replay.calibrate.fit_costs`); after the phases the same items, counted by the
+same tokenizer, are replayed through round robin and fabric on one simulated GPU of those
+costs (two with `--servers 2`), with the contract the fabricctl phases register.
+`prediction.gpus1` holds the replay's fabric / round-robin speed-up, the measured phase d /
+phase a one, their relative error, and both sets of seconds (`gpus2`: f over e). Exit status 0 when
 every phase completed every item.
 
     .venv/bin/python bench/vllm_bench.py                    # a table (a few minutes)
