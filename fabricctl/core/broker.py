@@ -38,6 +38,7 @@ names are thin delegations, so callers see one `Broker`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import attrgetter
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.events import EventKind, EventLog
@@ -46,7 +47,7 @@ from fabricctl.core.lanes import Lane, LaneCounters
 from fabricctl.core.ledger import Ledger
 from fabricctl.core.lifecycle import Lifecycle, ModelState, Slot
 from fabricctl.core.maintenance import Maintenance, model_shapes
-from fabricctl.core.packing import pack
+from fabricctl.core.packing import pack_counted
 from fabricctl.core.settlement import Settlement
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.snapshot import ShapeView, Snapshot, finished_view, take_snapshot
@@ -61,6 +62,10 @@ from fabricctl.core.tracking import (
 )
 from fabricctl.core.types import Batch, Contract, Entry, Item, Prewarm
 from fabricctl.core.withdrawal import Withdrawn, return_withdrawn, settle_withdrawn, withdraw
+
+_max_tokens = attrgetter("max_tokens")
+_item = attrgetter("item")
+_signature = attrgetter("signature")
 
 __all__ = ["Broker", "ConsumerState", "InFlight", "Placement", "ShapeGuardError",
            "UnknownBatchError", "guard_signature"]
@@ -225,17 +230,22 @@ class Broker:
         if lane is None:
             return None
         contract = c.contract
-        entries, pad_to = pack(lane.queue, contract.max_batch_size, contract.max_batch_tokens,
-                               self.cfg.pad_multiple)
-        tokens = 0
-        max_tokens = 0
+        entries, pad_to, tokens = pack_counted(lane.queue, contract.max_batch_size,
+                                               contract.max_batch_tokens, self.cfg.pad_multiple)
+        max_tokens = max(0, max(map(_max_tokens, entries), default=0))
         sig = shape.signature
-        for e in entries:
-            tokens += e.tokens
-            if e.max_tokens > max_tokens:
-                max_tokens = e.max_tokens
-            if e.item is not None and e.item.signature != sig:
-                guard_signature(sig, e.item.signature, f"item {e.item.id}")
+        items = list(map(_item, entries))
+        if items and items[0] is not None:  # memory mode: every entry carries its item
+            try:
+                sigs = set(map(_signature, items))
+            except AttributeError:  # some entry without its item: check those with one
+                sigs = {it.signature for it in items if it is not None}
+        else:  # a store's entries (their items live in the store)
+            sigs = {it.signature for it in items if it is not None}
+        if sigs and sigs != {sig}:
+            for it in items:  # the first entry of another shape, by name
+                if it is not None:
+                    guard_signature(sig, it.signature, f"item {it.id}")
         return self.settlement.dispatch(c, ms.name, shape, lane, entries, pad_to, tokens,
                                         max_tokens)
 

@@ -6,7 +6,9 @@ there is none, since a draining shape is no longer open; a label fills in a shap
 none. `place(...)` assigns an item to a lane of that shape (not dispatchable yet) and
 `admit(placement, entry)` makes it dispatchable; `admit_all` admits a whole commit, sending a
 placement whose shape or lane was retired meanwhile (`placement_live`) to its key's open
-shape; `ingest(items, now)` is place + admit in one loop, the memory mode's hot path.
+shape; `ingest(items, now)` is place + admit of each item, the memory mode's hot path, done a
+key at a time (the same shapes, lanes, queues and counts as item by item; items a failing
+source yielded before it failed are admitted).
 Restoring a store's start: `restore_shape(model, signature, label, lanes, now)` re-queues one
 recorded shape — each (lane id, target, entries in arrival order) in a lane reopened with that
 id and target, each entry admitted — and returns (items, tokens); `restore_epochs(epochs)`
@@ -20,6 +22,7 @@ counters and ledger.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import repeat
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.lanes import Lane, LaneCounters
@@ -106,26 +109,57 @@ class Intake:
     def ingest(self, items: Iterable[Item], now: float) -> int:
         """Memory mode: place and admit each item at once; returns how many went in.
 
-        The steps of `place` then `admit`, written out: this is the broker's hottest loop.
+        The steps of `place` then `admit`, a key at a time: the chunk's items are grouped by
+        (model, signature) in order of first appearance (the order `place` would meet the
+        keys, so shapes are made in the same order), and each group is placed in one
+        `LaneSet.assign_many` call and admitted with its counts summed once. Each lane
+        still receives its items in arrival order, and each item's key is its place in
+        the chunk. This is the broker's hottest loop.
         """
-        n = tokens = 0
-        key = self.next_key
+        if isinstance(items, list):
+            return self._ingest_chunk(items, now)
+        chunk: list[Item] = []
         try:
-            for item in items:
-                t = item.input_tokens
-                shape = self.open_shape(item.model, item.signature, item.label, now)
-                lane = shape.lanes.assign(t, now)
-                lane.push(Entry(key, t, item.max_tokens, now, item))
-                key += 1
-                n += 1
+            chunk.extend(items)  # keeps what came before a source that fails
+        except BaseException:
+            self._ingest_chunk(chunk, now)
+            raise
+        return self._ingest_chunk(chunk, now)
+
+    def _ingest_chunk(self, chunk: list[Item], now: float) -> int:
+        key = self.next_key
+        groups: dict[tuple[str, int], list[int]] = {}
+        for i, item in enumerate(chunk):  # (model, signature) -> the indexes of its items
+            k = (item.model, item.signature)
+            g = groups.get(k)
+            if g is None:
+                groups[k] = [i]
+            else:
+                g.append(i)
+        n = tokens = 0
+        take = chunk.__getitem__
+        try:
+            for (model, sig), idx in groups.items():
+                its = list(map(take, idx))
+                label = next((it.label for it in its if it.label), "")
+                shape = self.open_shape(model, sig, label, now)
+                ns = [it.input_tokens for it in its]
+                lanes = shape.lanes.assign_many(ns, now)
+                entries = list(map(Entry, map(key.__add__, idx), ns,
+                                   [it.max_tokens for it in its], repeat(now), its))
+                for lane, e, t in zip(lanes, entries, ns, strict=True):
+                    lane.queue.append(e)
+                    lane.tokens += t
+                t = sum(ns)
+                n += len(ns)
                 tokens += t
                 shape.tokens += t
-                shape.items += 1
-                shape.lengths.add(t)
+                shape.items += len(ns)
+                shape.lengths.add_many(ns)
                 if shape.staged_since is None:
                     shape.staged_since = now
         finally:  # one ledger entry for the call, even if an item fails halfway
-            self.next_key = key
+            self.next_key = key + len(chunk)
             self.ledger.receive(n, tokens)
         return n
 

@@ -6,6 +6,8 @@ target is >= n (bisect), compares it with its lower neighbour on waste fraction,
 new lane when (waste fraction > threshold and waste >= waste_floor) or waste > waste_cap,
 where threshold = threshold_min + threshold_span * lanes_in_use / lanes_max. At the cap it
 force-fits to the best lane. Accepting an item can only raise a target; lanes never merge.
+`assign_many(ns)` is `assign` of each length in order (one call for a chunk's items of a
+shape: the same lanes, targets and counters).
 The maintenance tick marks a lane quiescing (< quiesce_items items and no assignment for
 quiesce_s seconds): it takes no more items, drains, and returns its id once empty.
 """
@@ -139,6 +141,52 @@ class LaneSet:
         best.last_assign = now
         self.counters.reuses += 1
         return best
+
+    def assign_many(self, ns: list[int], now: float) -> list[Lane]:
+        """`assign` for each of `ns` in order (the lanes, in the same order): the same rule,
+        one call for a chunk's items of this shape. The reuse of a lane is decided here;
+        opening one (and the rarer cases at the cap) goes through `assign`."""
+        out: list[Lane] = []
+        append = out.append
+        targets = self._targets
+        ordered = self._lanes_sorted
+        c = self.cfg
+        cap, floor = c.waste_cap, c.waste_floor
+        threshold = self.threshold()
+        size = len(self.lanes)
+        reused = 0
+        try:
+            for n in ns:
+                i = bisect_left(targets, n)
+                best: Lane | None = None
+                waste = 0
+                frac = 0.0
+                if i < len(targets):
+                    best = ordered[i]
+                    t = targets[i]
+                    waste = t - n
+                    frac = waste / t if t else 0.0
+                if i:
+                    lower = ordered[i - 1]
+                    lw = n - lower.target
+                    lfrac = lw / n if n else 0.0
+                    if best is None or lfrac < frac:
+                        best, waste, frac = lower, lw, lfrac
+                if best is None or waste > cap or (waste >= floor and frac > threshold):
+                    append(self.assign(n, now))  # opens a lane, or the cap's rules
+                    if len(self.lanes) != size:
+                        size = len(self.lanes)
+                        threshold = self.threshold()
+                    continue
+                if best.target < n:
+                    best.target = n  # the lower neighbour: stays sorted since the next target >= n
+                    targets[i - 1] = n
+                best.last_assign = now
+                reused += 1
+                append(best)
+        finally:  # counted as `assign` counts, even if an item fails halfway
+            self.counters.reuses += reused
+        return out
 
     def open_lane(self, lane_id: int, target: int, now: float) -> Lane:
         """Recreate a lane with a known id and target (recovery); keeps ids and order."""
