@@ -379,8 +379,14 @@ def test_assign_many_is_assign_in_order(rounds: list[list[int]], cap: int) -> No
     one, many = LaneSet(CoreConfig(lanes_max=cap)), LaneSet(CoreConfig(lanes_max=cap))
     for k, ns in enumerate(rounds):  # each round a chunk, a tick between them
         now = 3.0 * k
-        want = [one.assign(n, now).id for n in ns]
-        assert [la.id for la in many.assign_many(ns, now)] == want
+        want, want_targets = [], []
+        for n in ns:
+            lane = one.assign(n, now)
+            want.append(lane.id)
+            want_targets.append(lane.target)  # its target once the item was accepted
+        accepted: list[int] = []
+        assert [la.id for la in many.assign_many(ns, now, accepted)] == want
+        assert accepted == want_targets
         assert lane_state(many) == lane_state(one)
         assert many.targets() == one.targets()
         assert many.counters == one.counters

@@ -16,7 +16,8 @@ another shape raises `ShapeGuardError`, which derives from BaseException so no
 Placement and restore, the public API a durable store uses (`Intake` has the rules):
 `open_shape(model, signature, label, now)` is the shape an item of a key joins (its open
 shape, made staged, or active with the lifecycle off, when there is none); `place`, `admit`,
-`admit_all` and `placement_live` are ingest in two steps around the store's commit.
+`admit_all`, `admit_shape` and `placement_live` are ingest in two steps around the store's
+commit.
 `restore_shape(model, signature, label, lanes, now)` re-queues one shape a store recorded —
 each (lane id, target, entries in arrival order) in a lane reopened with that id and target,
 its entries admitted — and returns the (items, tokens) restored; `restore_epochs(epochs)`
@@ -147,6 +148,11 @@ class Broker:
 
     def admit_all(self, admits: list[tuple[Shape, Lane, Entry]], now: float) -> None:
         self.intake.admit_all(admits, now)
+
+    def admit_shape(self, shape: Shape, lanes: list[Lane], entries: list[Entry], now: float,
+                    releases: int) -> None:
+        """`admit_all` for one shape's placements (`Intake.admit_shape`)."""
+        self.intake.admit_shape(shape, lanes, entries, now, releases)
 
     def ingest(self, items: Iterable[Item], now: float) -> int:
         """Memory mode: place and admit each item at once; returns how many went in."""

@@ -6,8 +6,10 @@ there is none, since a draining shape is no longer open; a label fills in a shap
 none. `place(...)` assigns an item to a lane of that shape (not dispatchable yet) and
 `admit(placement, entry)` makes it dispatchable; `admit_all` admits a whole commit, sending a
 placement whose shape or lane was retired meanwhile (`placement_live`) to its key's open
-shape; `ingest(items, now)` is place + admit of each item, the memory mode's hot path, done a
-key at a time (the same shapes, lanes, queues and counts as item by item; items a failing
+shape, and `admit_shape(shape, lanes, entries, now, releases)` does it for one shape's
+placements in one pass when no lane was released since they were placed;
+`ingest(items, now)` is place + admit of each item, the memory mode's hot path, done a key
+at a time (the same shapes, lanes, queues and counts as item by item; items a failing
 source yielded before it failed are admitted).
 Restoring a store's start: `restore_shape(model, signature, label, lanes, now)` re-queues one
 recorded shape — each (lane id, target, entries in arrival order) in a lane reopened with that
@@ -105,6 +107,31 @@ class Intake:
             n += 1
             tokens += t
         self.ledger.receive(n, tokens)
+
+    def admit_shape(self, shape: Shape, lanes: list[Lane], entries: list[Entry], now: float,
+                    releases: int) -> None:
+        """`admit_all` for a commit's placements of one shape (`lanes[k]` is `entries[k]`'s
+        lane, each lane's entries in arrival order). `releases` is the lane counters'
+        `releases` when they were placed: when no lane was released since and the shape is
+        still its key's open shape, every lane is still live (a lane leaves its shape only
+        by release) and the entries are admitted in one pass; otherwise each placement is
+        checked as `admit_all` does."""
+        ms = self.models.get(shape.model)
+        if (releases != self.lane_counters.releases or ms is None
+                or ms.open.get(shape.signature) is not shape):
+            self.admit_all([(shape, la, e) for la, e in zip(lanes, entries, strict=True)], now)
+            return
+        ns = [e.tokens for e in entries]
+        for lane, e, t in zip(lanes, entries, ns, strict=True):
+            lane.queue.append(e)
+            lane.tokens += t
+        tokens = sum(ns)
+        shape.tokens += tokens
+        shape.items += len(ns)
+        shape.lengths.add_many(ns)
+        if shape.staged_since is None and entries:
+            shape.staged_since = entries[0].t
+        self.ledger.receive(len(ns), tokens)
 
     def ingest(self, items: Iterable[Item], now: float) -> int:
         """Memory mode: place and admit each item at once; returns how many went in.

@@ -142,10 +142,14 @@ class LaneSet:
         self.counters.reuses += 1
         return best
 
-    def assign_many(self, ns: list[int], now: float) -> list[Lane]:
+    def assign_many(self, ns: list[int], now: float, accepted: list[int] | None = None
+                    ) -> list[Lane]:
         """`assign` for each of `ns` in order (the lanes, in the same order): the same rule,
-        one call for a chunk's items of this shape. The reuse of a lane is decided here;
-        opening one (and the rarer cases at the cap) goes through `assign`."""
+        one call for a chunk's items of this shape. With `accepted`, each item's lane
+        target once it was accepted is appended to it (a later item may raise it again).
+        The reuse of a lane is decided here, on the sorted targets (a lane object is
+        touched only once chosen); opening one (and the rarer cases at the cap) goes
+        through `assign`."""
         out: list[Lane] = []
         append = out.append
         targets = self._targets
@@ -154,36 +158,48 @@ class LaneSet:
         cap, floor = c.waste_cap, c.waste_floor
         threshold = self.threshold()
         size = len(self.lanes)
+        count = len(targets)
         reused = 0
+        keep = accepted.append if accepted is not None else None
         try:
             for n in ns:
                 i = bisect_left(targets, n)
-                best: Lane | None = None
-                waste = 0
-                frac = 0.0
-                if i < len(targets):
-                    best = ordered[i]
+                if i < count:  # the first lane at least n long, against its lower neighbour
                     t = targets[i]
                     waste = t - n
                     frac = waste / t if t else 0.0
-                if i:
-                    lower = ordered[i - 1]
-                    lw = n - lower.target
-                    lfrac = lw / n if n else 0.0
-                    if best is None or lfrac < frac:
-                        best, waste, frac = lower, lw, lfrac
-                if best is None or waste > cap or (waste >= floor and frac > threshold):
-                    append(self.assign(n, now))  # opens a lane, or the cap's rules
+                    if i:
+                        lw = n - targets[i - 1]
+                        lfrac = lw / n if n else 0.0
+                        if lfrac < frac:
+                            waste, frac = lw, lfrac
+                            i -= 1
+                elif i:  # longer than every lane: only the lower neighbour
+                    waste = n - targets[i - 1]
+                    frac = waste / n if n else 0.0
+                    i -= 1
+                else:  # no lane takes items
+                    waste = cap + 1
+                    frac = 0.0
+                if waste > cap or (waste >= floor and frac > threshold):
+                    lane = self.assign(n, now)  # opens a lane, or the cap's rules
+                    append(lane)
+                    if keep is not None:
+                        keep(lane.target)
+                    count = len(targets)
                     if len(self.lanes) != size:
                         size = len(self.lanes)
                         threshold = self.threshold()
                     continue
-                if best.target < n:
-                    best.target = n  # the lower neighbour: stays sorted since the next target >= n
-                    targets[i - 1] = n
-                best.last_assign = now
+                lane = ordered[i]
+                if targets[i] < n:  # the lower neighbour: stays sorted (the next is >= n)
+                    lane.target = n
+                    targets[i] = n
+                lane.last_assign = now
                 reused += 1
-                append(best)
+                append(lane)
+                if keep is not None:
+                    keep(targets[i])
         finally:  # counted as `assign` counts, even if an item fails halfway
             self.counters.reuses += reused
         return out
