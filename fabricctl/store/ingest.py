@@ -338,12 +338,12 @@ class Ingest:
             run.end = off + cnt
             keys = list(map(pack, repeat(run.seg_id, cnt), range(off, off + cnt)))
             part_ns = ns[at:to]
-            maxes = [it.max_tokens for it in part]
             # each row a `StoredEntry`, encoded from the tuple of its fields (array_like, no
             # omitted defaults: the same bytes, without building the Struct)
-            stored = zip(part_ns, maxes, repeat(now, cnt), [la.id for la in lanes[at:to]],
-                         targets[at:to], [it.id for it in part], [it.payload for it in part],
-                         [it.source for it in part], [it.line for it in part], strict=True)
+            stored = [(n, it.max_tokens, now, la.id, t, it.id, it.payload, it.source, it.line)
+                      for it, n, la, t in zip(part, part_ns, lanes[at:to], targets[at:to],
+                                              strict=True)]
+            maxes = [f[1] for f in stored]
             run.rows = list(zip(keys, map(encode, stored), strict=True))
             id_rows.extend(zip(idbs[at:to], keys, strict=True))
             first = run.base | off
