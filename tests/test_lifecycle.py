@@ -608,7 +608,7 @@ def test_ingest_is_place_then_admit_item_by_item() -> None:
     import random
 
     rng = random.Random(7)
-    chunks = [[Item(f"q{c}-{k}", rng.choice(["m", "n"]), rng.choice([A, B, C]),
+    chunks = [[Item(f"q{c}-{k}", rng.choice(["m", "n"] if c % 2 else ["m"]), rng.choice([A, B, C]),
                     rng.randint(1, 3000), rng.randint(1, 64),
                     label=rng.choice(["", "", "x", "y"])) for k in range(rng.randint(0, 300))]
               for c in range(8)]

@@ -23,6 +23,7 @@ counters and ledger.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
 
@@ -33,6 +34,27 @@ from fabricctl.core.lifecycle import ModelState
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.tracking import Placement
 from fabricctl.core.types import Entry, Item
+
+
+def _by_key(chunk: list[Item]) -> list[tuple[str, int, list[int]]]:
+    """Each (model, signature) of a chunk with the indexes of its items, in order of first
+    appearance."""
+    models = {it.model for it in chunk}
+    if len(models) == 1:  # the common chunk: one model, keyed by signature alone
+        (model,) = models
+        by_sig: defaultdict[int, list[int]] = defaultdict(list)
+        for i, sig in enumerate([it.signature for it in chunk]):
+            by_sig[sig].append(i)
+        return [(model, sig, idx) for sig, idx in by_sig.items()]
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, item in enumerate(chunk):
+        k = (item.model, item.signature)
+        g = groups.get(k)
+        if g is None:
+            groups[k] = [i]
+        else:
+            g.append(i)
+    return [(model, sig, idx) for (model, sig), idx in groups.items()]
 
 
 class Intake:
@@ -155,18 +177,10 @@ class Intake:
 
     def _ingest_chunk(self, chunk: list[Item], now: float) -> int:
         key = self.next_key
-        groups: dict[tuple[str, int], list[int]] = {}
-        for i, item in enumerate(chunk):  # (model, signature) -> the indexes of its items
-            k = (item.model, item.signature)
-            g = groups.get(k)
-            if g is None:
-                groups[k] = [i]
-            else:
-                g.append(i)
         n = tokens = 0
         take = chunk.__getitem__
         try:
-            for (model, sig), idx in groups.items():
+            for model, sig, idx in _by_key(chunk):
                 its = list(map(take, idx))
                 label = next((it.label for it in its if it.label), "")
                 shape = self.open_shape(model, sig, label, now)
