@@ -5,10 +5,12 @@ de-duplicates a chunk (an id already stored in the item's job, or repeated withi
 a reject, in index order; `plan.stored` names the rejects already stored, which a resumed
 submit counts as skipped; an item of a job that takes no more items is refused), counts each
 job's new items (`plan.jobs`, written on its record in the same commit), assigns each item
-to its lane and encodes its entry, id and the new segment headers; `ingest_rows(txn, plan)`
+to its lane and encodes its entry, id and the new segment headers (a key at a time: the
+same lanes, rows and segment numbers as item by item); `ingest_rows(txn, plan)`
 writes them inside the caller's durable transaction (every key above every stored one:
 append mode, return counts checked); `apply_ingest_steps(plan, now)` (the broker's
-`apply_ingest`), after the commit, makes the entries dispatchable and returns the rejects.
+`apply_ingest`), after the commit, makes the entries dispatchable (`Broker.admit_shape`, a run
+at a time) and returns the rejects.
 An entry whose lane or shape was retired while its commit ran (the tick, a shape switch)
 joins its key's open shape instead. `Ingest` is the durable broker's ingest part: it works
 on the shared `StoreState` (the core, the env, the segments, the meta counters, the
