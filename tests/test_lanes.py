@@ -366,3 +366,29 @@ def test_assign_only_never_lowers_a_target(lengths: list[int]) -> None:
             assert ls.lanes[lane_id].target >= target
         assert ls.targets() == sorted(ls.targets())
         assert len(ls) <= 8
+
+
+def lane_state(ls: LaneSet) -> list[tuple[int, int, float, bool]]:
+    return [(la.id, la.target, la.last_assign, la.quiescing) for la in ls.lanes.values()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(min_value=0, max_value=6000), max_size=40), max_size=6),
+       st.sampled_from([2, 8, 2048]))
+def test_assign_many_is_assign_in_order(rounds: list[list[int]], cap: int) -> None:
+    one, many = LaneSet(CoreConfig(lanes_max=cap)), LaneSet(CoreConfig(lanes_max=cap))
+    for k, ns in enumerate(rounds):  # each round a chunk, a tick between them
+        now = 3.0 * k
+        want, want_targets = [], []
+        for n in ns:
+            lane = one.assign(n, now)
+            want.append(lane.id)
+            want_targets.append(lane.target)  # its target once the item was accepted
+        accepted: list[int] = []
+        assert [la.id for la in many.assign_many(ns, now, accepted)] == want
+        assert accepted == want_targets
+        assert lane_state(many) == lane_state(one)
+        assert many.targets() == one.targets()
+        assert many.counters == one.counters
+        one.tick(now + 6.0)
+        many.tick(now + 6.0)

@@ -600,3 +600,39 @@ def test_starving_lanes_counted_on_tick() -> None:
     assert b.starving_lanes == 0
     b.tick(30.001)
     assert b.starving_lanes == 1
+
+
+def test_ingest_is_place_then_admit_item_by_item() -> None:
+    """The grouped hot loop of `ingest` leaves exactly what `place` + `admit` per item does:
+    the same shapes in the same order, lanes, queues, counts, labels and histograms."""
+    import random
+
+    rng = random.Random(7)
+    chunks = [[Item(f"q{c}-{k}", rng.choice(["m", "n"] if c % 2 else ["m"]), rng.choice([A, B, C]),
+                    rng.randint(1, 3000), rng.randint(1, 64),
+                    label=rng.choice(["", "", "x", "y"])) for k in range(rng.randint(0, 300))]
+              for c in range(8)]
+    grouped, single = broker(), broker()
+    for c, chunk in enumerate(chunks):
+        now = 0.5 * c
+        assert grouped.ingest(chunk, now) == len(chunk)
+        for it in chunk:
+            p = single.place(it.model, it.signature, it.label, it.input_tokens, now)
+            single.admit(p, Entry(single.intake.next_key, it.input_tokens, it.max_tokens, now,
+                                  it))
+            single.intake.next_key += 1
+        grouped.tick(now + 0.25)
+        single.tick(now + 0.25)
+
+    def state(b: Broker) -> list[object]:
+        out: list[object] = [list(b.models), b.ledger, b.lane_counters]
+        for ms in b.models.values():
+            for sig, s in ms.open.items():
+                out.append((sig, s.label, s.state, s.items, s.tokens, s.staged_since,
+                            s.lengths.counts, s.lengths.count, s.lengths.min, s.lengths.max))
+                out.extend((la.id, la.target, la.tokens, la.last_assign,
+                            [(e.key, e.tokens, e.max_tokens, e.t, e.item) for e in la.queue])
+                           for la in s.lanes.lanes.values())
+        return out
+
+    assert state(grouped) == state(single)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fabricctl.core.lanes import Lane
-from fabricctl.core.packing import pack, round_up
+from fabricctl.core.packing import pack, pack_counted, round_up
 from fabricctl.core.types import Entry
 
 
@@ -115,3 +115,38 @@ def test_pack_properties(lengths: list[int], max_size: int, max_tokens: int) -> 
     if q and n < max_size:
         longest = max(pad_to, round_up(q[0].tokens, 8))
         assert (n + 1) * longest > max_tokens
+
+
+def pack_item_by_item(queue: deque[Entry], max_batch_size: int, max_batch_tokens: int,
+                      pad_multiple: int = 8) -> tuple[list[Entry], int]:
+    """The contract's rule, one item at a time (what `pack` computes by bisection)."""
+    count = 0
+    pad_to = pad_multiple
+    for entry in queue:
+        if count == max_batch_size:
+            break
+        n = entry.tokens
+        padded = round_up(n, pad_multiple) if n > pad_to else pad_to
+        if count and (count + 1) * padded > max_batch_tokens:
+            break
+        pad_to = padded
+        count += 1
+    return [queue.popleft() for _ in range(count)], pad_to
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    st.lists(st.integers(min_value=0, max_value=3000), max_size=300),
+    st.integers(min_value=0, max_value=300),
+    st.integers(min_value=-5, max_value=70000),
+    st.sampled_from([1, 8, 16]),
+)
+def test_pack_is_the_item_by_item_rule(lengths: list[int], max_size: int, max_tokens: int,
+                                       multiple: int) -> None:
+    fast, slow = queue_of(lengths), queue_of(lengths)
+    entries, pad_to, tokens = pack_counted(fast, max_size, max_tokens, multiple)
+    want, want_pad = pack_item_by_item(slow, max_size, max_tokens, multiple)
+    assert [e.key for e in entries] == [e.key for e in want]
+    assert pad_to == want_pad
+    assert tokens == sum(e.tokens for e in want)
+    assert [e.key for e in fast] == [e.key for e in slow]

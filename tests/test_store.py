@@ -638,3 +638,57 @@ def test_a_completion_meeting_an_existing_result_keeps_the_first(store: DurableB
     assert kept is not None
     assert kept.text == "stale"
     assert store.segs == {}
+
+
+def test_ingest_rows_are_the_items_placed_one_at_a_time(tmp_path: Path) -> None:
+    """Ingest places and encodes a chunk a key at a time; what it writes is what placing the
+    items one at a time gives: each item's lane and that lane's target once it was accepted
+    (a shadow broker places them in arrival order), and its entry key from the segment rule
+    (the newest segment grows for its own key, a segment takes `segment_entries`, new ones
+    numbered in order of arrival)."""
+    from fabricctl.core.broker import Broker
+    from fabricctl.store.keys import StoredEntry, entry_decoder, entry_key, id_key
+
+    limit = 8
+    store = DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=limit))
+    shadow = Broker()
+    rng = random.Random(11)
+    for c in range(25):
+        now = float(c)
+        keys = [(MODEL, SIG, 0), (MODEL, SIG + 1, 0), ("n", SIG, 0)]
+        if c % 4 == 0:
+            keys = keys[:1]  # a chunk of one key: the newest segment may grow
+        picks = [rng.choice(keys) for _ in range(rng.randint(1, 40))]
+        chunk = [Item(f"c{c}-{k}", m, sig, rng.randint(1, 3000), rng.randint(1, 64),
+                      rng.randbytes(rng.randint(0, 40)), source=rng.randint(0, 2),
+                      line=rng.randint(0, 99))
+                 for k, (m, sig, _) in enumerate(picks)]
+        next_seg, tail_seg = store.meta.next_seg, store._ingest.tail_seg
+        tail = store.segs.get(tail_seg)
+        runs: dict[tuple[str, int, int], list[int]] = {}
+        want: dict[str, tuple[bytes, StoredEntry]] = {}
+        for it in chunk:  # the rule, one item at a time
+            p = shadow.place(it.model, it.signature, it.label, it.input_tokens, now)
+            k = (it.model, it.signature, it.job)
+            r = runs.get(k)
+            if r is None or r[1] >= limit:
+                if (r is None and tail is not None and tail.count < limit
+                        and (tail.model, tail.signature, tail.job) == k):
+                    r = [tail_seg, tail.count]
+                    tail = None
+                else:
+                    r = [next_seg, 0]
+                    next_seg += 1
+                runs[k] = r
+            want[it.id] = (entry_key(r[0], r[1]), StoredEntry(
+                it.input_tokens, it.max_tokens, now, p.lane.id, p.lane.target, it.id,
+                it.payload, it.source, it.line))
+            r[1] += 1
+        assert store.ingest(chunk, now) == []
+        assert store.meta.next_seg == next_seg
+        with store.env.read() as txn:
+            for ident, (key, entry) in want.items():
+                assert txn.get(id_key(0, ident.encode()), db=store.env.dbs["ids"]) == key
+                raw = txn.get(key, db=store.env.dbs["data"])
+                assert raw is not None and entry_decoder.decode(raw) == entry
+    store.close()

@@ -16,7 +16,8 @@ another shape raises `ShapeGuardError`, which derives from BaseException so no
 Placement and restore, the public API a durable store uses (`Intake` has the rules):
 `open_shape(model, signature, label, now)` is the shape an item of a key joins (its open
 shape, made staged, or active with the lifecycle off, when there is none); `place`, `admit`,
-`admit_all` and `placement_live` are ingest in two steps around the store's commit.
+`admit_all`, `admit_shape` and `placement_live` are ingest in two steps around the store's
+commit.
 `restore_shape(model, signature, label, lanes, now)` re-queues one shape a store recorded —
 each (lane id, target, entries in arrival order) in a lane reopened with that id and target,
 its entries admitted — and returns the (items, tokens) restored; `restore_epochs(epochs)`
@@ -38,6 +39,7 @@ names are thin delegations, so callers see one `Broker`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import attrgetter
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.events import EventKind, EventLog
@@ -46,7 +48,7 @@ from fabricctl.core.lanes import Lane, LaneCounters
 from fabricctl.core.ledger import Ledger
 from fabricctl.core.lifecycle import Lifecycle, ModelState, Slot
 from fabricctl.core.maintenance import Maintenance, model_shapes
-from fabricctl.core.packing import pack
+from fabricctl.core.packing import pack_counted
 from fabricctl.core.settlement import Settlement
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.snapshot import ShapeView, Snapshot, finished_view, take_snapshot
@@ -61,6 +63,10 @@ from fabricctl.core.tracking import (
 )
 from fabricctl.core.types import Batch, Contract, Entry, Item, Prewarm
 from fabricctl.core.withdrawal import Withdrawn, return_withdrawn, settle_withdrawn, withdraw
+
+_max_tokens = attrgetter("max_tokens")
+_item = attrgetter("item")
+_signature = attrgetter("signature")
 
 __all__ = ["Broker", "ConsumerState", "InFlight", "Placement", "ShapeGuardError",
            "UnknownBatchError", "guard_signature"]
@@ -142,6 +148,11 @@ class Broker:
 
     def admit_all(self, admits: list[tuple[Shape, Lane, Entry]], now: float) -> None:
         self.intake.admit_all(admits, now)
+
+    def admit_shape(self, shape: Shape, lanes: list[Lane], entries: list[Entry], now: float,
+                    releases: int) -> None:
+        """`admit_all` for one shape's placements (`Intake.admit_shape`)."""
+        self.intake.admit_shape(shape, lanes, entries, now, releases)
 
     def ingest(self, items: Iterable[Item], now: float) -> int:
         """Memory mode: place and admit each item at once; returns how many went in."""
@@ -225,17 +236,22 @@ class Broker:
         if lane is None:
             return None
         contract = c.contract
-        entries, pad_to = pack(lane.queue, contract.max_batch_size, contract.max_batch_tokens,
-                               self.cfg.pad_multiple)
-        tokens = 0
-        max_tokens = 0
+        entries, pad_to, tokens = pack_counted(lane.queue, contract.max_batch_size,
+                                               contract.max_batch_tokens, self.cfg.pad_multiple)
+        max_tokens = max(0, max(map(_max_tokens, entries), default=0))
         sig = shape.signature
-        for e in entries:
-            tokens += e.tokens
-            if e.max_tokens > max_tokens:
-                max_tokens = e.max_tokens
-            if e.item is not None and e.item.signature != sig:
-                guard_signature(sig, e.item.signature, f"item {e.item.id}")
+        items = list(map(_item, entries))
+        if items and items[0] is not None:  # memory mode: every entry carries its item
+            try:
+                sigs = set(map(_signature, items))
+            except AttributeError:  # some entry without its item: check those with one
+                sigs = {it.signature for it in items if it is not None}
+        else:  # a store's entries (their items live in the store)
+            sigs = {it.signature for it in items if it is not None}
+        if sigs and sigs != {sig}:
+            for it in items:  # the first entry of another shape, by name
+                if it is not None:
+                    guard_signature(sig, it.signature, f"item {it.id}")
         return self.settlement.dispatch(c, ms.name, shape, lane, entries, pad_to, tokens,
                                         max_tokens)
 

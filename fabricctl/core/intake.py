@@ -6,7 +6,11 @@ there is none, since a draining shape is no longer open; a label fills in a shap
 none. `place(...)` assigns an item to a lane of that shape (not dispatchable yet) and
 `admit(placement, entry)` makes it dispatchable; `admit_all` admits a whole commit, sending a
 placement whose shape or lane was retired meanwhile (`placement_live`) to its key's open
-shape; `ingest(items, now)` is place + admit in one loop, the memory mode's hot path.
+shape, and `admit_shape(shape, lanes, entries, now, releases)` does it for one shape's
+placements in one pass when no lane was released since they were placed;
+`ingest(items, now)` is place + admit of each item, the memory mode's hot path, done a key
+at a time (the same shapes, lanes, queues and counts as item by item; items a failing
+source yielded before it failed are admitted).
 Restoring a store's start: `restore_shape(model, signature, label, lanes, now)` re-queues one
 recorded shape — each (lane id, target, entries in arrival order) in a lane reopened with that
 id and target, each entry admitted — and returns (items, tokens); `restore_epochs(epochs)`
@@ -19,7 +23,9 @@ counters and ledger.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import repeat
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.lanes import Lane, LaneCounters
@@ -28,6 +34,27 @@ from fabricctl.core.lifecycle import ModelState
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.tracking import Placement
 from fabricctl.core.types import Entry, Item
+
+
+def _by_key(chunk: list[Item]) -> list[tuple[str, int, list[int]]]:
+    """Each (model, signature) of a chunk with the indexes of its items, in order of first
+    appearance."""
+    models = {it.model for it in chunk}
+    if len(models) == 1:  # the common chunk: one model, keyed by signature alone
+        (model,) = models
+        by_sig: defaultdict[int, list[int]] = defaultdict(list)
+        for i, sig in enumerate([it.signature for it in chunk]):
+            by_sig[sig].append(i)
+        return [(model, sig, idx) for sig, idx in by_sig.items()]
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, item in enumerate(chunk):
+        k = (item.model, item.signature)
+        g = groups.get(k)
+        if g is None:
+            groups[k] = [i]
+        else:
+            g.append(i)
+    return [(model, sig, idx) for (model, sig), idx in groups.items()]
 
 
 class Intake:
@@ -103,29 +130,77 @@ class Intake:
             tokens += t
         self.ledger.receive(n, tokens)
 
+    def admit_shape(self, shape: Shape, lanes: list[Lane], entries: list[Entry], now: float,
+                    releases: int) -> None:
+        """`admit_all` for a commit's placements of one shape (`lanes[k]` is `entries[k]`'s
+        lane, each lane's entries in arrival order). `releases` is the lane counters'
+        `releases` when they were placed: when no lane was released since and the shape is
+        still its key's open shape, every lane is still live (a lane leaves its shape only
+        by release) and the entries are admitted in one pass; otherwise each placement is
+        checked as `admit_all` does."""
+        ms = self.models.get(shape.model)
+        if (releases != self.lane_counters.releases or ms is None
+                or ms.open.get(shape.signature) is not shape):
+            self.admit_all([(shape, la, e) for la, e in zip(lanes, entries, strict=True)], now)
+            return
+        ns = [e.tokens for e in entries]
+        for lane, e, t in zip(lanes, entries, ns, strict=True):
+            lane.queue.append(e)
+            lane.tokens += t
+        tokens = sum(ns)
+        shape.tokens += tokens
+        shape.items += len(ns)
+        shape.lengths.add_many(ns)
+        if shape.staged_since is None and entries:
+            shape.staged_since = entries[0].t
+        self.ledger.receive(len(ns), tokens)
+
     def ingest(self, items: Iterable[Item], now: float) -> int:
         """Memory mode: place and admit each item at once; returns how many went in.
 
-        The steps of `place` then `admit`, written out: this is the broker's hottest loop.
+        The steps of `place` then `admit`, a key at a time: the chunk's items are grouped by
+        (model, signature) in order of first appearance (the order `place` would meet the
+        keys, so shapes are made in the same order), and each group is placed in one
+        `LaneSet.assign_many` call and admitted with its counts summed once. Each lane
+        still receives its items in arrival order, and each item's key is its place in
+        the chunk. This is the broker's hottest loop.
         """
-        n = tokens = 0
-        key = self.next_key
+        if isinstance(items, list):
+            return self._ingest_chunk(items, now)
+        chunk: list[Item] = []
         try:
-            for item in items:
-                t = item.input_tokens
-                shape = self.open_shape(item.model, item.signature, item.label, now)
-                lane = shape.lanes.assign(t, now)
-                lane.push(Entry(key, t, item.max_tokens, now, item))
-                key += 1
-                n += 1
+            chunk.extend(items)  # keeps what came before a source that fails
+        except BaseException:
+            self._ingest_chunk(chunk, now)
+            raise
+        return self._ingest_chunk(chunk, now)
+
+    def _ingest_chunk(self, chunk: list[Item], now: float) -> int:
+        key = self.next_key
+        n = tokens = 0
+        take = chunk.__getitem__
+        try:
+            for model, sig, idx in _by_key(chunk):
+                its = list(map(take, idx))
+                label = next((it.label for it in its if it.label), "")
+                shape = self.open_shape(model, sig, label, now)
+                ns = [it.input_tokens for it in its]
+                lanes = shape.lanes.assign_many(ns, now)
+                entries = list(map(Entry, map(key.__add__, idx), ns,
+                                   [it.max_tokens for it in its], repeat(now), its))
+                for lane, e, t in zip(lanes, entries, ns, strict=True):
+                    lane.queue.append(e)
+                    lane.tokens += t
+                t = sum(ns)
+                n += len(ns)
                 tokens += t
                 shape.tokens += t
-                shape.items += 1
-                shape.lengths.add(t)
+                shape.items += len(ns)
+                shape.lengths.add_many(ns)
                 if shape.staged_since is None:
                     shape.staged_since = now
         finally:  # one ledger entry for the call, even if an item fails halfway
-            self.next_key = key
+            self.next_key = key + len(chunk)
             self.ledger.receive(n, tokens)
         return n
 

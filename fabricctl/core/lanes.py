@@ -6,6 +6,8 @@ target is >= n (bisect), compares it with its lower neighbour on waste fraction,
 new lane when (waste fraction > threshold and waste >= waste_floor) or waste > waste_cap,
 where threshold = threshold_min + threshold_span * lanes_in_use / lanes_max. At the cap it
 force-fits to the best lane. Accepting an item can only raise a target; lanes never merge.
+`assign_many(ns)` is `assign` of each length in order (one call for a chunk's items of a
+shape: the same lanes, targets and counters).
 The maintenance tick marks a lane quiescing (< quiesce_items items and no assignment for
 quiesce_s seconds): it takes no more items, drains, and returns its id once empty.
 """
@@ -139,6 +141,68 @@ class LaneSet:
         best.last_assign = now
         self.counters.reuses += 1
         return best
+
+    def assign_many(self, ns: list[int], now: float, accepted: list[int] | None = None
+                    ) -> list[Lane]:
+        """`assign` for each of `ns` in order (the lanes, in the same order): the same rule,
+        one call for a chunk's items of this shape. With `accepted`, each item's lane
+        target once it was accepted is appended to it (a later item may raise it again).
+        The reuse of a lane is decided here, on the sorted targets (a lane object is
+        touched only once chosen); opening one (and the rarer cases at the cap) goes
+        through `assign`."""
+        out: list[Lane] = []
+        append = out.append
+        targets = self._targets
+        ordered = self._lanes_sorted
+        c = self.cfg
+        cap, floor = c.waste_cap, c.waste_floor
+        threshold = self.threshold()
+        size = len(self.lanes)
+        count = len(targets)
+        reused = 0
+        keep = accepted.append if accepted is not None else None
+        try:
+            for n in ns:
+                i = bisect_left(targets, n)
+                if i < count:  # the first lane at least n long, against its lower neighbour
+                    t = targets[i]
+                    waste = t - n
+                    frac = waste / t if t else 0.0
+                    if i:
+                        lw = n - targets[i - 1]
+                        lfrac = lw / n if n else 0.0
+                        if lfrac < frac:
+                            waste, frac = lw, lfrac
+                            i -= 1
+                elif i:  # longer than every lane: only the lower neighbour
+                    waste = n - targets[i - 1]
+                    frac = waste / n if n else 0.0
+                    i -= 1
+                else:  # no lane takes items
+                    waste = cap + 1
+                    frac = 0.0
+                if waste > cap or (waste >= floor and frac > threshold):
+                    lane = self.assign(n, now)  # opens a lane, or the cap's rules
+                    append(lane)
+                    if keep is not None:
+                        keep(lane.target)
+                    count = len(targets)
+                    if len(self.lanes) != size:
+                        size = len(self.lanes)
+                        threshold = self.threshold()
+                    continue
+                lane = ordered[i]
+                if targets[i] < n:  # the lower neighbour: stays sorted (the next is >= n)
+                    lane.target = n
+                    targets[i] = n
+                lane.last_assign = now
+                reused += 1
+                append(lane)
+                if keep is not None:
+                    keep(targets[i])
+        finally:  # counted as `assign` counts, even if an item fails halfway
+            self.counters.reuses += reused
+        return out
 
     def open_lane(self, lane_id: int, target: int, now: float) -> Lane:
         """Recreate a lane with a known id and target (recovery); keeps ids and order."""

@@ -130,11 +130,11 @@ class Shape:
         best: Lane | None = None
         most = -1
         for lane in self.lanes.lanes.values():
-            if lane.queue:
+            t = lane.tokens
+            if (t > most or lane.quiescing) and lane.queue:  # only then its queue matters
                 if lane.quiescing:
                     return lane
-                if lane.tokens > most:
-                    best, most = lane, lane.tokens
+                best, most = lane, t
         return best
 
     def idle(self) -> bool:

@@ -2,7 +2,8 @@
 
 Contract: `LengthHistogram` counts input lengths in 512 piecewise-linear bins (fine for short
 prompts, coarse for long ones) and answers percentiles by linear interpolation inside a bin;
-it is copied onto a shape when it activates. `BatchesHistogram` records how many batches each
+`add_many(ns)` adds a list at once (the same counts, min and max as `add` of each); it is
+copied onto a shape when it activates. `BatchesHistogram` records how many batches each
 finished shape ran, the figure that exposes thrashing (< thrash_batches).
 """
 
@@ -19,11 +20,20 @@ NUM_BINS = len(BIN_EDGES) - 1
 assert NUM_BINS == 512
 
 
+# Every bin edge is a multiple of 8, so below the last edge a length's bin is a function of
+# n >> 3: `add_many` looks it up in this table.
+_TABLE_END = BIN_EDGES[-1]
+
+
 def bin_of(n: int) -> int:
     """The bin an input length falls in."""
     if n < 1024:  # the first piece, 8 wide from 0: most prompts, so skip the search
         return n >> 3
     return min(bisect_right(BIN_EDGES, n) - 1, NUM_BINS - 1)
+
+
+_BIN_BY_EIGHTH: list[int] = [bin_of(k << 3) for k in range(_TABLE_END >> 3)]
+assert all(e % 8 == 0 for e in BIN_EDGES)
 
 
 class LengthHistogram:
@@ -44,6 +54,25 @@ class LengthHistogram:
         if n > self.max:
             self.max = n
         self.count += 1
+
+    def add_many(self, ns: list[int]) -> None:
+        """`add` for each of `ns` (the same counts, min and max), in one call."""
+        if not ns:
+            return
+        counts = self.counts
+        lo, hi = min(ns), max(ns)
+        if lo >= 0 and hi < _TABLE_END:
+            table = _BIN_BY_EIGHTH
+            for n in ns:
+                counts[table[n >> 3]] += 1
+        else:
+            for n in ns:
+                counts[bin_of(n)] += 1
+        if self.count == 0 or lo < self.min:
+            self.min = lo
+        if hi > self.max:
+            self.max = hi
+        self.count += len(ns)
 
     def copy(self) -> LengthHistogram:
         h = LengthHistogram()

@@ -5,10 +5,12 @@ de-duplicates a chunk (an id already stored in the item's job, or repeated withi
 a reject, in index order; `plan.stored` names the rejects already stored, which a resumed
 submit counts as skipped; an item of a job that takes no more items is refused), counts each
 job's new items (`plan.jobs`, written on its record in the same commit), assigns each item
-to its lane and encodes its entry, id and the new segment headers; `ingest_rows(txn, plan)`
+to its lane and encodes its entry, id and the new segment headers (a key at a time: the
+same lanes, rows and segment numbers as item by item); `ingest_rows(txn, plan)`
 writes them inside the caller's durable transaction (every key above every stored one:
 append mode, return counts checked); `apply_ingest_steps(plan, now)` (the broker's
-`apply_ingest`), after the commit, makes the entries dispatchable and returns the rejects.
+`apply_ingest`), after the commit, makes the entries dispatchable (`Broker.admit_shape`, a run
+at a time) and returns the rejects.
 An entry whose lane or shape was retired while its commit ran (the tick, a shape switch)
 joins its key's open shape instead. `Ingest` is the durable broker's ingest part: it works
 on the shared `StoreState` (the core, the env, the segments, the meta counters, the
@@ -20,6 +22,8 @@ the broker runs them straight through.
 
 from __future__ import annotations
 
+from itertools import repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import lmdb
@@ -34,7 +38,6 @@ from fabricctl.store.faults import fault_point
 from fabricctl.store.keys import (
     _ENTRY,
     SegHeader,
-    StoredEntry,
     entry_encoder,
     header_encoder,
     id_key,
@@ -86,6 +89,36 @@ def _valid(item: Item) -> bool:
             and "\x00" not in item.id and 0 <= item.line < 1 << 63)
 
 
+def _screen_all(part: list[Item], at: int, seen: set[bytes], pending: set[bytes]
+                ) -> list[tuple[int, Item, bytes]] | None:
+    """The screen of a slice whose items are all valid, of one job and new (no id in `seen`,
+    in `pending` or twice), in one pass per field: (index, item, `ids` key) for each, the
+    keys added to `seen`; None when any item is not so (the caller screens them one by
+    one, with the reasons)."""
+    ids = [it.id for it in part]
+    sigs = [it.signature for it in part]
+    lines = [it.line for it in part]
+    jobs = {it.job for it in part}
+    if not (len(jobs) == 1 and min(map(len, ids)) > 0 and max(map(len, ids)) <= MAX_ID_CHARS
+            and "\x00" not in "".join(ids) and all([it.model for it in part])
+            and min([it.input_tokens for it in part]) >= 1
+            and min([it.max_tokens for it in part]) >= 1
+            and min(sigs) >= 0 and max(sigs) < 1 << 64 and min(lines) >= 0
+            and max(lines) < 1 << 63):
+        return None
+    keys = [s.encode() for s in ids]
+    job = jobs.pop()
+    if job:
+        prefix = id_key(job, b"")
+        keys = [prefix + k for k in keys]
+    fresh = set(keys)
+    if (len(fresh) != len(keys) or max(map(len, keys)) > MAX_ID_BYTES
+            or not fresh.isdisjoint(seen) or not fresh.isdisjoint(pending)):
+        return None
+    seen |= fresh
+    return list(zip(range(at, at + len(part)), part, keys, strict=True))
+
+
 class _Run:
     """Why: an ingest appends to a few segments; this is what it adds to one (one shape's
     entries of this commit)."""
@@ -106,7 +139,7 @@ class IngestPlan:
     off the event loop; this is what passes between them."""
 
     __slots__ = ("admits", "data_rows", "id_rows", "job_shapes", "jobs", "next_seg", "now",
-                 "received", "rejects", "runs", "seg_rows", "stored")
+                 "received", "rejects", "releases", "runs", "seg_rows", "stored")
 
     def __init__(self, rejects: list[Reject], now: float = 0.0) -> None:
         self.rejects = rejects
@@ -114,7 +147,9 @@ class IngestPlan:
         self.stored: set[int] = set()  # indexes of rejects already stored in their job
         self.jobs: dict[int, int] = {}  # job -> items of it this ingest adds
         self.job_shapes: dict[int, set[JobShape]] = {}  # job -> the shapes they join
-        self.admits: list[tuple[Shape, Lane, Entry]] = []
+        # per run, in arrival order: its shape, each entry's lane, the entries
+        self.admits: list[tuple[Shape, list[Lane], list[Entry]]] = []
+        self.releases = 0  # the core's lane releases when placing began (`Broker.admit_shape`)
         self.id_rows: list[tuple[bytes, bytes]] = []
         self.data_rows: list[tuple[bytes, bytes]] = []
         self.seg_rows: list[tuple[bytes, bytes]] = []
@@ -150,27 +185,21 @@ class Ingest:
         seen: set[bytes] = set()
         refuses = self.state.jobs.refuses_items
         closed: dict[int, str | None] = {}  # job -> why it takes no items (None: it does)
-        for i, item in enumerate(items):
-            if i and i % STEP_ROWS == 0:
+        for at in range(0, len(items), STEP_ROWS):
+            if at:
                 yield
-            why = None if _valid(item) else validate(item)
-            if why is None:
-                job = item.job
-                key = item.id.encode()
-                if job:
-                    key = id_key(job, key)
-                    if job not in closed:
-                        closed[job] = refuses(job)
-                if len(key) > MAX_ID_BYTES:
-                    why = f"id is longer than {MAX_ID_BYTES - len(key) + len(item.id.encode())}" \
-                        " bytes in UTF-8"
-                elif key in seen or key in pending:
-                    why = f"duplicate id {item.id!r}"
-                else:
-                    seen.add(key)
-                    good.append((i, item, key))
-                    continue
-            rejects.append(Reject(i, why))
+            part = items[at:at + STEP_ROWS]
+            fast = _screen_all(part, at, seen, pending)
+            if fast is not None:  # every item valid, of one job, no duplicate
+                job = part[0].job
+                if job and job not in closed:
+                    closed[job] = refuses(job)
+                good += fast
+                continue
+            for i, item in enumerate(part, at):
+                why = self._screen_one(i, item, seen, pending, closed, good)
+                if why is not None:
+                    rejects.append(Reject(i, why))
         stored_at: set[int] = set()
         if good:
             found = []
@@ -193,6 +222,29 @@ class Ingest:
             rejects.sort(key=lambda r: r.index)
         return rejects, good, stored_at
 
+    def _screen_one(self, i: int, item: Item, seen: set[bytes], pending: set[bytes],
+                    closed: dict[int, str | None], good: list[tuple[int, Item, bytes]]
+                    ) -> str | None:
+        """Screen one item (`_screen`, item by item): why it is refused, or None, when it
+        joins `good` (and its key `seen`)."""
+        why = None if _valid(item) else validate(item)
+        if why is not None:
+            return why
+        job = item.job
+        key = item.id.encode()
+        if job:
+            key = id_key(job, key)
+            if job not in closed:
+                closed[job] = self.state.jobs.refuses_items(job)
+        if len(key) > MAX_ID_BYTES:
+            return f"id is longer than {MAX_ID_BYTES - len(key) + len(item.id.encode())}" \
+                " bytes in UTF-8"
+        if key in seen or key in pending:
+            return f"duplicate id {item.id!r}"
+        seen.add(key)
+        good.append((i, item, key))
+        return None
+
     def ingest_steps(self, items: list[Item], now: float, landing: bool = False,
                      after: IngestPlan | None = None) -> Steps[IngestPlan]:
         """Screen, place and encode a chunk (nothing is written yet), pausing after the
@@ -213,58 +265,94 @@ class Ingest:
             return plan
         yield
         open_shape = self.core.open_shape
-        segs = self.segs
         limit = self.cfg.segment_entries
-        keyed: dict[tuple[str, int, int], list] = {}  # (model, sig, job) -> [shape, its run]
-        every: list[_Run] = []
+        plan.releases = self.core.lane_counters.releases  # before any placement (see apply)
+        keyed: dict[tuple[str, int, int], list[tuple[int, Item, bytes]]] = {}
+        for g in good:  # (model, sig, job) -> its items, keys in order of first appearance
+            item = g[1]
+            key = (item.model, item.signature, item.job)
+            same = keyed.get(key)
+            if same is None:
+                keyed[key] = [g]
+            else:
+                same.append(g)
         next_seg = self.state.meta.next_seg
-        tail = segs.get(self.tail_seg)
+        tail = self.segs.get(self.tail_seg)
         if landing:
             tail = None
             if after is not None and after.admits:
                 next_seg = after.next_seg
+        jobs = plan.jobs
+        # place each key's items (the same lanes as one at a time, in arrival order) and cut
+        # them into runs: the tail segment grows for its own key, a run holds up to `limit`
+        placed: list[tuple[Shape, list[Item], list[bytes], list[int], list[Lane], list[int]]] = []
+        runs: list[tuple[int, _Run, int, int, int]] = []  # (first index, run, group, from, to)
+        since = 0
+        for (model, sig, job), gs in keyed.items():
+            its = [g[1] for g in gs]
+            shape = open_shape(model, sig, its[0].label, now)
+            if job:
+                jobs[job] = jobs.get(job, 0) + len(its)
+                plan.job_shapes.setdefault(job, set()).add(JobShape(model, sig, shape.label))
+            ns = [it.input_tokens for it in its]
+            targets: list[int] = []
+            lanes: list[Lane] = []
+            for k in range(0, len(ns), STEP_ITEMS):  # pausing every `STEP_ITEMS` placed
+                if since >= STEP_ITEMS:
+                    since = 0
+                    yield
+                chunk = ns[k:k + STEP_ITEMS]
+                lanes += shape.lanes.assign_many(chunk, now, targets)
+                since += len(chunk)
+            gi = len(placed)
+            placed.append((shape, its, [g[2] for g in gs], ns, lanes, targets))
+            at = 0
+            if (tail is not None and tail.count < limit and tail.signature == sig
+                    and tail.model == model and tail.job == job):
+                to = min(len(its), limit - tail.count)
+                runs.append((gs[0][0], _Run(self.tail_seg, tail, False), gi, 0, to))
+                tail = None
+                at = to
+            while at < len(its):
+                to = min(len(its), at + max(limit, 1))
+                hdr = SegHeader(model, sig, shape.label, 0, 0, now, job)
+                runs.append((gs[at][0], _Run(0, hdr, True), gi, at, to))  # numbered below
+                at = to
+        runs.sort(key=lambda r: r[0])  # new segments are numbered in order of arrival
+        for _, run, _, _, _ in runs:
+            if run.new:
+                run.seg_id, run.base = next_seg, seg_base(next_seg)
+                next_seg += 1
         id_rows = plan.id_rows
         admits = plan.admits
-        tokens = 0
-        jobs = plan.jobs
         encode, pack = entry_encoder.encode, _ENTRY.pack
-        for placed, (_, item, idb) in enumerate(good, 1):
-            if placed % STEP_ITEMS == 0:
+        every: list[_Run] = []
+        tokens = 0
+        for _, run, gi, at, to in runs:  # encode each run's rows and entries in bulk
+            if since >= STEP_ITEMS:
+                since = 0
                 yield
-            n = item.input_tokens
-            job = item.job
-            slot = keyed.get((item.model, item.signature, job))
-            if slot is None:
-                shape = open_shape(item.model, item.signature, item.label, now)
-                slot = keyed[(item.model, item.signature, job)] = [shape, None]
-                if job:
-                    plan.job_shapes.setdefault(job, set()).add(
-                        JobShape(item.model, item.signature, shape.label))
-            shape, run = slot
-            if job:
-                jobs[job] = jobs.get(job, 0) + 1
-            lane = shape.lanes.assign(n, now)
-            if run is None or run.end >= limit:  # first item of this key here, or a full run
-                if (run is None and tail is not None and tail.count < limit
-                        and tail.signature == item.signature and tail.model == item.model
-                        and tail.job == job):
-                    run = _Run(self.tail_seg, tail, False)  # the newest segment grows
-                    tail = None
-                else:
-                    hdr = SegHeader(item.model, item.signature, shape.label, 0, 0, now, job)
-                    run = _Run(next_seg, hdr, True)
-                    next_seg += 1
-                slot[1] = run
-                every.append(run)
+            since += to - at
+            shape, its, idbs, ns, lanes, targets = placed[gi]
+            part = its[at:to]
+            cnt = to - at
             off = run.end
-            run.end = off + 1
-            key = pack(run.seg_id, off)
-            run.rows.append((key, encode(StoredEntry(
-                n, item.max_tokens, now, lane.id, lane.target, item.id, item.payload,
-                item.source, item.line))))
-            id_rows.append((idb, key))
-            admits.append((shape, lane, Entry(run.base | off, n, item.max_tokens, now)))
-            tokens += n
+            run.end = off + cnt
+            keys = list(map(pack, repeat(run.seg_id, cnt), range(off, off + cnt)))
+            part_ns = ns[at:to]
+            # each row a `StoredEntry`, encoded from the tuple of its fields (array_like, no
+            # omitted defaults: the same bytes, without building the Struct)
+            stored = [(n, it.max_tokens, now, la.id, t, it.id, it.payload, it.source, it.line)
+                      for it, n, la, t in zip(part, part_ns, lanes[at:to], targets[at:to],
+                                              strict=True)]
+            maxes = [f[1] for f in stored]
+            run.rows = list(zip(keys, map(encode, stored), strict=True))
+            id_rows.extend(zip(idbs[at:to], keys, strict=True))
+            first = run.base | off
+            admits.append((shape, lanes[at:to], list(map(
+                Entry, range(first, first + cnt), part_ns, maxes, repeat(now, cnt)))))
+            tokens += sum(part_ns)
+            every.append(run)
         every.sort(key=lambda r: r.seg_id)  # then their rows are in key order
         plan.runs = every
         plan.data_rows = [row for r in every for row in r.rows]
@@ -272,7 +360,7 @@ class Ingest:
             msgspec.structs.replace(r.hdr, count=r.end))) for r in every if r.new]
         plan.next_seg = next_seg
         plan.received = (len(good), tokens)
-        id_rows.sort()
+        id_rows.sort(key=itemgetter(0))  # the ids are unique: the order of the rows
         return plan
 
     def ingest_rows(self, txn: lmdb.Transaction, plan: IngestPlan) -> Steps[None]:
@@ -301,9 +389,13 @@ class Ingest:
             if r.new:
                 segs[r.seg_id] = r.hdr
         self.tail_seg = plan.runs[-1].seg_id
-        admits = plan.admits
-        for k in range(0, len(admits), STEP_ADMITS):
-            if k:
-                yield
-            self.core.admit_all(admits[k:k + STEP_ADMITS], now)
+        since = 0
+        for shape, lanes, entries in plan.admits:
+            for k in range(0, len(entries), STEP_ADMITS):
+                if since >= STEP_ADMITS:
+                    since = 0
+                    yield
+                part = entries[k:k + STEP_ADMITS]
+                self.core.admit_shape(shape, lanes[k:k + STEP_ADMITS], part, now, plan.releases)
+                since += len(part)
         return plan.rejects
