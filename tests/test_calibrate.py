@@ -56,10 +56,29 @@ def test_fit_reads_each_cost_off_its_probe() -> None:
 
 
 def test_fit_never_gives_a_negative_or_zero_prefill_cost() -> None:
-    c = fit_costs(probes(decode_batch_s=0.1, prefill_s=0.01, cached_s=0.001), SERVER)
+    c = fit_costs(probes(decode_batch_s=0.1, prefill_s=0.01), SERVER)
     assert c.decode_seq_s == 0.0
-    assert c.cached_token_s == 0.0
     assert c.prefill_token_s > 0
+
+
+def test_a_cached_probe_faster_than_the_short_probes_say_scales_their_overheads_down() -> None:
+    slow = probes(front_s=2.4, decode_one_s=2.0)  # 50 ms a request, ~40 ms a step
+    unscaled = fit_costs(dataclasses.replace(slow, cached_s=1000.0), SERVER)
+    unscaled = dataclasses.replace(unscaled, cached_token_s=0.0)
+    at_most = cached_probe_s(slow, unscaled)
+    at_least = cached_probe_s(slow, dataclasses.replace(unscaled, request_s=0.0,
+                                                        step_overhead_s=0.0, decode_seq_s=0.0))
+    took = (at_most + at_least) / 2  # the grouped-shaped burst took less than they say
+    slow = dataclasses.replace(slow, cached_s=took)
+    c = fit_costs(slow, SERVER)
+    assert c.cached_token_s == 0.0
+    # a discrete-event burst is a step function of the costs: agreement to a step or two
+    assert cached_probe_s(slow, c) == pytest.approx(took, rel=0.03)
+    a = c.request_s / unscaled.request_s
+    assert 0 < a < 1
+    assert c.step_overhead_s == pytest.approx(unscaled.step_overhead_s * a)
+    assert c.decode_seq_s == pytest.approx(unscaled.decode_seq_s * a)
+    assert c.prefill_token_s == unscaled.prefill_token_s
 
 
 def test_fit_refuses_probes_it_cannot_read() -> None:
@@ -145,7 +164,7 @@ def replay_json(workload: Path, capsys: pytest.CaptureFixture[str], **kw: object
 
 def test_replay_runs_on_the_costs_file(workload: Path, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
-    slow = fit_costs(probes(front_s=4.8), SERVER)  # a 100 ms front end: req/s <= 10
+    slow = fit_costs(probes(front_s=4.8, cached_s=1000.0), SERVER)  # 100 ms a request
     path = tmp_path / "costs.toml"
     path.write_text(costs_toml(slow))
     default = replay_json(workload, capsys)

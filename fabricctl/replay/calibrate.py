@@ -13,13 +13,16 @@ a `SimCosts` whose replay takes about as long as that server would:
   steps x `step_overhead_s`) / the extra prompt tokens, where the steps are the
   chunked-prefill steps its tokens need beyond the first (the budget, or the KV pool when
   smaller, per step);
-- `cached_token_s`, what a prompt token found in the prefix cache still costs (the new
-  tokens and every decode attend to it), is the value that makes a simulated GPU of the
-  costs above take as long as the server did on the cached probe, a burst shaped like a
-  grouped workload (`cached_requests` requests of one shared `cached_len`-token prefix, each
-  with `cached_new` tokens of its own and `cached_out` output tokens, `batch` at a time,
-  after one request that caches the prefix): found by bisection in [0, prefill_token_s]
-  (`simulate_burst` runs the simulated probe);
+- the cached probe anchors the total: a burst shaped like a grouped workload
+  (`cached_requests` requests of one shared `cached_len`-token prefix, each with
+  `cached_new` tokens of its own and `cached_out` output tokens, `batch` at a time, after
+  one request that caches the prefix), run on a simulated GPU of the costs above
+  (`simulate_burst`). When it takes less time there than on the server, `cached_token_s`
+  (what a prompt token found in the prefix cache still costs: the new tokens and every
+  decode attend to it) is the value in [0, prefill_token_s] that makes the two agree; when
+  it takes more, the short probes read slow (a busy host, a hiccup in a burst of tiny
+  requests) and `request_s`, `step_overhead_s` and `decode_seq_s` are scaled down together
+  until they agree (both by bisection);
 - KV reads of decodes and graph builds cost nothing more on such a server (`--enforce-eager`);
 the KV pool, scheduler limits and block size are the server's. Every fitted cost is clamped
 to >= 0 and `prefill_token_s` to > 0. `costs_toml(costs, note)` writes a flat TOML table of
@@ -32,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
+from collections.abc import Callable
 
 from fabricctl.engines.costs import SimCosts
 from fabricctl.engines.simgpu import SimGPU
@@ -93,18 +97,34 @@ def fit_costs(p: Probes, server: ServerShape) -> SimCosts:
         cached_token_s=0.0, decode_seq_s=decode_seq_s, kv_token_s=0.0, graph_build_s=0.0,
         request_s=request_s,
     )
-    lo, hi = 0.0, prefill_token_s
-    if cached_probe_s(p, costs) >= p.cached_s:
-        return costs  # the costs above already account for it all
+    if cached_probe_s(p, costs) > p.cached_s:  # the short probes read slow: scale them down
+        return _scaled(costs, bisect(lambda a: cached_probe_s(p, _scaled(costs, a)),
+                                     p.cached_s, 0.0, 1.0))
+    hi = prefill_token_s
     if cached_probe_s(p, dataclasses.replace(costs, cached_token_s=hi)) <= p.cached_s:
         return dataclasses.replace(costs, cached_token_s=hi)  # a hit never costs more
+    return dataclasses.replace(costs, cached_token_s=bisect(
+        lambda c: cached_probe_s(p, dataclasses.replace(costs, cached_token_s=c)),
+        p.cached_s, 0.0, hi))
+
+
+def _scaled(costs: SimCosts, a: float) -> SimCosts:
+    """`costs` with the overheads the short probes measured (front end, step, per sequence)
+    times `a`."""
+    return dataclasses.replace(costs, request_s=costs.request_s * a,
+                               step_overhead_s=costs.step_overhead_s * a,
+                               decode_seq_s=costs.decode_seq_s * a)
+
+
+def bisect(f: Callable[[float], float], target: float, lo: float, hi: float) -> float:
+    """x in [lo, hi] with f(x) = target, for f increasing (40 halvings)."""
     for _ in range(40):
         mid = (lo + hi) / 2
-        if cached_probe_s(p, dataclasses.replace(costs, cached_token_s=mid)) < p.cached_s:
+        if f(mid) < target:
             lo = mid
         else:
             hi = mid
-    return dataclasses.replace(costs, cached_token_s=(lo + hi) / 2)
+    return (lo + hi) / 2
 
 
 def cached_probe_s(p: Probes, costs: SimCosts) -> float:

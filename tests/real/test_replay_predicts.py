@@ -44,4 +44,8 @@ def test_replay_on_calibrated_costs_predicts_the_servers_speedup(vllm_python: Pa
     assert fab["items_done"] == arrival["items_done"] == out["items"]
     # the workload must make the point: grouping pays on this server
     assert pred["measured_fabricctl_over_arrival"] > 1.5
-    assert abs(pred["error"]) <= TOLERANCE, pred
+    costs = {k: v for k, v in out["prediction"]["costs"].items()
+             if k in ("request_s", "step_overhead_s", "decode_seq_s", "prefill_token_s",
+                      "cached_token_s")}
+    print(f"fitted costs {costs}; probes {out['prediction']['probes']}")
+    assert abs(pred["error"]) <= TOLERANCE, (pred, costs)
