@@ -4,7 +4,9 @@ Contract. One run builds a random ~12M-parameter Llama (`bench/make_bench_model.
 with `.venv-vllm`'s python; its BPE tokenizer is trained on prose from the docstrings of
 a fixed list of Python stdlib modules, so nothing is downloaded), starts one vLLM 0.32 CPU
 server through fabricctl's own launcher (`vllm_cpu_spec`, 127.0.0.1, pinned to core 0)
-with prefix caching, `--block-size 32`, `--enforce-eager`, `--dtype float32`,
+with prefix caching (once it runs, its scheduler joins the model worker on core 0, and its
+front end and this process keep to the other cores: `keep_off_the_engine_core`),
+`--block-size 32`, `--enforce-eager`, `--dtype float32`,
 `--max-num-seqs 16`, `--enable-prompt-tokens-details`, `VLLM_SERVER_DEV_MODE=1`, and a KV
 cache of `--num-gpu-blocks-override N` blocks: room for 16 in-flight requests' own blocks
 plus TWO prefixes (policy_bench's "cache pressure" = shapes / 2), and stops it at the end,
@@ -371,6 +373,35 @@ async def scrape(client: httpx.AsyncClient) -> Scrape:
 
 
 SERVER_PIDS: list[int] = []  # the servers' process ids, set once they run
+
+
+def keep_off_the_engine_core(pids: list[int], engine_cores: set[int]) -> list[int]:
+    """Pin the engine's scheduler (`VLLM::EngineCore`) beside its model worker (whose threads
+    the CPU backend binds to `engine_cores`), and this process and the servers' front ends
+    to the other cores. Left to the kernel, the front end lands on the worker's core now and
+    then and the scheduler on the front end's, which makes decode 2-8x slower at random (a
+    16-request decode probe took 0.5 s or 4.5 s). Returns the cores the front ends and this
+    process were pinned to ([] when there are none to spare)."""
+    import psutil
+
+    rest = sorted(set(os.sched_getaffinity(0)) - engine_cores)
+    if not rest:
+        return []
+    procs = [psutil.Process(os.getpid())]
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            procs += [root, *root.children(recursive=True)]
+    for proc in procs:
+        with contextlib.suppress(psutil.Error, OSError):
+            tids = [t.id for t in proc.threads()]
+            if all(os.sched_getaffinity(t) <= engine_cores for t in tids):
+                continue  # a model worker: its threads are bound to the engine's cores
+            cores = engine_cores if "EngineCor" in proc.name() else rest
+            for tid in tids:
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(tid, cores)
+    return rest
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -826,6 +857,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             raise RuntimeError(f"{e}\n{tail}") from None
         started_s = time.perf_counter() - t0
         SERVER_PIDS[:] = [pid for pid in launcher.pids().values() if pid is not None]
+        pinned = keep_off_the_engine_core(SERVER_PIDS, set(range(args.servers)))
         async with contextlib.AsyncExitStack() as stack:
             clients = [await stack.enter_async_context(
                 httpx.AsyncClient(base_url=s.base_url, timeout=300.0))
@@ -884,6 +916,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "model_build_s": built["seconds"], "server_start_s": round(started_s, 1),
             "server_cpu_bind": spec.env.get("VLLM_CPU_OMP_THREADS_BIND", "").replace(
                 "{index}", "0"),
+            "front_end_and_bench_cores": pinned,
             "total_s": 0.0,
         })
     finally:
@@ -911,6 +944,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.items < 1 or args.shapes < 1:
         ap.error("--items and --shapes must be >= 1")
+
     work = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
 
     async def runner() -> dict[str, Any]:
