@@ -58,7 +58,9 @@ calibrate` does (`fabricctl.cli.calibrate.measure`, fitted by
 same tokenizer, are replayed through round robin and fabric on one simulated GPU of those
 costs (two with `--servers 2`), with the contract the fabricctl phases register.
 `prediction.gpus1` holds the replay's fabric / round-robin speed-up, the measured phase d /
-phase a one, their relative error, and both sets of seconds (`gpus2`: f over e). Exit status 0 when
+phase a one, their relative error, and both sets of seconds (`gpus2`: f over e; the replay's
+GPUs are independent, so on a host with no core to spare beside two servers, where front
+ends, schedulers and fabricctl share their cores, it does not hold). Exit status 0 when
 every phase completed every item.
 
     .venv/bin/python bench/vllm_bench.py                    # a table (a few minutes)
