@@ -9,14 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import msgspec
 import pytest
 from fake_vllm import FakeVllm
+from workload_files import write_workload
 
 from fabricctl.cli.replay import run_replay
 from fabricctl.engines.costs import SimCosts
 from fabricctl.engines.simgpu import SimGPU
-from fabricctl.formats.workload import generate
 from fabricctl.replay.calibrate import (
     Probes,
     ServerShape,
@@ -143,12 +142,8 @@ def test_no_front_end_by_default() -> None:
 
 @pytest.fixture(scope="module")
 def workload(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("calibrate") / "w.jsonl"
-    with path.open("wb") as f:
-        for d in generate(items=120, shapes=4, seed=3, prefix_tokens=256, median_tokens=30,
-                          max_tokens=4):
-            f.write(msgspec.json.encode(d) + b"\n")
-    return path
+    return write_workload(tmp_path_factory.mktemp("calibrate") / "w.jsonl", items=120,
+                          shapes=4, seed=3, prefix_tokens=256, median_tokens=30, max_tokens=4)
 
 
 def replay_json(workload: Path, capsys: pytest.CaptureFixture[str], **kw: object

@@ -6,22 +6,17 @@ import json
 import re
 from pathlib import Path
 
-import msgspec
 import pytest
+from workload_files import write_workload
 
 from fabricctl.cli.replay import run_replay
-from fabricctl.formats.workload import generate
 from fabricctl.replay.run import ABLATIONS, POLICIES
 
 
 @pytest.fixture(scope="module")
 def workload(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("replay") / "w.jsonl"
-    with path.open("wb") as f:
-        for d in generate(items=300, shapes=6, seed=2, prefix_tokens=512, median_tokens=40,
-                          max_tokens=4):
-            f.write(msgspec.json.encode(d) + b"\n")
-    return path
+    return write_workload(tmp_path_factory.mktemp("replay") / "w.jsonl", items=300, shapes=6,
+                          seed=2, prefix_tokens=512, median_tokens=40, max_tokens=4)
 
 
 def args(path: Path, **kw: object) -> dict[str, object]:
