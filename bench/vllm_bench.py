@@ -245,7 +245,8 @@ class WordStream:
 
     def take(self, budget: int, filler: str) -> tuple[str, list[int]]:
         """Exactly `budget` tokens: words that fit, then one-token fillers."""
-        text, ids = [], []
+        text: list[str] = []
+        ids: list[int] = []
         misses = 0
         while len(ids) < budget and misses < 200:
             piece = " " + self.words[self.pos % len(self.words)]
@@ -699,6 +700,24 @@ def ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
 
+def points_below(p: dict[str, Any]) -> float:
+    """A phase's hit rate minus its achievable one, in points."""
+    return round((p["hit_rate"] - p["achievable_hit_rate"]) * 100, 2)
+
+
+def against_client(p: dict[str, Any], arrival: dict[str, Any], grouped: dict[str, Any],
+                   tag: str) -> dict[str, float | None]:
+    """A fabricctl phase against the client's orders: req/s over arrival and grouped, its
+    hit rate against achievable, prompt tokens computed over grouped."""
+    return {
+        f"rps_{tag}_over_arrival": ratio(p["req_per_s"], arrival["req_per_s"]),
+        f"rps_{tag}_over_grouped": ratio(p["req_per_s"], grouped["req_per_s"]),
+        f"{tag}_hit_minus_achievable_pts": points_below(p),
+        f"computed_{tag}_over_grouped": ratio(p["prompt_tokens_computed"],
+                                              grouped["prompt_tokens_computed"]),
+    }
+
+
 def ratios(ph: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     a, b, c, d = ph["arrival"], ph["grouped"], ph.get("fabricctl"), ph.get("no-prewarm")
     out: dict[str, float | None] = {
@@ -712,14 +731,7 @@ def ratios(ph: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         "computed_noprewarm_over_fabricctl": None,
     }
     if c is not None and "error" not in c:
-        out.update(
-            rps_fabricctl_over_arrival=ratio(c["req_per_s"], a["req_per_s"]),
-            rps_fabricctl_over_grouped=ratio(c["req_per_s"], b["req_per_s"]),
-            fabricctl_hit_minus_achievable_pts=round(
-                (c["hit_rate"] - c["achievable_hit_rate"]) * 100, 2),
-            computed_fabricctl_over_grouped=ratio(c["prompt_tokens_computed"],
-                                                  b["prompt_tokens_computed"]),
-        )
+        out.update(against_client(c, a, b, "fabricctl"))
     if c is not None and d is not None and "error" not in c and "error" not in d:
         out.update(
             rps_noprewarm_over_fabricctl=ratio(d["req_per_s"], c["req_per_s"]),
@@ -727,22 +739,13 @@ def ratios(ph: dict[str, dict[str, Any]]) -> dict[str, float | None]:
                                                     c["prompt_tokens_computed"]),
         )
     if d is not None and "error" not in d:  # the default (pre-warm "auto" = off on vLLM)
-        out.update(
-            rps_noprewarm_over_arrival=ratio(d["req_per_s"], a["req_per_s"]),
-            rps_noprewarm_over_grouped=ratio(d["req_per_s"], b["req_per_s"]),
-            noprewarm_hit_minus_achievable_pts=round(
-                (d["hit_rate"] - d["achievable_hit_rate"]) * 100, 2),
-            computed_noprewarm_over_grouped=ratio(d["prompt_tokens_computed"],
-                                                  b["prompt_tokens_computed"]),
-        )
+        out.update(against_client(d, a, b, "noprewarm"))
     rr, f2 = ph.get("round-robin-2"), ph.get("fabricctl-2")
     if rr is not None and f2 is not None and "error" not in rr and "error" not in f2:
         out.update(
             rps_fabricctl2_over_roundrobin2=ratio(f2["req_per_s"], rr["req_per_s"]),
-            fabricctl2_hit_minus_one_server_achievable_pts=round(
-                (f2["hit_rate"] - f2["achievable_hit_rate"]) * 100, 2),
-            roundrobin2_hit_minus_one_server_achievable_pts=round(
-                (rr["hit_rate"] - rr["achievable_hit_rate"]) * 100, 2),
+            fabricctl2_hit_minus_one_server_achievable_pts=points_below(f2),
+            roundrobin2_hit_minus_one_server_achievable_pts=points_below(rr),
             rps_fabricctl2_over_noprewarm=ratio(f2["req_per_s"], d["req_per_s"])
             if d is not None and "error" not in d else None,
         )

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from server_helpers import result_sequence
 
 from fabricctl.core.payload import Payload, encode_payload
 from fabricctl.core.signature import signature
@@ -215,14 +216,8 @@ async def done_items(data: Path) -> int:
 
 async def results(data: Path) -> list[ResultRecord]:
     c = await Client.connect(data, "observer", "agents-test")
-    out: list[tuple[int, ResultRecord]] = []
     try:
-        while True:
-            page = await c.query("results", since=out[-1][0] if out else 0, limit=5000,
-                                 type=list[tuple[int, ResultRecord]])
-            out.extend(page)
-            if len(page) < 5000:
-                return [r for _, r in out]
+        return [r for _, r in await result_sequence(c)]
     finally:
         await c.close()
 

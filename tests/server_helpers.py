@@ -86,6 +86,17 @@ async def all_results(client: Client, limit: int = 100_000) -> list[ResultRecord
     return [rec for _, rec in rows]
 
 
+async def result_sequence(client: Client, page: int = 5000) -> list[tuple[int, ResultRecord]]:
+    """The broker's whole result sequence, `page` rows a query."""
+    out: list[tuple[int, ResultRecord]] = []
+    while True:
+        rows = await client.query("results", since=out[-1][0] if out else 0, limit=page,
+                                  type=list[tuple[int, ResultRecord]])
+        out.extend(rows)
+        if len(rows) < page:
+            return out
+
+
 def results_by_id(results: list[ResultRecord]) -> dict[str, list[ResultRecord]]:
     out: dict[str, list[ResultRecord]] = {}
     for rec in results:

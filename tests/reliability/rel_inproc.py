@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rel_history import History
-from server_helpers import fast_config
+from server_helpers import fast_config, result_sequence
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.types import Item, ItemResult, Prewarm, Work
@@ -66,14 +66,8 @@ async def submit(address: str | Path, items: list[Item], hist: History,
 async def results(address: str | Path, **connect_kw: Any) -> list[tuple[int, ResultRecord]]:
     """The broker's whole result sequence, through a Client."""
     c = await Client.connect(address, "observer", "reliability-reader", **connect_kw)
-    out: list[tuple[int, ResultRecord]] = []
     try:
-        while True:
-            page = await c.query("results", since=out[-1][0] if out else 0, limit=5000,
-                                 type=list[tuple[int, ResultRecord]])
-            out.extend(page)
-            if len(page) < 5000:
-                return out
+        return await result_sequence(c)
     finally:
         await c.close()
 
