@@ -197,6 +197,8 @@ class Handlers:
         items = st.store.disconnect(name, st.clock(), why, keep)
         if items:
             log.warning("consumer %s lost (%s): %d items back to their lanes", name, why, items)
+        else:
+            log.info("consumer %s left (%s), holding no batches", name, why)
         st.wakeup.notify()
 
     def try_pull(self, peer: Peer, frame: Pull, t0: float) -> bool:
