@@ -31,6 +31,12 @@ def main() -> None:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         with open(args.child_pid_file, "w") as f:
             f.write(str(child.pid))
+        if not args.ignore_sigterm:  # vLLM stops its EngineCore on SIGTERM
+            def stop(*_: object) -> None:
+                child.kill()
+                os._exit(0)
+
+            signal.signal(signal.SIGTERM, stop)
     ready_at = time.monotonic() + args.ready_delay
 
     class Handler(BaseHTTPRequestHandler):

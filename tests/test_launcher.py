@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -159,3 +161,53 @@ async def test_bad_command_keeps_retrying_then_stops(tmp_path: Path) -> None:
     await wait_for(lambda: launcher.servers[0].restarts >= 2, timeout=5)
     await launcher.stop()
     assert not launcher.servers[0].ready.is_set()
+
+
+SUPERVISOR = """
+import asyncio, sys
+from fabricctl.supervisor.launcher import Launcher, LaunchSpec
+spec = LaunchSpec(model="tiny-model", served_model_name="tiny", logs_dir=sys.argv[1],
+                  command=(sys.executable, sys.argv[2]), port_base=int(sys.argv[3]),
+                  extra_args=("--child-pid-file", sys.argv[4]), poll_interval_s=0.05)
+async def main():
+    launcher = Launcher(spec, [0])
+    await launcher.start()
+    print(launcher.servers[0].pid, flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+def test_a_supervisor_killed_with_sigkill_leaves_no_server_behind(tmp_path: Path) -> None:
+    pid_file = tmp_path / "worker.pid"
+    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(tmp_path / "logs"), FAKE,
+                            str(free_port()), str(pid_file)], stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        assert sup.stdout is not None
+        pids.append(int(sup.stdout.readline()))  # printed once the server answers /health
+        pids.append(int(pid_file.read_text()))  # its worker
+        assert all(alive(p) for p in pids)
+        sup.kill()
+        sup.wait(10)
+        asyncio.run(wait_for(lambda: not any(alive(p) for p in pids), timeout=10))
+    finally:
+        sup.kill()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_tether_refuses_a_gone_parent_and_reports_a_missing_command(tmp_path: Path
+                                                                       ) -> None:
+    tether = [sys.executable, "-m", "fabricctl.supervisor.tether"]
+    gone = subprocess.run([*tether, "1", "--", "true"], capture_output=True, text=True)
+    assert gone.returncode == 1 and "the supervisor is gone" in gone.stderr
+    missing = subprocess.run([*tether, str(os.getpid()), "--", str(tmp_path / "nope")],
+                             capture_output=True, text=True)
+    assert missing.returncode == 127 and "cannot run" in missing.stderr, missing.stderr
+    ran = subprocess.run([*tether, str(os.getpid()), "--", sys.executable, "-c",
+                          "import os; print(os.getpid())"], capture_output=True, text=True)
+    assert ran.returncode == 0 and ran.stdout.strip().isdigit()
+    usage = subprocess.run([*tether, "x"], capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage" in usage.stderr

@@ -9,9 +9,10 @@ Contract:
   `--disable-log-stats` is refused (it turns off the `vllm:*` metrics the engine scrapes).
   In env values and extra args the tokens `{gpu}`, `{index}` and `{port}` are replaced per
   server (e.g. `VLLM_CPU_OMP_THREADS_BIND={index}` pins each CPU server to its own core).
-- Each child runs in its own session (process group); stdout+stderr append to
-  `<logs_dir>/engine-<index>.log`. It is ready when `GET /health` answers 200; a start that is
-  not ready within `start_timeout_s` is killed and counts as a failure.
+- Each child runs in its own session (process group), tethered to this process
+  (`supervisor/tether.py`: it gets SIGTERM when the supervisor dies, even by SIGKILL);
+  stdout+stderr append to `<logs_dir>/engine-<index>.log`. It is ready when `GET /health`
+  answers 200; a start not ready within `start_timeout_s` is killed and counts as a failure.
 - An asyncio supervisor task per server restarts it after an unexpected exit, with
   exponential backoff (reset after `backoff_reset_s` of healthy running). Leftover members
   of a dead server's process group are SIGKILLed before the restart.
@@ -35,6 +36,7 @@ import httpx
 import msgspec
 
 from fabricctl.errors import ExitCode, FabricError
+from fabricctl.supervisor.tether import tethered
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +186,7 @@ class ServerProcess:
                        f"{' '.join(argv)}\n".encode())
             logf.flush()
             return await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=logf,
+                *tethered(argv), stdin=asyncio.subprocess.DEVNULL, stdout=logf,
                 stderr=asyncio.subprocess.STDOUT, env=self.environ(), start_new_session=True)
 
     async def _probe_until_ready(self, proc: asyncio.subprocess.Process) -> bool:

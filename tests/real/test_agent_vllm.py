@@ -4,12 +4,12 @@
 --gpus 0 --engine vllm --tls-ca` whose config launches the CPU build of vLLM with the tiny
 model: the agent starts the server through its launcher (logs in its own data dir), its
 consumer joins the broker, a small workload gets exactly one real result per item, and
-SIGTERM stops the agent (exit 0) and its vLLM server with it.
+SIGTERM stops the agent (exit 0) and its vLLM server with it; so does SIGKILL (the server is
+tethered to the agent: the kernel sends it SIGTERM, and it stops its EngineCore).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import signal
 import sys
@@ -61,7 +61,9 @@ def agent_config(tmp: Path, model: Path) -> Path:
     return path
 
 
-async def test_one_agent_in_front_of_the_real_vllm(tiny_model: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+async def test_one_agent_in_front_of_the_real_vllm(tiny_model: Path, tmp_path: Path,
+                                                   stop: signal.Signals) -> None:
     cert, key = make_cert(tmp_path)
     address = f"127.0.0.1:{free_port()}"
     data = tmp_path / "data"
@@ -84,9 +86,9 @@ async def test_one_agent_in_front_of_the_real_vllm(tiny_model: Path, tmp_path: P
         await agent.start()
         await wait_until(lambda: _eq(consumers(data), ["real-gpu0"]), 240, "the agent's vLLM")
         assert agent.proc is not None
-        servers += [p for p in psutil.Process(agent.proc.pid).children(recursive=True)
-                   if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())]
-        assert servers, "the agent launched no vLLM server"
+        servers += psutil.Process(agent.proc.pid).children(recursive=True)  # and workers
+        assert any("vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())
+                   for p in servers), "the agent launched no vLLM server"
         items = agent_items(48, "v", model="tiny")
         await submit(data, items)
         await wait_until(lambda: _ge(done_items(data), len(items)), 120, "the workload")
@@ -99,10 +101,12 @@ async def test_one_agent_in_front_of_the_real_vllm(tiny_model: Path, tmp_path: P
         doc = await _status(data)
         eng = doc["extra"]["engines"]["real-gpu0"]
         assert eng["host"] and not eng["simulated"], eng
-        agent.signal(signal.SIGTERM)
-        assert await agent.wait(60) == 0, agent.tail()
-        gone = await asyncio.to_thread(psutil.wait_procs, servers, 30)
-        assert not gone[1], "the vLLM server outlived its agent"
+        agent.signal(stop)
+        assert await agent.wait(60) == (0 if stop == signal.SIGTERM else -stop), agent.tail()
+        # SIGKILL: the tethered server gets SIGTERM from the kernel and stops its EngineCore
+        await wait_until(lambda: _all_gone(servers), 60, "the agent's vLLM processes")
+        gone = await broker.wait_line("consumer real-gpu0 l", 30)
+        assert "(connection closed)" in gone, gone
     finally:
         agent.kill()
         broker.kill()
@@ -112,6 +116,17 @@ async def test_one_agent_in_front_of_the_real_vllm(tiny_model: Path, tmp_path: P
         for c in (agent, broker):
             if c.proc is not None:
                 await c.wait(30)
+
+
+async def _all_gone(procs: list[psutil.Process]) -> bool:
+    """Every one exited (a zombie waiting for a reaper counts as exited)."""
+    def gone(p: psutil.Process) -> bool:
+        try:
+            return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    return all(gone(p) for p in procs)
 
 
 async def _eq(value: object, want: object) -> bool:
