@@ -87,8 +87,11 @@ class FakeBackend:
             J.settle(rec, 0, self.now)
         return JobReply(0, rec)
 
-    async def jobs(self) -> list[JobRecord]:
-        return list(self.jobs_by_number.values())
+    async def jobs(self, limit: int = 1000, before: int = 0, kind: str = ""
+                   ) -> list[JobRecord]:
+        recs = sorted(self.jobs_by_number.values(), key=lambda r: r.number, reverse=True)
+        return [r for r in recs if (not before or r.number < before)
+                and (not kind or r.kind == kind)][:limit]
 
     async def job(self, id: str) -> View:
         return View(self._find(id))

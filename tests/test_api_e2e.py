@@ -19,6 +19,7 @@ Promises checked against a real `up --api 127.0.0.1:PORT` subprocess:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
@@ -31,6 +32,8 @@ import openai
 import pytest
 from agent_helpers import free_port
 from cli_helpers import START_TIMEOUT_S, Broker, clean_env, fabricctl
+
+from fabricctl.wire.client import Client
 
 CHAT = "/v1/chat/completions"
 ORDER = ["validating", "in_progress", "finalizing", "completed"]
@@ -227,6 +230,30 @@ def test_a_batch_runs_to_completion(broker: ApiBroker) -> None:
     assert all(o["response"]["status_code"] == 200 for o in out)
     assert c.files.retrieve(b.output_file_id).purpose == "batch_output"
     assert b.id in [x.id for x in c.batches.list().data]
+
+
+def test_every_batch_is_listed_past_a_thousand(broker: ApiBroker) -> None:
+    """The list pages through the store, not through the newest 1,000 jobs."""
+    async def open_jobs() -> list[str]:
+        c = await Client.connect(broker.data_dir, "producer", "list-test")
+        ids = []
+        for k in range(1100):
+            if k % 20 == 0:  # a `submit` job between: never listed as a batch
+                await c.open_job("submit", name=f"cli-{k}.jsonl", attach=False)
+            reply = await c.open_job("api", name=f"file-{k}", endpoint=CHAT, attach=False)
+            ids.append(reply.job.id)
+        await c.close()
+        return ids[::-1]
+
+    newest_first = asyncio.run(open_jobs())
+    c = broker.client()
+    first = c.batches.list(limit=100)
+    assert [b.id for b in first.data] == newest_first[:100] and first.has_more
+    assert [b.id for b in c.batches.list(limit=100)] == newest_first  # the SDK pages on
+    last = c.batches.list(limit=100, after=newest_first[-2])
+    assert [b.id for b in last.data] == newest_first[-1:] and not last.has_more
+    with pytest.raises(openai.BadRequestError, match="after"):
+        c.batches.list(after="batch_nope")
 
 
 def test_cancelling_a_large_batch(tmp_path: Path) -> None:

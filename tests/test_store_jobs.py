@@ -223,3 +223,16 @@ def test_a_data_dir_without_the_job_tables_opens(tmp_path: Path) -> None:
     j = s.open_job("submit", 200.0)
     assert j.number == 1
     s.close()
+
+
+def test_recent_jobs_page_by_number_and_kind(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    nums = [s.open_job("api" if k % 3 else "submit", 100.0, name=f"f{k}").number
+            for k in range(10)]
+    api = [n for k, n in enumerate(nums) if k % 3][::-1]
+    assert [r.number for r in s.recent_jobs()] == nums[::-1]
+    assert [r.number for r in s.recent_jobs(3, kind="api")] == api[:3]
+    assert [r.number for r in s.recent_jobs(3, before=api[2], kind="api")] == api[3:6]
+    assert [r.number for r in s.recent_jobs(10, before=nums[0])] == []
+    assert [r.number for r in s.recent_jobs(2, before=nums[-1] + 50)] == nums[::-1][:2]
+    assert s.recent_jobs(5, kind="none") == []

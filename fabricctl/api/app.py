@@ -35,7 +35,7 @@ import secrets
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +49,16 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fabricctl.api.backend import BatchBackend
-from fabricctl.api.batches import content, feed
+from fabricctl.api.batches import PAGE, content, feed
 from fabricctl.api.objects import (
     ENDPOINTS,
     OUTPUT,
     ApiError,
-    Batch,
     Deleted,
     ErrorBody,
     ErrorInfo,
     FileObject,
+    ListPage,
     batch_object,
     error_body,
     file_object,
@@ -159,8 +159,8 @@ class BatchApi:
 
     async def resume_feeds(self) -> None:
         """Jobs a stopped daemon left validating: feed their files again (or fail them)."""
-        for job in await self.backend.jobs():
-            if job.kind != "api" or job.state is not JobState.VALIDATING:
+        async for job in self.api_jobs():
+            if job.state is not JobState.VALIDATING:
                 continue
             rec = self.files.get(job.name)
             if rec is None or not self.files.blob_path(rec.id).exists():
@@ -169,6 +169,14 @@ class BatchApi:
                 continue
             log.info("batch %s: feeding %s again after a restart", job.id, rec.id)
             self.start_feed(job, rec, resume=True)
+
+    async def api_jobs(self) -> AsyncIterator[JobRecord]:
+        """Every API batch's record, newest first, read a page at a time."""
+        before = 0
+        while page := await self.backend.jobs(PAGE, before, "api"):
+            for job in page:
+                yield job
+            before = page[-1].number
 
     async def stop(self) -> None:
         tasks = list(self.feeds.values())
@@ -359,11 +367,21 @@ async def cancel_batch(api: BatchApi, request: Request) -> Response:
 
 
 async def list_batches(api: BatchApi, request: Request) -> Response:
+    """Newest first, a page at a time from the store: `after` is the last batch of the
+    page before (its job number is where this page starts), so every batch is reachable."""
     q = request.query_params
-    jobs = [j for j in await api.backend.jobs() if j.kind == "api"]
-    jobs.sort(key=lambda j: (j.created, j.number), reverse=True)
-    objs: list[Batch] = [batch_object(j) for j in jobs]
-    return _json(page(objs, [o.id for o in objs], q.get("after"), _limit(q.get("limit"), 100)))
+    limit = _limit(q.get("limit"), 100)
+    before = 0
+    after = q.get("after")
+    if after:
+        try:
+            before = (await api.batch(after)).number
+        except ApiError:
+            raise ApiError(400, f"after: no batch with id {after!r}", "after") from None
+    jobs = await api.backend.jobs(limit + 1, before, "api")
+    objs = [batch_object(j) for j in jobs[:limit]]
+    return _json(ListPage(data=objs, first_id=objs[0].id if objs else None,
+                          last_id=objs[-1].id if objs else None, has_more=len(jobs) > limit))
 
 
 def _limit(text: str | None, most: int) -> int:

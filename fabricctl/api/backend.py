@@ -46,7 +46,8 @@ class BatchBackend(Protocol):
 
     async def cancel_job(self, job: str) -> JobReply: ...
 
-    async def jobs(self) -> list[JobRecord]: ...
+    async def jobs(self, limit: int = 1000, before: int = 0, kind: str = ""
+                   ) -> list[JobRecord]: ...
 
     async def job(self, id: str) -> JobView: ...
 
@@ -88,11 +89,12 @@ class ClientBackend:
     async def cancel_job(self, job: str) -> JobReply:
         return await (await self._conn()).cancel_job(job)
 
-    async def jobs(self) -> list[JobRecord]:
+    async def jobs(self, limit: int = 1000, before: int = 0, kind: str = ""
+                   ) -> list[JobRecord]:
         try:
-            return await (await self._conn()).jobs()
+            return await (await self._conn()).jobs(limit, before, kind)
         except BackendMissing:  # the broker dropped us: a read is safe to send again
-            return await (await self._conn()).jobs()
+            return await (await self._conn()).jobs(limit, before, kind)
 
     async def job(self, id: str) -> JobView:
         try:

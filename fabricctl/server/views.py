@@ -194,7 +194,7 @@ def answer(state: ServerState, q: Query) -> Answer | Error:
     elif q.what == "result":
         data = state.store.result(q.arg)
     elif q.what == "jobs":
-        data = state.store.recent_jobs(max(0, q.limit))
+        data = state.store.recent_jobs(max(0, q.limit), max(0, q.since), q.arg)
     elif q.what in ("job", "job_results"):
         data = _job_answer(state, q)
         if isinstance(data, Error):

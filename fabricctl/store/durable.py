@@ -317,9 +317,11 @@ class DurableBroker:
         """The jobs not ended, newest first (from memory: no read)."""
         return sorted(self.jobs.live.values(), key=lambda r: r.number, reverse=True)
 
-    def recent_jobs(self, limit: int = 1000) -> list[JobRecord]:
-        """The newest `limit` jobs, newest first."""
-        return self.jobs.recent(limit)
+    def recent_jobs(self, limit: int = 1000, before: int = 0, kind: str = ""
+                    ) -> list[JobRecord]:
+        """The newest `limit` jobs numbered below `before` (0: any) of `kind` ("": any),
+        newest first."""
+        return self.jobs.recent(limit, before, kind)
 
     def job_results(self, job: int, after_line: int = 0, limit: int = 1000
                     ) -> list[ResultRecord]:

@@ -195,14 +195,20 @@ class JobTable:
         shown = rec.id if rec is not None else str(number)
         return f"job {shown} is sealed: no more items join it"
 
-    def recent(self, limit: int) -> list[JobRecord]:
-        """The newest `limit` jobs, newest first."""
+    def recent(self, limit: int, before: int = 0, kind: str = "") -> list[JobRecord]:
+        """The newest `limit` jobs numbered below `before` (0: any) of `kind` ("": any),
+        newest first: a page of a listing that goes on from the last job of the page."""
         out: list[JobRecord] = []
         with self.env.read() as txn:
             cur = txn.cursor(db=self.env.dbs["jobs"])
-            at = cur.last()
+            if before:
+                at = cur.prev() if cur.set_range(job_key(before)) else cur.last()
+            else:
+                at = cur.last()
             while at and len(out) < limit:
-                out.append(_decode(cur.value()))
+                rec = _decode(cur.value())
+                if not kind or rec.kind == kind:
+                    out.append(rec)
                 at = cur.prev()
         return out
 

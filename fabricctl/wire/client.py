@@ -267,10 +267,12 @@ class Client:
         finish."""
         return await self.request(lambda rid: CancelJob(rid, job))
 
-    async def jobs(self, limit: int = 1000) -> list[JobRecord]:
-        """The newest jobs, newest first."""
-        return cast(list[JobRecord], await self.query("jobs", limit=limit,
-                                                      type=list[JobRecord]))
+    async def jobs(self, limit: int = 1000, before: int = 0, kind: str = ""
+                   ) -> list[JobRecord]:
+        """The newest `limit` jobs numbered below `before` (0: any) of `kind` ("": any),
+        newest first."""
+        return cast(list[JobRecord], await self.query("jobs", arg=kind, since=before,
+                                                      limit=limit, type=list[JobRecord]))
 
     async def job(self, id: str) -> JobView:
         """One job (id or unique prefix): its record, in flight, shapes, rate, ETA."""

@@ -212,9 +212,10 @@ class StatsPush(msgspec.Struct, tag=True):
 
 
 class Query(msgspec.Struct, tag=True):
-    """One-shot questions: shapes, shape, consumers, ledger, events, status, results, jobs,
-    job (arg: an id or unique prefix), job_results (arg: a job id; results of lines after
-    `since`, in input order)."""
+    """One-shot questions: shapes, shape, consumers, ledger, events, status, results, jobs
+    (newest first; arg: a kind or "" for any; since: only jobs numbered below it, 0 for
+    any), job (arg: an id or unique prefix), job_results (arg: a job id; results of lines
+    after `since`, in input order)."""
 
     rid: int
     what: str
