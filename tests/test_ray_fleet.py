@@ -72,12 +72,13 @@ async def until(predicate: Any, timeout: float, what: str, every: float = 0.05) 
 
 
 class RayUp:
-    """A `fabricctl up --ray auto` subprocess (the sim engine, 2 logical GPUs)."""
+    """A `fabricctl up --ray auto` subprocess (by default the sim engine, 2 logical GPUs)."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, config: str = CONFIG, gpus: int = 2) -> None:
         self.home = home
         self.data_dir = home / "broker"
-        (home / "fabric.conf.toml").write_text(CONFIG)
+        self.gpus = gpus
+        (home / "fabric.conf.toml").write_text(config)
         self.env = clean_env(home)
         self.log_path = home / "up.log"
         self.log = open(self.log_path, "wb")  # noqa: SIM115
@@ -105,7 +106,7 @@ class RayUp:
         finally:
             await c.close()
 
-    async def wait_ready(self) -> dict[str, Any]:
+    async def wait_ready(self, timeout: float = START_TIMEOUT_S) -> dict[str, Any]:
         t0 = time.monotonic()
 
         async def ready() -> dict[str, Any] | None:
@@ -116,11 +117,11 @@ class RayUp:
             except Exception:  # not listening yet
                 return None
             workers = st["extra"].get("ray") or []
-            up = (st["consumers"] == 2 and len(workers) == 2
+            up = (st["consumers"] == self.gpus and len(workers) == self.gpus
                   and all(w["alive"] and w["connected"] for w in workers))
             return st if up else None
 
-        st = await until(ready, START_TIMEOUT_S, f"up --ray auto ready ({self.logs()})")
+        st = await until(ready, timeout, f"up --ray auto ready ({self.logs()})")
         self.started_s = time.monotonic() - t0
         return st  # type: ignore[no-any-return]
 
