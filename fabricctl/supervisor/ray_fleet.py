@@ -10,8 +10,8 @@ narrowed to that GPU: `gpus=[gpu]`, `sim.gpus=1`, its own vLLM port and logs) an
 consumer named `ray-<node>-gpu<gpu>` joining the broker over TCP at `broker` with `token`.
 After a restart Ray runs the actor's constructor again, so the worker registers again; the
 broker has already returned the dead consumer's batches (its connection closed, or its
-heartbeat timed out), and a vLLM server the dead actor launched has stopped (it is tethered
-to the actor's loop thread, `supervisor/tether.py`), freeing its GPU and port for the new
+heartbeat timed out), and a vLLM server the dead actor launched got SIGTERM (it is tethered
+to the actor's loop thread, `supervisor/tether.py`) and frees its GPU and port for the new
 one. `start` returns once every actor answered a ping (else
 `BackendMissing`). `describe()` is one `WorkerView` per actor, refreshed by a ping a second
 (a changed pid counts as a restart), for the `ray` extra of `status`. `stop()` asks every
