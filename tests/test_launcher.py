@@ -211,3 +211,67 @@ def test_the_tether_refuses_a_gone_parent_and_reports_a_missing_command(tmp_path
     assert ran.returncode == 0 and ran.stdout.strip().isdigit()
     usage = subprocess.run([*tether, "x"], capture_output=True, text=True)
     assert usage.returncode == 2 and "usage" in usage.stderr
+
+
+async def test_a_port_some_other_server_holds_fails_the_start_at_once(tmp_path: Path) -> None:
+    port = free_port()
+    stray = subprocess.Popen([sys.executable, FAKE, "other-model", "--port", str(port)],
+                             stderr=subprocess.DEVNULL)
+    events: list[str] = []
+    try:
+        async def answers() -> bool:
+            async with httpx.AsyncClient() as c:
+                try:
+                    return (await c.get(f"http://127.0.0.1:{port}/health")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+        deadline = time.monotonic() + 20
+        while not await answers():  # the stray server would pass our health probe
+            assert time.monotonic() < deadline and stray.poll() is None
+            await asyncio.sleep(0.05)
+        launcher = Launcher(spec(tmp_path, port_base=port, start_timeout_s=60.0,
+                                 stop_timeout_s=1.0), [0],
+                            on_event=lambda e, s: events.append(e))
+        t0 = time.monotonic()
+        with pytest.raises(LaunchError, match=rf"port {port} on 127.0.0.1 is in use by "
+                                              rf"pid {stray.pid} \(.*other-model"):
+            await launcher.start()
+        assert 1.0 < time.monotonic() - t0 < 10  # its stop timeout, not the start timeout
+        assert not any(e.startswith("spawned") for e in events), events
+        assert sum(e.startswith("not starting: port") for e in events) >= 2, events
+        assert launcher.pids() == {"0": None}
+    finally:
+        stray.kill()
+        stray.wait()
+
+
+def test_port_holder_names_the_listener() -> None:
+    from fabricctl.supervisor.ports import port_holder
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        assert port_holder("127.0.0.1", port) == ""  # bound, no listener to name
+        s.listen()
+        held = port_holder("127.0.0.1", port)
+        assert held is not None and f"pid {os.getpid()}" in held, held
+    assert port_holder("127.0.0.1", port) is None
+
+
+async def test_a_port_freed_within_the_stop_timeout_is_started_on(tmp_path: Path) -> None:
+    """What a Ray worker's restart sees: its dead predecessor's server still exiting."""
+    events: list[str] = []
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        launcher = Launcher(spec(tmp_path, port_base=port, stop_timeout_s=30.0), [0],
+                            on_event=lambda e, s: events.append(e))
+        await launcher.start(wait=False)
+        await wait_for(lambda: any(e.startswith("not starting: port") for e in events))
+    try:
+        await launcher.servers[0].wait_ready(20)  # the port is free now: it starts there
+        assert launcher.servers[0].pid is not None
+    finally:
+        await launcher.stop()

@@ -319,29 +319,37 @@ async def test_limits_and_unreadable_payload() -> None:
     assert res[0].finish_reason == "error" and res[1].finish_reason == "length"
 
 
-async def test_a_scrape_answered_after_a_later_one_is_not_counted_again() -> None:
-    counters = [(100, 40), (150, 60), (160, 70)]  # in the order the scrapes are sent
-    sent: list[int] = []
-    older_arrived, older_may_answer = asyncio.Event(), asyncio.Event()
+async def test_scrapes_go_one_at_a_time_so_counters_never_read_backwards() -> None:
+    """The server reads its counters when it handles a scrape, not when it was sent. Two
+    in flight (a batch's and another's) could read them in the reverse order: a lower
+    value folded after a higher one reads as a restart and counts everything again (seen
+    on the real vLLM: the run's hit rate above the achievable)."""
+    live = {"q": 100.0, "h": 40.0}
+    entered: list[float] = []
+    first_in, first_go = asyncio.Event(), asyncio.Event()
 
     async def handler(request: httpx.Request) -> httpx.Response:
-        k = len(sent)
-        sent.append(k)
-        if k == 1:  # the second scrape sent is answered after the third
-            older_arrived.set()
-            await older_may_answer.wait()
-        q, h = counters[k]
-        return httpx.Response(200, text=METRICS.format(q=q, h=h, t=1.0))
+        entered.append(live["q"])
+        if len(entered) == 2:  # the first scrape after the baseline is slow to be handled
+            first_in.set()
+            await first_go.wait()
+        return httpx.Response(200, text=METRICS.format(q=live["q"], h=live["h"], t=1.0))
 
     eng = OpenAIEngine("http://srv", "m", max_batch_size=8, max_batch_tokens=1024,
                        max_input_len=100, transport=httpx.MockTransport(handler),
                        scrape_metrics=True)
-    assert await eng.scrape() is not None  # the baseline
-    older = asyncio.ensure_future(eng.scrape())
-    await older_arrived.wait()
-    assert await eng.scrape() is not None
-    older_may_answer.set()
-    assert await older is not None
+    assert await eng.scrape() is not None  # the baseline: 100 / 40
+    live.update(q=150.0, h=60.0)
+    slow = asyncio.ensure_future(eng.scrape())
+    await first_in.wait()
+    second = asyncio.ensure_future(eng.scrape())
+    for _ in range(50):  # every chance to be sent, without a clock
+        await asyncio.sleep(0)
+    assert len(entered) == 2, entered  # not sent while the other is in flight
+    live.update(q=160.0, h=70.0)
+    first_go.set()
+    assert await slow is not None and await second is not None
+    assert len(entered) == 3
     st = eng.stats()
     assert (st.prefix_cache_queries, st.prefix_cache_hits) == (160 - 100, 70 - 40)
 

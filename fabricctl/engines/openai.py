@@ -19,7 +19,8 @@ Contract (on top of `fabricctl.engines.base.Engine`):
   (`attempts` in all), then `EngineError` for the batch. An answer whose choices have
   finish_reason "abort" (the server is shutting down) is resent; still aborted after
   `attempts`, the item's result has finish_reason "abort" (the consumer isolates it).
-- Cache accounting: `/metrics` is scraped after each batch (and once before the first);
+- Cache accounting: `/metrics` is scraped after each batch (and once before the first), one
+  scrape at a time (the server reads its counters when it answers);
   `vllm:prefix_cache_{queries,hits}_total` deltas accumulate into `stats()` (a decrease, or a
   new `process_start_time_seconds`, is a restart: the new value is the delta). Block size is
   read once from `vllm:cache_config_info{block_size=...}`. A server without /metrics (404)
@@ -133,10 +134,10 @@ class OpenAIEngine:
         self._stats = EngineStats(simulated=False)
         self._scrape_ok = scrape_metrics
         self._last: dict[str, float] = {}
-        # scrapes overlap (a batch's and a pre-warm's); one answered after a later one must
-        # not be folded in: its lower counters would read as a restart and count twice
-        self._scrapes_sent = 0
-        self._scrape_folded = 0
+        # one scrape at a time: the server reads its counters when it handles a scrape, so
+        # two in flight can read them in either order, and a lower one folded after a
+        # higher would read as a restart and count everything again
+        self._scraping = asyncio.Lock()
         self._start_time: float | None = None
 
     def limits(self) -> EngineLimits:
@@ -211,8 +212,10 @@ class OpenAIEngine:
         """Scrape /metrics and fold counter increases into stats(); None when unavailable."""
         if not self._scrape_ok:
             return None
-        self._scrapes_sent += 1
-        mine = self._scrapes_sent
+        async with self._scraping:
+            return await self._scrape_one()
+
+    async def _scrape_one(self) -> MetricsSample | None:
         try:
             resp = await self._client.get("/metrics")
             if resp.status_code == 404:
@@ -223,9 +226,6 @@ class OpenAIEngine:
         except (httpx.HTTPError, ValueError) as e:
             log.debug("%s: metrics scrape failed: %r", self.base_url, e)
             return None
-        if mine < self._scrape_folded:
-            return sample  # a later scrape already answered: its counters are newer
-        self._scrape_folded = mine
         restarted = (self._start_time is not None and sample.start_time is not None
                      and sample.start_time != self._start_time)
         if sample.start_time is not None:

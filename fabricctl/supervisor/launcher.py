@@ -13,6 +13,9 @@ Contract:
   (`supervisor/tether.py`: it gets SIGTERM when the supervisor dies, even by SIGKILL);
   stdout+stderr append to `<logs_dir>/engine-<index>.log`. It is ready when `GET /health`
   answers 200; a start not ready within `start_timeout_s` is killed and counts as a failure.
+  A port some other process listens on is never spawned on (it would answer in our
+  server's place): a server never ready yet fails its start with who holds the port once
+  it stayed taken for `stop_timeout_s` (what a dying server of ours gets to free it).
 - An asyncio supervisor task per server restarts it after an unexpected exit, with
   exponential backoff (reset after `backoff_reset_s` of healthy running). Leftover members
   of a dead server's process group are SIGKILLed before the restart.
@@ -36,6 +39,7 @@ import httpx
 import msgspec
 
 from fabricctl.errors import ExitCode, FabricError
+from fabricctl.supervisor.ports import port_holder
 from fabricctl.supervisor.tether import tethered
 
 log = logging.getLogger(__name__)
@@ -123,6 +127,10 @@ class ServerProcess:
         self.restarts = 0
         self.last_exit: int | None = None
         self.ready = asyncio.Event()
+        self.ready_once = False  # it was ready once: a taken port now is a restart's to wait out
+        self.refusal: str | None = None  # why a start never ready gave up: a port held by another
+        self._refused = asyncio.Event()
+        self._since = 0.0  # when supervision began, for the taken port's grace
         self._on_event = on_event
         self._proc: asyncio.subprocess.Process | None = None
         self._task: asyncio.Task[None] | None = None
@@ -168,15 +176,25 @@ class ServerProcess:
         """Start supervising (spawn now, restart on unexpected exits)."""
         if self._task is None or self._task.done():
             self._stopping = False
+            self._since = time.monotonic()
             self._task = asyncio.create_task(self._supervise(), name=f"engine-{self.index}")
 
     async def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait until /health answers 200; raise LaunchError after `timeout` seconds."""
+        """Wait until /health answers 200; raise LaunchError after `timeout` seconds, or as
+        soon as a server never ready gives up on a port held by another (see `_run_once`)."""
+        waits = [asyncio.ensure_future(self.ready.wait()),
+                 asyncio.ensure_future(self._refused.wait())]
         try:
-            await asyncio.wait_for(self.ready.wait(), timeout)
-        except TimeoutError:
-            raise LaunchError(f"engine {self.index} not ready after {timeout} s; "
-                              f"see {self.log_path}") from None
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        if self.ready.is_set():
+            return
+        if self.refusal is not None:
+            raise LaunchError(f"engine {self.index}: {self.refusal}")
+        raise LaunchError(f"engine {self.index} not ready after {timeout} s; "
+                          f"see {self.log_path}")
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -200,19 +218,35 @@ class ServerProcess:
                 await asyncio.sleep(self.spec.poll_interval_s)
         return False
 
-    async def _run_once(self) -> float:
-        """Spawn, wait for readiness and then for exit; return how long it was healthy."""
+    async def _run_once(self) -> float | None:
+        """Spawn, wait for readiness and then for exit; return how long it was healthy
+        (None: nothing was spawned).
+        A port another process listens on is not spawned on: that process would answer
+        the health probe and every request in our server's place."""
+        holder = await asyncio.to_thread(port_holder, self.spec.host, self.port)  # reads /proc
+        if holder is not None:
+            why = (f"port {self.port} on {self.spec.host} is in use{holder}, by a server "
+                   "fabricctl did not start (a leftover vLLM?): stop it, or move "
+                   "vllm.port_base")
+            self._emit(f"not starting: {why}")
+            # a server of ours that just died (a Ray worker's, told to stop by the kernel)
+            # frees the port within its stop timeout; a stranger's holds it
+            if not self.ready_once and time.monotonic() - self._since > self.spec.stop_timeout_s:
+                self.refusal = why
+                self._refused.set()
+            return None
         try:
             proc = self._proc = await self._spawn()
         except OSError as e:
             self._emit(f"spawn failed: {e}")
-            return 0.0
+            return None
         self._emit(f"spawned pid {proc.pid} on port {self.port}")
         waiter = asyncio.create_task(proc.wait())
         ready_at: float | None = None
         try:
             if await self._probe_until_ready(proc):
                 ready_at = time.monotonic()
+                self.ready_once = True
                 self.ready.set()
                 self._emit("ready")
             elif proc.returncode is None and not self._stopping:
@@ -235,9 +269,12 @@ class ServerProcess:
             healthy_s = await self._run_once()
             if self._stopping:
                 break
-            if healthy_s >= self.spec.backoff_reset_s:
+            if healthy_s is not None and healthy_s >= self.spec.backoff_reset_s:
                 backoff = self.spec.backoff_initial_s
-            self._emit(f"exited with {self.last_exit}; restarting in {backoff:.1f} s")
+            if healthy_s is None:
+                self._emit(f"not started; retrying in {backoff:.1f} s")
+            else:
+                self._emit(f"exited with {self.last_exit}; restarting in {backoff:.1f} s")
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.spec.backoff_max_s)
             self.restarts += 1
