@@ -237,7 +237,7 @@ async def _stop_holding(site: Site, agent: Child, prefix: str, timeout: float = 
 
     A sim batch lasts milliseconds, so an agent stopped at a random moment may hold none
     (its shapes may also all be served elsewhere just then): it is let go again until the
-    broker has seen it complete more work, then stopped again."""
+    broker counts more items done, then stopped again."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
