@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from server_helpers import result_sequence
 
@@ -231,3 +232,14 @@ def assert_exactly_once(recs: list[ResultRecord], items: list[Item]) -> None:
     for r in recs:
         assert r.error is None, r
         assert r.text == sim_text(r.id, r.completion_tokens), r
+
+
+async def all_gone(procs: list[psutil.Process]) -> bool:
+    """Every one exited (a zombie waiting for a reaper counts as exited)."""
+    def gone(p: psutil.Process) -> bool:
+        try:
+            return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    return all(gone(p) for p in procs)

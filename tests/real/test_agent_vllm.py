@@ -28,6 +28,7 @@ from agent_helpers import (
     TOKEN,
     Child,
     agent_items,
+    all_gone,
     child_env,
     consumers,
     done_items,
@@ -104,7 +105,7 @@ async def test_one_agent_in_front_of_the_real_vllm(tiny_model: Path, tmp_path: P
         agent.signal(stop)
         assert await agent.wait(60) == (0 if stop == signal.SIGTERM else -stop), agent.tail()
         # SIGKILL: the tethered server gets SIGTERM from the kernel and stops its EngineCore
-        await wait_until(lambda: _all_gone(servers), 60, "the agent's vLLM processes")
+        await wait_until(lambda: all_gone(servers), 60, "the agent's vLLM processes")
         gone = await broker.wait_line("consumer real-gpu0 l", 30)
         assert "(connection closed)" in gone, gone
     finally:
@@ -117,16 +118,6 @@ async def test_one_agent_in_front_of_the_real_vllm(tiny_model: Path, tmp_path: P
             if c.proc is not None:
                 await c.wait(30)
 
-
-async def _all_gone(procs: list[psutil.Process]) -> bool:
-    """Every one exited (a zombie waiting for a reaper counts as exited)."""
-    def gone(p: psutil.Process) -> bool:
-        try:
-            return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-
-    return all(gone(p) for p in procs)
 
 
 async def _eq(value: object, want: object) -> bool:

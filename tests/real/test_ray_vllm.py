@@ -25,7 +25,7 @@ from realtext import free_port_pair
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the Ray and agent helpers
 
-from agent_helpers import agent_items
+from agent_helpers import agent_items, all_gone
 from test_ray_fleet import RayUp, assert_exactly_one_each, submit, until, wait_all_results
 
 from fabricctl.config import AppConfig, ConsumerSettings, ServerSettings, VllmSettings, to_toml
@@ -62,7 +62,7 @@ async def test_a_sigkilled_ray_worker_leaves_no_vllm_and_its_restart_serves(
         await _served(up, "r")
 
         os.kill(worker["pid"], signal.SIGKILL)
-        await until(lambda: _all_gone(tree), 60, "the killed worker's vLLM processes")
+        await until(lambda: all_gone(tree), 60, "the killed worker's vLLM processes")
 
         async def restarted() -> dict[str, Any] | None:
             st = await up.status()
@@ -91,13 +91,3 @@ async def _served(up: RayUp, tag: str) -> None:
     for [rec] in by_id.values():
         assert rec.error is None and rec.completion_tokens > 0, rec
 
-
-async def _all_gone(procs: list[psutil.Process]) -> bool:
-    """Every one exited (a zombie waiting for a reaper counts as exited)."""
-    def gone(p: psutil.Process) -> bool:
-        try:
-            return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-
-    return all(gone(p) for p in procs)
