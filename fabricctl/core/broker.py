@@ -53,6 +53,7 @@ from fabricctl.core.settlement import Settlement
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.snapshot import ShapeView, Snapshot, finished_view, take_snapshot
 from fabricctl.core.stats import BatchesHistogram
+from fabricctl.core.terms import NO_TERMS, JobTerms
 from fabricctl.core.tracking import (
     ConsumerState,
     InFlight,
@@ -85,6 +86,7 @@ class Broker:
         self.batches_hist = BatchesHistogram(self.cfg.thrash_batches)
         self.lifecycle = Lifecycle(self.cfg, self.events, self.batches_hist)
         self.signals: list[Prewarm] = []  # pre-warm signals not yet sent by the server
+        self.terms: dict[int, JobTerms] = {}  # job number -> what the shape choice knows of it
         self.intake = Intake(self.cfg, self.models, self.model, self.lane_counters, self.ledger)
         self.settlement = Settlement(self.consumers, self.ledger, self.intake.place)
         self.maintenance = Maintenance(self.cfg, self.models, self.consumers, self.lifecycle,
@@ -128,6 +130,14 @@ class Broker:
         self.events.emit(now, EventKind.CONSUMER_LOST, model=c.contract.model,
                          reason=f"{name}: {why}", value=items)
         return items
+
+    def set_job_terms(self, job: int, terms: JobTerms | None) -> None:
+        """A job's priority, deadline and sealed flag as the shape choice should see them
+        (None: the job ended, forget it)."""
+        if terms is None or terms == NO_TERMS:
+            self.terms.pop(job, None)
+        else:
+            self.terms[job] = terms
 
     # -- intake and restore (`Intake`) ----------
 
