@@ -84,11 +84,13 @@ class Broker:
         self.events = EventLog(self.cfg.events_kept)
         self.lane_counters = LaneCounters()
         self.batches_hist = BatchesHistogram(self.cfg.thrash_batches)
-        self.lifecycle = Lifecycle(self.cfg, self.events, self.batches_hist)
-        self.signals: list[Prewarm] = []  # pre-warm signals not yet sent by the server
         self.terms: dict[int, JobTerms] = {}  # job number -> what the shape choice knows of it
-        self.intake = Intake(self.cfg, self.models, self.model, self.lane_counters, self.ledger)
-        self.settlement = Settlement(self.consumers, self.ledger, self.intake.place)
+        self.lifecycle = Lifecycle(self.cfg, self.events, self.batches_hist, self.terms,
+                                   self._unfinished_tokens, self.models)
+        self.signals: list[Prewarm] = []  # pre-warm signals not yet sent by the server
+        self.intake = Intake(self.cfg, self.models, self.model, self.lane_counters, self.ledger,
+                             self.queued)
+        self.settlement = Settlement(self.consumers, self.ledger, self.intake.place, self.queued)
         self.maintenance = Maintenance(self.cfg, self.models, self.consumers, self.lifecycle,
                                        self.events, self.signals)
 
@@ -133,11 +135,29 @@ class Broker:
 
     def set_job_terms(self, job: int, terms: JobTerms | None) -> None:
         """A job's priority, deadline and sealed flag as the shape choice should see them
-        (None: the job ended, forget it)."""
+        (None: the job ended, forget it); its waiting shapes are indexed again."""
         if terms is None or terms == NO_TERMS:
-            self.terms.pop(job, None)
+            if self.terms.pop(job, None) is None:
+                return
+        elif self.terms.get(job) == terms:
+            return
         else:
             self.terms[job] = terms
+        for ms in self.models.values():
+            for shape in ms.waiting.with_job(job):
+                self.lifecycle.index(ms, shape)
+
+    def queued(self, shape: Shape) -> None:
+        """Items were queued in `shape` (admitted, failed back, returned): a shape nobody
+        holds enters the waiting index under its new counts."""
+        if shape.held == 0:
+            ms = self.models.get(shape.model)
+            if ms is not None:
+                self.lifecycle.index(ms, shape)
+
+    def _unfinished_tokens(self) -> int:
+        led = self.ledger
+        return led.tokens_received - led.tokens_completed
 
     # -- intake and restore (`Intake`) ----------
 
@@ -210,6 +230,10 @@ class Broker:
                         self.lifecycle.activate(ms, best, now, "most tokens", slot)
                 cur = h.current
             return cur
+        if (slot is not None and cur is not None and slot.batches >= self.cfg.amortise_batches
+                and ms.waiting.levels and cur.items
+                and self.lifecycle.preempt(ms, slot, now, self.consumers)):
+            cur = slot.current
         if cur is None or cur.state is not ShapeState.ACTIVE or (
             cur.tokens < self.cfg.prewarm_multiple * ms.budget
         ):
@@ -262,6 +286,10 @@ class Broker:
             for it in items:  # the first entry of another shape, by name
                 if it is not None:
                     guard_signature(sig, it.signature, f"item {it.id}")
+        slot = ms.slots.get(consumer)
+        if slot is not None and slot.current is shape:
+            slot.batches += 1
+        ms.meter.begin(now)
         return self.settlement.dispatch(c, ms.name, shape, lane, entries, pad_to, tokens,
                                         max_tokens)
 
@@ -282,7 +310,11 @@ class Broker:
         return self.settlement.batches_total
 
     def complete(self, batch_id: int, now: float) -> Batch:
-        return self.settlement.complete(batch_id, now)
+        b = self.settlement.complete(batch_id, now)
+        ms = self.models.get(b.model)
+        if ms is not None:
+            ms.meter.add(now, b.tokens)
+        return b
 
     def fail(self, batch_id: int, now: float) -> Batch:
         return self.settlement.fail(batch_id, now)

@@ -46,6 +46,17 @@ class CoreConfig:
     prewarm: str = "auto"  # "auto" | "on" | "off": push pre-warms (`prewarm_enabled`)
     join_multiple: float = 4.0  # "consumer": join another's shape with this many budgets queued
     thrash_batches: int = 100  # a shape finishing with fewer batches is thrashing
+    # The clock and the job (ARCHITECTURE.md, "The shape choice"). A switch costs about one
+    # batch (the new shape's first batch computes its prefix; the sim also builds graphs), so:
+    amortise_batches: int = 16  # a consumer's run has paid for its switch after this many
+    # batches (<= 1/16 of the run); only then may it leave a shape that still has work
+    wait_bound_s: float = 0.0  # no shape's oldest item waits longer while a GPU serves an
+    # amortised shape; 0: bound_batches x the model's measured batch time (auto)
+    bound_batches: float = 64.0  # auto bound: rotating every 64 batch times costs <= 1/64
+    bound_min_s: float = 2.0  # the auto bound is never shorter (nor before a rate is measured:
+    bound_cold_s: float = 30.0  # this one, until the model has completed a batch)
+    fair_share: bool = True  # jobs of equal priority share the fleet (off: biggest first)
+    rate_window_s: float = 30.0  # the completed-token rate is measured over this window
     default_batch_tokens: int = 8192  # B for a model no consumer has registered yet
     events_kept: int = 10_000  # recent events kept for observers
 

@@ -24,6 +24,8 @@ class EventKind(StrEnum):
     CONSUMER_JOINED = "consumer_joined"
     CONSUMER_LOST = "consumer_lost"
     GUARD = "guard"
+    SWITCH = "switch"  # a consumer left a shape with work for a waiting one (the choice)
+    JOB_AT_RISK = "job_at_risk"  # a job is predicted to finish after its deadline
 
 
 class Event(msgspec.Struct, frozen=True, omit_defaults=True):

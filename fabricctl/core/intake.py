@@ -57,18 +57,30 @@ def _by_key(chunk: list[Item]) -> list[tuple[str, int, list[int]]]:
     return [(model, sig, idx) for (model, sig), idx in groups.items()]
 
 
+def _count_jobs(shape: Shape, entries: list[Entry]) -> None:
+    """Count a group of entries into their shape's jobs (one job: one update)."""
+    if not entries:
+        return
+    job = entries[0].job
+    if entries[-1].job == job and all(e.job == job for e in entries):
+        shape.count_job(job, len(entries))
+    else:
+        shape.count_jobs(entries, 1)
+
+
 class Intake:
     """Why: a memory ingest, a durable commit and a restart must put items in the same way."""
 
     def __init__(self, cfg: CoreConfig, models: dict[str, ModelState],
                  model: Callable[[str], ModelState], lane_counters: LaneCounters,
-                 ledger: Ledger) -> None:
+                 ledger: Ledger, queued: Callable[[Shape], None] = lambda shape: None) -> None:
         self.cfg = cfg
         self.models = models  # the broker's, read and added to, never rebound
         self.model = model  # the broker's rule for a model seen first (its batch budget)
         self.lane_counters = lane_counters
         self.ledger = ledger
         self.next_key = 1  # memory mode: the key of the next item ingested
+        self.queued = queued  # told of each shape that gained queued items (the choice's index)
 
     def open_shape(self, model: str, signature: int, label: str, now: float) -> Shape:
         """The key's open shape, made when there is none (a draining shape is no longer open)."""
@@ -101,15 +113,18 @@ class Intake:
         shape.tokens += entry.tokens
         shape.items += 1
         shape.lengths.add(entry.tokens)
+        shape.count_job(entry.job, 1)
         if shape.staged_since is None:
             shape.staged_since = entry.t
         self.ledger.receive(1, entry.tokens)
+        self.queued(shape)
 
     def admit_all(self, admits: list[tuple[Shape, Lane, Entry]], now: float) -> None:
         """`admit` for a whole commit's placements (shape, lane, entry: the hot path of
         durable ingest); one whose shape or lane was retired while its commit ran joins its
         key's open shape."""
         live: dict[int, bool] = {}  # id(lane) -> its placements are still live
+        touched: dict[int, Shape] = {}
         n = tokens = 0
         for shape, lane, e in admits:
             ok = live.get(id(lane))
@@ -124,11 +139,15 @@ class Intake:
             shape.tokens += t
             shape.items += 1
             shape.lengths.add(t)
+            shape.count_job(e.job, 1)
             if shape.staged_since is None:
                 shape.staged_since = e.t
+            touched[id(shape)] = shape
             n += 1
             tokens += t
         self.ledger.receive(n, tokens)
+        for shape in touched.values():
+            self.queued(shape)
 
     def admit_shape(self, shape: Shape, lanes: list[Lane], entries: list[Entry], now: float,
                     releases: int) -> None:
@@ -151,9 +170,11 @@ class Intake:
         shape.tokens += tokens
         shape.items += len(ns)
         shape.lengths.add_many(ns)
+        _count_jobs(shape, entries)
         if shape.staged_since is None and entries:
             shape.staged_since = entries[0].t
         self.ledger.receive(len(ns), tokens)
+        self.queued(shape)
 
     def ingest(self, items: Iterable[Item], now: float) -> int:
         """Memory mode: place and admit each item at once; returns how many went in.
@@ -187,7 +208,8 @@ class Intake:
                 ns = [it.input_tokens for it in its]
                 lanes = shape.lanes.assign_many(ns, now)
                 entries = list(map(Entry, map(key.__add__, idx), ns,
-                                   [it.max_tokens for it in its], repeat(now), its))
+                                   [it.max_tokens for it in its], repeat(now), its,
+                                   [it.job for it in its]))
                 for lane, e, t in zip(lanes, entries, ns, strict=True):
                     lane.queue.append(e)
                     lane.tokens += t
@@ -197,8 +219,10 @@ class Intake:
                 shape.tokens += t
                 shape.items += len(ns)
                 shape.lengths.add_many(ns)
+                _count_jobs(shape, entries)
                 if shape.staged_since is None:
                     shape.staged_since = now
+                self.queued(shape)
         finally:  # one ledger entry for the call, even if an item fails halfway
             self.next_key = key + len(chunk)
             self.ledger.receive(n, tokens)

@@ -36,15 +36,19 @@ that finishes also joins `finished_out` (bounded), which the store takes to keep
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Container
+from collections import Counter, deque
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 
+from fabricctl.core.choice import Chooser, Context, Pick, shape_terms
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.events import EventKind, EventLog
+from fabricctl.core.rate import RateMeter
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.stats import BatchesHistogram
+from fabricctl.core.terms import JobTerms
 from fabricctl.core.types import Prewarm
+from fabricctl.core.waiting import Waiting, candidate
 
 FINISHED_OUT = 10_000  # finished shapes held for the store to take; older ones are dropped
 
@@ -57,6 +61,8 @@ class Slot:
     current: Shape | None = None  # the active or draining shape this consumer pulls from
     warming: Shape | None = None  # the shape pre-warmed for this consumer
     runs: int = 0  # shapes this consumer has taken (activated, adopted or joined)
+    batches: int = 0  # batches it pulled of its current shape since taking it (amortising)
+    taken_at: float = 0.0  # when it took its current shape
 
 
 @dataclass(slots=True)
@@ -73,6 +79,9 @@ class ModelState:
     switches: int = 0  # activations that replaced a previous shape
     midstream_switches: int = 0  # activations while the previous shape still had work
     slots: dict[str, Slot] = field(default_factory=dict)  # "consumer" scope: consumer -> slot
+    waiting: Waiting = field(default_factory=Waiting)  # shapes with work and no holder
+    meter: RateMeter = field(default_factory=RateMeter)  # its completed tokens per second
+    preemptions: int = 0  # consumers that left a shape with work for a waiting one
 
     def holders(self, shape: Shape) -> list[str]:
         """Consumers whose current shape is `shape` ("consumer" scope)."""
@@ -85,10 +94,17 @@ Holder = ModelState | Slot  # what holds a current and a warming shape: a model 
 class Lifecycle:
     """Why: the thresholds that decide when a GPU pays for a shape switch, in one place."""
 
-    def __init__(self, cfg: CoreConfig, log: EventLog, histogram: BatchesHistogram) -> None:
+    def __init__(self, cfg: CoreConfig, log: EventLog, histogram: BatchesHistogram,
+                 terms: Mapping[int, JobTerms] | None = None,
+                 queued_tokens: Callable[[], int] = lambda: 0,
+                 models: Mapping[str, ModelState] | None = None) -> None:
         self.cfg = cfg
         self.log = log
         self.histogram = histogram
+        self.terms: Mapping[int, JobTerms] = {} if terms is None else terms
+        self.chooser = Chooser(cfg, self.terms)
+        self.queued_tokens = queued_tokens  # queued and in-flight tokens (the horizon)
+        self._models_of: Mapping[str, ModelState] = {} if models is None else models
         self.finished: list[Shape] = []  # recently finished shapes, newest last (bounded)
         # finished shapes not yet taken (`Broker.take_finished`), oldest first (bounded)
         self.finished_out: deque[Shape] = deque(maxlen=FINISHED_OUT)
@@ -104,28 +120,108 @@ class Lifecycle:
     def _threshold(self, ms: ModelState) -> float:
         return self.cfg.activate_multiple * ms.budget
 
-    def eligible(self, ms: ModelState, shape: Shape, now: float, hungry: bool) -> str | None:
-        """Why a staged shape may activate now, or None."""
-        if shape.items == 0:
-            return None
-        if shape.tokens >= self._threshold(ms):
-            return "threshold"
-        if shape.staged_since is not None and now - shape.staged_since >= self.cfg.stage_timeout_s:
-            return "timeout"
-        if hungry and self.cfg.activate_when_idle:
-            return "idle"
-        return None
+    # -- the shape choice (`core.choice`) ----------
 
-    def pick_staged(self, ms: ModelState, now: float, hungry: bool) -> tuple[Shape, str] | None:
-        """The eligible staged shape with the most tokens above its activation threshold."""
-        best: tuple[Shape, str] | None = None
-        for shape in ms.open.values():
-            if shape.state is not ShapeState.STAGED:
-                continue
-            why = self.eligible(ms, shape, now, hungry)
-            if why and (best is None or shape.tokens > best[0].tokens):
-                best = (shape, why)
-        return best
+    def bound(self, ms: ModelState, now: float) -> float:
+        """Seconds an oldest item may wait while a GPU serves an amortised shape: the setting,
+        else `bound_batches` batch times at the model's measured rate (at least
+        `bound_min_s`; `bound_cold_s` before any batch completed)."""
+        cfg = self.cfg
+        if cfg.wait_bound_s > 0:
+            return cfg.wait_bound_s
+        consumers = max(1, len(ms.slots)) if cfg.shape_scope == "consumer" else 1
+        batch_s = ms.meter.batch_s(now, ms.budget, consumers)
+        if batch_s is None:
+            return cfg.bound_cold_s
+        return max(cfg.bound_min_s, cfg.bound_batches * batch_s)
+
+    def horizon(self, ms: ModelState, now: float) -> float:
+        """Seconds the model needs to finish everything queued and in flight at its measured
+        rate (inf before a rate is known): a deadline sooner than this is due."""
+        rate = ms.meter.rate(now)
+        if rate is None:
+            return float("inf")
+        return self.queued_tokens() / rate
+
+    def held_jobs(self, ms: ModelState, live: Container[str] | None = None) -> Counter[int]:
+        """Job -> live holders whose current shape holds its queued items."""
+        held: Counter[int] = Counter()
+        currents = ([ms.current] if self.cfg.shape_scope != "consumer" else
+                    [s.current for c, s in ms.slots.items() if live is None or c in live])
+        for cur in currents:
+            if cur is not None:
+                held.update(cur.jobs.keys())
+        return held
+
+    def context(self, ms: ModelState, now: float, hungry: bool,
+                live: Container[str] | None = None) -> Context:
+        return Context(now, hungry, self.bound(ms, now), self.horizon(ms, now),
+                       self.held_jobs(ms, live), self._threshold(ms))
+
+    def choose(self, ms: ModelState, now: float, hungry: bool,
+               live: Container[str] | None = None) -> Pick | None:
+        """The shape a consumer with none takes next (`Chooser.choose`)."""
+        if not ms.waiting.levels:
+            return None
+        return self.chooser.choose(ms.waiting, self.context(ms, now, hungry, live))
+
+    def index(self, ms: ModelState, shape: Shape) -> None:
+        """(Re)enter a shape in the model's waiting index under its current terms (a shape
+        with a holder, or nothing queued, is not a candidate and stays out)."""
+        if not candidate(shape):
+            return
+        prio, deadline = shape_terms(shape, self.terms)
+        oldest = shape.staged_since if shape.state is ShapeState.STAGED else shape.oldest_t()
+        ms.waiting.touch(shape, prio, deadline, oldest)
+
+    def hold(self, h: Holder, shape: Shape | None, now: float = 0.0) -> None:
+        """Make `shape` the holder's current; a shape it lets go of with work left waits."""
+        old = h.current
+        if old is shape:
+            return
+        h.current = shape
+        if shape is not None:
+            shape.held += 1
+        if isinstance(h, Slot):
+            h.batches = 0
+            h.taken_at = now
+        if old is not None:
+            old.held -= 1
+            if old.held == 0 and old.items and old.state is ShapeState.ACTIVE:
+                ms = self._models_of.get(old.model)
+                if ms is not None:
+                    self.index(ms, old)
+
+    def take(self, ms: ModelState, pick: Pick, now: float, slot: Slot | None) -> None:
+        """Give a consumer (or the model) the picked shape: a staged one activates, an
+        active one a consumer left is joined."""
+        if pick.shape.state is ShapeState.STAGED:
+            self.activate(ms, pick.shape, now, pick.why, slot)
+        elif slot is not None:
+            self.join(ms, slot, pick.shape, now)
+        else:
+            self._count_switch(ms, None)
+            self.hold(ms, pick.shape, now)
+
+    def preempt(self, ms: ModelState, slot: Slot, now: float, live: Container[str]) -> bool:
+        """At a batch boundary: a consumer whose run has amortised its switch leaves a shape
+        that still has work when the choice finds a waiting shape worth more (a higher
+        priority, one past the bound, a due deadline, a job with fewer holders). True when it
+        switched."""
+        cur = slot.current
+        if (cur is None or cur.state is not ShapeState.ACTIVE or not cur.items
+                or slot.batches < self.cfg.amortise_batches or not ms.waiting.levels):
+            return False
+        pick = self.chooser.choose(ms.waiting, self.context(ms, now, False, live), against=cur)
+        if pick is None:
+            return False
+        ms.preemptions += 1
+        self.log.emit(now, EventKind.SWITCH, model=ms.name, signature=cur.signature,
+                      label=cur.label, value=pick.shape.signature,
+                      reason=f"{slot.consumer} left after {slot.batches} batches: {pick.why}")
+        self.hold(slot, None, now)
+        self.take(ms, pick, now, slot)
+        return True
 
     def activate(self, ms: ModelState, shape: Shape, now: float, why: str,
                  slot: Slot | None = None) -> None:
@@ -136,7 +232,7 @@ class Lifecycle:
         shape.activated_at = now
         shape.stats = shape.lengths.copy()
         self._transition(ms, shape, ShapeState.ACTIVE, now, why)
-        h.current = shape
+        self.hold(h, shape, now)
         if h.warming is shape:
             h.warming = None
 
@@ -150,10 +246,10 @@ class Lifecycle:
         if slot is not None:
             slot.runs += 1
 
-    def join(self, ms: ModelState, slot: Slot, shape: Shape) -> None:
+    def join(self, ms: ModelState, slot: Slot, shape: Shape, now: float = 0.0) -> None:
         """A consumer takes a shape another consumer activated (same epoch, no transition)."""
         self._count_switch(ms, slot)
-        slot.current = shape
+        self.hold(slot, shape, now)
 
     def finish(self, ms: ModelState, shape: Shape, now: float) -> None:
         shape.finished_at = now
@@ -166,10 +262,10 @@ class Lifecycle:
                 reason=f"finished after {shape.batches} batches (< {self.cfg.thrash_batches})",
             )
         if ms.current is shape:
-            ms.current = None
+            self.hold(ms, None, now)
         for slot in ms.slots.values():
             if slot.current is shape:
-                slot.current = None
+                self.hold(slot, None, now)
         self.finished.append(shape)
         self.finished_out.append(shape)
         if len(self.finished) > 200:
@@ -192,7 +288,8 @@ class Lifecycle:
         h: Holder = ms if slot is None else slot
         cur = h.current
         if cur is not None and cur.state is ShapeState.FINISHED:  # another holder finished it
-            h.current = cur = None
+            self.hold(h, None, now)
+            cur = None
         if cur is not None and cur.state is ShapeState.DRAINING:
             # A lane returns its slot when its last item is dispatched: batches still in flight
             # settle into the finished shape, so no GPU waits for another's tail.
@@ -207,9 +304,9 @@ class Lifecycle:
                 return True
             if slot is not None and self._adopt(ms, slot, now, live):
                 return True
-            pick = self.pick_staged(ms, now, hungry)
+            pick = self.choose(ms, now, hungry, live if slot is not None else None)
             if pick is not None:
-                self.activate(ms, pick[0], now, pick[1], slot)
+                self.take(ms, pick, now, slot)
                 return True
             if slot is not None and (busy := self._steal_target(ms, slot)) is not None:
                 shape, busy.warming = busy.warming, None  # idle here, still busy there
@@ -217,17 +314,22 @@ class Lifecycle:
                 self.activate(ms, shape, now, "taken while idle", slot)
                 return True
             if slot is not None and (other := self._join_target(ms, slot)) is not None:
-                self.join(ms, slot, other)
+                self.join(ms, slot, other, now)
                 return True
             return False
         # cur is active
         exhausted = cur.items == 0
         if h.warming is None and cur.tokens < cfg.prewarm_multiple * ms.budget:
-            pick = self.pick_staged(ms, now, hungry and exhausted)
-            if pick is not None:
-                shape = pick[0]
+            pick = self.choose(ms, now, hungry and exhausted, live if slot is not None else None)
+            if pick is not None and slot is not None and exhausted and (
+                    pick.shape.state is ShapeState.ACTIVE):
+                self._leave(ms, slot, cur, now)  # a shape another consumer left waits
+                self.take(ms, pick, now, slot)
+                return True
+            if pick is not None and pick.shape.state is ShapeState.STAGED:
+                shape = pick.shape
                 shape.epoch = ms.epoch + 1
-                self._transition(ms, shape, ShapeState.WARMING, now, pick[1])
+                self._transition(ms, shape, ShapeState.WARMING, now, pick.why)
                 h.warming = shape
                 lanes = [(lane.id, lane.target) for lane in shape.lanes.lanes.values()]
                 signals.append(Prewarm(ms.name, shape.signature, shape.label, shape.epoch, lanes,
@@ -256,7 +358,7 @@ class Lifecycle:
 
     def _leave(self, ms: ModelState, slot: Slot, cur: Shape, now: float) -> None:
         """A consumer leaves its exhausted shape; the last holder drains and finishes it."""
-        slot.current = None
+        self.hold(slot, None, now)
         if ms.holders(cur):
             return
         self._drain(ms, cur, now, "left empty")
@@ -274,8 +376,8 @@ class Lifecycle:
         for orphan in self._orphaned(ms, live):
             cur = orphan.current
             if cur is not None and cur.items and cur.state in _DISPATCHING:
-                orphan.current = None
-                self.join(ms, slot, cur)
+                self.hold(orphan, None, now)
+                self.join(ms, slot, cur, now)
                 return True
             if orphan.warming is not None:
                 shape, orphan.warming = orphan.warming, None

@@ -28,11 +28,12 @@ Place = Callable[[str, int, str, int, float], Placement]  # (model, sig, label, 
 class Settlement:
     """Why: ending a batch touches lanes, shapes, consumers and the ledger at once."""
 
-    def __init__(self, consumers: dict[str, ConsumerState], ledger: Ledger, place: Place
-                 ) -> None:
+    def __init__(self, consumers: dict[str, ConsumerState], ledger: Ledger, place: Place,
+                 queued: Callable[[Shape], None] = lambda shape: None) -> None:
         self.consumers = consumers  # the broker's registry, read and updated, never rebound
         self.ledger = ledger
         self.place = place
+        self.queued = queued  # told of a shape a failed batch went back to (the choice's index)
         self.inflight: dict[int, InFlight] = {}
         self.settling: set[int] = set()  # in flight, their completion being committed
         self.next_batch = 1
@@ -48,6 +49,7 @@ class Settlement:
         lane.inflight += 1
         shape.tokens -= tokens
         shape.items -= n
+        shape.count_jobs(entries, -1)
         shape.inflight_tokens += tokens
         shape.inflight_items += n
         shape.batches += 1
@@ -106,6 +108,7 @@ class Settlement:
         f.lane.push_front(b.entries)
         f.shape.tokens += b.tokens
         f.shape.items += len(b.entries)
+        f.shape.count_jobs(b.entries, 1)
         f.shape.batches -= 1
         f.shape.padded_tokens -= len(b.entries) * b.pad_to
         f.shape.routed_tokens -= b.tokens
@@ -113,6 +116,7 @@ class Settlement:
         self.padded_tokens -= len(b.entries) * b.pad_to
         self.routed_tokens -= b.tokens
         self.ledger.requeue(len(b.entries), b.tokens)
+        self.queued(f.shape)
         return b
 
     def split(self, batch_id: int, indexes: list[int]) -> Batch:

@@ -8,11 +8,13 @@ draining shape's key start a new staged shape object for the same key.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.lanes import Lane, LaneCounters, LaneSet
 from fabricctl.core.stats import LengthHistogram
+from fabricctl.core.types import Entry
 
 
 class ShapeState(StrEnum):
@@ -42,10 +44,12 @@ class Shape:
         "epoch",
         "finished_at",
         "gpus",
+        "held",
         "history",
         "inflight_items",
         "inflight_tokens",
         "items",
+        "jobs",
         "label",
         "lanes",
         "lengths",
@@ -58,6 +62,7 @@ class Shape:
         "state",
         "stats",
         "tokens",
+        "wver",
     )
 
     def __init__(
@@ -96,6 +101,9 @@ class Shape:
         self.history: list[tuple[float, str]] = [(now, state.value)]
         self.lengths = LengthHistogram()  # every item ever assigned
         self.stats: LengthHistogram | None = None  # the copy taken at activation
+        self.jobs: dict[int, int] = {}  # job -> its items queued here (the choice's terms)
+        self.held = 0  # holders (consumer slots, or a model) whose current shape this is
+        self.wver = 0  # version of its entries in the waiting index (`core.waiting`)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -136,6 +144,32 @@ class Shape:
                     return lane
                 best, most = lane, t
         return best
+
+    def count_jobs(self, entries: Iterable[Entry], sign: int) -> None:
+        """Queued entries joined (`sign` 1) or left (-1) this shape: their jobs' counts."""
+        jobs = self.jobs
+        for e in entries:
+            j = e.job
+            n = jobs.get(j, 0) + sign
+            if n > 0:
+                jobs[j] = n
+            else:
+                jobs.pop(j, None)
+
+    def count_job(self, job: int, n: int) -> None:
+        """`n` queued entries of one job joined (n > 0) or left (n < 0) this shape."""
+        jobs = self.jobs
+        m = jobs.get(job, 0) + n
+        if m > 0:
+            jobs[job] = m
+        else:
+            jobs.pop(job, None)
+
+    def oldest_t(self) -> float | None:
+        """Arrival of its oldest queued item (lanes queue in arrival order, failed-back
+        items in front), None when nothing is queued."""
+        return min((la.queue[0].t for la in self.lanes.lanes.values() if la.queue),
+                   default=None)
 
     def idle(self) -> bool:
         """Nothing queued and nothing in flight."""

@@ -36,6 +36,7 @@ class Entry(msgspec.Struct, gc=False):
     max_tokens: int
     t: float
     item: Item | None = None
+    job: int = 0  # the job of its item (0: none): the shape choice weighs jobs' terms
 
 
 class Contract(msgspec.Struct, frozen=True):

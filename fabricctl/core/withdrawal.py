@@ -42,6 +42,7 @@ def withdraw(shapes: Iterable[Shape], ledger: Ledger, pick: Callable[[Entry], bo
                     lane.tokens -= e.tokens
                     shape.tokens -= e.tokens
                     shape.items -= 1
+                    shape.count_job(e.job, -1)
                     items += 1
                     tokens += e.tokens
                 else:
@@ -82,6 +83,7 @@ def return_withdrawn(place: Place, ledger: Ledger, withdrawn: list[Withdrawn], n
         t = sum(e.tokens for e in entries)
         shape.tokens += t
         shape.items += len(entries)
+        shape.count_jobs(entries, 1)
         if shape.staged_since is None:
             shape.staged_since = min(e.t for e in entries)
         items += len(entries)

@@ -350,7 +350,8 @@ class Ingest:
             id_rows.extend(zip(idbs[at:to], keys, strict=True))
             first = run.base | off
             admits.append((shape, lanes[at:to], list(map(
-                Entry, range(first, first + cnt), part_ns, maxes, repeat(now, cnt)))))
+                Entry, range(first, first + cnt), part_ns, maxes, repeat(now, cnt),
+                repeat(None, cnt), repeat(run.hdr.job, cnt)))))
             tokens += sum(part_ns)
             every.append(run)
         every.sort(key=lambda r: r.seg_id)  # then their rows are in key order

@@ -123,7 +123,7 @@ def recover(state: StoreState, now: float) -> RecoveryReport:
                 if h.t != t_last:
                     t_last = h.t
                 slot[1].append(Entry(base | off, intern(h.tokens, h.tokens),
-                                     intern(h.max_tokens, h.max_tokens), t_last))
+                                     intern(h.max_tokens, h.max_tokens), t_last, None, hdr.job))
         done: set[int] = set()
         for sid, hdr in headers.items():
             hdr.deleted = len(answered.get(sid, ()))

@@ -1,0 +1,161 @@
+"""The shape choice: which waiting shape a consumer takes next, and when it leaves its own.
+
+Contract (ARCHITECTURE.md, "The shape choice"). Candidates are the model's waiting shapes
+(`core.waiting`: queued items, no holder). Priority is strict: a level is read only when no
+higher one has a shape to give. Within a level, in order:
+1. **the bound**: the shape whose oldest item has waited `bound` seconds or more (oldest first);
+2. **deadlines**: the earliest-deadline shape, when its deadline falls before the model could
+   drain everything queued at its measured rate (`horizon`: it would miss if served last);
+3. **fair share**: each job's biggest eligible shape, the job with the fewest holders first
+   (consumers whose current shape holds its items), then the most queued tokens. With
+   `fair_share` off, the biggest eligible shape of any job.
+A staged shape is eligible when its tokens reach the activation threshold, when its oldest
+item is `stage_timeout_s` old, when every job it holds is sealed (it can grow no more, so
+waiting buys nothing), or when consumers are idle; an active shape a consumer left is always
+eligible; rules 1 and 2 need no eligibility.
+
+`choose(..., against=None)` picks for a consumer with no current shape. With `against` (its
+current shape, which still has work and whose run has amortised its switch), it returns the
+shape worth leaving for, or None: a shape of a higher level (eligible); one past the bound at
+its level or higher; a due deadline earlier than its own; or (fair share) a job with fewer
+holders than its own shape's main job, which it does not hold. Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fabricctl.core.config import CoreConfig
+from fabricctl.core.shape import Shape, ShapeState
+from fabricctl.core.terms import NO_TERMS, JobTerms
+from fabricctl.core.waiting import Level, Waiting
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """Why: the log and the dashboard say why a consumer took the shape it took."""
+
+    shape: Shape
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """Why: one choice reads the clock, the fleet's state and the jobs' terms together."""
+
+    now: float
+    hungry: bool  # the consumer has nothing else to run
+    bound: float  # seconds an oldest item may wait while a GPU serves an amortised shape
+    horizon: float  # seconds the model needs to drain what it has queued (inf: unknown)
+    held: Mapping[int, int]  # job -> consumers whose current shape holds its items
+    threshold: float  # tokens at which a staged shape is worth a switch
+
+
+def shape_terms(shape: Shape, terms: Mapping[int, JobTerms]) -> tuple[int, float | None]:
+    """(priority, deadline) of a shape: its jobs' highest priority and earliest deadline."""
+    prio = 0
+    deadline: float | None = None
+    for job in shape.jobs:
+        t = terms.get(job, NO_TERMS)
+        if t.priority > prio:
+            prio = t.priority
+        if t.deadline is not None and (deadline is None or t.deadline < deadline):
+            deadline = t.deadline
+    return prio, deadline
+
+
+def sealed(shape: Shape, terms: Mapping[int, JobTerms]) -> bool:
+    """Every job with items here has ended its input: the shape can gain no more items."""
+    return bool(shape.jobs) and all(terms.get(j, NO_TERMS).sealed for j in shape.jobs)
+
+
+def main_job(shape: Shape) -> int:
+    """The job with the most items queued in a shape (0 when none)."""
+    return max(shape.jobs.items(), key=lambda kv: kv[1], default=(0, 0))[0]
+
+
+class Chooser:
+    """Why: one rule for the next shape, used on activation, pre-warm and preemption alike."""
+
+    def __init__(self, cfg: CoreConfig, terms: Mapping[int, JobTerms]) -> None:
+        self.cfg = cfg
+        self.terms = terms  # the broker's job terms, read live
+
+    def eligible(self, shape: Shape, ctx: Context) -> str | None:
+        """Why a candidate may be taken without a bound or a deadline forcing it, or None."""
+        if shape.state is ShapeState.ACTIVE:
+            return "resumed"
+        if shape.tokens >= ctx.threshold:
+            return "threshold"
+        since = shape.staged_since
+        if since is not None and ctx.now - since >= self.cfg.stage_timeout_s:
+            return "timeout"
+        if sealed(shape, self.terms):
+            return "input ended"
+        if ctx.hungry and self.cfg.activate_when_idle:
+            return "idle"
+        return None
+
+    def _overdue(self, level: Level, ctx: Context) -> Shape | None:
+        s = level.by_age.top()
+        if s is None:
+            return None
+        oldest = s.staged_since if s.state is ShapeState.STAGED else s.oldest_t()
+        if oldest is not None and ctx.now - oldest >= ctx.bound:
+            return s
+        return None
+
+    def _due(self, level: Level, ctx: Context) -> tuple[Shape, float] | None:
+        s = level.by_deadline.top()
+        if s is None:
+            return None
+        deadline = shape_terms(s, self.terms)[1]
+        if deadline is not None and deadline - ctx.now < ctx.horizon:
+            return s, deadline
+        return None
+
+    def _fair(self, level: Level, ctx: Context) -> tuple[Shape, int, str] | None:
+        """The best eligible job top of a level: (shape, its job, why)."""
+        best: tuple[Shape, int, str] | None = None
+        best_key: tuple[int, int] | None = None
+        for job, s in level.job_tops():
+            why = self.eligible(s, ctx)
+            if why is None:
+                continue
+            key = (ctx.held.get(job, 0) if self.cfg.fair_share else 0, -s.tokens)
+            if best_key is None or key < best_key:
+                best, best_key = (s, job, why), key
+        return best
+
+    def choose(self, waiting: Waiting, ctx: Context, against: Shape | None = None
+               ) -> Pick | None:
+        """The next shape for a consumer (see the module's contract)."""
+        if against is not None:
+            a_prio, a_deadline = shape_terms(against, self.terms)
+            a_held = ctx.held.get(main_job(against), 0)
+        for prio, level in waiting.ordered():
+            if against is not None and prio < a_prio:
+                return None
+            higher = against is not None and prio > a_prio
+            s = self._overdue(level, ctx)
+            if s is not None:
+                return Pick(s, "waited past the bound")
+            due = self._due(level, ctx)
+            if due is not None and (against is None or higher or a_deadline is None
+                                    or due[1] < a_deadline):
+                return Pick(due[0], "deadline")
+            fair = self._fair(level, ctx)
+            if fair is not None:
+                s, job, why = fair
+                if against is None:
+                    return Pick(s, "fair share" if self.cfg.fair_share and ctx.held.get(job, 0)
+                                < max(ctx.held.values(), default=0) else why)
+                if higher:
+                    return Pick(s, "priority")
+                if (self.cfg.fair_share and job not in against.jobs
+                        and ctx.held.get(job, 0) < a_held):
+                    return Pick(s, "fair share")
+            if against is not None:
+                return None  # only a higher level or this one can take a busy consumer away
+        return None
