@@ -265,3 +265,43 @@ def test_no_shape_waits_past_the_bound_while_a_consumer_serves_an_amortised_shap
     assert len(switches) == ms.preemptions
     if not fair:
         assert all(e.reason.endswith("waited past the bound") for e in switches)
+
+
+# -- where each job stands (`core.forecast`) ----------
+
+
+def test_job_views_share_and_predict() -> None:
+    from fabricctl.core.forecast import job_views
+    from fabricctl.core.lanes import LaneCounters
+    cfg = CoreConfig()
+    a = _shape(1, 3000, cfg, LaneCounters(), job=1)
+    b = _shape(2, 1000, cfg, LaneCounters(), job=2)
+    a.staged_since, b.staged_since = 5.0, 8.0
+    views = job_views([a, b], {1: 2}, 4, {2: JobTerms(deadline=10.0)}, 100.0, 10.0)
+    v1, v2 = views
+    assert (v1.job, v1.queued_tokens, v1.holders, v1.share, v1.oldest_wait_s) == (1, 3000, 2, 0.5,
+                                                                                   5.0)
+    # job 2 has a deadline, so it goes first: 1,000 tokens at 100/s
+    assert v2.predicted_finish == 20.0 and v2.at_risk
+    assert v1.predicted_finish == 50.0 and not v1.at_risk
+    assert job_views([a, b], {}, 4, {}, None, 10.0)[0].predicted_finish is None
+    # equal class: processor sharing, each peer counts up to the job's own tokens
+    views = job_views([a, b], {}, 4, {}, 100.0, 0.0)
+    assert [v.predicted_finish for v in views] == [40.0, 20.0]
+
+
+def test_a_job_going_to_miss_says_so_before_it_does() -> None:
+    b = fleet(1, fair_share=False)
+    b.ingest(items(1, 200, job=1), 0.0)
+    run(b, 0.0, 0.1)  # measured: 100,000 tokens/s; 10,000 tokens left = 0.1 s
+    b.ingest(items(2, 500, job=2), 0.1)  # 50,000 tokens: 0.5 s at best
+    b.set_job_terms(2, JobTerms(deadline=0.4))
+    b.tick(0.1)
+    risk = [e for e in b.events.since(0, limit=10_000) if e.kind is EventKind.JOB_AT_RISK]
+    assert len(risk) == 1 and risk[0].value == 2 and risk[0].critical
+    assert "after its deadline" in risk[0].reason
+    (view,) = [v for v in b.snapshot(0.1).job_views if v.job == 2]
+    assert view.at_risk and view.predicted_finish is not None and view.predicted_finish > 0.4
+    b.tick(0.2)  # said once
+    assert len([e for e in b.events.since(0, limit=10_000)
+                if e.kind is EventKind.JOB_AT_RISK]) == 1

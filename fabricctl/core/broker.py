@@ -43,6 +43,7 @@ from operator import attrgetter
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.events import EventKind, EventLog
+from fabricctl.core.forecast import JobView, job_views
 from fabricctl.core.intake import Intake
 from fabricctl.core.lanes import Lane, LaneCounters
 from fabricctl.core.ledger import Ledger
@@ -85,6 +86,7 @@ class Broker:
         self.lane_counters = LaneCounters()
         self.batches_hist = BatchesHistogram(self.cfg.thrash_batches)
         self.terms: dict[int, JobTerms] = {}  # job number -> what the shape choice knows of it
+        self.at_risk: set[int] = set()  # jobs predicted to miss their deadline (said once)
         self.lifecycle = Lifecycle(self.cfg, self.events, self.batches_hist, self.terms,
                                    self._unfinished_tokens, self.models)
         self.signals: list[Prewarm] = []  # pre-warm signals not yet sent by the server
@@ -353,8 +355,34 @@ class Broker:
         return self.maintenance.starving_lanes
 
     def tick(self, now: float) -> None:
-        """The 1 s maintenance tick: quiescing lanes, starvation, lifecycle timeouts."""
+        """The 1 s maintenance tick: quiescing lanes, starvation, lifecycle timeouts, and a
+        critical event for each job newly predicted to miss its deadline."""
         self.maintenance.tick(now)
+        if any(t.deadline is not None for t in self.terms.values()):
+            self._warn_at_risk(self.job_views(now), now)
+
+    def _warn_at_risk(self, views: list[JobView], now: float) -> None:
+        risky = {v.job: v for v in views if v.at_risk}
+        for job, v in risky.items():
+            if job not in self.at_risk and v.deadline is not None and (
+                    v.predicted_finish is not None):
+                self.events.emit(
+                    now, EventKind.JOB_AT_RISK, value=job, critical=True,
+                    reason=f"job {job} is predicted to finish at {v.predicted_finish:.0f}, "
+                    f"{v.predicted_finish - v.deadline:.0f}s after its deadline "
+                    f"({v.queued_items} items queued)")
+        self.at_risk = set(risky)
+
+    def job_views(self, now: float) -> list[JobView]:
+        """Each job with queued items: its oldest wait, holders and share of the fleet, and
+        its predicted finish at the measured rate (`core.forecast`)."""
+        held: dict[int, int] = {}
+        for ms in self.models.values():
+            for job, n in self.lifecycle.held_jobs(ms, self.consumers).items():
+                held[job] = held.get(job, 0) + n
+        rates = [r for ms in self.models.values() if (r := ms.meter.rate(now)) is not None]
+        return job_views(self.shapes(), held, len(self.consumers), self.terms,
+                         sum(rates) if rates else None, now)
 
     def record_cache(
         self, batch_id: int, queries: int, hits: int, achievable: int, now: float
@@ -389,4 +417,5 @@ class Broker:
             lane_counters=self.lane_counters, batches_hist=self.batches_hist,
             starving_lanes=self.starving_lanes, batches_total=self.batches_total,
             starve_s=self.cfg.starve_s, lanes=lanes, events=events,  # type: ignore[arg-type]
+            job_views=self.job_views(now),
         )

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from fabricctl.core.events import Event
+from fabricctl.core.forecast import JobView
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.ledger import Ledger
 from fabricctl.core.shape import SHAPE_STATES, Shape, ShapeState
@@ -148,6 +149,7 @@ class Snapshot(msgspec.Struct):
     simulated: bool = False
     extra: dict[str, object] = {}
     jobs: list[JobRecord] = []  # the live jobs, then the last ended ones (the server's pick)
+    job_views: list[JobView] = []  # each job with queued items: waits, shares, predictions
 
 
 def lane_views(shape: Shape, now: float, starve_s: float) -> list[LaneView]:
@@ -189,7 +191,7 @@ def take_snapshot(
     consumers: Iterable[ConsumerState], ledger: Ledger, log: EventLog,
     lane_counters: LaneCounters, batches_hist: BatchesHistogram, starving_lanes: int,
     batches_total: int, starve_s: float, lanes: str | Container[tuple[str, int]] = "all",
-    events: int = 100,
+    events: int = 100, job_views: list[JobView] | None = None,
 ) -> Snapshot:
     """The snapshot of the live `shapes` and the rest, with the `events` most recent events."""
     views = []
@@ -230,5 +232,5 @@ def take_snapshot(
         ledger.difference(), states, counters,
         BatchesHistogramView(list(BATCH_BUCKETS), list(hist.counts), list(hist.samples[-200:]),
                              hist.thrash_line),
-        log.recent(events),
+        log.recent(events), job_views=job_views or [],
     )
