@@ -139,6 +139,10 @@ def _merge(cfg: AppConfig, data: dict[str, Any], where: str) -> AppConfig:
     broker = top.get("broker")
     if broker is not None and broker.shape_scope not in SHAPE_SCOPES:
         raise UsageError(f"{where}: broker.shape_scope must be one of {', '.join(SHAPE_SCOPES)}")
+    if broker is not None and (broker.amortise_batches < 1 or broker.wait_bound_s < 0
+                               or broker.bound_batches <= 0 or broker.bound_min_s < 0):
+        raise UsageError(f"{where}: broker.amortise_batches must be >= 1, broker.wait_bound_s "
+                         ">= 0 (0: derived), broker.bound_batches > 0, broker.bound_min_s >= 0")
     if broker is not None and broker.prewarm not in PREWARM_MODES:
         raise UsageError(f"{where}: broker.prewarm must be one of {', '.join(PREWARM_MODES)}")
     if "engine" in top and top["engine"] not in ENGINES:

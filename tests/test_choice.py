@@ -305,3 +305,21 @@ def test_a_job_going_to_miss_says_so_before_it_does() -> None:
     b.tick(0.2)  # said once
     assert len([e for e in b.events.since(0, limit=10_000)
                 if e.kind is EventKind.JOB_AT_RISK]) == 1
+
+
+def test_bad_choice_settings_are_refused(tmp_path: object) -> None:
+    from pathlib import Path
+
+    import pytest
+
+    from fabricctl.config import load_config
+    from fabricctl.errors import UsageError
+    assert isinstance(tmp_path, Path)
+    for bad in ("amortise_batches = 0", "wait_bound_s = -1"):
+        f = tmp_path / "c.toml"
+        f.write_text(f"[broker]\n{bad}\n")
+        with pytest.raises(UsageError, match="amortise_batches must be >= 1"):
+            load_config(config_file=f)
+    f.write_text("[broker]\nwait_bound_s = 5.0\namortise_batches = 4\n")
+    cfg = load_config(config_file=f)
+    assert (cfg.broker.wait_bound_s, cfg.broker.amortise_batches) == (5.0, 4)
