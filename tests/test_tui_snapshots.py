@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 from textual.pilot import Pilot
 from tui_synthetic import make_snapshot
 
@@ -67,3 +68,20 @@ def test_thrash_view_80x24(snap_compare: SnapCompare) -> None:
         return app.view == "thrash" and app.query_one("#critical", LineList).count > 0
 
     assert snap_compare(app_of(), terminal_size=(80, 24), run_before=ready(1, ("3",), filled))
+
+
+def test_overview_with_jobs_one_at_risk_120x36(snap_compare: SnapCompare) -> None:
+    from fabricctl.core.forecast import JobView
+    from fabricctl.core.jobs import new_job
+
+    t = 1000.0
+    late = new_job(7, "batch_7c0ffee", "submit", t - 300, name="/data/eval.jsonl",
+                   window_s=900.0)
+    late.total, late.completed = 40_000, 9_000
+    calm = new_job(8, "batch_8d00d1e", "run", t - 120, name="/data/synth.jsonl")
+    calm.total, calm.completed, calm.failed = 5_000, 2_400, 2
+    views = [JobView(7, 0, late.deadline, 31_000, 3_100_000, 184.0, 1, 0.25, t + 1_380.0, True),
+             JobView(8, 0, None, 2_598, 260_000, 12.5, 3, 0.75, t + 95.0)]
+    snap = msgspec.structs.replace(make_snapshot(t=t), jobs=[late, calm], job_views=views)
+    app = TopApp(FixedSource([snap]), interval=1.0)
+    assert snap_compare(app, terminal_size=(120, 36), run_before=ready(1))

@@ -3,14 +3,18 @@
 Contract:
 - `group` is the `jobs` Typer group; `fabricctl jobs` alone lists (as `jobs list`).
 - `list`: the jobs the broker keeps, newest first: id, state (OpenAI's names), kind, input,
-  progress (items with an outcome of the total), failed, cancelled, refused lines, age.
+  progress (items with an outcome of the total), failed, cancelled, refused lines, age, and
+  each job's place in the fleet: its oldest queued item's wait, its share of the consumers
+  (holders), its predicted finish (at risk: how late against its deadline) and deadline.
   A Rich table on a terminal, TSV with a header line when piped, `--json` one document
-  `{"jobs": [JobRecord...]}`.
+  `{"jobs": [JobRecord...], "job_views": [every field of each place]}`.
 - `show ID`: one job by id or a unique prefix of it: state and the times it entered each
   state, counts, progress, throughput and ETA, the shapes it touched, in-flight items, the
   first refused lines' messages, and the broker's "N items wait for model X: no consumer"
-  lines. `--json`: the broker's `JobView`. Unknown id: exit 1, ambiguous: exit 1 with the
-  broker's message.
+  lines; while it has queued items, its oldest wait, holders and share, predicted finish (a
+  time and "in 3m12s") and "AT RISK: predicted to finish Xs after its deadline". `--json`:
+  the broker's `JobView` (`place`: every field of its place, or null). Unknown id: exit 1,
+  ambiguous: exit 1 with the broker's message.
 - `cancel ID`: queued items are removed durably (each gets a "cancelled" error result and
   is counted as cancelled); in-flight ones finish; prints the job's state after (cancelling,
   or cancelled when nothing was in flight). A job that already ended is left as it is and
@@ -23,13 +27,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import typer
 
 from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded, settings
 from fabricctl.config import AppConfig
+from fabricctl.core.forecast import JobView as JobPlace
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.unserved import Waiting, waiting_line
-from fabricctl.tui.fmt import age, pct, shorten
+from fabricctl.tui.fmt import NA, age, finish_vs_deadline, pct, relative, shorten, si
+from fabricctl.tui.palette import CRITICAL
 from fabricctl.wire.client import Client
 
 from .common import call, console, stdout_is_tty, write_json, write_tsv
@@ -84,19 +91,53 @@ def progress_of(j: JobRecord) -> str:
 
 LIST_COLUMNS = ["id", "state", "kind", "input", "total", "completed", "failed", "cancelled",
                 "refused", "created"]
+PLACE_COLUMNS = ["oldest_wait_s", "holders", "share", "predicted_finish", "deadline", "at_risk"]
+
+
+def place_doc(p: JobPlace | None) -> dict[str, Any] | None:
+    """Every field of a job's place (the wire omits defaults; readers of --json get all)."""
+    return None if p is None else msgspec.structs.asdict(p)
+
+
+def place_tsv(j: JobRecord, p: JobPlace | None) -> list[Any]:
+    if p is None:
+        return [None, None, None, None, j.deadline, None]
+    return [p.oldest_wait_s, p.holders, p.share, p.predicted_finish, j.deadline,
+            int(p.at_risk)]
+
+
+def place_cells(j: JobRecord, p: JobPlace | None, now: float) -> list[Any]:
+    """The list's WAIT, SHARE, FINISH and DEADLINE cells: `-` with nothing queued; the
+    finish of a job at risk in the critical colour with how late it is."""
+    from rich.text import Text
+
+    deadline = "-" if j.deadline is None else relative(j.deadline - now)
+    if p is None:
+        return ["-", "-", "-", deadline]
+    share = f"{pct(p.share, 0)} ({p.holders})"
+    if p.predicted_finish is None:
+        return [age(p.oldest_wait_s), share, NA, deadline]
+    finish = Text(relative(p.predicted_finish - now))
+    if p.at_risk and p.deadline is not None:
+        finish.append(f" ({age(p.predicted_finish - p.deadline)} late)")
+        finish.stylize(CRITICAL)
+    return [age(p.oldest_wait_s), share, finish, deadline]
 
 
 def show_list(cfg: AppConfig, as_json: bool) -> None:
-    async def fetch(c: Client) -> list[JobRecord]:
-        return await c.jobs()
+    async def fetch(c: Client) -> tuple[list[JobRecord], list[JobPlace]]:
+        return await c.jobs(), await c.job_views()
 
-    jobs = call(cfg, "observer", fetch)
+    jobs, views = call(cfg, "observer", fetch)
+    placed = {v.job: v for v in views}
     if as_json:
-        write_json({"jobs": jobs})
+        write_json({"jobs": jobs, "job_views": [place_doc(v) for v in views]})
         return
     if not stdout_is_tty():
-        write_tsv(LIST_COLUMNS, [[j.id, j.state.value, j.kind, j.name, j.total, j.completed,
-                                  j.failed, j.cancelled, j.rejected, j.created] for j in jobs])
+        write_tsv(LIST_COLUMNS + PLACE_COLUMNS,
+                  [[j.id, j.state.value, j.kind, j.name, j.total, j.completed,
+                    j.failed, j.cancelled, j.rejected, j.created,
+                    *place_tsv(j, placed.get(j.number))] for j in jobs])
         return
     from rich.table import Table
 
@@ -106,9 +147,12 @@ def show_list(cfg: AppConfig, as_json: bool) -> None:
                         ("PROGRESS", True), ("FAILED", True), ("CANCELLED", True),
                         ("REFUSED", True), ("AGE", True)]:
         t.add_column(name, justify="right" if right else "left", no_wrap=True)
+    for name in ("WAIT", "SHARE", "FINISH", "DEADLINE"):
+        t.add_column(name, justify="right", no_wrap=True)
     for j in jobs:
         t.add_row(j.id, j.state.value, j.kind, shorten(j.name or "-", 40), progress_of(j),
-                  f"{j.failed:,}", f"{j.cancelled:,}", f"{j.rejected:,}", age(now - j.created))
+                  f"{j.failed:,}", f"{j.cancelled:,}", f"{j.rejected:,}", age(now - j.created),
+                  *place_cells(j, placed.get(j.number), now))
     console().print(t)
 
 
@@ -130,7 +174,9 @@ def _waiting_lines(status: dict[str, Any]) -> list[str]:
 def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:
     view, status = _fetch_view(cfg, job)
     if as_json:
-        write_json(view)
+        doc = msgspec.to_builtins(view)
+        doc["place"] = place_doc(view.place)
+        write_json(doc)
         return
     from rich.table import Table
 
@@ -158,6 +204,8 @@ def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:
     if j.deadline is not None:
         left = j.deadline - now
         t.add_row("deadline", f"in {age(left)}" if left > 0 else f"{age(-left)} ago")
+    for name, value in place_rows(j, view.place, now):
+        t.add_row(name, value)
     for state, at in sorted(j.times.items(), key=lambda kv: kv[1]):
         t.add_row(f"{state} at", f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))}"
                                  f"  ({age(now - at)} ago)")
@@ -170,6 +218,32 @@ def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:
     if j.rejected > len(j.errors):
         t.add_row("", f"... and {j.rejected - len(j.errors):,} more")
     console().print(t)
+
+
+def place_rows(j: JobRecord, p: JobPlace | None, now: float) -> list[tuple[str, Any]]:
+    """`jobs show`'s lines of a job's place in the fleet (none with nothing queued)."""
+    from rich.text import Text
+
+    if p is None:
+        return []
+    rows: list[tuple[str, Any]] = [
+        ("oldest wait", f"{age(p.oldest_wait_s)}  ({p.queued_items:,} items, "
+                        f"{si(p.queued_tokens)} tokens queued)"),
+        ("share", f"{p.holders} consumer(s) on its shapes: {pct(p.share, 0)} of the fleet"),
+    ]
+    if p.predicted_finish is None:
+        rows.append(("finish", f"{NA} (no rate measured yet)"))
+        return rows
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.predicted_finish))
+    deadline = p.deadline if p.deadline is not None else j.deadline
+    deadline_in = None if deadline is None else deadline - now
+    rows.append(("finish", f"predicted {stamp}  "
+                           f"({finish_vs_deadline(p.predicted_finish - now, deadline_in)})"))
+    if p.at_risk and p.deadline is not None:
+        late = age(p.predicted_finish - p.deadline)
+        rows.append(("risk", Text(f"AT RISK: predicted to finish {late} after its deadline",
+                                  style=CRITICAL)))
+    return rows
 
 
 def cancel_job(cfg: AppConfig, job: str, as_json: bool) -> None:

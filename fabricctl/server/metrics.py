@@ -2,7 +2,12 @@
 
 Contract: `Metrics(core).registry` holds a collector that turns the core's counters, ledger, shape
 states, lanes and consumers into `fabricctl_*` families on every scrape (no bookkeeping on
-the hot path), plus a pull-latency histogram and per-consumer batch/token counters that the
+the hot path); with `live_jobs` (number -> id of the jobs not ended) and `clock`, also each
+live job's place in the fleet (`core.forecast`): `fabricctl_job_queue_age_seconds`,
+`fabricctl_job_holders`, `fabricctl_job_share` and `fabricctl_job_queued_items`, labelled
+`job_id`, one label set per live job (a job that ended is in no later scrape, so the label
+cardinality is the live jobs), and `fabricctl_jobs_at_risk`, the jobs predicted to finish
+after their deadline; plus a pull-latency histogram and per-consumer batch/token counters that the
 server feeds. `serve(host, port)` answers `GET /metrics` on the event loop itself, so a scrape
 never reads broker state from another thread.
 """
@@ -10,7 +15,8 @@ never reads broker state from another thread.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -31,10 +37,45 @@ if TYPE_CHECKING:
 class BrokerCollector(Collector):
     """Why: scrape-time reads keep the dispatch path free of metric updates."""
 
-    def __init__(self, core: Broker) -> None:
+    def __init__(self, core: Broker, live_jobs: Callable[[], dict[int, str]] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.core = core
+        self.live_jobs = live_jobs
+        self.clock = clock
 
     def collect(self) -> Iterator[Metric]:
+        yield from self.core_families()
+        if self.live_jobs is not None:
+            yield from self.job_families(self.live_jobs())
+
+    def job_families(self, live: dict[int, str]) -> Iterator[Metric]:
+        """Each live job's queue age, holders, share and queued items, and the count of jobs
+        predicted to miss their deadline. Label sets: the live jobs (and items with no job,
+        `job_id` "none", while they wait), so an ended job leaves the exposition."""
+        views = {v.job: v for v in self.core.job_views(self.clock())}
+        families = [
+            (GaugeMetricFamily("fabricctl_job_queue_age_seconds", "per live job: how long its "
+                               "oldest queued item has waited", labels=["job_id"]),
+             "oldest_wait_s"),
+            (GaugeMetricFamily("fabricctl_job_holders", "per live job: consumers whose current "
+                               "shape holds its items", labels=["job_id"]), "holders"),
+            (GaugeMetricFamily("fabricctl_job_share", "per live job: its holders' share of the "
+                               "consumers", labels=["job_id"]), "share"),
+            (GaugeMetricFamily("fabricctl_job_queued_items", "per live job: items queued",
+                               labels=["job_id"]), "queued_items"),
+        ]
+        numbers = sorted(set(live) | ({0} & set(views)))
+        for n in numbers:
+            v = views.get(n)
+            for fam, field in families:
+                fam.add_metric([live.get(n, "none")], float(getattr(v, field)) if v else 0.0)
+        for fam, _ in families:
+            yield fam
+        yield GaugeMetricFamily("fabricctl_jobs_at_risk", "live jobs predicted to finish after "
+                                "their deadline at the measured rate",
+                                value=sum(v.at_risk for n, v in views.items() if n in live))
+
+    def core_families(self) -> Iterator[Metric]:
         core = self.core
         lg = core.ledger
         for what, unit in (("items", ""), ("tokens", "")):
@@ -111,10 +152,11 @@ class BrokerCollector(Collector):
 class Metrics:
     """Why: one registry per broker, so several brokers in one test process don't collide."""
 
-    def __init__(self, core: Broker) -> None:
+    def __init__(self, core: Broker, live_jobs: Callable[[], dict[int, str]] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.version = __version__
         self.registry = CollectorRegistry()
-        self.registry.register(BrokerCollector(core))
+        self.registry.register(BrokerCollector(core, live_jobs, clock))
         self.pull_latency = Histogram(
             "fabricctl_pull_latency_seconds", "time from a pull request to its batch",
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),

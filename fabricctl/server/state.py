@@ -43,5 +43,9 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.core = self.store.core
-        self.metrics = Metrics(self.core)
+        self.metrics = Metrics(self.core, self.live_job_ids, self.clock)
         self.started = self.clock()
+
+    def live_job_ids(self) -> dict[int, str]:
+        """The jobs not ended, number -> id (the metrics' job labels)."""
+        return {j.number: j.id for j in self.store.live_jobs()}

@@ -14,7 +14,11 @@ ResultRecord), after the key in `arg` ("" from the first): `fabricctl results --
 `jobs` lists the job records, newest first (`limit` of them); `job` is the `JobView` of the
 one job its arg names (an id or a unique prefix: none is `not_found`, several `ambiguous`);
 `job_results` the results of that job's lines after `since`, in input order, `limit` at
-most; `status` carries a small `jobs` summary (the jobs not ended, with their counts).
+most; `status` carries a small `jobs` summary (the jobs not ended, with their counts and
+their place in the fleet). A job's place (`core.forecast.JobView`: oldest wait, holders and
+share, predicted finish, at risk) rides on its `job` answer (`place`, None with nothing
+queued), in every snapshot (`job_views`), and alone in `job_views` (every job with queued
+items, by number).
 Each consumer in the `engines` extra carries the `host` and the GPU's NVML sample (`nvml`,
 or None) its heartbeats reported.
 Every read of the store goes through its methods (`results_since`, `results_by_key`,
@@ -29,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from fabricctl.core.forecast import JobView as JobPlace
 from fabricctl.core.jobs import JobRecord, JobState, eta_s
 from fabricctl.core.naming import describe, match
 from fabricctl.core.snapshot import ShapeView, Snapshot, shape_view
@@ -143,15 +148,31 @@ def job_view(state: ServerState, rec: JobRecord) -> JobView:
     elapsed = end - began
     rate = rec.outcomes / elapsed if elapsed > 0 and rec.outcomes else 0.0
     shapes = [JobShapeView(s.model, f"{s.signature:016x}", s.label) for s in rec.shapes]
-    return JobView(rec, in_flight, shapes, round(rate, 3), eta_s(rec, now))
+    place = None if rec.ended else places(state, now).get(rec.number)
+    return JobView(rec, in_flight, shapes, round(rate, 3), eta_s(rec, now), place)
+
+
+def places(state: ServerState, now: float) -> dict[int, JobPlace]:
+    """Each job with queued items: its place in the fleet (`core.forecast`), by number."""
+    return {v.job: v for v in state.core.job_views(now)}
 
 
 def jobs_summary(state: ServerState, limit: int = 20) -> list[dict[str, Any]]:
-    """The jobs not ended, newest first, with their counts (for `status`)."""
+    """The jobs not ended, newest first, with their counts and their place in the fleet:
+    oldest wait, holders and share, deadline, predicted finish, at risk (for `status`)."""
     live = state.store.live_jobs()
-    return [{"id": r.id, "kind": r.kind, "name": r.name, "state": r.state.value,
-             "total": r.total, "queued": r.queued, "completed": r.completed,
-             "failed": r.failed, "cancelled": r.cancelled} for r in live[:limit]]
+    placed = places(state, state.clock())
+    out = []
+    for r in live[:limit]:
+        p = placed.get(r.number)
+        out.append({"id": r.id, "kind": r.kind, "name": r.name, "state": r.state.value,
+                    "total": r.total, "queued": r.queued, "completed": r.completed,
+                    "failed": r.failed, "cancelled": r.cancelled, "deadline": r.deadline,
+                    "oldest_wait_s": p.oldest_wait_s if p else 0.0,
+                    "holders": p.holders if p else 0, "share": p.share if p else 0.0,
+                    "predicted_finish": p.predicted_finish if p else None,
+                    "at_risk": p.at_risk if p else False})
+    return out
 
 
 def _job_answer(state: ServerState, q: Query) -> Any:
@@ -195,6 +216,8 @@ def answer(state: ServerState, q: Query) -> Answer | Error:
         data = state.store.result(q.arg)
     elif q.what == "jobs":
         data = state.store.recent_jobs(max(0, q.limit), max(0, q.since), q.arg)
+    elif q.what == "job_views":
+        data = core.job_views(now)
     elif q.what in ("job", "job_results"):
         data = _job_answer(state, q)
         if isinstance(data, Error):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from fabricctl.core.events import Event
+from fabricctl.core.forecast import JobView as JobPlace
 from fabricctl.core.jobs import JobRecord, eta_s
 from fabricctl.core.signature import signature_hex
 from fabricctl.core.snapshot import ModelView, Snapshot
@@ -176,7 +177,38 @@ def job_line(j: JobRecord, now: float, width: int = 16) -> Text:
     return t
 
 
+def place_line(p: JobPlace, now: float, deadline: float | None = None) -> Text:
+    """A job's place in the fleet, under its line: `wait 12s  share 50% (2)  finish in 3m12s,
+    6m48s before its deadline` (the broker's deadline of the job, else `deadline`); one at
+    risk ends in `AT RISK`, the whole line in CRITICAL."""
+    t = Text("    ", style=MUTED)
+    t.append(f"wait {fmt.age(p.oldest_wait_s)}  share {fmt.pct(p.share, 0)} ({p.holders})"
+             f"  {fmt.si(p.queued_items)} queued  finish ", style=MUTED)
+    finish_in = None if p.predicted_finish is None else p.predicted_finish - now
+    if p.deadline is not None:
+        deadline = p.deadline
+    deadline_in = None if deadline is None else deadline - now
+    t.append(fmt.finish_vs_deadline(finish_in, deadline_in))
+    if p.at_risk:
+        t.append("  AT RISK")
+        t.stylize(CRITICAL)
+    return t
+
+
 def jobs_lines(snap: Snapshot) -> Text:
-    """The overview's jobs: the live ones first, at most `JOBS_SHOWN`; empty with none."""
+    """The overview's jobs: the live ones first, at most `JOBS_SHOWN`; empty with none.
+    A job with queued items gets its place in the fleet (`place_line`) under its line."""
     jobs = sorted(snap.jobs, key=lambda j: (j.ended, -j.created))[:JOBS_SHOWN]
-    return Text("\n").join(job_line(j, snap.t) for j in jobs)
+    placed = {v.job: v for v in snap.job_views}
+    lines: list[Text] = []
+    for j in jobs:
+        lines.append(job_line(j, snap.t))
+        p = None if j.ended else placed.get(j.number)
+        if p is not None:
+            lines.append(place_line(p, snap.t, j.deadline))
+    return Text("\n").join(lines)
+
+
+def jobs_at_risk(snap: Snapshot) -> int:
+    """How many jobs are predicted to finish after their deadline."""
+    return sum(v.at_risk for v in snap.job_views)

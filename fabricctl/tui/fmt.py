@@ -52,6 +52,29 @@ def age(s: float | None) -> str:
     return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
 
 
+def relative(s: float | None) -> str:
+    """Seconds from now as `in 3m12s`, `45s ago`, or `now` within half a second."""
+    if s is None:
+        return NA
+    if abs(s) < 0.5:
+        return "now"
+    return f"in {age(s)}" if s > 0 else f"{age(-s)} ago"
+
+
+def finish_vs_deadline(finish_in: float | None, deadline_in: float | None) -> str:
+    """A predicted finish against a deadline, both in seconds from now: `in 3m12s`,
+    `in 3m12s, 6m48s before its deadline`, `in 12m0s, 2m0s after its deadline`;
+    `n/a` while there is no prediction."""
+    if finish_in is None:
+        return NA
+    out = relative(finish_in)
+    if deadline_in is None:
+        return out
+    slack = deadline_in - finish_in
+    return out + (f", {age(slack)} before its deadline" if slack >= 0
+                  else f", {age(-slack)} after its deadline")
+
+
 def human_bytes(n: float | None) -> str:
     """Bytes in binary units: 512 B, 1.5 KiB, 3.2 GiB (TiB at most)."""
     if n is None:

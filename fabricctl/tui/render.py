@@ -2,13 +2,14 @@
 
 Contract: `print_snapshot(snap, console, address)` prints the same pieces the live overview
 shows (state machine, models, the line of models with queued items and no consumer when
-there are any, shapes table, GPU panel, ledger, the latest critical events) built from the
+there are any, shapes table, GPU panel, ledger, the jobs with each one's place in the fleet
+when there are any, the latest critical events) built from the
 same pure renderers, so the two never disagree. Never imports Textual.
 """
 
 from __future__ import annotations
 
-from rich.console import Console, Group
+from rich.console import Console, ConsoleRenderable, Group
 from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
@@ -37,6 +38,10 @@ def critical_events(snap: Snapshot, n: int = CRITICAL_SHOWN) -> Text:
     return Text("\n").join(draw.event_line(e, snap.t) for e in reversed(crit))
 
 
+def jobs_section(snap: Snapshot) -> list[ConsoleRenderable]:
+    return [Rule(f"jobs ({len(snap.jobs)})", style=MUTED), draw.jobs_lines(snap)]
+
+
 def snapshot_renderable(snap: Snapshot, address: str = "") -> Group:
     title = Text("fabricctl top", style="bold")
     if address:
@@ -54,6 +59,7 @@ def snapshot_renderable(snap: Snapshot, address: str = "") -> Group:
         Rule("GPUs", style=MUTED),
         gpu_panel(snap, RateTracker()),
         draw.ledger_line(snap),
+        *(jobs_section(snap) if snap.jobs else []),
         Rule("critical events", style=MUTED),
         critical_events(snap),
     )

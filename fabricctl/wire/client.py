@@ -28,6 +28,7 @@ from typing import Any, TypeVar, cast
 
 import msgspec
 
+from fabricctl.core.forecast import JobView as JobPlace
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.records import ResultRecord
 from fabricctl.core.snapshot import Snapshot
@@ -273,6 +274,10 @@ class Client:
         newest first."""
         return cast(list[JobRecord], await self.query("jobs", arg=kind, since=before,
                                                       limit=limit, type=list[JobRecord]))
+
+    async def job_views(self) -> list[JobPlace]:
+        """Each job with queued items: its oldest wait, share and predicted finish."""
+        return cast(list[JobPlace], await self.query("job_views", type=list[JobPlace]))
 
     async def job(self, id: str) -> JobView:
         """One job (id or unique prefix): its record, in flight, shapes, rate, ETA."""

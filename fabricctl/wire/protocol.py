@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from fabricctl.core.forecast import JobView as JobPlace
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.types import Contract, Item, ItemResult, Prewarm, Work
 
@@ -142,6 +143,8 @@ class JobView(msgspec.Struct):
     shapes: list[JobShapeView] = []
     items_per_s: float = 0.0  # outcomes per second since it started running
     eta_s: float | None = None  # seconds to go at that rate; None while there is none
+    place: JobPlace | None = None  # its place in the fleet (waits, share, predicted finish);
+    # None while it has no queued item
 
 
 class Register(msgspec.Struct, tag=True):

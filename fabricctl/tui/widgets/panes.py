@@ -76,6 +76,7 @@ class Overview(Vertical):
         jobs = self.query_one("#jobs", TextBox)
         jobs.show(draw.jobs_lines(snap))
         jobs.set_class(bool(snap.jobs), "-shown")
+        jobs.set_class(draw.jobs_at_risk(snap) > 0, "-at-risk")
         self.query_one("#machine", TextBox).show(
             Text("\n").join([draw.state_machine(snap.states), draw.models(snap)]))
         self.query_one(ShapesTable).show(
