@@ -11,12 +11,16 @@ tokenizer` when set, else the configured model directory's `tokenizer.json`, els
 estimate, named in the summary's `token_counter`), waits until every accepted item has its
 result, writes the results in the input's form (native or OpenAI batch output) and returns a
 `RunSummary` whose figures come from the broker's and the engines' own counters. KV hit rate
-achievable is every cacheable prefix block hit except one prefill of each shape's prefix on
-each GPU serving it. Results are written in completion order, or with `ordered` in input
-order (`ordered.InputOrder`: the accepted ids in input order, and only the results
-that came out of order, are held). The input is one job of kind "run" (`core.jobs`),
-followed by `follow.JobFollower`: the results are the job's, whatever else the data dir
-holds, and the run keeps running totals of them, not the records.
+is the engines' hits over their queries, which count every request they ran, pre-warms
+included; achievable is the most those same requests could hit (`_Shapes`): on each GPU,
+every request's leading prefix blocks below its last token, less one computation of each
+distinct prefix block there (a pre-warm's prefill pays it for the items after it; shapes
+whose components start alike share their leading blocks). Results are written in
+completion order, or with `ordered` in input order (`ordered.InputOrder`: the accepted ids
+in input order, and only the results that came out of order, are held). The input is one
+job of kind "run" (`core.jobs`), followed by `follow.JobFollower`: the results are the
+job's, whatever else the data dir holds, and the run keeps running totals of them, not the
+records.
 Resume: with `--data-dir` (`keep_data`) a FILE's job is found again by its path and sha256.
 The same command after a crash or Ctrl-C attaches to it and sends every line with `resume`:
 the broker skips those it already stored (items with a result are never sent to an engine
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import shutil
 import sys
@@ -53,8 +58,14 @@ from fabricctl.cli.support import ConfigFile, Verbose, fail, load, run_async, se
 from fabricctl.cli.up import Daemon
 from fabricctl.config import AppConfig
 from fabricctl.core.jobs import MAX_ERRORS, JobRecord
-from fabricctl.core.types import Item, ItemResult
-from fabricctl.engines.blocks import achievable_cached_tokens, decode_item_payload, prefix_tokens
+from fabricctl.core.types import Item, ItemResult, Prewarm
+from fabricctl.engines.blocks import (
+    achievable_cached_tokens,
+    decode_item_payload,
+    prefix_block_hashes,
+    prefix_sources,
+)
+from fabricctl.engines.simanswer import sim_spec
 from fabricctl.errors import ExitCode
 from fabricctl.formats.reader import LineError, parse_stream
 from fabricctl.formats.results import ResultRecord, make_record, result_line
@@ -169,23 +180,93 @@ def print_run_summary(s: RunSummary, console: Console | None = None) -> None:
     console.print(t)
 
 
+class _Ran(msgspec.Struct):
+    """Why: what one GPU ran of one shape, enough to bound its hits at any block size."""
+
+    longer: int = 0  # item requests whose prompt is longer than the prefix (all its blocks)
+    short: list[int] = msgspec.field(default_factory=list)  # prompt lengths of the others
+    prewarms: int = 0  # pre-warm requests: the prefix alone, max_tokens 1
+    siblings: list[tuple[int, int]] = msgspec.field(default_factory=list)  # (prompt, n - 1)
+
+
 class _Shapes:
-    """Why: achievable hits need each shape's prefix length and the GPUs that served it."""
+    """Why: achievable hits need each shape's prefix blocks and what each GPU ran of it.
+
+    The bound, per GPU, over every request its engine counted (the items' and the pre-warms'
+    alike: the engine's queries hold both): each request can hit at most its leading prefix
+    blocks below its last token (`achievable_cached_tokens`), and every distinct prefix block
+    is computed once on that GPU, a miss for the first request that asks it, unless some
+    request holds it past what it could hit itself (a pre-warm's last block) and runs first.
+    Blocks are the engine's (`blocks.prefix_block_hashes`), so shapes whose components start
+    alike share their leading blocks, as they do in the engine's cache; a pre-warm pays the
+    one prefill of its shape on its GPU and the items after it hit every prefix block; the
+    n - 1 sibling requests of an item asking n choices can hit its whole prompt."""
 
     def __init__(self) -> None:
-        self.prefix: dict[tuple[str, int], int] = {}
-        self.items: list[tuple[int, int]] = []  # (prefix tokens, input tokens) per item
+        self.prefix: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}  # input shapes
+        self.unlisted: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
+        self.choices: dict[str, int] = {}  # item id -> n, only for the items asking n > 1
+        self.ran: dict[tuple[str, int, int | None], _Ran] = {}
 
     def add(self, item: Item) -> None:
         payload = decode_item_payload(item)
-        p = prefix_tokens(payload) if payload else 0
-        self.prefix[(item.model, item.signature)] = p
-        self.items.append((p, item.input_tokens))
+        key = (item.model, item.signature)
+        if key not in self.prefix:
+            self.prefix[key] = prefix_sources(payload) if payload else ()
+        n = sim_spec(payload).n if payload is not None and payload.body else 1
+        if n > 1:
+            self.choices[item.id] = n
 
-    def achievable(self, block: int, served: set[tuple[str, int, int | None]]) -> int:
-        total = sum(achievable_cached_tokens(p, n, block) for p, n in self.items)
-        first = sum(self.prefix.get((m, s), 0) // block * block for m, s, _ in served)
-        return max(0, total - first)
+    def completed(self, rec: ResultRecord) -> None:
+        """Count the requests an item's result says its engine ran (none when refused)."""
+        if rec.error is not None or rec.status or rec.finish_reason == "length_exceeded":
+            return
+        ran = self.ran.get((rec.model, rec.signature, rec.gpu))
+        if ran is None:
+            ran = self.ran[(rec.model, rec.signature, rec.gpu)] = _Ran()
+        sources = self.prefix.get((rec.model, rec.signature), ())
+        if rec.prompt_tokens > sum(max(0, n) for _, n in sources):
+            ran.longer += 1
+        else:
+            ran.short.append(rec.prompt_tokens)
+        n = self.choices.get(rec.id, 1)
+        if n > 1:
+            ran.siblings.append((rec.prompt_tokens, n - 1))
+
+    def prewarmed(self, gpu: int | None, signal: Prewarm) -> None:
+        """A consumer's engine took a pre-warm (it sends a request only with a sample)."""
+        if signal.sample is None:
+            return
+        key = (signal.model, signal.signature)
+        if key not in self.prefix and key not in self.unlisted:
+            payload = decode_item_payload(signal.sample)
+            self.unlisted[key] = prefix_sources(payload) if payload else ()
+        ran = self.ran.get((*key, gpu))
+        if ran is None:
+            ran = self.ran[(*key, gpu)] = _Ran()
+        ran.prewarms += 1
+
+    def achievable(self, block: int) -> int:
+        """The most prompt tokens the engines' caches could have hit (see the class)."""
+        total = 0
+        blocks: dict[int | None, tuple[set[int], set[int]]] = {}  # gpu -> (asked, held past)
+        for (model, signature, gpu), ran in self.ran.items():
+            sources = self.prefix.get((model, signature)) or self.unlisted.get(
+                (model, signature), ())
+            p = sum(max(0, n) for _, n in sources)
+            asks = [(a // block, k) for a, k in (
+                (achievable_cached_tokens(p, p + 1, block), ran.longer),
+                (achievable_cached_tokens(p, p, block), ran.prewarms),
+                *((achievable_cached_tokens(p, n, block), 1) for n in ran.short)) if k]
+            total += sum(a * k for a, k in asks) * block
+            total += sum(achievable_cached_tokens(n, n, block) * k for n, k in ran.siblings)
+            if p < block or not asks:
+                continue
+            chain = prefix_block_hashes(sources, block)
+            asked, held = blocks.setdefault(gpu, (set(), set()))
+            asked.update(chain[:max(a for a, _ in asks)])
+            held.update(chain[min(a for a, _ in asks):])
+        return max(0, total - sum(len(a - h) for a, h in blocks.values()) * block)
 
 
 async def _submit(client: Client, path: Path, shapes: _Shapes, errors: Callable[[str], None],
@@ -295,13 +376,11 @@ class _Totals:
 
     def __init__(self) -> None:
         self.results = self.tokens_in = self.tokens_out = 0
-        self.served: set[tuple[str, int, int | None]] = set()
 
     def add(self, rec: ResultRecord) -> None:
         self.results += 1
         self.tokens_in += rec.prompt_tokens
         self.tokens_out += rec.completion_tokens
-        self.served.add((rec.model, rec.signature, rec.gpu))
 
 
 async def run_job(
@@ -320,14 +399,17 @@ async def run_job(
     try:
         await daemon.start()
         assert daemon.server is not None and daemon.fleet is not None
+        shapes = _Shapes()
+        for c in daemon.fleet.consumers:  # before any pre-warm: each is a request counted
+            c.on_prewarm = functools.partial(shapes.prewarmed, c.gpu)
         await daemon.fleet.wait_connected()
         client = await Client.connect(daemon.server.cfg.socket_path, "producer", "run")
-        shapes = _Shapes()
         collector = None
         totals = _Totals()
 
         def write(rec: ResultRecord) -> None:
             totals.add(rec)
+            shapes.completed(rec)
             if order is not None:
                 order.add(rec)
             else:
@@ -374,7 +456,7 @@ async def run_job(
         queries = sum(s.prefix_cache_queries for s in stats)
         hits = sum(s.prefix_cache_hits for s in stats)
         block = max((s.block_size for s in stats), default=0) or 16
-        achievable = shapes.achievable(block, totals.served)
+        achievable = shapes.achievable(block)
         return RunSummary(
             items=accepted, rejected=rejected,
             tokens_in=totals.tokens_in, tokens_out=totals.tokens_out,

@@ -103,14 +103,25 @@ def unique_source(item_id: str, prompt: str) -> int:
     return _xxh(item_id.encode("utf-8") + b"\x00" + prompt.encode("utf-8"))
 
 
-def payload_blocks(payload: Payload, block_size: int, item_id: str = "") -> BlockChain:
-    """Full-block hashes and token count of a payload's virtual token stream."""
+def prefix_sources(payload: Payload) -> tuple[Source, ...]:
+    """The runs of a payload's cacheable components: (component hash, tokens) each."""
     if len(payload.components) != len(payload.component_tokens):
         raise ValueError("payload has a token count per component mismatch")
-    sources = tuple(
+    return tuple(
         (component_hash(c), int(n))
         for c, n in zip(payload.components, payload.component_tokens, strict=True)
     )
+
+
+def prefix_block_hashes(sources: tuple[Source, ...], block_size: int) -> tuple[int, ...]:
+    """The hashes of the full blocks of a prefix (`prefix_sources`): floor(prefix / B) of
+    them, the leading hashes of every prompt that starts with it."""
+    return _prefix_chain(sources, block_size).hashes
+
+
+def payload_blocks(payload: Payload, block_size: int, item_id: str = "") -> BlockChain:
+    """Full-block hashes and token count of a payload's virtual token stream."""
+    sources = prefix_sources(payload)
     prefix = _prefix_chain(sources, block_size)
     total = sum(max(0, n) for _, n in sources) + max(0, payload.prompt_tokens)
     if payload.prompt_tokens > 0:

@@ -3,7 +3,8 @@
 Contract: `Consumer.run(stop)` connects to a broker (Unix socket or TCP with a token),
 registers `Contract(model, *engine.limits())`, heartbeats every `heartbeat_s` with the
 engine's counters, and loops: handle any pre-warm pushes first (so the engine prefills the
-next shape's prefix before its first batch), pull (long-poll), run the batch on the engine,
+next shape's prefix before its first batch; `on_prewarm`, when set, is told of each one the
+engine took), pull (long-poll), run the batch on the engine,
 complete it. With `window` None it runs one batch at a time (the simulated engine, whose GPU
 runs batches one after another anyway). With a `window` of W requests (a real server, which
 batches continuously) it pulls the next batch as soon as fewer than W of its items are in
@@ -45,7 +46,7 @@ from typing import Any
 
 import msgspec
 
-from fabricctl.core.types import Contract, ItemResult, Work
+from fabricctl.core.types import Contract, ItemResult, Prewarm, Work
 from fabricctl.engines.base import Engine, EngineError
 from fabricctl.engines.request import ABORT
 from fabricctl.errors import BackendMissing, BrokerError
@@ -90,6 +91,8 @@ class Consumer:
         self.failures = 0  # batches failed back because the engine was down
         self.quarantined = 0  # items answered with an error result after isolation
         self.prewarms = 0
+        # called with each pre-warm the engine took: `run` counts the prefill it requested
+        self.on_prewarm: Callable[[Prewarm], object] | None = None
         self.down_pause_s = 0.0  # pause before the next pull while the engine is down
         self.connected = asyncio.Event()
         self.max_unacked = 4  # completions sent but not yet confirmed durable
@@ -226,6 +229,8 @@ class Consumer:
                 try:
                     await self.engine.prewarm(push.signal)
                     self.prewarms += 1
+                    if self.on_prewarm is not None:
+                        self.on_prewarm(push.signal)
                 except EngineError as e:
                     log.warning("consumer %s: pre-warm failed: %s", self.name, e)
 
