@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from fabricctl import __version__
 from fabricctl.core.broker import ShapeGuardError
+from fabricctl.core.events import EventKind
 from fabricctl.server import views
 from fabricctl.server.handlers import Handlers
 from fabricctl.server.listeners import Listeners
@@ -274,11 +275,25 @@ class BrokerServer:
 
     async def _ticker(self) -> None:
         st = self.state
+        logged = st.core.events.seq  # events up to here were the previous run's or are known
         while True:
             await asyncio.sleep(st.cfg.tick_s)
             st.core.tick(st.clock())
+            logged = self._log_warnings(logged)
             push_signals(st)
             st.wakeup.notify()
+
+    def _log_warnings(self, since: int) -> int:
+        """Log the events an operator must hear of without a dashboard (a job predicted to
+        miss its window); returns the last event seen."""
+        events = self.state.core.events
+        if events.seq == since:
+            return since
+        ids = self.state.live_job_ids()
+        for e in events.since(since, limit=100_000):
+            if e.kind is EventKind.JOB_AT_RISK:
+                log.warning("job %s at risk: %s", ids.get(e.value, e.value), e.reason)
+        return events.seq
 
     async def _job_ticker(self) -> None:
         """The jobs' own tick, faster than the broker's: a finalizing job completes (and an
