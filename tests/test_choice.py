@@ -13,7 +13,7 @@ from fabricctl.core.broker import Broker
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.events import EventKind
 from fabricctl.core.rate import RateMeter
-from fabricctl.core.shape import Shape, ShapeState
+from fabricctl.core.shape import Shape
 from fabricctl.core.terms import JobTerms, check_priority
 from fabricctl.core.types import Contract, Item
 from fabricctl.core.waiting import Waiting
@@ -253,9 +253,9 @@ def test_no_shape_waits_past_the_bound_while_a_consumer_serves_an_amortised_shap
                     s = level.by_age.top()
                     if s is None:
                         continue
-                    oldest = s.staged_since if s.state is ShapeState.STAGED else s.oldest_t()
-                    assert oldest is None or now - oldest < bound, (
-                        f"shape {s.signature} waited {now - oldest:.2f}s > {bound}s while "
+                    since = s.waiting_since()
+                    assert since is None or now - since < bound, (
+                        f"shape {s.signature} waited {now - since:.2f}s > {bound}s while "
                         f"{c} served an amortised shape")
             b.complete(batch.id, now)
     assert b.ledger.consistent()

@@ -292,6 +292,7 @@ class Broker:
         if slot is not None and slot.current is shape:
             slot.batches += 1
         ms.meter.begin(now)
+        shape.served_at = now
         return self.settlement.dispatch(c, ms.name, shape, lane, entries, pad_to, tokens,
                                         max_tokens)
 

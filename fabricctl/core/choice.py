@@ -3,12 +3,14 @@
 Contract (ARCHITECTURE.md, "The shape choice"). Candidates are the model's waiting shapes
 (`core.waiting`: queued items, no holder). Priority is strict: a level is read only when no
 higher one has a shape to give. Within a level, in order:
-1. **the bound**: the shape whose oldest item has waited `bound` seconds or more (oldest first);
-2. **deadlines**: the earliest-deadline shape, when its deadline falls before the model could
+1. **deadlines**: the earliest-deadline shape, when its deadline falls before the model could
    drain everything queued at its measured rate (`horizon`: it would miss if served last);
-3. **fair share**: each job's biggest eligible shape, the job with the fewest holders first
-   (consumers whose current shape holds its items), then the most queued tokens. With
-   `fair_share` off, the biggest eligible shape of any job.
+2. **fair share**: a job holding fewer consumers (whose current shape holds its items) than
+   the most served job: its biggest eligible shape, the job with the fewest holders first;
+3. **the bound**: the shape that has waited `bound` seconds or more (`Shape.waiting_since`:
+   since its oldest item arrived or a batch of it last went out, whichever is later);
+4. **tokens**: the biggest eligible shape of the job with the fewest holders (with
+   `fair_share` off: of any job).
 A staged shape is eligible when its tokens reach the activation threshold, when its oldest
 item is `stage_timeout_s` old, when every job it holds is sealed (it can grow no more, so
 waiting buys nothing), or when consumers are idle; an active shape a consumer left is always
@@ -16,9 +18,9 @@ eligible; rules 1 and 2 need no eligibility.
 
 `choose(..., against=None)` picks for a consumer with no current shape. With `against` (its
 current shape, which still has work and whose run has amortised its switch), it returns the
-shape worth leaving for, or None: a shape of a higher level (eligible); one past the bound at
-its level or higher; a due deadline earlier than its own; or (fair share) a job with fewer
-holders than its own shape's main job, which it does not hold. Pure: no clock, no I/O.
+shape worth leaving for, or None: a shape of a higher level (due, eligible or past the bound);
+at its own level, a due deadline earlier than its own, a job with fewer holders than its own
+shape's main job (fair share), or a shape past the bound. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -101,8 +103,8 @@ class Chooser:
         s = level.by_age.top()
         if s is None:
             return None
-        oldest = s.staged_since if s.state is ShapeState.STAGED else s.oldest_t()
-        if oldest is not None and ctx.now - oldest >= ctx.bound:
+        since = s.waiting_since()
+        if since is not None and ctx.now - since >= ctx.bound:
             return s
         return None
 
@@ -116,7 +118,8 @@ class Chooser:
         return None
 
     def _fair(self, level: Level, ctx: Context) -> tuple[Shape, int, str] | None:
-        """The best eligible job top of a level: (shape, its job, why)."""
+        """Each job's biggest eligible shape at a level, the job with the fewest holders
+        first, then the most tokens: (shape, its job, why)."""
         best: tuple[Shape, int, str] | None = None
         best_key: tuple[int, int] | None = None
         for job, s in level.job_tops():
@@ -128,34 +131,58 @@ class Chooser:
                 best, best_key = (s, job, why), key
         return best
 
+    def _starved(self, fair: tuple[Shape, int, str] | None, ctx: Context) -> bool:
+        """The fair pick's job holds fewer consumers than the most served job does."""
+        return (fair is not None and self.cfg.fair_share
+                and ctx.held.get(fair[1], 0) < max(ctx.held.values(), default=0))
+
     def choose(self, waiting: Waiting, ctx: Context, against: Shape | None = None
                ) -> Pick | None:
         """The next shape for a consumer (see the module's contract)."""
-        if against is not None:
-            a_prio, a_deadline = shape_terms(against, self.terms)
-            a_held = ctx.held.get(main_job(against), 0)
+        if against is None:
+            return self._free(waiting, ctx)
+        a_prio, a_deadline = shape_terms(against, self.terms)
+        a_held = ctx.held.get(main_job(against), 0)
         for prio, level in waiting.ordered():
-            if against is not None and prio < a_prio:
+            if prio < a_prio:
                 return None
-            higher = against is not None and prio > a_prio
+            if prio > a_prio:  # strict priority: any shape of a higher level worth a switch
+                due = self._due(level, ctx)
+                if due is not None:
+                    return Pick(due[0], "priority")
+                fair = self._fair(level, ctx)
+                if fair is not None:
+                    return Pick(fair[0], "priority")
+                s = self._overdue(level, ctx)
+                if s is not None:
+                    return Pick(s, "priority")
+                continue
+            due = self._due(level, ctx)
+            if due is not None and (a_deadline is None or due[1] < a_deadline):
+                return Pick(due[0], "deadline")
+            fair = self._fair(level, ctx)
+            if (fair is not None and self.cfg.fair_share and fair[1] not in against.jobs
+                    and ctx.held.get(fair[1], 0) < a_held):
+                return Pick(fair[0], "fair share")
             s = self._overdue(level, ctx)
             if s is not None:
                 return Pick(s, "waited past the bound")
+            return None
+        return None
+
+    def _free(self, waiting: Waiting, ctx: Context) -> Pick | None:
+        """For a consumer with no shape: the first level with a shape to give."""
+        for _prio, level in waiting.ordered():
             due = self._due(level, ctx)
-            if due is not None and (against is None or higher or a_deadline is None
-                                    or due[1] < a_deadline):
+            if due is not None:
                 return Pick(due[0], "deadline")
             fair = self._fair(level, ctx)
+            if self._starved(fair, ctx):
+                assert fair is not None
+                return Pick(fair[0], "fair share")
+            s = self._overdue(level, ctx)
+            if s is not None:
+                return Pick(s, "waited past the bound")
             if fair is not None:
-                s, job, why = fair
-                if against is None:
-                    return Pick(s, "fair share" if self.cfg.fair_share and ctx.held.get(job, 0)
-                                < max(ctx.held.values(), default=0) else why)
-                if higher:
-                    return Pick(s, "priority")
-                if (self.cfg.fair_share and job not in against.jobs
-                        and ctx.held.get(job, 0) < a_held):
-                    return Pick(s, "fair share")
-            if against is not None:
-                return None  # only a higher level or this one can take a busy consumer away
+                return Pick(fair[0], fair[2])
         return None

@@ -171,8 +171,7 @@ class Lifecycle:
         if not candidate(shape):
             return
         prio, deadline = shape_terms(shape, self.terms)
-        oldest = shape.staged_since if shape.state is ShapeState.STAGED else shape.oldest_t()
-        ms.waiting.touch(shape, prio, deadline, oldest)
+        ms.waiting.touch(shape, prio, deadline, shape.waiting_since())
 
     def hold(self, h: Holder, shape: Shape | None, now: float = 0.0) -> None:
         """Make `shape` the holder's current; a shape it lets go of with work left waits."""

@@ -56,6 +56,7 @@ class Shape:
         "model",
         "padded_tokens",
         "routed_tokens",
+        "served_at",
         "served_items",
         "signature",
         "staged_since",
@@ -104,6 +105,7 @@ class Shape:
         self.jobs: dict[int, int] = {}  # job -> its items queued here (the choice's terms)
         self.held = 0  # holders (consumer slots, or a model) whose current shape this is
         self.wver = 0  # version of its entries in the waiting index (`core.waiting`)
+        self.served_at: float | None = None  # when a batch of it last went out
 
     @property
     def key(self) -> tuple[str, int]:
@@ -170,6 +172,15 @@ class Shape:
         items in front), None when nothing is queued."""
         return min((la.queue[0].t for la in self.lanes.lanes.values() if la.queue),
                    default=None)
+
+    def waiting_since(self) -> float | None:
+        """Since when it waits for a GPU: its oldest queued item's arrival, or the last
+        time a batch of it went out when that is later (a shape served a moment ago is not
+        starving, however old its queue). None when nothing is queued."""
+        oldest = self.staged_since if self.state is ShapeState.STAGED else self.oldest_t()
+        if oldest is None or self.served_at is None:
+            return oldest
+        return max(oldest, self.served_at)
 
     def idle(self) -> bool:
         """Nothing queued and nothing in flight."""
