@@ -1,20 +1,29 @@
-"""`fabricctl jobs [list]|show|cancel`: the broker's jobs (one per submit, run or API batch).
+"""`fabricctl jobs [list]|show|cancel|priority`: the broker's jobs (one per submit, run or API
+batch).
 
 Contract:
 - `group` is the `jobs` Typer group; `fabricctl jobs` alone lists (as `jobs list`).
-- `list`: the jobs the broker keeps, newest first: id, state (OpenAI's names), kind, input,
-  progress (items with an outcome of the total), failed, cancelled, refused lines, age.
+- `list`: the jobs the broker keeps, newest first: id, state (OpenAI's names), kind,
+  priority, input, progress (items with an outcome of the total), failed, cancelled, refused
+  lines, age.
   A Rich table on a terminal, TSV with a header line when piped, `--json` one document
   `{"jobs": [JobRecord...]}`.
 - `show ID`: one job by id or a unique prefix of it: state and the times it entered each
-  state, counts, progress, throughput and ETA, the shapes it touched, in-flight items, the
-  first refused lines' messages, and the broker's "N items wait for model X: no consumer"
-  lines. `--json`: the broker's `JobView`. Unknown id: exit 1, ambiguous: exit 1 with the
-  broker's message.
+  state, its priority and deadline, counts, progress, throughput and ETA, the shapes it
+  touched, in-flight items, the first refused lines' messages, and the broker's "N items
+  wait for model X: no consumer" lines. `--json`: the broker's `JobView`. Unknown id: exit
+  1, ambiguous: exit 1 with the broker's message.
 - `cancel ID`: queued items are removed durably (each gets a "cancelled" error result and
   is counted as cancelled); in-flight ones finish; prints the job's state after (cancelling,
   or cancelled when nothing was in flight). A job that already ended is left as it is and
   said so (exit 0).
+- `priority ID N`: a live job's new priority (0..MAX_PRIORITY, higher goes first; the
+  broker's shape choice follows it at once); prints `ID: priority N` on stderr (`--json`:
+  the record). N out of range or not a whole number: exit 2, nothing sent; a job that ended
+  or none: the broker's refusal, exit 1.
+
+The job terms `submit` and `run` take (`--priority N`, `--window DUR`) are read by
+`priority_option` and `window_option` here: a bad value is exit 2 before anything is sent.
 """
 
 from __future__ import annotations
@@ -25,23 +34,25 @@ from typing import Any
 
 import typer
 
-from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded, settings
+from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, fail, guarded, settings
 from fabricctl.config import AppConfig
-from fabricctl.core.jobs import JobRecord
+from fabricctl.core.jobs import JobRecord, parse_window
+from fabricctl.core.terms import MAX_PRIORITY, check_priority
 from fabricctl.core.unserved import Waiting, waiting_line
+from fabricctl.errors import ExitCode
 from fabricctl.tui.fmt import age, pct, shorten
 from fabricctl.wire.client import Client
 
 from .common import call, console, stdout_is_tty, write_json, write_tsv
 
-group = typer.Typer(help="List, show and cancel jobs (one per submit, run or API batch).",
-                    invoke_without_command=True)
+group = typer.Typer(help="List, show, cancel and prioritise jobs (one per submit, run or API "
+                    "batch).", invoke_without_command=True)
 
 
 @group.callback()
 def _default(ctx: typer.Context, json_out: bool = JsonOut, data_dir: Path | None = DataDir,
              config: Path | None = ConfigFile) -> None:
-    """List, show and cancel jobs. Alone: the list (as `jobs list`)."""
+    """List, show, cancel and prioritise jobs. Alone: the list (as `jobs list`)."""
     if ctx.invoked_subcommand is None:
         cfg = settings(data_dir, config)
         guarded(lambda: show_list(cfg, json_out))
@@ -75,6 +86,51 @@ def cancel_command(
     guarded(lambda: cancel_job(cfg, job, json_out))
 
 
+@group.command("priority")
+def priority_command(
+    job: str = typer.Argument(..., metavar="ID", help="A job id, or a unique prefix of one."),
+    priority: str = typer.Argument(..., metavar="N", help=f"The new priority: a whole number "
+                                   f"from 0 to {MAX_PRIORITY}; higher goes first."),
+    json_out: bool = JsonOut, data_dir: Path | None = DataDir, config: Path | None = ConfigFile,
+) -> None:
+    """Change a running job's priority: its shapes go before those of lower ones.
+
+    The broker's scheduling follows the new priority at once. A job that has ended keeps
+    its record: exit 1.
+    """
+    value = priority_option(priority, "N")
+    assert value is not None
+    cfg = settings(data_dir, config)
+    guarded(lambda: set_priority(cfg, job, value, json_out))
+
+
+PRIORITY_HELP = (f"The job's priority: a whole number from 0 (the default) to {MAX_PRIORITY}; "
+                 "higher goes first. Change it later with `fabricctl jobs priority ID N`.")
+WINDOW_HELP = ("The job's completion window, as the Batch API's completion_window: \"24h\", "
+               "\"90m\", \"30s\". Items still queued when it passes are cancelled and the "
+               "job ends expired. Default: none.")
+
+
+def priority_option(text: str | None, name: str = "--priority") -> int | None:
+    """A priority as typed (None: not given), or exit 2 naming the rule."""
+    if text is None:
+        return None
+    try:
+        return check_priority(text)
+    except ValueError as e:
+        raise fail(f"{name}: {e}", ExitCode.USAGE) from None
+
+
+def window_option(text: str | None) -> float:
+    """A completion window as typed, in seconds (0.0: not given), or exit 2 naming the form."""
+    if text is None:
+        return 0.0
+    try:
+        return parse_window(text)
+    except ValueError as e:
+        raise fail(f"--window: {e}", ExitCode.USAGE) from None
+
+
 def progress_of(j: JobRecord) -> str:
     """`outcomes/total (pct)`, or `outcomes/total+` while input is still coming."""
     more = "" if j.sealed else "+"
@@ -83,7 +139,7 @@ def progress_of(j: JobRecord) -> str:
 
 
 LIST_COLUMNS = ["id", "state", "kind", "input", "total", "completed", "failed", "cancelled",
-                "refused", "created"]
+                "refused", "created", "priority"]
 
 
 def show_list(cfg: AppConfig, as_json: bool) -> None:
@@ -96,18 +152,20 @@ def show_list(cfg: AppConfig, as_json: bool) -> None:
         return
     if not stdout_is_tty():
         write_tsv(LIST_COLUMNS, [[j.id, j.state.value, j.kind, j.name, j.total, j.completed,
-                                  j.failed, j.cancelled, j.rejected, j.created] for j in jobs])
+                                  j.failed, j.cancelled, j.rejected, j.created, j.priority]
+                                 for j in jobs])
         return
     from rich.table import Table
 
     now = time.time()
     t = Table(title=f"{len(jobs)} job(s) — {cfg.data_dir}", title_justify="left")
-    for name, right in [("JOB", False), ("STATE", False), ("KIND", False), ("INPUT", False),
-                        ("PROGRESS", True), ("FAILED", True), ("CANCELLED", True),
+    for name, right in [("JOB", False), ("STATE", False), ("KIND", False), ("PRIO", True),
+                        ("INPUT", False), ("PROGRESS", True), ("FAILED", True), ("CANCELLED", True),
                         ("REFUSED", True), ("AGE", True)]:
         t.add_column(name, justify="right" if right else "left", no_wrap=True)
     for j in jobs:
-        t.add_row(j.id, j.state.value, j.kind, shorten(j.name or "-", 40), progress_of(j),
+        t.add_row(j.id, j.state.value, j.kind, str(j.priority), shorten(j.name or "-", 40),
+                  progress_of(j),
                   f"{j.failed:,}", f"{j.cancelled:,}", f"{j.rejected:,}", age(now - j.created))
     console().print(t)
 
@@ -142,6 +200,7 @@ def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:
     t.add_row("job", j.id)
     t.add_row("state", j.state.value)
     t.add_row("kind", j.kind)
+    t.add_row("priority", str(j.priority))
     t.add_row("input", f"{j.name or '-'}" + (f"  sha256 {j.sha256[:16]}…" if j.sha256 else ""))
     if j.endpoint:
         t.add_row("endpoint", j.endpoint)
@@ -189,3 +248,14 @@ def cancel_job(cfg: AppConfig, job: str, as_json: bool) -> None:
                   f"{j.completed + j.failed:,} finished, {j.queued:,} still in flight")
     else:
         err.print(f"{j.id} had already ended ({j.state.value}); nothing to cancel")
+
+
+def set_priority(cfg: AppConfig, job: str, priority: int, as_json: bool) -> None:
+    async def go(c: Client) -> JobRecord:
+        return (await c.set_job_priority(job, priority)).job
+
+    j = call(cfg, "producer", go)
+    if as_json:
+        write_json(j)
+        return
+    console(stderr=True).print(f"{j.id}: priority {j.priority}")
