@@ -86,16 +86,16 @@ def cancel_command(
     guarded(lambda: cancel_job(cfg, job, json_out))
 
 
-@group.command("priority")
+@group.command("priority", context_settings={"ignore_unknown_options": True})  # N may be -1
 def priority_command(
     job: str = typer.Argument(..., metavar="ID", help="A job id, or a unique prefix of one."),
     priority: str = typer.Argument(..., metavar="N", help=f"The new priority: a whole number "
                                    f"from 0 to {MAX_PRIORITY}; higher goes first."),
     json_out: bool = JsonOut, data_dir: Path | None = DataDir, config: Path | None = ConfigFile,
 ) -> None:
-    """Change a running job's priority: its shapes go before those of lower ones.
+    """Change a live job's priority: its items go before those of lower ones.
 
-    The broker's scheduling follows the new priority at once. A job that has ended keeps
+    The broker's scheduler is given the new priority at once. A job that has ended keeps
     its record: exit 1.
     """
     value = priority_option(priority, "N")
@@ -105,7 +105,7 @@ def priority_command(
 
 
 PRIORITY_HELP = (f"The job's priority: a whole number from 0 (the default) to {MAX_PRIORITY}; "
-                 "higher goes first. Change it later with `fabricctl jobs priority ID N`.")
+                 "higher goes first. Change it later with: fabricctl jobs priority ID N.")
 WINDOW_HELP = ("The job's completion window, as the Batch API's completion_window: \"24h\", "
                "\"90m\", \"30s\". Items still queued when it passes are cancelled and the "
                "job ends expired. Default: none.")
