@@ -244,8 +244,8 @@ class JobTable:
         salt = op.salt or secrets.token_hex(3)
         rec = new_job(number, job_id_of(number, salt), op.kind, now, validating=op.validating,
                       window_s=op.window_s or None, priority=op.priority, name=op.name,
-                      sha256=op.sha256,
-                      size=op.size, endpoint=op.endpoint, metadata=dict(op.metadata))
+                      sha256=op.sha256, size=op.size, endpoint=op.endpoint,
+                      metadata=dict(op.metadata))
         plan.new[number] = rec
         return number
 
