@@ -6,14 +6,14 @@ stored in that job is counted in `Ack.skipped`, not refused); `OpenJob`, `SealJo
 `CancelJob` are answered with a `JobReply` once the writer committed the change (an attach
 writes nothing), an unknown or ambiguous job with an `Error`; `SetPriority` too, refused
 with `bad_priority` (out of 0..MAX_PRIORITY) or `job_ended` (the job ended: its priority no
-longer matters); the tick's job operations (`tick_jobs`) go through the writer too; a `Pull` long-polls up to its wait for a batch and
-the batch is handed back if the channel did not take it; pre-warm pushes go out before any
-batch is sent; a `Complete` for a batch that is not the caller's (late, duplicate, another
-consumer's) gets -1 and stores nothing; its cache figures feed the shape's cache-truth
-audit; a consumer that is gone (`disconnect_consumer`) gives its batches back, except those
-whose completion the writer already holds. `BrokerServer` composes one `Handlers`, handing
-it the shared `ServerState`, its writer and its `drop` (close a peer, disconnect its
-consumer)."""
+longer matters); the tick's job operations (`tick_jobs`) go through the writer too; a
+`Pull` long-polls up to its wait for a batch and the batch is handed back if the channel did
+not take it; pre-warm pushes go out before any batch is sent; a `Complete` for a batch that
+is not the caller's (late, duplicate, another consumer's) gets -1 and stores nothing; its
+cache figures feed the shape's cache-truth audit; a consumer that is gone
+(`disconnect_consumer`) gives its batches back, except those whose completion the writer
+already holds. `BrokerServer` composes one `Handlers`, handing it the shared `ServerState`,
+its writer and its `drop` (close a peer, disconnect its consumer)."""
 
 from __future__ import annotations
 
