@@ -25,6 +25,8 @@ _SPECIFIC = {
     "submit": "\\fBsubmit\\fR exits 0 when every line was accepted, 1 when any line was "
     "refused (each is reported on stderr; the others still went in), 3 when no broker runs "
     "and 4 when \\fB\\-\\-timeout\\fR expired before every result arrived.",
+    "jobs priority": "\\fBjobs priority\\fR exits 2 when N is not a whole number from 0 to "
+    "1000000 (nothing is sent), 1 when no job matches ID or the job has ended.",
     "results": "\\fBresults \\-\\-follow\\fR runs until interrupted and then exits 130.",
     "shapes inspect": "\\fBshapes inspect\\fR exits 1 when no shape matches.",
     "doctor": "\\fBdoctor\\fR exits 0 when no check failed (warnings allowed), else 1.",
@@ -98,7 +100,14 @@ DESCRIPTION = {
     "submit": r"""Input lines are native items
 (\fB{"id", "model", "prefix": [...], "prompt", "max_tokens"}\fR)
 or OpenAI batch requests (\fB{"custom_id", "method", "url", "body"}\fR), mixed freely;
-results come back in the form their line came in, native or OpenAI batch output.""",
+results come back in the form their line came in, native or OpenAI batch output.
+A bad \fB\-\-priority\fR or \fB\-\-window\fR is exit 2 before any line is sent.""",
+    "up": r"""With \fB\-\-api\fR, \fBPOST /v1/batches\fR takes OpenAI's
+\fBcompletion_window\fR (\fB<N>h\fR, \fB<N>m\fR or \fB<N>s\fR: the job's deadline)
+and, in its \fBmetadata\fR, a fabricctl extension: \fB"priority": "N"\fR (a string, as
+every metadata value; a whole number from 0 to 1000000, higher first) sets the job's
+priority; any other value is a 400 with param \fBmetadata.priority\fR. The Batch object
+keeps its metadata as given.""",
 }
 
 EXAMPLES: dict[str, list[tuple[str, str]]] = {
@@ -140,6 +149,12 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
          "fabricctl submit prompts.jsonl 2> refused.txt; wc -l refused.txt"),
         ("Give up after ten minutes of waiting for results:",
          "fabricctl submit prompts.jsonl --wait --timeout 600 > out.jsonl"),
+        ("An urgent job that must be done within two hours:",
+         "fabricctl submit urgent.jsonl --priority 10 --window 2h"),
+    ],
+    "jobs priority": [
+        ("Put a running job ahead of the others:",
+         "fabricctl jobs priority batch_1f 100"),
     ],
     "results": [
         ("Every result stored so far, then new ones as they come:",

@@ -43,11 +43,11 @@ class FakeBackend:
     async def open_job(self, kind: str, name: str = "", sha256: str = "", size: int = 0,
                        endpoint: str = "", metadata: dict[str, str] | None = None,
                        window_s: float = 0.0, attach: bool = True, job: str = "",
-                       validating: bool = False) -> JobReply:
+                       validating: bool = False, priority: int = 0) -> JobReply:
         n = len(self.jobs_by_number) + 1
         rec = J.new_job(n, J.job_id_of(n, "f00d"), kind, self.now, validating=validating,
-                        window_s=window_s or None, name=name, sha256=sha256, size=size,
-                        endpoint=endpoint, metadata=metadata or {})
+                        window_s=window_s or None, priority=priority, name=name,
+                        sha256=sha256, size=size, endpoint=endpoint, metadata=metadata or {})
         self.jobs_by_number[n] = rec
         self.queued[n], self.results[n] = [], []
         return JobReply(0, rec)

@@ -15,6 +15,10 @@ Promises checked against a real `up --api 127.0.0.1:PORT` subprocess:
   whose file was still being fed when `up` was SIGKILLed (or stopped by SIGINT) is fed again
   after the restart (`resume`): one result per request, in input order.
 - `--api` on a port already taken ends `up` with one error line naming it (exit 2).
+- `metadata={"priority": "7"}` with completion_window "24h" gives the batch's job priority 7
+  and a deadline 24 h after its creation (the Batch keeps its metadata as given); a priority
+  that is not a whole number 0..MAX_PRIORITY is a 400 with param `metadata.priority`, and no
+  batch is created.
 """
 
 from __future__ import annotations
@@ -230,6 +234,43 @@ def test_a_batch_runs_to_completion(broker: ApiBroker) -> None:
     assert all(o["response"]["status_code"] == 200 for o in out)
     assert c.files.retrieve(b.output_file_id).purpose == "batch_output"
     assert b.id in [x.id for x in c.batches.list().data]
+
+
+def test_metadata_priority_and_the_window_become_the_jobs_terms(broker: ApiBroker) -> None:
+    c = broker.client()
+    f = c.files.create(file=("in.jsonl", jsonl([request(f"p{i}") for i in range(20)])),
+                       purpose="batch")
+    b = c.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h",
+                         metadata={"priority": "7", "owner": "test"})
+    assert b.metadata == {"priority": "7", "owner": "test"}
+    assert b.expires_at == b.created_at + 86400
+
+    async def job() -> dict:
+        cl = await Client.connect(broker.data_dir, "observer", "terms-test")
+        try:
+            rec = (await cl.job(b.id)).job
+            return {"priority": rec.priority, "deadline": rec.deadline, "created": rec.created}
+        finally:
+            await cl.close()
+
+    rec = asyncio.run(job())
+    assert rec["priority"] == 7
+    assert rec["deadline"] == pytest.approx(rec["created"] + 86400)
+    shown = broker.run("jobs", "show", b.id, "--json")
+    assert json.loads(shown.stdout)["job"]["priority"] == 7
+    assert wait_ended(c, b.id)[-1] == "completed"
+    assert c.batches.retrieve(b.id).metadata == {"priority": "7", "owner": "test"}
+
+    before = [x.id for x in c.batches.list().data]
+    for bad in ("high", "-1", "1.5", "", "1000001"):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h",
+                             metadata={"priority": bad})
+        err = e.value.body
+        assert isinstance(err, dict), err
+        assert (err["param"], err["code"]) == ("metadata.priority", "invalid_value"), err
+        assert "priority must be a whole number from 0 to 1000000" in err["message"]
+    assert [x.id for x in c.batches.list().data] == before  # no batch was created
 
 
 def test_every_batch_is_listed_past_a_thousand(broker: ApiBroker) -> None:

@@ -65,6 +65,7 @@ from fabricctl.api.objects import (
     has_errors,
     has_output,
     page,
+    parse_priority,
     parse_window,
     virtual_file,
     virtual_file_object,
@@ -336,6 +337,7 @@ async def create_batch(api: BatchApi, request: Request) -> Response:
             len(k) > 64 or len(v) > 512 for k, v in metadata.items()):
         raise ApiError(400, "metadata takes at most 16 pairs, keys of at most 64 characters "
                        "and values of at most 512", "metadata", "invalid_value")
+    priority = parse_priority(metadata)
     rec = api.files.get(body.input_file_id)
     if rec is None:
         raise ApiError(400, f"No such File object: {body.input_file_id}", "input_file_id",
@@ -346,7 +348,8 @@ async def create_batch(api: BatchApi, request: Request) -> Response:
                            f"{body.endpoint}", "endpoint", "mismatched_url")
     reply = await api.backend.open_job(
         "api", name=rec.id, sha256=rec.sha256, size=rec.bytes, endpoint=body.endpoint,
-        metadata=metadata, window_s=window_s, attach=False, validating=True)
+        metadata=metadata, window_s=window_s, attach=False, validating=True,
+        priority=priority)
     job = reply.job
     api.start_feed(job, rec)
     log.info("batch %s: %s, %d requests for %s", job.id, rec.id, rec.requests, body.endpoint)

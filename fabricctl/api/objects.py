@@ -1,9 +1,13 @@
 """The OpenAI objects the Batch API answers with, and how a job and an upload map onto them.
 
 Contract (pure: no I/O, no clock):
-- `parse_window("24h")` -> seconds: `<N>h`, `<N>m` or `<N>s` with N a positive integer;
-  anything else raises `ApiError` (400, param `completion_window`). `window_text(job)` gives
-  the window back in the same form.
+- `parse_window("24h")` -> seconds: `<N>h`, `<N>m` or `<N>s` with N a positive integer
+  (`fabricctl.core.jobs.parse_window`); anything else raises `ApiError` (400, param
+  `completion_window`). `window_text(job)` gives the window back in the same form.
+- `parse_priority(metadata)`: the job's priority from `metadata["priority"]` (OpenAI's
+  metadata values are strings; OpenAI has no priority field): 0 when absent, else a whole
+  number 0..`MAX_PRIORITY` (`core.terms.check_priority`), or `ApiError` (400, param
+  `metadata.priority`).
 - `batch_object(job)` maps a `JobRecord` onto OpenAI's `Batch`: status is the job's state
   (the same names); `*_at` are the whole seconds it entered each state (`job.times`), None
   when it never did; `request_counts.failed` is failed + cancelled + rejected (a cancelled or
@@ -24,12 +28,14 @@ import re
 
 import msgspec
 
+from fabricctl.core import jobs as core_jobs
+from fabricctl.core.jobs import WINDOW_UNITS as _UNIT
 from fabricctl.core.jobs import JobRecord, JobState
+from fabricctl.core.terms import check_priority
 from fabricctl.store.files import FileRecord
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
-_WINDOW = re.compile(r"^([1-9][0-9]{0,8})([hms])$")
-_UNIT = {"h": 3600, "m": 60, "s": 1}
+PRIORITY_KEY = "priority"  # the metadata key that sets a batch's priority
 _LINE = re.compile(r"^line (\d+): (.*)$", re.S)
 OUTPUT = "output"
 ERROR = "error"
@@ -66,12 +72,23 @@ def error_body(e: ApiError) -> bytes:
 
 def parse_window(text: object) -> float:
     """The completion window in seconds: "24h", "90m", "30s"."""
-    m = _WINDOW.match(text) if isinstance(text, str) else None
-    if m is None:
+    try:
+        return core_jobs.parse_window(text)
+    except ValueError:
         raise ApiError(400, f"completion_window must be a whole number of hours, minutes or "
                        f"seconds such as \"24h\", \"90m\" or \"30s\", not {text!r}",
-                       "completion_window", "invalid_value")
-    return float(int(m.group(1)) * _UNIT[m.group(2)])
+                       "completion_window", "invalid_value") from None
+
+
+def parse_priority(metadata: dict[str, str]) -> int:
+    """The batch's priority from its metadata (absent: 0)."""
+    if PRIORITY_KEY not in metadata:
+        return 0
+    try:
+        return check_priority(metadata[PRIORITY_KEY])
+    except ValueError as e:
+        raise ApiError(400, f"metadata.priority: {e}", f"metadata.{PRIORITY_KEY}",
+                       "invalid_value") from None
 
 
 def window_text(job: JobRecord) -> str:

@@ -1,24 +1,33 @@
-"""`fabricctl jobs [list]|show|cancel`: the broker's jobs (one per submit, run or API batch).
+"""`fabricctl jobs [list]|show|cancel|priority`: the broker's jobs (one per submit, run or API
+batch).
 
 Contract:
 - `group` is the `jobs` Typer group; `fabricctl jobs` alone lists (as `jobs list`).
-- `list`: the jobs the broker keeps, newest first: id, state (OpenAI's names), kind, input,
-  progress (items with an outcome of the total), failed, cancelled, refused lines, age, and
-  each job's place in the fleet: its oldest queued item's wait, its share of the consumers
-  (holders), its predicted finish (at risk: how late against its deadline) and deadline.
+- `list`: the jobs the broker keeps, newest first: id, state (OpenAI's names), kind,
+  priority, input, progress (items with an outcome of the total), failed, cancelled, refused
+  lines, age, and each job's place in the fleet: its oldest queued item's wait, its share of
+  the consumers (holders), its predicted finish (at risk: how late against its deadline) and
+  deadline.
   A Rich table on a terminal, TSV with a header line when piped, `--json` one document
   `{"jobs": [JobRecord...], "job_views": [every field of each place]}`.
 - `show ID`: one job by id or a unique prefix of it: state and the times it entered each
-  state, counts, progress, throughput and ETA, the shapes it touched, in-flight items, the
-  first refused lines' messages, and the broker's "N items wait for model X: no consumer"
-  lines; while it has queued items, its oldest wait, holders and share, predicted finish (a
-  time and "in 3m12s") and "AT RISK: predicted to finish Xs after its deadline". `--json`:
-  the broker's `JobView` (`place`: every field of its place, or null). Unknown id: exit 1,
-  ambiguous: exit 1 with the broker's message.
+  state, its priority and deadline, counts, progress, throughput and ETA, the shapes it
+  touched, in-flight items, the first refused lines' messages, and the broker's "N items
+  wait for model X: no consumer" lines; while it has queued items, its oldest wait, holders
+  and share, predicted finish (a time and "in 3m12s") and "AT RISK: predicted to finish Xs
+  after its deadline". `--json`: the broker's `JobView` (`place`: every field of its place,
+  or null). Unknown id: exit 1, ambiguous: exit 1 with the broker's message.
 - `cancel ID`: queued items are removed durably (each gets a "cancelled" error result and
   is counted as cancelled); in-flight ones finish; prints the job's state after (cancelling,
   or cancelled when nothing was in flight). A job that already ended is left as it is and
   said so (exit 0).
+- `priority ID N`: a live job's new priority (0..MAX_PRIORITY, higher goes first; the
+  broker's shape choice follows it at once); prints `ID: priority N` on stderr (`--json`:
+  the record). N out of range or not a whole number: exit 2, nothing sent; a job that ended
+  or none: the broker's refusal, exit 1.
+
+The job terms `submit` and `run` take (`--priority N`, `--window DUR`) are read by
+`priority_option` and `window_option` here: a bad value is exit 2 before anything is sent.
 """
 
 from __future__ import annotations
@@ -30,25 +39,27 @@ from typing import Any
 import msgspec
 import typer
 
-from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded, settings
+from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, fail, guarded, settings
 from fabricctl.config import AppConfig
 from fabricctl.core.forecast import JobView as JobPlace
-from fabricctl.core.jobs import JobRecord
+from fabricctl.core.jobs import JobRecord, parse_window
+from fabricctl.core.terms import MAX_PRIORITY, check_priority
 from fabricctl.core.unserved import Waiting, waiting_line
+from fabricctl.errors import ExitCode
 from fabricctl.tui.fmt import NA, age, finish_vs_deadline, pct, relative, shorten, si
 from fabricctl.tui.palette import CRITICAL
 from fabricctl.wire.client import Client
 
 from .common import call, console, stdout_is_tty, write_json, write_tsv
 
-group = typer.Typer(help="List, show and cancel jobs (one per submit, run or API batch).",
-                    invoke_without_command=True)
+group = typer.Typer(help="List, show, cancel and prioritise jobs (one per submit, run or API "
+                    "batch).", invoke_without_command=True)
 
 
 @group.callback()
 def _default(ctx: typer.Context, json_out: bool = JsonOut, data_dir: Path | None = DataDir,
              config: Path | None = ConfigFile) -> None:
-    """List, show and cancel jobs. Alone: the list (as `jobs list`)."""
+    """List, show, cancel and prioritise jobs. Alone: the list (as `jobs list`)."""
     if ctx.invoked_subcommand is None:
         cfg = settings(data_dir, config)
         guarded(lambda: show_list(cfg, json_out))
@@ -82,6 +93,51 @@ def cancel_command(
     guarded(lambda: cancel_job(cfg, job, json_out))
 
 
+@group.command("priority", context_settings={"ignore_unknown_options": True})  # N may be -1
+def priority_command(
+    job: str = typer.Argument(..., metavar="ID", help="A job id, or a unique prefix of one."),
+    priority: str = typer.Argument(..., metavar="N", help=f"The new priority: a whole number "
+                                   f"from 0 to {MAX_PRIORITY}; higher goes first."),
+    json_out: bool = JsonOut, data_dir: Path | None = DataDir, config: Path | None = ConfigFile,
+) -> None:
+    """Change a live job's priority: its items go before those of lower ones.
+
+    The broker's scheduler is given the new priority at once. A job that has ended keeps
+    its record: exit 1.
+    """
+    value = priority_option(priority, "N")
+    assert value is not None
+    cfg = settings(data_dir, config)
+    guarded(lambda: set_priority(cfg, job, value, json_out))
+
+
+PRIORITY_HELP = (f"The job's priority: a whole number from 0 (the default) to {MAX_PRIORITY}; "
+                 "higher goes first. Change it later with: fabricctl jobs priority ID N.")
+WINDOW_HELP = ("The job's completion window, as the Batch API's completion_window: \"24h\", "
+               "\"90m\", \"30s\". Items still queued when it passes are cancelled and the "
+               "job ends expired. Default: none.")
+
+
+def priority_option(text: str | None, name: str = "--priority") -> int | None:
+    """A priority as typed (None: not given), or exit 2 naming the rule."""
+    if text is None:
+        return None
+    try:
+        return check_priority(text)
+    except ValueError as e:
+        raise fail(f"{name}: {e}", ExitCode.USAGE) from None
+
+
+def window_option(text: str | None) -> float:
+    """A completion window as typed, in seconds (0.0: not given), or exit 2 naming the form."""
+    if text is None:
+        return 0.0
+    try:
+        return parse_window(text)
+    except ValueError as e:
+        raise fail(f"--window: {e}", ExitCode.USAGE) from None
+
+
 def progress_of(j: JobRecord) -> str:
     """`outcomes/total (pct)`, or `outcomes/total+` while input is still coming."""
     more = "" if j.sealed else "+"
@@ -90,7 +146,7 @@ def progress_of(j: JobRecord) -> str:
 
 
 LIST_COLUMNS = ["id", "state", "kind", "input", "total", "completed", "failed", "cancelled",
-                "refused", "created"]
+                "refused", "created", "priority"]
 PLACE_COLUMNS = ["oldest_wait_s", "holders", "share", "predicted_finish", "deadline", "at_risk"]
 
 
@@ -136,23 +192,23 @@ def show_list(cfg: AppConfig, as_json: bool) -> None:
     if not stdout_is_tty():
         write_tsv(LIST_COLUMNS + PLACE_COLUMNS,
                   [[j.id, j.state.value, j.kind, j.name, j.total, j.completed,
-                    j.failed, j.cancelled, j.rejected, j.created,
+                    j.failed, j.cancelled, j.rejected, j.created, j.priority,
                     *place_tsv(j, placed.get(j.number))] for j in jobs])
         return
     from rich.table import Table
 
     now = time.time()
     t = Table(title=f"{len(jobs)} job(s) — {cfg.data_dir}", title_justify="left")
-    for name, right in [("JOB", False), ("STATE", False), ("KIND", False), ("INPUT", False),
-                        ("PROGRESS", True), ("FAILED", True), ("CANCELLED", True),
+    for name, right in [("JOB", False), ("STATE", False), ("KIND", False), ("PRIO", True),
+                        ("INPUT", False), ("PROGRESS", True), ("FAILED", True), ("CANCELLED", True),
                         ("REFUSED", True), ("AGE", True)]:
         t.add_column(name, justify="right" if right else "left", no_wrap=True)
     for name in ("WAIT", "SHARE", "FINISH", "DEADLINE"):
         t.add_column(name, justify="right", no_wrap=True)
     for j in jobs:
-        t.add_row(j.id, j.state.value, j.kind, shorten(j.name or "-", 40), progress_of(j),
-                  f"{j.failed:,}", f"{j.cancelled:,}", f"{j.rejected:,}", age(now - j.created),
-                  *place_cells(j, placed.get(j.number), now))
+        t.add_row(j.id, j.state.value, j.kind, str(j.priority), shorten(j.name or "-", 40),
+                  progress_of(j), f"{j.failed:,}", f"{j.cancelled:,}", f"{j.rejected:,}",
+                  age(now - j.created), *place_cells(j, placed.get(j.number), now))
     console().print(t)
 
 
@@ -188,6 +244,7 @@ def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:
     t.add_row("job", j.id)
     t.add_row("state", j.state.value)
     t.add_row("kind", j.kind)
+    t.add_row("priority", str(j.priority))
     t.add_row("input", f"{j.name or '-'}" + (f"  sha256 {j.sha256[:16]}…" if j.sha256 else ""))
     if j.endpoint:
         t.add_row("endpoint", j.endpoint)
@@ -263,3 +320,14 @@ def cancel_job(cfg: AppConfig, job: str, as_json: bool) -> None:
                   f"{j.completed + j.failed:,} finished, {j.queued:,} still in flight")
     else:
         err.print(f"{j.id} had already ended ({j.state.value}); nothing to cancel")
+
+
+def set_priority(cfg: AppConfig, job: str, priority: int, as_json: bool) -> None:
+    async def go(c: Client) -> JobRecord:
+        return (await c.set_job_priority(job, priority)).job
+
+    j = call(cfg, "producer", go)
+    if as_json:
+        write_json(j)
+        return
+    console(stderr=True).print(f"{j.id}: priority {j.priority}")

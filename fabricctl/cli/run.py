@@ -26,6 +26,8 @@ The same command after a crash or Ctrl-C attaches to it and sends every line wit
 the broker skips those it already stored (items with a result are never sent to an engine
 again; queued ones run from the store), and the output holds the earlier run's results
 too, so it ends with exactly one line per accepted input line.
+`--priority N` and `--window DUR` are its job's terms, as `submit` takes them (a bad value:
+exit 2 before anything starts); a continued job takes the priority, keeps its own window.
 Items for a model none of the run's own consumers serves (`Unserved`) are not sent: each
 gets an error result line at once (its error names the model and what is served; OpenAI
 form: status 404), stderr gets one `fabricctl: error: N items are for model 'M', which no
@@ -52,8 +54,9 @@ import msgspec
 import typer
 
 from fabricctl.cli.follow import JobFollower
+from fabricctl.cli.jobs import PRIORITY_HELP, WINDOW_HELP, priority_option, window_option
 from fabricctl.cli.ordered import InputOrder
-from fabricctl.cli.submit import file_digest
+from fabricctl.cli.submit import file_digest, open_with_terms
 from fabricctl.cli.support import ConfigFile, Verbose, fail, load, run_async, setup_logging
 from fabricctl.cli.up import Daemon
 from fabricctl.config import AppConfig
@@ -123,6 +126,10 @@ def command(
                                          "same command again after a crash or Ctrl-C continues "
                                          "it, sending only what has no result yet.",
                                          show_default=False),
+    priority: str | None = typer.Option(None, "--priority", "-p", metavar="N",
+                                        help=PRIORITY_HELP, show_default=False),
+    window: str | None = typer.Option(None, "--window", metavar="DUR", help=WINDOW_HELP,
+                                      show_default=False),
     verbose: bool = Verbose,
 ) -> None:
     """One-shot batch job: embedded broker and engines; submit, wait, write results, summarise.
@@ -132,15 +139,19 @@ def command(
     DIR), else an estimate of 4 bytes a token; the --json summary names it (token_counter).
     Items for a model no engine of this run serves are not sent: each gets an error result,
     stderr names the model and what is served, the rest runs, and the exit status is 1.
+    --priority and --window set the job's priority and completion window (as submit's).
     """
     setup_logging(verbose) if verbose else logging.basicConfig(level=logging.WARNING)
+    prio = priority_option(priority)
+    window_s = window_option(window)
     cfg = load(config, engine=engine, model=model, data_dir=data_dir)
     if str(file) != "-" and not file.is_file():
         raise fail(f"{file}: no such file", ExitCode.USAGE)
     out = output.open("wb") if output else sys.stdout.buffer
     try:
         summary = run_async(run_job(cfg, file, out, ordered=ordered,
-                                    keep_data=data_dir is not None))
+                                    keep_data=data_dir is not None, priority=prio,
+                                    window_s=window_s))
     finally:
         if output:
             out.close()
@@ -386,7 +397,8 @@ class _Totals:
 async def run_job(
     cfg: AppConfig, input_path: Path, out: IO[bytes],
     errors: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
-    keep_data: bool = False, ordered: bool = False,
+    keep_data: bool = False, ordered: bool = False, priority: int | None = None,
+    window_s: float = 0.0,
 ) -> RunSummary:
     counter = choose_counter(cfg.producer.tokenizer, cfg.model)
     log.info("token counts: %s", counter.name)
@@ -423,7 +435,8 @@ async def run_job(
                 name = str(input_path.resolve())
                 sha256 = (await asyncio.to_thread(file_digest, input_path))[0]
             t_job = time.perf_counter()
-            reply = await client.open_job("run", name=name, sha256=sha256,
+            reply = await open_with_terms(client, "run", priority, name=name, sha256=sha256,
+                                          window_s=window_s,
                                           attach=keep_data and bool(sha256))
             if reply.attached:
                 j = reply.job

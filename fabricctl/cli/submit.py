@@ -10,6 +10,9 @@ Contract:
   the same file submitted again *attaches* to its job (unless `--new-job`), as `--job ID`
   does for any input; an attached submit sends every line again with `resume`, and the
   broker skips the ones the job already stored (`Ack.skipped`), with no duplicate errors.
+- `--priority N` and `--window DUR` are the new job's terms (`jobs.priority_option`,
+  `jobs.window_option`: a bad value is exit 2 and nothing is sent); an attached submit with
+  `--priority` changes its live job's priority to N, and keeps the job's own window.
 - Memory is bounded by the chunking, not by the input: a reader thread runs
   `producer.parse_stream` (at most `max_line_bytes` of one line held) and hands chunks of
   `CHUNK` items through a queue of `QUEUED` chunks; at most `IN_FLIGHT` submits await their
@@ -62,6 +65,7 @@ from typing import Any, BinaryIO
 import typer
 
 from fabricctl.cli.follow import JobFollower, results_stored
+from fabricctl.cli.jobs import PRIORITY_HELP, WINDOW_HELP, priority_option, window_option
 from fabricctl.cli.ordered import InputOrder
 from fabricctl.cli.support import ConfigFile, DataDir, fail, guarded, settings
 from fabricctl.config import AppConfig
@@ -72,6 +76,7 @@ from fabricctl.formats.reader import LineError, parse_stream
 from fabricctl.formats.results import ResultRecord, result_line
 from fabricctl.formats.tokens import choose_counter
 from fabricctl.wire.client import Client
+from fabricctl.wire.protocol import JobReply
 
 CHUNK = 512  # items per Submit frame: big enough to amortise a commit, small on the wire
 IN_FLIGHT = 4  # submits awaiting their ack at once
@@ -96,6 +101,10 @@ def command(
                             "FILE submitted again continues its job on its own."),
     new_job: bool = typer.Option(False, "--new-job", help="Always start a new job, even for "
                                  "a file submitted before."),
+    priority: str | None = typer.Option(None, "--priority", "-p", metavar="N",
+                                        help=PRIORITY_HELP, show_default=False),
+    window: str | None = typer.Option(None, "--window", metavar="DUR", help=WINDOW_HELP,
+                                      show_default=False),
     data_dir: Path | None = DataDir,
     config: Path | None = ConfigFile,
 ) -> None:
@@ -108,8 +117,9 @@ def command(
     Items for a model no consumer serves go in (one may join) with one warning per model
     on stderr. If the broker dies mid-stream, one error line says how many lines were
     acknowledged (stored durably): run the same submit again, it skips what is stored.
-    Exit status: 0 all lines accepted, 1 some refused, 3 no broker (or lost), 4 --timeout
-    expired.
+    --priority and --window set the new job's priority and completion window.
+    Exit status: 0 all lines accepted, 1 some refused, 2 a bad flag (nothing is sent), 3 no
+    broker (or lost), 4 --timeout expired.
     """
     from fabricctl.cli.progress import ProgressView, input_size, stderr_is_tty
 
@@ -119,6 +129,8 @@ def command(
     if job and new_job:
         raise fail("--job continues a job and --new-job starts one; drop one of them",
                    ExitCode.USAGE)
+    prio = priority_option(priority)
+    window_s = window_option(window)
     cfg = settings(data_dir, config)
     if file != "-" and not Path(file).is_file():
         raise fail(f"{file}: no such file", ExitCode.USAGE)
@@ -138,7 +150,8 @@ def command(
                 return asyncio.run(run_submit(cfg, fp, wait=wait, timeout=timeout,
                                               out=sys.stdout.buffer, progress=view,
                                               ordered=ordered, name=name, sha256=sha256,
-                                              size=size, job=job, new_job=new_job))
+                                              size=size, job=job, new_job=new_job,
+                                              priority=prio, window_s=window_s))
 
         code = guarded(body)  # errors are written after the progress bar is gone
     raise typer.Exit(code)
@@ -361,12 +374,15 @@ class Submitter:
 async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float | None,
                      out: BinaryIO, err: Any = None, progress: Any = None,
                      ordered: bool = False, name: str = "-", sha256: str = "", size: int = 0,
-                     job: str = "", new_job: bool = False) -> int:
-    """Submit a stream as a job; the exit code (see the module contract)."""
+                     job: str = "", new_job: bool = False, priority: int | None = None,
+                     window_s: float = 0.0) -> int:
+    """Submit a stream as a job; the exit code (see the module contract). `priority` (None:
+    not given, 0 for a new job) and `window_s` (0: none) are a new job's terms."""
     client = await Client.connect(cfg.data_dir, "producer", "fabricctl-submit")
     try:
         since = await results_stored(client)  # before the job opens: no result of it is older
-        reply = await client.open_job("submit", name=name, sha256=sha256, size=size,
+        reply = await open_with_terms(client, "submit", priority, name=name, sha256=sha256,
+                                      size=size, window_s=window_s,
                                       attach=bool(job) or (bool(sha256) and not new_job),
                                       job=job)
         sub = Submitter(client, cfg, wait=wait, out=out, err=err, progress=progress,
@@ -407,6 +423,18 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
         return ExitCode.RUNTIME if sub.rejected else ExitCode.OK
     finally:
         await client.close()
+
+
+async def open_with_terms(client: Client, kind: str, priority: int | None, **fields: Any
+                          ) -> JobReply:
+    """`open_job` with a priority: a new job's, or a live attached job's new one (`run`'s
+    too); an attached job keeps its window."""
+    reply = await client.open_job(kind, priority=priority or 0, **fields)
+    j = reply.job
+    if reply.attached and priority is not None and priority != j.priority and not j.ended:
+        reply = JobReply(reply.rid, (await client.set_job_priority(j.id, priority)).job,
+                         attached=True)
+    return reply
 
 
 def _announce(err: Any, job: JobRecord, attached: bool) -> None:

@@ -17,17 +17,27 @@ Counts: `total` items accepted; each ends in exactly one of `completed` (a resul
 `rejected` lines never became items (bad JSON, a duplicate id), with the first
 `MAX_ERRORS` of their messages in `errors`. `queued` (accepted, not yet out) is derived.
 Times are unix seconds passed in as `now`; nothing here reads a clock.
+
+Terms: `priority` (0..`MAX_PRIORITY`, higher first; `set_priority` changes a live job's),
+`deadline` and `sealed` are what the shape choice knows of a job: `terms_of(job)` is its
+`JobTerms`, None once it ended. `parse_window("24h")` reads a completion window (`<N>h`,
+`<N>m` or `<N>s`, N a positive whole number) as the API and the CLI take it.
 """
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
 import msgspec
 
+from fabricctl.core.terms import JobTerms
+
 MAX_ERRORS = 20  # line errors kept on a job's record; the count goes on past it
 MAX_SHAPES = 64  # shapes kept on a job's record (the ones it touched first)
 JOB_ID_PREFIX = "batch_"  # every job id, CLI or API, reads like an OpenAI batch id
+_WINDOW = re.compile(r"^([1-9][0-9]{0,8})([hms])$")
+WINDOW_UNITS = {"h": 3600, "m": 60, "s": 1}
 
 
 class JobState(StrEnum):
@@ -75,6 +85,7 @@ class JobRecord(msgspec.Struct, kw_only=True):
     metadata: dict[str, str] = {}
     created: float = 0.0
     deadline: float | None = None  # completion window end (unix seconds), None: no window
+    priority: int = 0  # higher goes first (0..MAX_PRIORITY); records from before it: 0
     state: JobState = JobState.IN_PROGRESS
     times: dict[str, float] = {}  # state name -> when it was entered
     sealed: bool = False  # its input ended: no more items join it
@@ -123,12 +134,38 @@ def job_id_of(number: int, salt: str) -> str:
 
 
 def new_job(number: int, id: str, kind: str, now: float, *, validating: bool = False,
-            window_s: float | None = None, **fields: object) -> JobRecord:
+            window_s: float | None = None, priority: int = 0, **fields: object) -> JobRecord:
     """A new job: `validating` (an API batch whose file is being checked) or in progress."""
     state = JobState.VALIDATING if validating else JobState.IN_PROGRESS
     deadline = now + window_s if window_s else None
     return JobRecord(number=number, id=id, kind=kind, created=now, deadline=deadline,
-                     state=state, times={state.value: now}, **fields)  # type: ignore[arg-type]
+                     priority=priority, state=state, times={state.value: now},
+                     **fields)  # type: ignore[arg-type]
+
+
+def parse_window(text: object) -> float:
+    """A completion window in seconds: "24h", "90m", "30s" (a positive whole number of
+    hours, minutes or seconds); anything else raises ValueError saying what is taken."""
+    m = _WINDOW.match(text) if isinstance(text, str) else None
+    if m is None:
+        raise ValueError(f"a window is a whole number of hours, minutes or seconds above 0, "
+                         f"such as \"24h\", \"90m\" or \"30s\", not {text!r}")
+    return float(int(m.group(1)) * WINDOW_UNITS[m.group(2)])
+
+
+def terms_of(job: JobRecord) -> JobTerms | None:
+    """What the shape choice knows of a job (`Broker.set_job_terms`): None once it ended."""
+    if job.ended:
+        return None
+    return JobTerms(priority=job.priority, deadline=job.deadline, sealed=job.sealed)
+
+
+def set_priority(job: JobRecord, priority: int) -> bool:
+    """A live job's new priority (already checked: `check_priority`); False when it ended."""
+    if job.ended:
+        return False
+    job.priority = priority
+    return True
 
 
 def _enter(job: JobRecord, state: JobState, now: float) -> None:

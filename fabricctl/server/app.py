@@ -3,8 +3,9 @@
 Contract: producers `Submit` chunks and get one `Ack` after the durable commit
 (group-committed with other chunks); consumers `Register` their contract, `Heartbeat`,
 long-poll with `Pull`, and settle batches with `Complete`/`Fail`; observers `Subscribe` to
-the stats stream or send one-shot `Query`s; producers open, seal and cancel jobs (`OpenJob`,
-`SealJob`, `CancelJob`, answered by `JobReply` once durable), and a job tick (every
+the stats stream or send one-shot `Query`s; producers open, seal and cancel jobs and change
+their priority (`OpenJob`, `SealJob`, `CancelJob`, `SetPriority`, answered by `JobReply`
+once durable), and a job tick (every
 `JOB_TICK_S`, within the broker's tick) commits the jobs' expiry and settling. A consumer
 silent past the heartbeat timeout, or whose socket errors, is disconnected and its batches
 go back to the front of their lanes at once. A malformed, unknown or oversized frame gets an
@@ -55,6 +56,7 @@ from fabricctl.wire.protocol import (
     Query,
     Register,
     SealJob,
+    SetPriority,
     Shutdown,
     Submit,
     Subscribe,
@@ -253,6 +255,8 @@ class BrokerServer:
             self._spawn(peer, h.seal_job(peer, frame), frame.rid)
         elif isinstance(frame, CancelJob):
             self._spawn(peer, h.cancel_job(peer, frame), frame.rid)
+        elif isinstance(frame, SetPriority):
+            self._spawn(peer, h.set_priority(peer, frame), frame.rid)
         elif isinstance(frame, Shutdown):
             peer.send(Done(frame.rid))
             self._stopping = asyncio.get_running_loop().create_task(self.stop())

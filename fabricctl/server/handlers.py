@@ -4,15 +4,16 @@ Contract: a `Submit` is acknowledged only after the group commit that stored its
 items, with per-item rejects (its items join the frame's job; with `resume`, an id already
 stored in that job is counted in `Ack.skipped`, not refused); `OpenJob`, `SealJob` and
 `CancelJob` are answered with a `JobReply` once the writer committed the change (an attach
-writes nothing), an unknown or ambiguous job with an `Error`; the tick's job operations
-(`tick_jobs`) go through the writer too; a `Pull` long-polls up to its wait for a batch and
-the batch is handed back if the channel did not take it; pre-warm pushes go out before any
-batch is sent; a `Complete` for a batch that is not the caller's (late, duplicate, another
-consumer's) gets -1 and stores nothing; its cache figures feed the shape's cache-truth
-audit; a consumer that is gone (`disconnect_consumer`) gives its batches back, except those
-whose completion the writer already holds. `BrokerServer` composes one `Handlers`, handing
-it the shared `ServerState`, its writer and its `drop` (close a peer, disconnect its
-consumer)."""
+writes nothing), an unknown or ambiguous job with an `Error`; `SetPriority` too, refused
+with `bad_priority` (out of 0..MAX_PRIORITY) or `job_ended` (the job ended: its priority no
+longer matters); the tick's job operations (`tick_jobs`) go through the writer too; a
+`Pull` long-polls up to its wait for a batch and the batch is handed back if the channel did
+not take it; pre-warm pushes go out before any batch is sent; a `Complete` for a batch that
+is not the caller's (late, duplicate, another consumer's) gets -1 and stores nothing; its
+cache figures feed the shape's cache-truth audit; a consumer that is gone
+(`disconnect_consumer`) gives its batches back, except those whose completion the writer
+already holds. `BrokerServer` composes one `Handlers`, handing it the shared `ServerState`,
+its writer and its `drop` (close a peer, disconnect its consumer)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fabricctl.core.jobs import JobRecord
+from fabricctl.core.terms import check_priority
 from fabricctl.server.signals import push_signals
 from fabricctl.server.views import resolve_job
 from fabricctl.store.errors import StoreError, StoreFullError
-from fabricctl.store.jobs import CancelOp, FlushOp, JobOp, OpenOp, SealOp
+from fabricctl.store.jobs import CancelOp, FlushOp, JobOp, OpenOp, PriorityOp, SealOp
 from fabricctl.wire.protocol import (
     Ack,
     CancelJob,
@@ -40,6 +42,7 @@ from fabricctl.wire.protocol import (
     Register,
     Registered,
     SealJob,
+    SetPriority,
     Submit,
     WorkReply,
 )
@@ -97,7 +100,10 @@ class Handlers:
         """The one job an id or unique prefix names, or the Error to answer."""
         return resolve_job(self.state, ref, rid)
 
-    async def _job_op(self, peer: Peer, rid: int, op: JobOp, attached: bool = False) -> None:
+    async def _job_op(self, peer: Peer, rid: int, op: JobOp, attached: bool = False,
+                      refused: str = "not_found") -> None:
+        """Run one job operation through the writer and answer it; a refusal (the store's
+        message) is an `Error` of code `refused`."""
         try:
             got = await self.writer.job(op)
         except StoreFullError as e:
@@ -107,7 +113,7 @@ class Handlers:
             peer.send(Error("store", str(e), rid))
             return
         if isinstance(got, str):
-            peer.send(Error("not_found", got, rid))
+            peer.send(Error(refused, got, rid))
         else:
             peer.send(JobReply(rid, got, attached))
 
@@ -130,9 +136,14 @@ class Handlers:
             if rec is not None:
                 peer.send(JobReply(frame.rid, rec, True))
                 return
+        try:
+            priority = check_priority(frame.priority)
+        except ValueError as e:
+            peer.send(Error("bad_priority", str(e), frame.rid))
+            return
         await self._job_op(peer, frame.rid, OpenOp(
             frame.kind, frame.name, frame.sha256, frame.size, frame.endpoint,
-            dict(frame.metadata), frame.window_s, frame.validating))
+            dict(frame.metadata), frame.window_s, frame.validating, priority=priority))
 
     async def seal_job(self, peer: Peer, frame: SealJob) -> None:
         if self.state.store.job(frame.job) is None:
@@ -147,6 +158,19 @@ class Handlers:
             peer.send(found)
             return
         await self._job_op(peer, frame.rid, CancelOp(found))
+
+    async def set_priority(self, peer: Peer, frame: SetPriority) -> None:
+        """A live job's new priority; a job that ended keeps its record (`job_ended`)."""
+        try:
+            priority = check_priority(frame.priority)
+        except ValueError as e:
+            peer.send(Error("bad_priority", str(e), frame.rid))
+            return
+        found = self._resolve(frame.job, frame.rid)
+        if isinstance(found, Error):
+            peer.send(found)
+            return
+        await self._job_op(peer, frame.rid, PriorityOp(found, priority), refused="job_ended")
 
     def tick_jobs(self) -> None:
         """The tick's job operations (expiry, finalize, a cancel's leftovers), committed by

@@ -40,11 +40,15 @@ Contract:
   transaction as every count it holds: its items' ingest (total), their results (completed,
   failed: a result with an error) and a cancel (cancelled), so it is exact after kill -9.
   `prepare_jobs(ops, now, into)` / `apply_jobs` / `abort_jobs` carry the job operations
-  (open, seal, cancel, the tick's expiry and finalize) through the same commit; `job_ops`,
-  `open_job`, `seal_job`, `cancel_job` and `tick_jobs` run them in a row. A cancel (or an
-  expiry) withdraws the job's queued entries from the core's lanes and writes an error result
-  for each ("cancelled" / "expired") in one commit; in-flight items finish. A job's results
-  read back in input-line order (`job_results`), also after its segments are gone.
+  (open, seal, cancel, priority, the tick's expiry and finalize) through the same commit;
+  `job_ops`, `open_job`, `seal_job`, `cancel_job`, `set_job_priority` and `tick_jobs` run
+  them in a row. Every live job's priority, deadline and sealed flag reach the core's shape
+  choice (`Broker.set_job_terms`) from the job table: when its record is loaded at start
+  (before recovery restores any entry) and when a commit changes them; an ended job's are
+  dropped. A cancel (or an expiry) withdraws the job's queued entries from the core's lanes
+  and writes an error result for each ("cancelled" / "expired") in one commit; in-flight
+  items finish. A job's results read back in input-line order (`job_results`), also after
+  its segments are gone.
 - Every shape that finishes leaves its record (`finished_view`) in the `shapes` table in the
   next commit (or on `close`); the last `finished_shapes_kept` are kept (shapes.py).
 - Reads for the server, each in one short read transaction: `entry(key)`,
@@ -80,7 +84,7 @@ from fabricctl.store.dispatch import Dispatch, Done
 from fabricctl.store.env import StoreEnv
 from fabricctl.store.ingest import Ingest, IngestPlan, Reject
 from fabricctl.store.jobops import JobOps
-from fabricctl.store.jobs import CancelOp, JobOp, JobPlan, JobTable, OpenOp, SealOp
+from fabricctl.store.jobs import CancelOp, JobOp, JobPlan, JobTable, OpenOp, PriorityOp, SealOp
 from fabricctl.store.keys import SegHeader, StoredEntry
 from fabricctl.store.meta import Meta, PersistedLedger
 from fabricctl.store.reads import Reads
@@ -103,7 +107,7 @@ class DurableBroker:
         self._closed = False
         self.env = StoreEnv(Path(data_dir), self.store_cfg.map_size, self.store_cfg.map_ceiling)
         self.core = Broker(cfg)
-        self.jobs = JobTable(self.env)
+        self.jobs = JobTable(self.env, self.core.set_job_terms)  # live jobs' terms: the core's
         self.state = state = StoreState(self.store_cfg, self.env, self.core, self.jobs)
         self.segs: dict[int, SegHeader] = state.segs
         self.work: dict[int, list[Item]] = state.work  # in-flight batch id -> its items
@@ -283,6 +287,11 @@ class DurableBroker:
     def cancel_job(self, job: int, now: float, expired: bool = False) -> JobRecord:
         """Cancel: queued items get an error result ("cancelled"), in-flight ones finish."""
         return self._one(CancelOp(job, expired), now)
+
+    def set_job_priority(self, job: int, priority: int, now: float) -> JobRecord:
+        """A live job's new priority (checked: `core.terms.check_priority`); KeyError with
+        the reason for a job that ended or does not exist."""
+        return self._one(PriorityOp(job, priority), now)
 
     def jobs_due(self, now: float) -> list[JobOp]:
         """The operations the tick owes the live jobs (`JobTable.due`)."""

@@ -5,7 +5,9 @@ Contract: `JobOps.prepare(ops, now, into)` turns job operations (`fabricctl.stor
 an expiry, withdraws the job's queued entries from the core's lanes (`Broker.withdraw`; the
 entries of its segments: each segment is job-pure) and adds an error result for each
 ("cancelled" / "expired", finish_reason the same) to `into`, the completion plan of the same
-commit (a new one when None), counted as cancelled on the job. Nothing is written here.
+commit (a new one when None), counted as cancelled on the job. A `PriorityOp` changes a live
+job's priority in the commit; for a job that ended (or none) its answer is the message of
+why not (`ended_message`). Nothing is written here.
 `in_flight()` is, per job, the items of it an engine holds (the core's in-flight batches:
 entry key -> segment -> job).
 """
@@ -16,7 +18,14 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from fabricctl.core.jobs import MAX_SHAPES, JobState, expire_due, mark_expired, request_cancel
+from fabricctl.core.jobs import (
+    MAX_SHAPES,
+    JobRecord,
+    JobState,
+    expire_due,
+    mark_expired,
+    request_cancel,
+)
 from fabricctl.core.records import ResultRecord, Source
 from fabricctl.core.types import Entry
 from fabricctl.store.completion import OUT_CANCELLED, CompletePlan
@@ -27,6 +36,7 @@ from fabricctl.store.jobs import (
     JobOp,
     JobPlan,
     OpenOp,
+    PriorityOp,
     SealOp,
 )
 from fabricctl.store.keys import entry_decoder, entry_key_of, ref_of, seg_of
@@ -35,6 +45,13 @@ if TYPE_CHECKING:
     from fabricctl.store.state import StoreState
 
 _result_encode = msgspec.msgpack.Encoder().encode
+
+
+def ended_message(rec: JobRecord | None, n: int) -> str:
+    """Why a priority change of a job that is not live was refused."""
+    if rec is None:
+        return f"no job {n}"
+    return f"job {rec.id} has ended ({rec.state.value}): its priority can no longer change"
 
 
 class JobOps:
@@ -77,12 +94,17 @@ class JobOps:
                 continue
             n = op.job
             if n not in table.live and n not in plan.new:
+                if isinstance(op, PriorityOp):
+                    plan.answers.append(ended_message(table.get(n), n))
+                    continue
                 if isinstance(op, FinalizeOp | CancelOp):
                     plan.busy.add(n)
                 plan.answers.append(n if table.get(n) is not None else f"no job {n}")
                 continue
             if isinstance(op, SealOp):
                 plan.changes.append((n, table.seal_change(op, now)))
+            elif isinstance(op, PriorityOp):
+                plan.changes.append((n, table.priority_change(op.priority)))
             elif isinstance(op, FinalizeOp):
                 plan.busy.add(n)
                 plan.changes.append((n, table.finalize_change(op.in_flight, now)))

@@ -12,15 +12,22 @@ tick's `FinalizeOp`), and puts it; `committed()` makes those records current (a 
 transaction writes them again from the same base).
 
 Operations come in as `OpenOp`, `SealOp`, `CancelOp` (expired: the completion window's
-cancel) and `FinalizeOp`; `JobPlan` carries them from `JobOps.prepare` (jobops.py: the
-durable broker's `prepare_jobs`, which also withdraws a cancelled job's queued entries) to
-the commit and to `replies(plan)`: per operation, the record after it, or the message of why
-it was refused.
+cancel), `PriorityOp` (a live job's new priority) and `FinalizeOp`; `JobPlan` carries them
+from `JobOps.prepare` (jobops.py: the durable broker's `prepare_jobs`, which also withdraws a
+cancelled job's queued entries) to the commit and to `replies(plan)`: per operation, the
+record after it, or the message of why it was refused.
 
 Memory: `live` holds the jobs not ended (what the tick looks at), `ids` every job's id ->
 number (lookup by id or unique prefix), `by_input` (kind, name, sha256) -> numbers (attach);
 ended records are read from the table. `due(now, in_flight)` names the operations the tick
 owes: an expired window, a finalizing job, a cancelled job whose items came back to a lane.
+
+Terms: the core's shape choice knows each live job's priority, deadline and sealed flag
+(`core.terms.JobTerms`, from `core.jobs.terms_of`) through the `terms` hook the table is
+given (`Broker.set_job_terms`). The table calls it in two places only: `load` (every live
+job, at start, before recovery restores an entry) and `committed` (each record the commit
+made current whose terms moved: opened, sealed, cancelled, its priority changed; None once
+it ended).
 """
 
 from __future__ import annotations
@@ -46,9 +53,12 @@ from fabricctl.core.jobs import (
     new_job,
     request_cancel,
     seal,
+    set_priority,
     settle,
     start,
+    terms_of,
 )
+from fabricctl.core.terms import JobTerms
 from fabricctl.store.keys import job_key
 
 if TYPE_CHECKING:
@@ -71,6 +81,7 @@ class OpenOp:
     window_s: float = 0.0
     validating: bool = False
     salt: str = ""  # the id's salt; "" draws one
+    priority: int = 0  # checked by the caller (`core.terms.check_priority`)
 
 
 @dataclass(slots=True)
@@ -94,6 +105,14 @@ class CancelOp:
 
 
 @dataclass(slots=True)
+class PriorityOp:
+    """Why: a live job's priority is changed by its owner; the shape choice follows it."""
+
+    job: int
+    priority: int  # checked by the caller (`core.terms.check_priority`)
+
+
+@dataclass(slots=True)
 class FinalizeOp:
     """Why: finalizing -> completed is a settle of its own, on the tick."""
 
@@ -107,8 +126,9 @@ class FlushOp:
     only (until the next commit); the tick sends this to commit what is pending."""
 
 
-JobOp = OpenOp | SealOp | CancelOp | FinalizeOp | FlushOp
+JobOp = OpenOp | SealOp | CancelOp | PriorityOp | FinalizeOp | FlushOp
 Change = Callable[[JobRecord], None]
+TermsHook = Callable[[int, JobTerms | None], None]  # `Broker.set_job_terms`
 
 
 @dataclass(slots=True)
@@ -128,8 +148,9 @@ class JobPlan:
 class JobTable:
     """Why: a job's counts change in the commits of its items; one place keeps them exact."""
 
-    def __init__(self, env: StoreEnv) -> None:
+    def __init__(self, env: StoreEnv, terms: TermsHook | None = None) -> None:
         self.env = env
+        self._terms = terms  # where each live job's terms go (the core broker's)
         self.live: dict[int, JobRecord] = {}
         self.ids: dict[str, int] = {}
         self.by_input: dict[tuple[str, str, str], list[int]] = {}
@@ -146,6 +167,8 @@ class JobTable:
             self._index(rec)
             if not rec.ended:
                 self.live[rec.number] = rec
+                if self._terms is not None:
+                    self._terms(rec.number, terms_of(rec))
             self.next = max(self.next, int.from_bytes(k, "big") + 1)
 
     def _index(self, rec: JobRecord) -> None:
@@ -220,8 +243,9 @@ class JobTable:
         self.next += 1
         salt = op.salt or secrets.token_hex(3)
         rec = new_job(number, job_id_of(number, salt), op.kind, now, validating=op.validating,
-                      window_s=op.window_s or None, name=op.name, sha256=op.sha256,
-                      size=op.size, endpoint=op.endpoint, metadata=dict(op.metadata))
+                      window_s=op.window_s or None, priority=op.priority, name=op.name,
+                      sha256=op.sha256, size=op.size, endpoint=op.endpoint,
+                      metadata=dict(op.metadata))
         plan.new[number] = rec
         return number
 
@@ -237,6 +261,12 @@ class JobTable:
             add_errors(rec, op.errors)
             rec.rejected += max(0, op.refused)
             seal(rec, op.lines, now)
+        return change
+
+    @staticmethod
+    def priority_change(priority: int) -> Change:
+        def change(rec: JobRecord) -> None:
+            set_priority(rec, priority)
         return change
 
     @staticmethod
@@ -330,13 +360,19 @@ class JobTable:
 
     def committed(self) -> None:
         """The transaction `write` filled is durable: its records are current."""
+        hook = self._terms
         for n, r in self._staged.items():
             if r.id not in self.ids:
                 self._index(r)
+            was = self.live.get(n)
             if r.ended:
                 self.live.pop(n, None)
             else:
                 self.live[n] = r
+            if hook is not None:
+                now_terms = terms_of(r)
+                if was is None or terms_of(was) != now_terms:
+                    hook(n, now_terms)
         self._staged = {}
 
     def release(self, plan: JobPlan) -> None:

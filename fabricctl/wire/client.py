@@ -12,7 +12,8 @@ certificate that does not verify, or a broker that does not speak TLS, is a `Bro
 with code "tls"; a refused token is code "auth" ("broker refused the token"); a plain TCP
 connection closed before any answer (a TLS listener, most likely) is code "no_answer".
 Jobs: `open_job` (-> `JobReply`), `submit(items, job, resume)`, `seal_job`, `cancel_job`,
-`jobs`, `job` (-> `JobView`) and `job_results` (-> `ResultRecord`s in input order).
+`set_job_priority`, `jobs`, `job` (-> `JobView`) and `job_results` (-> `ResultRecord`s in
+input order).
 `run_sync` runs one coroutine for synchronous callers.
 """
 
@@ -61,6 +62,7 @@ from fabricctl.wire.protocol import (
     Registered,
     Role,
     SealJob,
+    SetPriority,
     Shutdown,
     StatsPush,
     Submit,
@@ -249,12 +251,13 @@ class Client:
     async def open_job(self, kind: str, name: str = "", sha256: str = "", size: int = 0,
                        endpoint: str = "", metadata: dict[str, str] | None = None,
                        window_s: float = 0.0, attach: bool = True, job: str = "",
-                       validating: bool = False) -> JobReply:
+                       validating: bool = False, priority: int = 0) -> JobReply:
         """A new job, or the one to attach to (`job`: an id or unique prefix; else, with
-        `attach`, the newest job of the same kind, name and sha256 still going or done)."""
+        `attach`, the newest job of the same kind, name and sha256 still going or done).
+        `window_s` (0: none) and `priority` are a new job's; an attached one keeps its own."""
         return await self.request(lambda rid: OpenJob(
             rid, kind, name, sha256, size, endpoint, dict(metadata or {}), window_s, attach,
-            job, validating))
+            job, validating, priority))
 
     async def seal_job(self, job: int, lines: int, errors: list[str] | None = None,
                        failed: bool = False, sha256: str = "", refused: int = 0) -> JobReply:
@@ -267,6 +270,11 @@ class Client:
         """Cancel a job by id or unique prefix: queued items are cancelled, in-flight ones
         finish."""
         return await self.request(lambda rid: CancelJob(rid, job))
+
+    async def set_job_priority(self, job: str, priority: int) -> JobReply:
+        """Change a live job's priority (id or unique prefix); `BrokerError` for a job that
+        ended (code `job_ended`), none, or a priority out of range."""
+        return await self.request(lambda rid: SetPriority(rid, job, priority))
 
     async def jobs(self, limit: int = 1000, before: int = 0, kind: str = ""
                    ) -> list[JobRecord]:

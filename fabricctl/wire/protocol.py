@@ -98,6 +98,7 @@ class OpenJob(msgspec.Struct, tag=True):
     attach: bool = True
     job: str = ""
     validating: bool = False  # an API batch: `validating` until `SealJob(start=True)`
+    priority: int = 0  # higher goes first (0..core.terms.MAX_PRIORITY)
 
 
 class SealJob(msgspec.Struct, tag=True):
@@ -116,6 +117,15 @@ class SealJob(msgspec.Struct, tag=True):
 class CancelJob(msgspec.Struct, tag=True):
     rid: int
     job: str  # an id or a unique prefix
+
+
+class SetPriority(msgspec.Struct, tag=True):
+    """Change a live job's priority (0..core.terms.MAX_PRIORITY); answered by `JobReply`, or
+    an `Error`: `not_found`/`ambiguous` (the id), `bad_priority`, `job_ended`."""
+
+    rid: int
+    job: str  # an id or a unique prefix
+    priority: int
 
 
 class JobReply(msgspec.Struct, tag=True):
@@ -239,7 +249,7 @@ class Shutdown(msgspec.Struct, tag=True):
 Frame = (
     Hello | Welcome | Error | Submit | Ack | Register | Registered | Heartbeat | Pull | WorkReply
     | Complete | Fail | Done | PrewarmPush | Subscribe | StatsPush | Query | Answer | Shutdown
-    | OpenJob | SealJob | CancelJob | JobReply
+    | OpenJob | SealJob | CancelJob | SetPriority | JobReply
 )
 
 _encoder = msgspec.msgpack.Encoder()
