@@ -72,7 +72,10 @@ def line_job(raw: bytes) -> str | None:
     """The `job` field of a workload line (already parsed as an item), or None."""
     if b'"job"' not in raw:
         return None
-    obj = msgspec.json.decode(raw)
+    try:
+        obj = msgspec.json.decode(raw.removeprefix(b"\xef\xbb\xbf"))
+    except msgspec.DecodeError:
+        return None  # not a line the reader parsed
     value = obj.get("job") if isinstance(obj, dict) else None
     return None if value is None else check_job_name(value)
 
