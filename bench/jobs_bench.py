@@ -133,7 +133,7 @@ def summary_table(traces: list[dict[str, Any]]) -> Table:
             v = f["small_slowdown"].get(n)
             return "-" if v is None else f"{v:.2f}x"
 
-        def met(n: str) -> str:
+        def met(n: str, pol: dict[str, Any] = pol) -> str:
             p = pol.get(n)
             return f"{p['deadlines_met']}/{p['deadlines']}" if p and p["deadlines"] else "-"
 

@@ -195,10 +195,11 @@ def job_results(finishes: dict[int, tuple[int, float]], jobs: dict[int, JobSpec]
         n, end = finishes.get(number, (0, spec.arrival))
         done = round(end - spec.arrival, 3)
         solo = alone.get(number)
+        solo = None if solo is None else round(solo, 3)  # the figures shown agree
         out.append(JobResult(
             job=spec.label, items=n, arrival_s=spec.arrival, priority=spec.priority,
             window_s=spec.window_s, completion_s=done,
-            standalone_s=None if solo is None else round(solo, 3),
+            standalone_s=solo,
             slowdown=round(done / solo, 3) if solo else None,
             deadline_met=None if spec.window_s is None else done <= spec.window_s))
     return out
