@@ -17,6 +17,17 @@ one) bounds running sequences. Each simulated consumer registers the contract `r
 would (`[consumer] max_batch_size`, `max_batch_tokens`, `max_input_len`).
 Arrivals: all at t = 0 when `rate` is 0 (an offline batch job), else Poisson at `rate`
 items per simulated second from `seed`.
+Jobs (`fabricctl/replay/jobs.py` has the form): a line may name its job (`"job": "name"`)
+and `jobs_file` (`--jobs FILE`, JSON Lines) gives each job's `arrival`, `window_s` and
+`priority`. A workload with either is multi-job: each job's items arrive from its arrival
+(all at once, or Poisson at `rate` per job), "all" adds fabric-tokens (fabric by tokens
+alone, blind to jobs), and each policy reports per job its completion time, its standalone
+time (the job replayed alone with the same policy on the same GPUs), the slowdown and
+whether it met its deadline, with the deadlines met and the makespan: a second table (and
+a third, per job), or the `jobs`, `deadlines`, `deadlines_met`, `deadlines_missed` and
+`worst_slowdown` fields of each policy's JSON object (absent for a single-job workload). A
+line whose `job` is not a non-empty string is reported and skipped like any bad line; a
+jobs file that does not parse, or that names a job with no item, is a `UsageError`.
 Token counts (and so every prefix's size in blocks) come from the counter `submit` and `run`
 use, `formats.tokens.choose_counter(tokenizer, model)`: `[producer] tokenizer`, else the
 configured model directory's `tokenizer.json`, else the 4-bytes-a-token estimate; the command
@@ -45,6 +56,7 @@ if TYPE_CHECKING:
     from fabricctl.core.types import Item
     from fabricctl.engines.costs import SimCosts
     from fabricctl.formats.tokens import TokenCounter
+    from fabricctl.replay.jobs import JobSpec
     from fabricctl.replay.report import PolicyResult
 
 
@@ -66,6 +78,9 @@ def command(
     costs: Path | None = typer.Option(None, "--costs", help="Simulated GPU costs (TOML, e.g. "
                                       "from `fabricctl calibrate`); default: an H100 with a "
                                       "7B model."),
+    jobs: Path | None = typer.Option(None, "--jobs", help="Jobs file (JSON Lines: job, "
+                                     "arrival, window_s, priority) for a workload whose lines "
+                                     "name their job."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object keyed by policy."),
     config: Path | None = ConfigFile,
     model: str | None = typer.Option(None, "--model", "-m", help="The model (a directory "
@@ -81,21 +96,21 @@ def command(
     raise typer.Exit(guarded(lambda: run_replay(
         workload, gpus, policy, json_out, kv_tokens, pressure, rate, seed, max_num_seqs,
         tokenizer=cfg.producer.tokenizer, model=cfg.model, costs_file=costs,
-        contract=(c.max_batch_size, c.max_batch_tokens, c.max_input_len))))
+        contract=(c.max_batch_size, c.max_batch_tokens, c.max_input_len), jobs_file=jobs)))
 
 
-def policy_names(policy: str) -> list[str]:
-    """`policy` as a list of known names ("all" = fabric and the baselines)."""
-    from fabricctl.replay.run import ABLATIONS, POLICIES
+def policy_names(policy: str, jobs: bool = False) -> list[str]:
+    """`policy` as a list of known names ("all" = fabric, the baselines and the oracle, and
+    fabric-tokens for a multi-job workload)."""
+    from fabricctl.replay.run import JOB_POLICIES, KNOWN, POLICIES
 
     if policy == "all":
-        return list(POLICIES)
+        return list(JOB_POLICIES if jobs else POLICIES)
     names = [p.strip() for p in policy.split(",") if p.strip()]
-    known = set(POLICIES + ABLATIONS)
-    bad = [n for n in names if n not in known]
+    bad = [n for n in names if n not in KNOWN]
     if bad or not names:
         raise ValueError(f"unknown policy {', '.join(bad) or repr(policy)}; "
-                         f"known: all, {', '.join(POLICIES + ABLATIONS)}")
+                         f"known: all, {', '.join(KNOWN)}")
     return names
 
 
@@ -106,21 +121,52 @@ def _say(message: str) -> None:
 def read_workload(path: Path, counter: TokenCounter | None = None) -> list[Item]:
     """The workload's items, counted with `counter` (default: the estimate); bad lines are
     reported on stderr (the first 20)."""
-    from fabricctl.formats.reader import LineError, Parsed, parse_stream
+    return [item for item, _ in read_job_workload(path, counter)]
 
-    items: list[Item] = []
+
+def read_job_workload(path: Path, counter: TokenCounter | None = None
+                      ) -> list[tuple[Item, str | None]]:
+    """`read_workload`, each item with its line's job (None: none); a line whose job is not
+    a non-empty string is a bad line."""
+    from fabricctl.formats.reader import LineError, Parsed, parse_lines, read_lines
+    from fabricctl.replay.jobs import line_job
+
+    items: list[tuple[Item, str | None]] = []
     bad = 0
+
+    def report(line: str) -> None:
+        nonlocal bad
+        bad += 1
+        if bad <= 20:
+            _say(f"{path}: {line}")
+
     with path.open("rb") as fp:
-        for got in parse_stream(fp, counter=counter):
-            if isinstance(got, LineError):
-                bad += 1
-                if bad <= 20:
-                    _say(f"{path}: {got}")
-            elif isinstance(got, Parsed):
-                items.append(got.item)
+        lines = list(read_lines(fp))
+    for got in parse_lines(lines, counter=counter):
+        if isinstance(got, LineError):
+            report(str(got))
+        elif isinstance(got, Parsed):
+            try:
+                job = line_job(lines[got.line_no - 1].rstrip(b"\r\n"))
+            except ValueError as e:
+                report(f"line {got.line_no}: {e}")
+                continue
+            items.append((got.item, job))
     if bad > 20:
         _say(f"{path}: {bad - 20} more bad lines")
     return items
+
+
+def read_jobs_file(path: Path) -> dict[str, JobSpec]:
+    """A jobs file's jobs by name; one that does not read or parse is a `UsageError`."""
+    from fabricctl.replay.jobs import read_jobs
+
+    try:
+        return read_jobs(path.read_bytes().splitlines())
+    except OSError as e:
+        raise UsageError(f"jobs {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise UsageError(f"jobs {path}: {e}") from None
 
 
 def results_table(results: dict[str, PolicyResult], title: str) -> Table:
@@ -153,16 +199,47 @@ def results_table(results: dict[str, PolicyResult], title: str) -> Table:
     return t
 
 
+def jobs_tables(results: dict[str, PolicyResult]) -> tuple[Table, Table]:
+    """Per policy: makespan, deadlines met, the jobs that missed, the worst slowdown; and per
+    policy and job: arrival, completion, standalone, slowdown, deadline."""
+    from rich.table import Table
+
+    summary = Table(title="jobs: per policy (simulated)")
+    for col in ("policy", "makespan s", "deadlines met", "missed", "worst slowdown"):
+        summary.add_column(col, justify="left" if col in ("policy", "missed") else "right")
+    detail = Table(title="jobs: completion against standalone (simulated)")
+    for col in ("policy", "job", "items", "priority", "arrival s", "window s", "completion s",
+                "standalone s", "slowdown", "deadline"):
+        detail.add_column(col, justify="left" if col in ("policy", "job", "deadline")
+                          else "right")
+    for name, r in results.items():
+        summary.add_row(
+            name, f"{r.makespan_s:.2f}",
+            f"{r.deadlines_met}/{r.deadlines}" if r.deadlines else "-",
+            ", ".join(r.deadlines_missed or []) or "-",
+            "-" if r.worst_slowdown is None else f"{r.worst_slowdown:.2f}x")
+        for j in r.jobs or []:
+            detail.add_row(
+                name, j.job, f"{j.items:,}", f"{j.priority}", f"{j.arrival_s:.2f}",
+                "-" if j.window_s is None else f"{j.window_s:g}", f"{j.completion_s:.2f}",
+                "-" if j.standalone_s is None else f"{j.standalone_s:.2f}",
+                "-" if j.slowdown is None else f"{j.slowdown:.2f}x",
+                "-" if j.deadline_met is None else "met" if j.deadline_met else "MISSED")
+    return summary, detail
+
+
 def run_replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: int | None,
                pressure: float | None, rate: float, seed: int, max_num_seqs: int | None,
                tokenizer: str = "", model: str = "", costs_file: Path | None = None,
-               contract: tuple[int, int, int] | None = None) -> int:
+               contract: tuple[int, int, int] | None = None, jobs_file: Path | None = None
+               ) -> int:
     """Replay `workload` through `policy` on `gpus` simulated GPUs; print; return exit code.
     Tokens are counted by `choose_counter(tokenizer, model)`; `contract` is (max batch size,
-    max batch tokens, max input length), default `BatchLimits()`."""
+    max batch tokens, max input length), default `BatchLimits()`; `jobs_file`: the jobs'
+    terms (a multi-job workload)."""
     try:
         return _replay(workload, gpus, policy, json_out, kv_tokens, pressure, rate, seed,
-                       max_num_seqs, tokenizer, model, costs_file, contract)
+                       max_num_seqs, tokenizer, model, costs_file, contract, jobs_file)
     except UsageError as e:
         _say(f"fabricctl replay: {e}")
         return exit_code_of(e)
@@ -195,16 +272,17 @@ def load_costs_file(path: Path | None) -> SimCosts:
 def _replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: int | None,
             pressure: float | None, rate: float, seed: int, max_num_seqs: int | None,
             tokenizer: str = "", model: str = "", costs_file: Path | None = None,
-            contract: tuple[int, int, int] | None = None) -> int:
+            contract: tuple[int, int, int] | None = None, jobs_file: Path | None = None) -> int:
 
     import msgspec
     from rich.console import Console
 
+    from fabricctl.replay.report import JOB_FIELDS
     from fabricctl.replay.run import BatchLimits, costs_for, limits_for, pressure_of, replay
-    from fabricctl.replay.workload import load
+    from fabricctl.replay.workload import with_jobs
 
     try:
-        names = policy_names(policy)
+        policy_names(policy)  # checked before the workload is read; "all" depends on it
         if gpus < 1:
             raise ValueError("gpus must be at least 1")
         if max_num_seqs is not None and max_num_seqs < 1:
@@ -217,14 +295,19 @@ def _replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: i
             raise ValueError(f"{workload}: no such file")
     except ValueError as e:
         raise UsageError(str(e)) from None
+    specs = read_jobs_file(jobs_file) if jobs_file is not None else {}
     counter = counter_for(tokenizer, model)
-    parsed = read_workload(workload, counter)
+    parsed = read_job_workload(workload, counter)
     if not parsed:
         raise UsageError(f"{workload}: no readable item")
     base = load_costs_file(costs_file)
     if max_num_seqs is None:
         max_num_seqs = base.max_num_seqs if costs_file is not None else 64
-    items = load(parsed, base.block_size, rate, seed)
+    try:
+        items, jobs = with_jobs(parsed, specs, base.block_size, rate, seed)
+    except ValueError as e:
+        raise UsageError(f"jobs {jobs_file}: {e}") from None
+    names = policy_names(policy, jobs=bool(jobs))
     try:
         costs = costs_for(items, kv_tokens=kv_tokens, pressure=pressure,
                           max_num_seqs=max_num_seqs, base=base)
@@ -233,17 +316,23 @@ def _replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: i
     given = BatchLimits(*contract) if contract is not None else BatchLimits()
     limits = limits_for(items, costs, given)
     results = {n: msgspec.structs.replace(r, token_counter=counter.name)
-               for n, r in replay(items, names, gpus, costs, limits).items()}
+               for n, r in replay(items, names, gpus, costs, limits, jobs=jobs).items()}
     if json_out:
+        drop = () if jobs else JOB_FIELDS
         sys.stdout.write(msgspec.json.encode(
-            {n: msgspec.structs.asdict(r) for n, r in results.items()}).decode() + "\n")
+            {n: {k: v for k, v in msgspec.structs.asdict(r).items() if k not in drop}
+             for n, r in results.items()}).decode() + "\n")
         return int(ExitCode.OK)
     arrivals = "all at t=0" if rate == 0 else f"Poisson {rate:g}/s (seed {seed})"
     _say(f"simulated: {len(items):,} items, {gpus} GPU(s), KV {costs.kv_tokens:,} tokens "
          f"(cache pressure {pressure_of(items, costs):.2f}), max_num_seqs {max_num_seqs}, "
          f"arrivals {arrivals}; token counts: {counter.name}; cost model: "
          f"{costs_file or 'fabricctl/engines/costs.py (an H100, a 7B model)'}; contract "
-         f"{limits.max_batch_size} items / {limits.max_batch_tokens:,} tokens a batch")
+         f"{limits.max_batch_size} items / {limits.max_batch_tokens:,} tokens a batch"
+         + (f"; {len(jobs)} jobs ({jobs_file or 'no jobs file'})" if jobs else ""))
     console = Console() if sys.stdout.isatty() else Console(width=160)
     console.print(results_table(results, f"fabricctl replay — {workload.name} (simulated)"))
+    if jobs:
+        for table in jobs_tables(results):
+            console.print(table)
     return int(ExitCode.OK)

@@ -15,17 +15,27 @@ waits.
   with the most of them (no GPU idles while work waits; each steal costs one prefix).
 - Its consumers fill the engine's queue exactly as fabric's do (`SimFleet.wants`), pad
   nothing, and send no pre-warm.
+- Jobs (`Oracle(items, jobs)`): a GPU's queues are per shape and job, and it takes the most
+  urgent first: the highest priority, then the earliest deadline (none: last), then its
+  current queue, then one of its current shape, then the most items; a steal takes the most
+  urgent queue of the other GPUs likewise. It sees an item's job only once it arrived, so it
+  switches to an urgent job's shape within the engine's queue of its arrival. With one job
+  (or none) this is the order above.
 Pure and deterministic: ties break by shape order, and nothing reads a clock.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from collections.abc import Mapping
 
+from fabricctl.replay.jobs import JobSpec
 from fabricctl.replay.policies import _Base
 from fabricctl.replay.workload import ReplayItem
 
 Shape = tuple[str, int]
+Unit = tuple[Shape, int]  # a shape's items of one job
 
 
 def shape_work(items: list[ReplayItem]) -> dict[Shape, int]:
@@ -59,39 +69,52 @@ class Oracle(_Base):
 
     name = "oracle"
 
-    def __init__(self, items: list[ReplayItem]) -> None:
+    def __init__(self, items: list[ReplayItem], jobs: Mapping[int, JobSpec] | None = None
+                 ) -> None:
         self.items = items
+        self.jobs = dict(jobs or {})
         self.out = 1  # output tokens of the last request handed out (for `wants`)
+
+    def urgency(self, unit: Unit) -> tuple[int, float]:
+        """(priority, -deadline): greater is more urgent."""
+        spec = self.jobs.get(unit[1])
+        if spec is None:
+            return (0, -math.inf)
+        deadline = spec.deadline
+        return (spec.priority, -math.inf if deadline is None else -deadline)
 
     def attach(self, sim: object) -> None:
         super().attach(sim)  # type: ignore[arg-type]
         gpus = len(self.sim.gpus)
         self.homes = place(shape_work(self.items), gpus)
         self.dealt: dict[Shape, int] = {}
-        self.queues: list[dict[Shape, deque[ReplayItem]]] = [{} for _ in range(gpus)]
-        self.current: list[Shape | None] = [None] * gpus
+        self.queues: list[dict[Unit, deque[ReplayItem]]] = [{} for _ in range(gpus)]
+        self.current: list[Unit | None] = [None] * gpus
 
     def arrive(self, r: ReplayItem, now: float) -> None:
         homes = self.homes.get(r.shape) or [0]
         i = self.dealt.get(r.shape, 0)
         self.dealt[r.shape] = i + 1
         g = homes[i % len(homes)]
-        self.queues[g].setdefault(r.shape, deque()).append(r)
+        self.queues[g].setdefault((r.shape, r.item.job), deque()).append(r)
 
-    def _next_shape(self, g: int) -> Shape | None:
+    def _next_shape(self, g: int) -> Unit | None:
         own = self.queues[g]
         cur = self.current[g]
-        if cur is not None and own.get(cur):
-            return cur
         if own:
-            return max(own, key=lambda s: (len(own[s]), s))
-        victim = max(range(len(self.queues)),
-                     key=lambda v: (max((len(q) for q in self.queues[v].values()), default=0),
-                                    -v))
+            return max(own, key=lambda u: (self.urgency(u), u == cur,
+                                           cur is not None and u[0] == cur[0], len(own[u]), u))
+
+        def top(v: int) -> tuple[tuple[int, float], int]:
+            qs = self.queues[v]
+            return max(((self.urgency(u), len(q)) for u, q in qs.items()),
+                       default=((0, -math.inf), 0))
+
+        victim = max(range(len(self.queues)), key=lambda v: (*top(v), -v))
         theirs = self.queues[victim]
         if not theirs:
             return None
-        s = max(theirs, key=lambda s: (len(theirs[s]), s))
+        s = max(theirs, key=lambda u: (self.urgency(u), len(theirs[u]), u))
         q = theirs[s]
         if victim != g and self.current[victim] == s and len(q) > 1:
             take = deque(q.popleft() for _ in range(len(q) // 2))  # share a running shape

@@ -18,17 +18,25 @@ pow2-buckets) keep their engine's queue filled as `SimFleet.wants` says: at leas
 request waits, and about what one step admits in steady state (max_num_seqs / output
 tokens), so every step mixes new prefills with decodes instead of admitting a whole cohort
 at once; routers hand over at arrival.
+Jobs (a multi-job workload, `replay.jobs`): every policy sees each item's job number
+(`Item.job`); only fabric acts on it: when a job's first item arrives it tells the broker
+the job's terms (`Broker.set_job_terms`: priority, deadline = arrival + window), and once
+its last item arrived (the replay knows the whole trace) it seals the job. `job_terms=False`
+keeps them from the broker (fabric-tokens, the tokens-only comparison). The baselines
+ignore jobs.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from typing import Protocol
 
 from fabricctl.core.broker import Broker
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.types import Contract
 from fabricctl.replay.fleet import SimFleet
+from fabricctl.replay.jobs import JobSpec
 from fabricctl.replay.workload import ReplayItem
 
 
@@ -143,8 +151,12 @@ class Fabric(_Base):
     """Why: the broker under test (its real core, memory mode), one consumer per GPU."""
 
     def __init__(self, cfg: CoreConfig, max_batch_size: int, max_batch_tokens: int,
-                 max_input_len: int, prewarm: bool = True, name: str = "fabric") -> None:
+                 max_input_len: int, prewarm: bool = True, name: str = "fabric",
+                 jobs: Mapping[int, JobSpec] | None = None, job_terms: bool = True) -> None:
         self.name = name
+        self.jobs = dict(jobs or {}) if job_terms else {}
+        self.last_of_job: dict[int, str] = {}  # job -> the id of its last item to arrive
+        self.announced: set[int] = set()
         self.broker = Broker(cfg)
         self.limits = (max_batch_size, max_batch_tokens, max_input_len)
         self.prewarm_on = prewarm
@@ -156,6 +168,9 @@ class Fabric(_Base):
     def attach(self, sim: SimFleet) -> None:
         super().attach(sim)
         self.models = sorted({r.item.model for r in sim.items})
+        if self.jobs:
+            for r in sorted(sim.items, key=lambda r: r.arrival):
+                self.last_of_job[r.item.job] = r.item.id
         self.gpu_of: dict[str, int] = {}
         for g in range(len(sim.gpus)):
             for m in self.models:
@@ -164,7 +179,13 @@ class Fabric(_Base):
 
     def arrive(self, r: ReplayItem, now: float) -> None:
         self.by_id[r.item.id] = r
+        spec = self.jobs.get(r.item.job)
+        if spec is not None and spec.number not in self.announced:
+            self.announced.add(spec.number)
+            self.broker.set_job_terms(spec.number, spec.terms())
         self.broker.ingest([r.item], now)
+        if spec is not None and self.last_of_job.get(spec.number) == r.item.id:
+            self.broker.set_job_terms(spec.number, spec.terms(sealed=True))
 
     def feed(self, g: int, now: float) -> None:
         while self.sim.wants(g, self.out) and self._pull(g, now):

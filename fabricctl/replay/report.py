@@ -22,6 +22,12 @@ Contract (`summarise(sim)` after `Simulation.run`):
 - CUDA-graph rebuilds: graph keys built by the simulated GPUs (vLLM captures its graphs by
   batch size at start-up, so a replay that passes no key builds none);
 - latency: arrival to finish, p50 and p99.
+Jobs (a multi-job workload; `run.replay` fills these in, None otherwise): per job
+(`JobResult`) its completion time = its last item's finish - the job's arrival, its
+standalone time (the same job replayed alone, arriving at t = 0, on the same GPUs with the
+same policy), the slowdown = completion / standalone, and whether it met its deadline
+(completion <= its window); per policy the deadlines met and the jobs that missed theirs,
+and the worst slowdown. The fleet's makespan is `makespan_s`.
 """
 
 from __future__ import annotations
@@ -29,6 +35,21 @@ from __future__ import annotations
 import msgspec
 
 from fabricctl.replay.fleet import SimRecord
+from fabricctl.replay.jobs import JobSpec
+
+
+class JobResult(msgspec.Struct):
+    """One job's figures under one policy (all simulated)."""
+
+    job: str
+    items: int
+    arrival_s: float
+    priority: int
+    window_s: float | None
+    completion_s: float  # its last item's finish - its arrival
+    standalone_s: float | None  # the same, replayed alone on the same GPUs and policy
+    slowdown: float | None  # completion / standalone
+    deadline_met: bool | None  # completion <= window (None: no window)
 
 
 class PolicyResult(msgspec.Struct):
@@ -51,6 +72,14 @@ class PolicyResult(msgspec.Struct):
     p50_latency_s: float
     p99_latency_s: float
     token_counter: str = "estimate"  # how the workload's lines were counted (choose_counter)
+    # a multi-job workload only (None otherwise): see the module docstring
+    jobs: list[JobResult] | None = None
+    deadlines: int | None = None  # jobs with a window
+    deadlines_met: int | None = None
+    deadlines_missed: list[str] | None = None  # the jobs that missed theirs
+    worst_slowdown: float | None = None
+
+JOB_FIELDS = ("jobs", "deadlines", "deadlines_met", "deadlines_missed", "worst_slowdown")
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -147,3 +176,41 @@ def summarise(sim: SimRecord) -> PolicyResult:
         thrash_events=None if thrash is None else int(thrash),
         p50_latency_s=round(_pct(lat, 50), 3), p99_latency_s=round(_pct(lat, 99), 3),
     )
+
+
+def job_finishes(sim: SimRecord) -> dict[int, tuple[int, float]]:
+    """Per job number: (its items that finished, the last one's finish time)."""
+    out: dict[int, tuple[int, float]] = {}
+    for _, r, q in sim.finished:
+        n, end = out.get(r.item.job, (0, 0.0))
+        out[r.item.job] = (n + 1, max(end, q.finish_time or 0.0))
+    return out
+
+
+def job_results(finishes: dict[int, tuple[int, float]], jobs: dict[int, JobSpec],
+                alone: dict[int, float]) -> list[JobResult]:
+    """Each job's figures from its finishes (`job_finishes`) and standalone times."""
+    out = []
+    for number, spec in sorted(jobs.items()):
+        n, end = finishes.get(number, (0, spec.arrival))
+        done = round(end - spec.arrival, 3)
+        solo = alone.get(number)
+        solo = None if solo is None else round(solo, 3)  # the figures shown agree
+        out.append(JobResult(
+            job=spec.label, items=n, arrival_s=spec.arrival, priority=spec.priority,
+            window_s=spec.window_s, completion_s=done,
+            standalone_s=solo,
+            slowdown=round(done / solo, 3) if solo else None,
+            deadline_met=None if spec.window_s is None else done <= spec.window_s))
+    return out
+
+
+def with_jobs(result: PolicyResult, jobs: list[JobResult]) -> PolicyResult:
+    """`result` with its per-job figures and their summary."""
+    windows = [j for j in jobs if j.deadline_met is not None]
+    slow = [j.slowdown for j in jobs if j.slowdown is not None]
+    return msgspec.structs.replace(
+        result, jobs=jobs, deadlines=len(windows),
+        deadlines_met=sum(1 for j in windows if j.deadline_met),
+        deadlines_missed=[j.job for j in windows if not j.deadline_met],
+        worst_slowdown=max(slow) if slow else None)

@@ -9,6 +9,12 @@ arrivals. `costs_for` sizes the simulated KV pool from a cache pressure: pressur
 workload's distinct prefix tokens / the KV tokens left to cache them after `max_num_seqs`
 in-flight requests took their own (non-prefix) tokens, so kv = distinct / pressure + that
 reserve. `limits_for` gives the consumers' contract for a workload and KV pool.
+Jobs: `replay(..., jobs=...)` (the jobs by number, from `workload.with_jobs`) gives fabric and
+the oracle the jobs' terms, and fills in each result's per-job figures (`report.JobResult`),
+each job's standalone time from a replay of that job alone (arriving at t = 0) with the same
+policy on the same GPUs (`standalone=False` skips those runs). "fabric-tokens" is fabric
+ordering shapes by tokens alone, as before jobs: no fair share, no wait bound
+(`TOKENS_ONLY`), and no job terms; `JOB_POLICIES` is what a multi-job replay runs by default.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ import dataclasses
 
 from fabricctl.core.config import CoreConfig, prewarm_enabled
 from fabricctl.engines.costs import SimCosts
+from fabricctl.replay.jobs import JobSpec
 from fabricctl.replay.oracle import Oracle
 from fabricctl.replay.policies import Fabric, Policy, Pow2Buckets, PrefixAffinity, RoundRobin
-from fabricctl.replay.report import PolicyResult
+from fabricctl.replay.report import PolicyResult, job_finishes, job_results, with_jobs
 from fabricctl.replay.sim import Simulation
 from fabricctl.replay.workload import ReplayItem, distinct_prefix_tokens
 
@@ -27,7 +34,12 @@ BASELINES = ("round-robin", "prefix-affinity", "pow2-buckets")
 ABLATIONS = ("fabric-per-model", "fabric-no-lanes", "fabric-no-prewarm", "fabric-no-lifecycle")
 ORACLE = "oracle"  # the reference: an omniscient shape scheduler (replay/oracle.py)
 POLICIES = ("fabric", *BASELINES, ORACLE)
+FABRIC_TOKENS = "fabric-tokens"  # fabric by tokens alone, blind to jobs: the comparison
+COMPARISONS = (FABRIC_TOKENS,)
+JOB_POLICIES = ("fabric", FABRIC_TOKENS, *BASELINES, ORACLE)
+KNOWN = (*POLICIES, *COMPARISONS, *ABLATIONS)
 FABRIC_CORE = CoreConfig()  # the broker as the replay runs it: the same defaults as up/run
+TOKENS_ONLY = {"fair_share": False, "wait_bound_s": 1e9}  # the old policy, approximately
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,10 +52,11 @@ class BatchLimits:
 
 
 def make_policy(name: str, limits: BatchLimits, core: CoreConfig | None = None,
-                items: list[ReplayItem] | None = None) -> Policy:
+                items: list[ReplayItem] | None = None,
+                jobs: dict[int, JobSpec] | None = None) -> Policy:
     core = core or FABRIC_CORE
     if name == ORACLE:
-        return Oracle(items or [])
+        return Oracle(items or [], jobs)
     lim = (limits.max_batch_size, limits.max_batch_tokens, limits.max_input_len)
     if name == "round-robin":
         return RoundRobin()
@@ -51,8 +64,12 @@ def make_policy(name: str, limits: BatchLimits, core: CoreConfig | None = None,
         return PrefixAffinity()
     if name == "pow2-buckets":
         return Pow2Buckets(limits.max_batch_size, limits.max_batch_tokens)
+    prewarm = prewarm_enabled(core.prewarm, simulated=True)
     if name == "fabric":
-        return Fabric(core, *lim, prewarm=prewarm_enabled(core.prewarm, simulated=True))
+        return Fabric(core, *lim, prewarm=prewarm, jobs=jobs)
+    if name == FABRIC_TOKENS:
+        return Fabric(dataclasses.replace(core, **TOKENS_ONLY), *lim,  # type: ignore[arg-type]
+                      prewarm=prewarm, name=name, job_terms=False)
     if name == "fabric-per-model":
         return Fabric(dataclasses.replace(core, shape_scope="model"), *lim, name=name)
     if name == "fabric-no-lanes":
@@ -61,7 +78,7 @@ def make_policy(name: str, limits: BatchLimits, core: CoreConfig | None = None,
         return Fabric(core, *lim, prewarm=False, name=name)
     if name == "fabric-no-lifecycle":
         return Fabric(dataclasses.replace(core, lifecycle=False), *lim, name=name)
-    raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES + ABLATIONS)}")
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join(KNOWN)}")
 
 
 def inflight_reserve(items: list[ReplayItem], max_num_seqs: int) -> int:
@@ -110,10 +127,32 @@ def limits_for(items: list[ReplayItem], costs: SimCosts,
 
 def replay(items: list[ReplayItem], names: list[str], gpus: int, costs: SimCosts,
            limits: BatchLimits | None = None, core: CoreConfig | None = None,
+           jobs: dict[int, JobSpec] | None = None, standalone: bool = True,
            ) -> dict[str, PolicyResult]:
     limits = limits or limits_for(items, costs)
     out: dict[str, PolicyResult] = {}
     for name in names:
-        policy = make_policy(name, limits, core, items)
-        out[name] = Simulation(items, policy, gpus, costs, limits.max_input_len).run()
+        policy = make_policy(name, limits, core, items, jobs)
+        sim = Simulation(items, policy, gpus, costs, limits.max_input_len)
+        res = sim.run()
+        if jobs:
+            alone = ({n: job_alone(items, spec, name, gpus, costs, limits, core)
+                      for n, spec in jobs.items()} if standalone else {})
+            res = with_jobs(res, job_results(job_finishes(sim), jobs, alone))
+        out[name] = res
     return out
+
+
+def job_alone(items: list[ReplayItem], spec: JobSpec, name: str, gpus: int, costs: SimCosts,
+              limits: BatchLimits, core: CoreConfig | None = None) -> float:
+    """Seconds from arrival to its last finish of job `spec` replayed alone (arriving at
+    t = 0) through policy `name` on `gpus` GPUs of `costs`."""
+    mine = [dataclasses.replace(r, arrival=r.arrival - spec.arrival) for r in items
+            if r.item.job == spec.number]
+    if not mine:
+        return 0.0
+    solo = spec.alone()
+    policy = make_policy(name, limits, core, mine, {spec.number: solo})
+    sim = Simulation(mine, policy, gpus, costs, limits.max_input_len)
+    sim.run()
+    return job_finishes(sim)[spec.number][1]
