@@ -6,6 +6,7 @@ signed. `Child` runs a `fabricctl` command as a subprocess whose stderr lines a 
 on (bounded: every wait has a deadline). `agent_items` is a deterministic workload of three
 shapes; `results` reads a broker's whole result sequence through its Unix socket and
 `assert_exactly_once` checks every id got exactly one result, and its own.
+`stopped_and_read(pid)` says a SIGSTOPped process has nothing more on its way to its peers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -232,6 +234,38 @@ def assert_exactly_once(recs: list[ResultRecord], items: list[Item]) -> None:
     for r in recs:
         assert r.error is None, r
         assert r.text == sim_text(r.id, r.completion_tokens), r
+
+
+async def stopped_and_read(pid: int) -> bool:
+    """Every thread of `pid` is stopped (a SIGSTOP took effect) and its TCP peers on this
+    host have read every byte it sent (Linux: /proc): nothing it wrote is still on its way."""
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        if stat.read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+            return False
+    queues = _tcp_queues()
+    for conn in psutil.Process(pid).net_connections(kind="tcp4"):
+        if not conn.raddr:
+            continue
+        here, there = (conn.laddr.ip, conn.laddr.port), (conn.raddr.ip, conn.raddr.port)
+        unacked = queues.get((here, there), (0, 0))[0]  # sent, not yet received there
+        unread = queues.get((there, here), (0, 0))[1]  # received there, not yet read
+        if unacked or unread:
+            return False
+    return True
+
+
+def _tcp_queues() -> dict[tuple[tuple[str, int], tuple[str, int]], tuple[int, int]]:
+    """(local, remote) -> (send queue, receive queue) of every IPv4 TCP socket of this host."""
+    def addr(field: str) -> tuple[str, int]:
+        ip, port = field.split(":")
+        return socket.inet_ntoa(struct.pack("=I", int(ip, 16))), int(port, 16)
+
+    out = {}
+    for row in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = row.split()
+        tx, rx = (int(q, 16) for q in f[4].split(":"))
+        out[(addr(f[1]), addr(f[2]))] = (tx, rx)
+    return out
 
 
 async def all_gone(procs: list[psutil.Process]) -> bool:

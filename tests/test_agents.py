@@ -38,6 +38,7 @@ from agent_helpers import (
     needs_openssl,
     query,
     results,
+    stopped_and_read,
     submit,
     wait_until,
 )
@@ -158,12 +159,12 @@ async def test_two_agents_over_tls_exactly_once_and_one_agent_cut_off(tmp_path: 
         await submit(site.data, second)
         await wait_until(lambda: _at_least(done_items(site.data), 240 + 150), 120, "under way")
         mark = len(broker.lines)
-        await _stop_holding(site, a, "a-gpu")  # cut off: sockets open, heartbeats stopped
+        held = await _stop_holding(site, a, "a-gpu")  # cut off: sockets open, no heartbeats
         for g in (0, 1):
             await broker.wait_line(f"consumer a-gpu{g} silent for", 30, start=mark)
         gone = await _departures(broker, "a-gpu", mark)
         assert all("(heartbeat timeout)" in ln for ln in gone), gone
-        assert sum(_back(ln) for ln in gone) > 0, gone  # it held batches: they went back
+        _assert_went_back(held, gone)
         a.kill()
         assert await a.wait(30) == -signal.SIGKILL
         await wait_until(lambda: _at_least(done_items(site.data), 240 + 1200), 120,
@@ -183,12 +184,12 @@ async def test_two_agents_over_tls_exactly_once_and_one_agent_cut_off(tmp_path: 
         done = 240 + 1200
         await wait_until(lambda: _at_least(done_items(site.data), done + 150), 120, "under way")
         mark = len(broker.lines)
-        await _stop_holding(site, b, "b-gpu")
+        held = await _stop_holding(site, b, "b-gpu")
         b.kill()
         assert await b.wait(30) == -signal.SIGKILL
         gone = await _departures(broker, "b-gpu", mark)  # at once: no heartbeat timeout
         assert all("(connection closed)" in ln for ln in gone), gone
-        assert sum(_back(ln) for ln in gone) > 0, gone
+        _assert_went_back(held, gone)
         await wait_until(lambda: _at_least(done_items(site.data), done + 1200), 120,
                          "third workload, on agent c")
         assert_exactly_once([r for r in await results(site.data) if r.id.startswith("q")],
@@ -232,19 +233,28 @@ async def test_the_broker_killed_and_restarted_the_agents_rejoin(tmp_path: Path)
         await site.cleanup()
 
 
-async def _stop_holding(site: Site, agent: Child, prefix: str, timeout: float = 60) -> int:
-    """SIGSTOP `agent` at a moment its consumers hold batches; how many they hold.
+async def _stop_holding(site: Site, agent: Child, prefix: str,
+                        timeout: float = 60) -> dict[str, int]:
+    """SIGSTOP `agent` at a moment its consumers hold batches they can no longer answer;
+    consumer -> the batches it holds (some held).
 
+    Held is counted once the agent is stopped and the broker has read all it sent, and
+    excludes the batches settling (their completion received): a held batch can then only
+    go back to its lane. (Counting every batch in flight as soon as SIGSTOP was sent, CI saw
+    an agent stopped with nothing but completions on their way: it left holding none.)
     A sim batch lasts milliseconds, so an agent stopped at a random moment may hold none
     (its shapes may also all be served elsewhere just then): it is let go again until the
     broker counts more items done, then stopped again."""
+    assert agent.proc is not None
+    pid = agent.proc.pid
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
         agent.signal(signal.SIGSTOP)
-        held = sum(c["batches_inflight"] for c in await query(site.data, "consumers")
-                   if c["name"].startswith(prefix))
-        if held:
+        await wait_until(lambda: stopped_and_read(pid), 30, f"{prefix}* stopped, heard out")
+        held = {c["name"]: c["batches_inflight"] - c["batches_settling"]
+                for c in await query(site.data, "consumers") if c["name"].startswith(prefix)}
+        if any(held.values()):
             return held
         assert loop.time() < deadline, f"{prefix}* held no batch within {timeout} s"
         agent.signal(signal.SIGCONT)
@@ -262,7 +272,13 @@ async def _departures(broker: Child, prefix: str, start: int) -> list[str]:
 
 def _back(line: str) -> int:
     """N from the broker's "consumer X lost (why): N items back to their lanes"."""
-    return int(line.rsplit(": ", 1)[1].split()[0]) if "items back" in line else 0
+    return int(line.split("): ", 1)[1].split()[0]) if "items back" in line else 0
+
+
+def _assert_went_back(held: dict[str, int], gone: list[str]) -> None:
+    """Each consumer that held batches when cut off gave items back to their lanes."""
+    back = {ln.split("consumer ", 1)[1].split()[0]: _back(ln) for ln in gone}
+    assert all(back.get(name, 0) > 0 for name, n in held.items() if n), (held, gone)
 
 
 async def _is(value: object, want: object) -> bool:

@@ -513,6 +513,20 @@ def test_disconnect_puts_batches_back_in_front_in_order() -> None:
     assert b.disconnect("nobody", 1.0) == 0
 
 
+def test_a_consumers_view_counts_its_settling_batches_apart() -> None:
+    """What a lost consumer gives back is its in-flight batches less those settling (being
+    committed, or whose completion a store received): the view shows both counts."""
+    b = broker(size=3)
+    b.ingest(items(A, 10), now=0.0)
+    batches = [b.pull("c1", 0.0) for _ in range(3)]
+    x1, x2, x3 = (x for x in batches if x is not None)
+    b.settling.add(x1.id)  # its commit is under way
+    [view] = b.snapshot(0.5, received={x2.id}).consumers  # x2's completion is queued
+    assert (view.batches_inflight, view.batches_settling) == (3, 2)
+    assert b.snapshot(0.5).consumers[0].batches_settling == 1
+    assert b.disconnect("c1", 1.0, keep={x2.id}) == len(x3.entries)  # what was not answered
+
+
 def test_disconnect_updates_the_budget() -> None:
     b = broker(budget=1000)
     b.register("big", Contract("m", 8, 5000, 4096), now=0.0)

@@ -410,13 +410,16 @@ class Broker:
         """Every live shape: open ones and a draining current one."""
         return self.maintenance.shapes()
 
-    def snapshot(self, now: float, lanes: object = "all", events: int = 100) -> Snapshot:
-        """All a dashboard needs; `lanes` is "all", "none" or a set of (model, signature)."""
+    def snapshot(self, now: float, lanes: object = "all", events: int = 100,
+                 received: frozenset[int] | set[int] = frozenset()) -> Snapshot:
+        """All a dashboard needs; `lanes` is "all", "none" or a set of (model, signature);
+        `received` names batches whose completion a store received and has not yet begun
+        to commit: with `settling`, each consumer's settling batches."""
         return take_snapshot(
             now, shapes=self.shapes(), models=self.models.values(),
             consumers=self.consumers.values(), ledger=self.ledger, log=self.events,
             lane_counters=self.lane_counters, batches_hist=self.batches_hist,
             starving_lanes=self.starving_lanes, batches_total=self.batches_total,
             starve_s=self.cfg.starve_s, lanes=lanes, events=events,  # type: ignore[arg-type]
-            job_views=self.job_views(now),
+            job_views=self.job_views(now), settling=self.settling | received,
         )

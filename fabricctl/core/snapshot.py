@@ -3,7 +3,8 @@
 Contract: `take_snapshot(now, ...)` copies everything a dashboard or `--json` reader needs
 (shapes with state, epoch, staged/pending tokens, lanes, batches, waste; lanes with target,
 items, waste, oldest age, starving/quiescing; models; consumers, each with its current and
-next shape (its own in "consumer" scope, the model's in "model" scope); recent events;
+next shape (its own in "consumer" scope, the model's in "model" scope) and how many of the
+batches it holds are settling (their completion received); recent events;
 counters; the ledger) out of the pieces it is handed, never a broker: it reads them and changes
 nothing. `lanes` selects which shapes carry their lane list: all, none, or some keys.
 `finished_view(shape, thrash_line)` is the record kept of a finished shape: its `ShapeView`
@@ -106,6 +107,9 @@ class ConsumerView(msgspec.Struct):
     joined: float
     current: int | None = None  # the signature of the shape it pulls from now
     next: int | None = None  # the signature of the shape warming for it
+    # of batches_inflight, those whose completion the broker already holds (settling): the
+    # rest are what go back to their lanes if this consumer is lost now
+    batches_settling: int = 0
 
 
 class Counters(msgspec.Struct):
@@ -192,8 +196,10 @@ def take_snapshot(
     lane_counters: LaneCounters, batches_hist: BatchesHistogram, starving_lanes: int,
     batches_total: int, starve_s: float, lanes: str | Container[tuple[str, int]] = "all",
     events: int = 100, job_views: list[JobView] | None = None,
+    settling: Container[int] = frozenset(),
 ) -> Snapshot:
-    """The snapshot of the live `shapes` and the rest, with the `events` most recent events."""
+    """The snapshot of the live `shapes` and the rest, with the `events` most recent events;
+    `settling` names the batches whose completion was received (each consumer's count)."""
     views = []
     for s in shapes:
         with_lanes = lanes == "all" or (not isinstance(lanes, str) and s.key in lanes)
@@ -219,7 +225,7 @@ def take_snapshot(
             c.name, c.contract.model, c.contract.max_batch_size, c.contract.max_batch_tokens,
             c.contract.max_input_len, len(c.batches), c.batches_done, c.items_done,
             c.tokens_done, c.joined, cur.signature if cur else None,
-            nxt.signature if nxt else None))
+            nxt.signature if nxt else None, sum(b in settling for b in c.batches)))
     lc = lane_counters
     hist = batches_hist
     counters = Counters(

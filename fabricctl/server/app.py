@@ -81,15 +81,15 @@ class BrokerServer:
     ) -> None:
         if cfg.listen and not cfg.token:
             raise ValueError("--listen needs a shared token (server.token in the config)")
-        self.state = ServerState(store, cfg, clock)
+        store.defer_results()  # quarantine results go through the writer too
+        self.writer = Writer(store, clock, self._after_commit, cfg.commit_items,
+                             cfg.complete_batches, cfg.commit_wait_s, cfg.writer_thread)
+        self.state = ServerState(store, cfg, clock, self.writer.pending_batches)
         self.stopped = asyncio.Event()
         self.listeners = Listeners(self.state, self)
         self._stopping: asyncio.Task[None] | None = None
         self.on_fatal: Callable[[BaseException], None] = _stop_process
         self._tasks: list[asyncio.Task[None]] = []
-        store.defer_results()  # quarantine results go through the writer too
-        self.writer = Writer(store, clock, self._after_commit, cfg.commit_items,
-                             cfg.complete_batches, cfg.commit_wait_s, cfg.writer_thread)
         self.handlers = Handlers(self.state, self.writer, self.drop)
 
     # -- the shared state, by name ----------

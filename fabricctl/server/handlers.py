@@ -215,14 +215,18 @@ class Handlers:
 
     def disconnect_consumer(self, name: str, why: str) -> None:
         """A consumer is gone: its batches go back, but not those whose completion the
-        writer already received (they stay, to be settled)."""
+        writer already received (they stay, to be settled; the log line counts them)."""
         st = self.state
         keep = self.writer.pending_batches()
+        c = st.core.consumers.get(name)
+        settling = len(c.batches & (st.core.settling | keep)) if c is not None else 0
+        note = f"; {settling} answered batches settle" if settling else ""
         items = st.store.disconnect(name, st.clock(), why, keep)
         if items:
-            log.warning("consumer %s lost (%s): %d items back to their lanes", name, why, items)
+            log.warning("consumer %s lost (%s): %d items back to their lanes%s", name, why,
+                        items, note)
         else:
-            log.info("consumer %s left (%s), holding no batches", name, why)
+            log.info("consumer %s left (%s), holding no batches%s", name, why, note)
         st.wakeup.notify()
 
     def try_pull(self, peer: Peer, frame: Pull, t0: float) -> bool:

@@ -5,7 +5,9 @@ connections, its views and its pre-warm signals; each reaches the daemon's state
 through it. `core` is the store's core; `peers` holds every open connection; `consumers`
 maps a registered consumer name to its one peer; `wakeup` wakes every long-polling pull;
 `metrics` is this broker's Prometheus registry; `extra` names the snapshot extras (gpus,
-processes, ...), each a callable read at snapshot time; `started` is the clock at start.
+processes, ...), each a callable read at snapshot time; `received` names the batches whose
+completion was received and waits for the writer (its `pending_batches`); `started` is the
+clock at start.
 None of them is replaced after construction (the collections change in place).
 """
 
@@ -33,6 +35,7 @@ class ServerState:
     store: DurableBroker
     cfg: ServerConfig
     clock: Callable[[], float]
+    received: Callable[[], set[int]] = set  # the writer's received, not yet settled batches
     core: Broker = field(init=False)
     peers: set[Peer] = field(default_factory=set)
     consumers: dict[str, Peer] = field(default_factory=dict)

@@ -75,7 +75,7 @@ def extras(state: ServerState) -> dict[str, Any]:
 
 
 def snapshot(state: ServerState, lanes: Any = "none", events: int = 100) -> Snapshot:
-    snap = state.core.snapshot(state.clock(), lanes, events)
+    snap = state.core.snapshot(state.clock(), lanes, events, state.received())
     snap.simulated = any(p.simulated for p in state.consumers.values())
     snap.extra = extras(state)
     snap.jobs = dashboard_jobs(state)
