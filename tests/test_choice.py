@@ -323,3 +323,29 @@ def test_bad_choice_settings_are_refused(tmp_path: object) -> None:
     f.write_text("[broker]\nwait_bound_s = 5.0\namortise_batches = 4\n")
     cfg = load_config(config_file=f)
     assert (cfg.broker.wait_bound_s, cfg.broker.amortise_batches) == (5.0, 4)
+
+
+def test_a_short_job_may_take_a_second_gpu_and_the_long_one_comes_back() -> None:
+    b = fleet(2, amortise_batches=4)
+    for sig in (1, 2):
+        b.ingest(items(sig, 900, job=1), 0.0)  # the long job: one shape per consumer
+    b.set_job_terms(1, JobTerms(sealed=True))
+    run(b, 0.0, 0.1)
+    b.ingest(items(99, 60, job=2), 0.1)  # 6,000 tokens against ~160,000
+    b.set_job_terms(2, JobTerms(sealed=True))
+    ms = b.models["m"]
+    seen_both = False
+    t = 0.1
+    while t < 0.3:
+        for c in list(b.consumers):
+            batch = b.pull(c, t)
+            if batch is not None:
+                b.complete(batch.id, t)
+        t = round(t + 0.01, 6)
+        if all(s.current is not None and s.current.signature == 99 for s in ms.slots.values()):
+            seen_both = True
+    reasons = [e.reason for e in b.events.since(0, limit=10_000) if e.kind is EventKind.SWITCH]
+    assert seen_both and any(r.endswith("shortest job") for r in reasons)
+    assert 99 not in {s.signature for s in ms.open.values() if s.items}  # done
+    assert any(s.current is not None and s.current.signature in (1, 2)
+               for s in ms.slots.values())  # the long job is served again

@@ -56,16 +56,23 @@ def submit(b: Broker, path: Path, *flags: str) -> subprocess.Popen[bytes]:
                             stdout=out, stderr=subprocess.PIPE)
 
 
-def job_of(b: Broker, name: str) -> dict[str, Any]:
-    """`jobs show NAME --json` (a job is found by its input's path)."""
+def show(b: Broker, name: str) -> dict[str, Any] | None:
+    """`jobs show ID --json` of the job whose input is NAME (None before it opened)."""
     p = b.run("jobs", "--json")
     assert p.returncode == 0, p.stderr
-    listed = json.loads(p.stdout)
-    jobs = listed["jobs"] if isinstance(listed, dict) else listed
-    (job,) = [j for j in jobs if j.get("name", "").endswith(name)]
-    p = b.run("jobs", "show", job["id"], "--json")
+    jobs = [j for j in json.loads(p.stdout)["jobs"] if j.get("name", "").endswith(name)]
+    if not jobs:
+        return None
+    p = b.run("jobs", "show", jobs[0]["id"], "--json")
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
+
+
+def job_of(b: Broker, name: str) -> dict[str, Any]:
+    """The job record of the job whose input is NAME."""
+    view = show(b, name)
+    assert view is not None, f"no job for {name}"
+    return view["job"]
 
 
 def wait_for(what: str, check: Any, timeout: float = 120.0) -> Any:
@@ -79,7 +86,10 @@ def wait_for(what: str, check: Any, timeout: float = 120.0) -> Any:
 
 
 def done(b: Broker, name: str) -> int:
-    j = job_of(b, name)
+    view = show(b, name)
+    if view is None:
+        return 0
+    j = view["job"]
     return int(j.get("completed", 0)) + int(j.get("failed", 0))
 
 
@@ -109,7 +119,8 @@ def test_a_raised_priority_goes_first(up: Any, tmp_path: Path) -> None:
     pf = submit(b, first)
     wait_for("the first job to start", lambda: done(b, "first.jsonl") > 100)
     p2 = submit(b, second)
-    wait_for("the second job to be accepted", lambda: job_of(b, "second.jsonl")["total"] == 3000)
+    wait_for("the second job to be accepted",
+             lambda: (show(b, "second.jsonl") or {"job": {}})["job"].get("total") == 3000)
     jid = job_of(b, "second.jsonl")["id"]
     p = b.run("jobs", "priority", jid, "9")
     assert p.returncode == 0, p.stderr
@@ -144,8 +155,8 @@ def test_an_infeasible_window_is_flagged_early(up: Any, tmp_path: Path) -> None:
     pb = submit(b, big, "--window", "40s")
 
     def at_risk() -> bool:
-        place = job_of(b, "big.jsonl").get("place") or {}
-        return bool(place.get("at_risk"))
+        view = show(b, "big.jsonl") or {}
+        return bool((view.get("place") or {}).get("at_risk"))
 
     wait_for("the job to be flagged at risk", at_risk, timeout=30)
     assert time.monotonic() - t0 <= 30, "flagged less than a quarter of the window before"

@@ -31,7 +31,7 @@ from fabricctl.core.config import CoreConfig
 from fabricctl.core.lanes import Lane, LaneCounters
 from fabricctl.core.ledger import Ledger
 from fabricctl.core.lifecycle import ModelState
-from fabricctl.core.shape import Shape, ShapeState
+from fabricctl.core.shape import JobTally, Shape, ShapeState
 from fabricctl.core.tracking import Placement
 from fabricctl.core.types import Entry, Item
 
@@ -63,7 +63,7 @@ def _count_jobs(shape: Shape, entries: list[Entry]) -> None:
         return
     job = entries[0].job
     if entries[-1].job == job and all(e.job == job for e in entries):
-        shape.count_job(job, len(entries))
+        shape.count_job(job, len(entries), sum(e.tokens for e in entries))
     else:
         shape.count_jobs(entries, 1)
 
@@ -81,6 +81,7 @@ class Intake:
         self.ledger = ledger
         self.next_key = 1  # memory mode: the key of the next item ingested
         self.queued = queued  # told of each shape that gained queued items (the choice's index)
+        self.tally = JobTally()  # each job's queued items and tokens, over every shape
 
     def open_shape(self, model: str, signature: int, label: str, now: float) -> Shape:
         """The key's open shape, made when there is none (a draining shape is no longer open)."""
@@ -88,7 +89,8 @@ class Intake:
         shape = ms.open.get(signature)
         if shape is None:
             state = ShapeState.STAGED if self.cfg.lifecycle else ShapeState.ACTIVE
-            shape = Shape(model, signature, label, self.cfg, self.lane_counters, now, state)
+            shape = Shape(model, signature, label, self.cfg, self.lane_counters, now, state,
+                          self.tally)
             ms.open[signature] = shape
         elif label and not shape.label:
             shape.label = label
@@ -113,7 +115,7 @@ class Intake:
         shape.tokens += entry.tokens
         shape.items += 1
         shape.lengths.add(entry.tokens)
-        shape.count_job(entry.job, 1)
+        shape.count_job(entry.job, 1, entry.tokens)
         if shape.staged_since is None:
             shape.staged_since = entry.t
         self.ledger.receive(1, entry.tokens)
@@ -139,7 +141,7 @@ class Intake:
             shape.tokens += t
             shape.items += 1
             shape.lengths.add(t)
-            shape.count_job(e.job, 1)
+            shape.count_job(e.job, 1, t)
             if shape.staged_since is None:
                 shape.staged_since = e.t
             touched[id(shape)] = shape

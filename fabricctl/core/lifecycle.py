@@ -40,7 +40,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 
-from fabricctl.core.choice import Chooser, Context, Pick, shape_terms
+from fabricctl.core.choice import Chooser, Context, Pick, main_job, shape_terms
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.events import EventKind, EventLog
 from fabricctl.core.rate import RateMeter
@@ -191,6 +191,35 @@ class Lifecycle:
                 if ms is not None:
                     self.index(ms, old)
 
+    def _shortest(self, ms: ModelState, cur: Shape, ctx: Context, live: Container[str]
+                  ) -> Pick | None:
+        """Fair share's shortest-first half: another consumer's shape whose job has at least
+        `short_ratio` times fewer tokens queued than this consumer's job, holds no more
+        consumers, and has a batch budget left to share; the shortest such. A short job then
+        runs on more GPUs than its share for a while, which costs the long one little, and
+        fair share brings the long one back once the taker's run amortised."""
+        if not self.cfg.fair_share:
+            return None
+        own = main_job(cur)
+        tokens = cur.tally.tokens
+        own_tokens = tokens.get(own, 0)
+        own_held = ctx.held.get(own, 0)
+        own_prio = shape_terms(cur, self.terms)[0]
+        best: Shape | None = None
+        for consumer, other in ms.slots.items():
+            s = other.current
+            if (s is None or s is cur or consumer not in live or s.state is not ShapeState.ACTIVE
+                    or s.tokens < ms.budget):
+                continue
+            job = main_job(s)
+            if (job in cur.jobs or ctx.held.get(job, 0) > own_held
+                    or tokens.get(job, 0) * self.cfg.short_ratio > own_tokens
+                    or shape_terms(s, self.terms)[0] < own_prio):
+                continue
+            if best is None or tokens.get(job, 0) < tokens.get(main_job(best), 0):
+                best = s
+        return None if best is None else Pick(best, "shortest job")
+
     def take(self, ms: ModelState, pick: Pick, now: float, slot: Slot | None) -> None:
         """Give a consumer (or the model) the picked shape: a staged one activates, an
         active one a consumer left is joined."""
@@ -211,7 +240,10 @@ class Lifecycle:
         if (cur is None or cur.state is not ShapeState.ACTIVE or not cur.items
                 or slot.batches < self.cfg.amortise_batches or not ms.waiting.levels):
             return False
-        pick = self.chooser.choose(ms.waiting, self.context(ms, now, False, live), against=cur)
+        ctx = self.context(ms, now, False, live)
+        pick = self.chooser.choose(ms.waiting, ctx, against=cur)
+        if pick is None:
+            pick = self._shortest(ms, cur, ctx, live)
         if pick is None:
             return False
         ms.preemptions += 1

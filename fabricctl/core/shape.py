@@ -30,6 +30,25 @@ class ShapeState(StrEnum):
 SHAPE_STATES: tuple[ShapeState, ...] = tuple(ShapeState)
 
 
+class JobTally:
+    """Why: the choice weighs a job's whole queue (shortest first), which spans shapes."""
+
+    __slots__ = ("items", "tokens")
+
+    def __init__(self) -> None:
+        self.items: dict[int, int] = {}  # job -> its items queued in every shape
+        self.tokens: dict[int, int] = {}  # job -> their input tokens
+
+    def add(self, job: int, items: int, tokens: int) -> None:
+        n = self.items.get(job, 0) + items
+        if n > 0:
+            self.items[job] = n
+            self.tokens[job] = self.tokens.get(job, 0) + tokens
+        else:
+            self.items.pop(job, None)
+            self.tokens.pop(job, None)
+
+
 class Shape:
     """Why: the unit the GPU's prefix cache pays for, so the unit everything is keyed by."""
 
@@ -62,6 +81,7 @@ class Shape:
         "staged_since",
         "state",
         "stats",
+        "tally",
         "tokens",
         "wver",
     )
@@ -75,6 +95,7 @@ class Shape:
         counters: LaneCounters,
         now: float,
         state: ShapeState = ShapeState.STAGED,
+        tally: JobTally | None = None,
     ) -> None:
         self.model = model
         self.signature = signature
@@ -103,6 +124,7 @@ class Shape:
         self.lengths = LengthHistogram()  # every item ever assigned
         self.stats: LengthHistogram | None = None  # the copy taken at activation
         self.jobs: dict[int, int] = {}  # job -> its items queued here (the choice's terms)
+        self.tally = JobTally() if tally is None else tally  # every shape's, per job (shared)
         self.held = 0  # holders (consumer slots, or a model) whose current shape this is
         self.wver = 0  # version of its entries in the waiting index (`core.waiting`)
         self.served_at: float | None = None  # when a batch of it last went out
@@ -149,23 +171,27 @@ class Shape:
 
     def count_jobs(self, entries: Iterable[Entry], sign: int) -> None:
         """Queued entries joined (`sign` 1) or left (-1) this shape: their jobs' counts."""
-        jobs = self.jobs
+        by_job: dict[int, list[int]] = {}
         for e in entries:
-            j = e.job
-            n = jobs.get(j, 0) + sign
-            if n > 0:
-                jobs[j] = n
+            c = by_job.get(e.job)
+            if c is None:
+                by_job[e.job] = [1, e.tokens]
             else:
-                jobs.pop(j, None)
+                c[0] += 1
+                c[1] += e.tokens
+        for job, (n, tokens) in by_job.items():
+            self.count_job(job, sign * n, sign * tokens)
 
-    def count_job(self, job: int, n: int) -> None:
-        """`n` queued entries of one job joined (n > 0) or left (n < 0) this shape."""
+    def count_job(self, job: int, n: int, tokens: int) -> None:
+        """`n` queued entries of one job, of `tokens` in all, joined (n > 0) or left (n < 0,
+        tokens negative) this shape."""
         jobs = self.jobs
         m = jobs.get(job, 0) + n
         if m > 0:
             jobs[job] = m
         else:
             jobs.pop(job, None)
+        self.tally.add(job, n, tokens)
 
     def oldest_t(self) -> float | None:
         """Arrival of its oldest queued item (lanes queue in arrival order, failed-back

@@ -42,7 +42,7 @@ def withdraw(shapes: Iterable[Shape], ledger: Ledger, pick: Callable[[Entry], bo
                     lane.tokens -= e.tokens
                     shape.tokens -= e.tokens
                     shape.items -= 1
-                    shape.count_job(e.job, -1)
+                    shape.count_job(e.job, -1, -e.tokens)
                     items += 1
                     tokens += e.tokens
                 else:
