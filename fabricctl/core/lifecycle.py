@@ -159,11 +159,34 @@ class Lifecycle:
                        self.held_jobs(ms, live), self._threshold(ms))
 
     def choose(self, ms: ModelState, now: float, hungry: bool,
-               live: Container[str] | None = None) -> Pick | None:
-        """The shape a consumer with none takes next (`Chooser.choose`)."""
-        if not ms.waiting.levels:
-            return None
-        return self.chooser.choose(ms.waiting, self.context(ms, now, hungry, live))
+               live: Container[str] | None = None, slot: Slot | None = None) -> Pick | None:
+        """The shape a consumer with none takes next (`Chooser.choose`); in "consumer" scope,
+        rather than a waiting shape of a lower priority, a live shape of a higher one that
+        has a batch budget to share (joined: priority first at every choice)."""
+        pick = None
+        if ms.waiting.levels:
+            pick = self.chooser.choose(ms.waiting, self.context(ms, now, hungry, live))
+        if slot is None or live is None:
+            return pick
+        # nothing waits: priority 0 joins only by the join rule (`_join_target`)
+        floor = 0 if pick is None else shape_terms(pick.shape, self.terms)[0]
+        return self._higher_held(ms, floor, slot, live) or pick
+
+    def _higher_held(self, ms: ModelState, floor: int, slot: Slot, live: Container[str]
+                     ) -> Pick | None:
+        """Another live consumer's shape of a priority above `floor` with at least a batch
+        budget queued (the highest priority, then the most tokens), to join."""
+        best: Shape | None = None
+        best_key = (floor, 0)
+        for consumer, other in ms.slots.items():
+            s = other.current
+            if (s is None or other is slot or s is slot.current or consumer not in live
+                    or s.state is not ShapeState.ACTIVE or s.tokens < ms.budget):
+                continue
+            key = (shape_terms(s, self.terms)[0], s.tokens)
+            if key[0] > floor and key > best_key:
+                best, best_key = s, key
+        return None if best is None else Pick(best, "priority")
 
     def index(self, ms: ModelState, shape: Shape) -> None:
         """(Re)enter a shape in the model's waiting index under its current terms (a shape
@@ -242,6 +265,8 @@ class Lifecycle:
             return False
         ctx = self.context(ms, now, False, live)
         pick = self.chooser.choose(ms.waiting, ctx, against=cur)
+        if pick is None:
+            pick = self._higher_held(ms, shape_terms(cur, self.terms)[0], slot, live)
         if pick is None:
             pick = self._shortest(ms, cur, ctx, live)
         if pick is None:
@@ -335,7 +360,7 @@ class Lifecycle:
                 return True
             if slot is not None and self._adopt(ms, slot, now, live):
                 return True
-            pick = self.choose(ms, now, hungry, live if slot is not None else None)
+            pick = self.choose(ms, now, hungry, live if slot is not None else None, slot)
             if pick is not None:
                 self.take(ms, pick, now, slot)
                 return True
@@ -351,7 +376,8 @@ class Lifecycle:
         # cur is active
         exhausted = cur.items == 0
         if h.warming is None and cur.tokens < cfg.prewarm_multiple * ms.budget:
-            pick = self.choose(ms, now, hungry and exhausted, live if slot is not None else None)
+            pick = self.choose(ms, now, hungry and exhausted, live if slot is not None else None,
+                               slot)
             if pick is not None and slot is not None and exhausted and (
                     pick.shape.state is ShapeState.ACTIVE):
                 self._leave(ms, slot, cur, now)  # a shape another consumer left waits
