@@ -349,3 +349,17 @@ def test_a_short_job_may_take_a_second_gpu_and_the_long_one_comes_back() -> None
     assert 99 not in {s.signature for s in ms.open.values() if s.items}  # done
     assert any(s.current is not None and s.current.signature in (1, 2)
                for s in ms.slots.values())  # the long job is served again
+
+
+def test_strict_priority_still_ages_a_starved_shape() -> None:
+    b = fleet(1, amortise_batches=2, aging_s=0.5, wait_bound_s=1e9)
+    b.set_job_terms(1, JobTerms(priority=5))
+    b.ingest(items(1, 100, job=1), 0.0)
+    b.ingest(items(2, 10, job=2), 0.0)  # low priority, waiting
+    t, last = 0.0, {}
+    while t < 1.0:  # a stream of high-priority work that never ends
+        b.ingest(items(1, 100, job=1), t)  # more than the consumer drains
+        b.set_job_terms(1, JobTerms(priority=5))
+        last.update(run(b, t, t + 0.05))
+        t = round(t + 0.05, 6)
+    assert 2 in last and 0.5 <= last[2] <= 0.6

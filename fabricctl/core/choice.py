@@ -16,7 +16,9 @@ item is `stage_timeout_s` old, when every job it holds is sealed (it can grow no
 waiting buys nothing), or when consumers are idle; an active shape a consumer left is always
 eligible; rules 1 and 2 need no eligibility.
 
-`choose(..., against=None)` picks for a consumer with no current shape. With `against` (its
+Before all of these, a shape of any priority that has waited `aging_s` goes first, so strict
+priority never starves a job for good. `choose(..., against=None)` picks for a consumer with
+no current shape. With `against` (its
 current shape, which still has work and whose run has amortised its switch), it returns the
 shape worth leaving for, or None: a shape of a higher level (due, eligible or past the bound);
 at its own level, a due deadline earlier than its own, a job with fewer holders than its own
@@ -136,9 +138,24 @@ class Chooser:
         return (fair is not None and self.cfg.fair_share
                 and ctx.held.get(fair[1], 0) < max(ctx.held.values(), default=0))
 
+    def _aged(self, waiting: Waiting, ctx: Context) -> Shape | None:
+        """A shape of any priority that has waited `aging_s` or more (the oldest of the
+        levels' oldest), so strict priority never starves a job for good."""
+        best: Shape | None = None
+        best_since = ctx.now - self.cfg.aging_s
+        for _prio, level in waiting.ordered():
+            s = level.by_age.top()
+            since = None if s is None else s.waiting_since()
+            if since is not None and since <= best_since:
+                best, best_since = s, since
+        return best
+
     def choose(self, waiting: Waiting, ctx: Context, against: Shape | None = None
                ) -> Pick | None:
         """The next shape for a consumer (see the module's contract)."""
+        aged = self._aged(waiting, ctx)
+        if aged is not None:
+            return Pick(aged, "waited past aging_s")
         if against is None:
             return self._free(waiting, ctx)
         a_prio, a_deadline = shape_terms(against, self.terms)

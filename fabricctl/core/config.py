@@ -56,6 +56,8 @@ class CoreConfig:
     bound_min_s: float = 2.0  # the auto bound is never shorter (nor before a rate is measured:
     bound_cold_s: float = 30.0  # this one, until the model has completed a batch)
     fair_share: bool = True  # jobs of equal priority share the fleet (off: biggest first)
+    aging_s: float = 600.0  # a shape of any priority waiting this long goes first: no job
+    # waits forever behind a stream of higher-priority work
     short_ratio: float = 4.0  # fair share: a job with this many times less queued than the
     # job a consumer serves may take it too (shortest first), however many GPUs it holds
     rate_window_s: float = 30.0  # the completed-token rate is measured over this window
