@@ -128,9 +128,10 @@ def test_a_small_job_behind_a_big_one_does_not_wait_for_it(up: Any, tmp_path: Pa
     assert pb.wait(300) == 0
 
 
-def test_a_raised_priority_goes_first(up: Any, tmp_path: Path) -> None:
-    """A long job submitted behind a shorter one, then raised to priority 9, ends first
-    (without it the shorter, earlier one would: fair share, shortest first)."""
+@pytest.mark.parametrize("how", ["jobs priority", "submit --priority"])
+def test_a_raised_priority_goes_first(up: Any, tmp_path: Path, how: str) -> None:
+    """A long job submitted behind a shorter one at priority 9 (or raised to it while both
+    run) ends first; without it the shorter, earlier one would (fair share, shortest first)."""
     b = up()
     short = tmp_path / "short.jsonl"
     short.write_text(lines(8000, 3, "short"))
@@ -138,11 +139,11 @@ def test_a_raised_priority_goes_first(up: Any, tmp_path: Path) -> None:
     long.write_text(lines(12_000, 3, "long"))
     ps = submit(b, short)
     wait_for("the short job to be accepted", lambda: accepted(b, "short.jsonl", 8000))
-    pl = submit(b, long)
+    pl = submit(b, long, *(["--priority", "9"] if how == "submit --priority" else []))
     wait_for("the long job to be accepted", lambda: accepted(b, "long.jsonl", 12_000))
-    jid = job_of(b, "long.jsonl")["id"]
-    p = b.run("jobs", "priority", jid, "9")
-    assert p.returncode == 0, p.stderr
+    if how == "jobs priority":
+        p = b.run("jobs", "priority", job_of(b, "long.jsonl")["id"], "9")
+        assert p.returncode == 0, p.stderr
     assert job_of(b, "long.jsonl")["priority"] == 9
     assert pl.wait(300) == 0
     left = 8000 - done(b, "short.jsonl")
