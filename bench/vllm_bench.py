@@ -40,6 +40,25 @@ after phases a-d (on the first server alone):
 Their hit rates are set against the ONE-server achievable (each prefix computed once in
 all), so splitting a shape over both servers shows as points below it.
 
+With `--unpinned` nothing is pinned at all: the server gets `VLLM_CPU_OMP_THREADS_BIND=nobind`
+(no OpenMP binding) and `OMP_NUM_THREADS=--engine-threads` (1 by default: the pinned
+server's one core of compute), `keep_off_the_engine_core` is not called, and the kernel
+places every thread (`cpu_affinities_at_start`/`_at_end`: the distinct affinities of this
+process's and the servers' threads). No calibration, no prediction, and only:
+  b. grouped:   as above;
+  g. whole:     the same items as native JSONL through the whole command, a subprocess:
+                `python -m fabricctl run FILE --config F --engine openai --model bench
+                --output R --json`, F holding phase d's settings (`[vllm] endpoints`,
+                `[consumer]` 16 items a batch, `[producer] tokenizer`, `[broker] prewarm =
+                "off"`; no --data-dir: the temporary data dir a user gets), run from the temp
+                dir with no user config, timed from before its process starts to its exit.
+`--rounds N` runs b then g N times. Ratios: req/s of g over b (each round; with N > 1 also
+the medians'), prompt tokens computed g over b, g's and b's hit rate minus the achievable;
+per g its exit status, the first request in vLLM after its process started (start-up, to
+the gauges' 50 ms), how long vLLM held no request before it exited (the tail and shutdown),
+its seconds outside run_job's own clock (interpreter, imports, shutdown) and its CPU
+seconds.
+
 Per phase: wall seconds, req/s (items / wall), vLLM's hit rate (Δhits / Δqueries of
 `vllm:prefix_cache_{hits,queries}_total`), prompt tokens computed (Δqueries - Δhits),
 Δ`vllm:prompt_tokens_total`, requests vLLM finished (Δ`vllm:request_success_total`),
@@ -49,8 +68,9 @@ full prefix block of every request is a hit except one cold prefill of each pref
 Ratios: req/s of b and c over a, c over b, d over c and over b; c's and d's hit rate minus
 their achievable, in points; prompt tokens computed by c and d over b, d over c; with two
 servers f over e, f's and e's hit rate minus the one-server achievable. `occupancy` per phase
-samples vLLM's running and waiting gauges every 50 ms. `serve_s` ratios leave out
-`fabricctl run`'s start-up (job open to last result).
+samples vLLM's running and waiting gauges every 50 ms (and when the first request
+was in vLLM, `first_busy_s`, and how long none was at the end, `after_last_busy_s`).
+`serve_s` ratios leave out `fabricctl run`'s start-up (job open to last result).
 
 The rehearsal's prediction: before phase a the first server is calibrated as `fabricctl
 calibrate` does (`fabricctl.cli.calibrate.measure`, fitted by
@@ -67,6 +87,7 @@ every phase completed every item.
     .venv/bin/python bench/vllm_bench.py --json             # exactly one JSON object
     .venv/bin/python bench/vllm_bench.py --items 96 --keep  # quicker; keep the temp dir
     .venv/bin/python bench/vllm_bench.py --servers 2        # also the two-server phases
+    .venv/bin/python bench/vllm_bench.py --unpinned         # b and g, nothing pinned
 """
 
 from __future__ import annotations
@@ -86,6 +107,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import sysconfig
@@ -100,6 +122,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
+import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from fabricctl.cli.calibrate import measure
@@ -407,6 +430,25 @@ def keep_off_the_engine_core(pids: list[int], engine_cores: set[int]) -> list[in
     return rest
 
 
+def affinities(pids: list[int]) -> list[str]:
+    """The distinct CPU affinities of this process's and the servers' threads ("0-1" = both
+    cores of a 2-core box), to show a phase ran unpinned."""
+    import psutil
+
+    procs = [psutil.Process(os.getpid())]
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            procs += [root, *root.children(recursive=True)]
+    seen: set[tuple[int, ...]] = set()
+    for proc in procs:
+        with contextlib.suppress(psutil.Error, OSError):
+            for t in proc.threads():
+                with contextlib.suppress(OSError):
+                    seen.add(tuple(sorted(os.sched_getaffinity(t.id))))
+    return sorted(",".join(map(str, cores)) for cores in seen)
+
+
 def cpu_seconds() -> tuple[float, float]:
     """(this process's CPU seconds, the servers' process trees' CPU seconds)."""
     import psutil
@@ -432,6 +474,9 @@ class Occupancy:
         self.samples: list[tuple[float, float]] = []  # (running, waiting)
         self._task: asyncio.Task[None] | None = None
         self._cpu0 = (0.0, 0.0)
+        self._t0 = 0.0
+        self.first_busy_s: float | None = None  # first sample with a request in vLLM
+        self.last_busy_s: float | None = None  # the last such sample
 
     async def _loop(self) -> None:
         while True:
@@ -445,10 +490,16 @@ class Occupancy:
                         elif s.name == "vllm:num_requests_waiting":
                             waiting += s.value
             self.samples.append((running, waiting))
+            if running + waiting > 0:
+                now = time.perf_counter() - self._t0
+                if self.first_busy_s is None:
+                    self.first_busy_s = now
+                self.last_busy_s = now
             await asyncio.sleep(self.every_s)  # a sampling period, not synchronisation
 
     def start(self) -> None:
         self._cpu0 = cpu_seconds()
+        self._t0 = time.perf_counter()
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> dict[str, float]:
@@ -459,7 +510,13 @@ class Occupancy:
         n = len(self.samples) or 1
         full = IN_FLIGHT * len(self.clients)
         here, server = cpu_seconds()
+        end = time.perf_counter() - self._t0
         return {
+            # phase start to the first sample with a request in vLLM (start-up, +-every_s)
+            "first_busy_s": None if self.first_busy_s is None else round(self.first_busy_s, 2),
+            # the last sample with a request in vLLM to the phase's end (the tail, +-every_s)
+            "after_last_busy_s": None if self.last_busy_s is None
+            else round(end - self.last_busy_s, 2),
             "bench_process_cpu_s": round(here - self._cpu0[0], 2),  # client, or broker too
             "servers_cpu_s": round(server - self._cpu0[1], 2),
             "mean_running": round(sum(r for r, _ in self.samples) / n, 2),
@@ -589,24 +646,96 @@ async def fabricctl_phase(clients: list[httpx.AsyncClient], wl: Workload,
     phase.wall_s = time.perf_counter() - t0
     phase.extra["occupancy"] = await occupancy.stop()
     phase.deltas = (await scrape_all(clients)).minus(before)
-    recs = [json.loads(line) for line in sink.getvalue().splitlines() if line.strip()]
+    if errors:
+        phase.extra["input_errors"] = errors[:3]
+    check_results(phase, wl, sink.getvalue(),
+                  None if summary is None else msgspec.structs.asdict(summary))
+    return phase
+
+
+def check_results(phase: Phase, wl: Workload, results: bytes,
+                  summary: dict[str, Any] | None) -> None:
+    """Count the items whose result is as expected (each once, finish "length", MAX_TOKENS
+    tokens out), keep the RunSummary's figures, and fail the phase on a missing item."""
+    recs = [json.loads(line) for line in results.splitlines() if line.strip()]
     per_id = Counter(r.get("id") for r in recs)
     good = [r for r in recs if r.get("finish_reason") == "length"
             and (r.get("usage") or {}).get("completion_tokens") == MAX_TOKENS]
     phase.items_done = len(good) if set(per_id.values()) <= {1} else 0
     phase.extra["results"] = len(recs)
     phase.extra["finish_reasons"] = dict(Counter(r.get("finish_reason") for r in recs))
-    if errors:
-        phase.extra["input_errors"] = errors[:3]
     if summary is not None:
-        phase.extra.update(summary_kv_hit_rate=summary.kv_hit_rate,
-                           summary_kv_hit_achievable=summary.kv_hit_achievable,
-                           shape_switches=summary.shape_switches,
-                           midstream_switches=summary.midstream_switches,
-                           summary_wall_s=summary.wall_s, serve_s=summary.serve_s)
+        phase.extra.update(summary_kv_hit_rate=summary.get("kv_hit_rate"),
+                           summary_kv_hit_achievable=summary.get("kv_hit_achievable"),
+                           shape_switches=summary.get("shape_switches"),
+                           midstream_switches=summary.get("midstream_switches"),
+                           summary_wall_s=summary.get("wall_s"),
+                           serve_s=summary.get("serve_s"))
     if phase.error is None and phase.items_done != len(wl.items):
         phase.error = (f"{phase.items_done} of {len(wl.items)} items completed as expected "
                        f"({len(recs)} results, finish reasons {phase.extra['finish_reasons']})")
+
+
+def whole_toml(wl: Workload, base_url: str, model_dir: Path) -> str:
+    """Phase d's AppConfig as the `--config` file of `fabricctl run` (engine and model go
+    as flags): its endpoint, contract and tokenizer, pre-warm off."""
+    return (f'[broker]\nprewarm = "off"\n\n'
+            f"[vllm]\nendpoints = [{json.dumps(base_url)}]\n\n"
+            f"[consumer]\nmax_batch_size = {IN_FLIGHT}\n"
+            f"max_batch_tokens = {IN_FLIGHT * wl.max_len}\nmax_input_len = {wl.max_len}\n\n"
+            f"[producer]\ntokenizer = {json.dumps(str(model_dir / 'tokenizer.json'))}\n")
+
+
+async def whole_phase(clients: list[httpx.AsyncClient], wl: Workload, base_url: str,
+                      model_dir: Path, work: Path, name: str = "whole") -> Phase:
+    """Phase g: `fabricctl run` as a user types it, a subprocess of this interpreter, timed
+    from before its process starts to its exit (interpreter and imports, the embedded
+    broker's start, the job, the shutdown)."""
+    import resource
+
+    phase = Phase(name)
+    items = work / "items.jsonl"
+    items.write_text(native_lines(wl))
+    cfg = work / f"{name}.toml"
+    cfg.write_text(whole_toml(wl, base_url, model_dir))
+    results = work / f"{name}-results.jsonl"
+    argv = [sys.executable, "-m", "fabricctl", "run", str(items), "--config", str(cfg),
+            "--engine", "openai", "--model", SERVED, "--output", str(results), "--json"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FABRICCTL_")}
+    env["FABRICCTL_CONFIG"] = str(cfg)  # no user config file of this machine's
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    phase.extra["command"] = " ".join(["python", *argv[1:]])
+    summary: dict[str, Any] | None = None
+    before = await scrape_all(clients)
+    occupancy = Occupancy(clients)
+    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    occupancy.start()
+    t0 = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        *argv, cwd=work, env=env, stdin=subprocess.DEVNULL,  # cwd: no fabric.toml there
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 1800.0)
+    except TimeoutError:
+        proc.kill()
+        stdout, stderr = await proc.communicate()
+        phase.error = "fabricctl run took over 1800 s"
+    phase.wall_s = time.perf_counter() - t0
+    phase.extra["occupancy"] = await occupancy.stop()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    phase.deltas = (await scrape_all(clients)).minus(before)
+    phase.extra["fabricctl_cpu_s"] = round(
+        children.ru_utime + children.ru_stime - children0.ru_utime - children0.ru_stime, 2)
+    phase.extra["exit_status"] = proc.returncode
+    with contextlib.suppress(ValueError, IndexError):
+        summary = json.loads(stdout.decode().strip().splitlines()[-1])
+    if phase.error is None and (proc.returncode != 0 or summary is None):
+        phase.error = (f"fabricctl run exited {proc.returncode}: "
+                       f"{stderr.decode(errors='replace')[-500:]}")
+    check_results(phase, wl, results.read_bytes() if results.exists() else b"", summary)
+    if summary is not None:
+        # outside run_job's own clock: interpreter, imports, config; daemon stop, exit
+        phase.extra["outside_run_job_s"] = round(phase.wall_s - summary["wall_s"], 2)
     return phase
 
 
@@ -761,6 +890,34 @@ def ratios(ph: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     return out
 
 
+def whole_ratios(ph: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """Unpinned: each round's whole command (g) against the grouped client (b) of the same
+    round: req/s, prompt tokens computed, hit rate against achievable; with several rounds,
+    the median req/s of g over the median of b."""
+    out: dict[str, float | None] = {}
+    pairs = [(name, "grouped" + name[len("whole"):]) for name in ph if name.startswith("whole")]
+    for g_name, b_name in pairs:
+        g, b = ph[g_name], ph[b_name]
+        tag = g_name[len("whole"):].replace("#", "_")
+        if "error" in g or "error" in b:
+            out[f"rps_whole_over_grouped{tag}"] = None
+            continue
+        out[f"rps_whole_over_grouped{tag}"] = ratio(g["req_per_s"], b["req_per_s"])
+        out[f"computed_whole_over_grouped{tag}"] = ratio(g["prompt_tokens_computed"],
+                                                         b["prompt_tokens_computed"])
+        out[f"whole_hit_minus_achievable_pts{tag}"] = points_below(g)
+        out[f"grouped_hit_minus_achievable_pts{tag}"] = points_below(b)
+        if g.get("serve_s"):
+            out[f"rps_whole_serving_over_grouped{tag}"] = ratio(
+                g["items_done"] / g["serve_s"], b["req_per_s"])
+    ok = [(ph[g], ph[b]) for g, b in pairs if "error" not in ph[g] and "error" not in ph[b]]
+    if len(ok) > 1:
+        out["rps_whole_over_grouped_median"] = ratio(
+            statistics.median(g["req_per_s"] for g, _ in ok),
+            statistics.median(b["req_per_s"] for _, b in ok))
+    return out
+
+
 def len_items(out: dict[str, Any]) -> int:
     """Items per phase (every phase runs the same workload)."""
     return int(next(iter(out["phases"].values())).get("items_done", 0) or 0)
@@ -778,7 +935,8 @@ def table(out: dict[str, Any]) -> str:
         row = f"{name:<10}" + "".join(f"{fmt.format(ph.get(k, 0)):>12}" for k, _, fmt in cols)
         lines.append(row)
     lines.append("")
-    for fname in ("fabricctl", "no-prewarm", "fabricctl-2"):
+    whole = [n for n in out["phases"] if n.startswith("whole")]
+    for fname in ("fabricctl", "no-prewarm", "fabricctl-2", *whole):
         fab = out["phases"].get(fname, {})
         if "summary_kv_hit_rate" not in fab:
             continue
@@ -791,6 +949,14 @@ def table(out: dict[str, Any]) -> str:
                      f"serving {fab['serve_s']} s (job open to last result: "
                      f"{len_items(out) / fab['serve_s']:.2f} req/s without start-up)"
                      if fab.get("serve_s") else "")
+    for fname in whole:
+        g = out["phases"][fname]
+        occ = g.get("occupancy") or {}
+        lines.append(f"{fname}: `fabricctl run` exit {g.get('exit_status')}; first request in "
+                     f"vLLM {occ.get('first_busy_s')} s after process start, none in vLLM "
+                     f"for its last {occ.get('after_last_busy_s')} s; outside run_job's "
+                     f"clock (interpreter, imports, shutdown) {g.get('outside_run_job_s')} s;"
+                     f" its CPU s {g.get('fabricctl_cpu_s')}")
     for name, ph in out["phases"].items():
         occ = ph.get("occupancy")
         if occ:
@@ -798,7 +964,9 @@ def table(out: dict[str, Any]) -> str:
                          f"{occ['mean_waiting']}); under {IN_FLIGHT} with none waiting "
                          f"{occ['share_underfilled']:.0%} of samples, idle "
                          f"{occ['share_idle']:.0%}; CPU s: bench process "
-                         f"{occ['bench_process_cpu_s']}, servers {occ['servers_cpu_s']}")
+                         f"{occ['bench_process_cpu_s']}, servers {occ['servers_cpu_s']}; first "
+                         f"request in vLLM at {occ['first_busy_s']} s, none for the last "
+                         f"{occ['after_last_busy_s']} s")
     for name, ph in out["phases"].items():
         if "error" in ph:
             lines.append(f"{name}: ERROR {ph['error']}")
@@ -847,7 +1015,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     spec = vllm_cpu_spec(VENV, str(model_dir), SERVED, logs,
                          port_base=free_port(args.servers),
                          extra_args=extra_args, start_timeout_s=300.0, stop_timeout_s=20.0,
-                         env={"VLLM_SERVER_DEV_MODE": "1"})
+                         env=server_env(args))
     launcher = Launcher(spec, list(range(args.servers)))  # one core each
     atexit.register(_kill_leftovers, launcher)
     server = launcher.servers[0]
@@ -862,7 +1030,9 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             raise RuntimeError(f"{e}\n{tail}") from None
         started_s = time.perf_counter() - t0
         SERVER_PIDS[:] = [pid for pid in launcher.pids().values() if pid is not None]
-        pinned = keep_off_the_engine_core(SERVER_PIDS, set(range(args.servers)))
+        pinned = [] if args.unpinned else keep_off_the_engine_core(SERVER_PIDS,
+                                                                   set(range(args.servers)))
+        affinity = affinities(SERVER_PIDS)
         async with contextlib.AsyncExitStack() as stack:
             clients = [await stack.enter_async_context(
                 httpx.AsyncClient(base_url=s.base_url, timeout=300.0))
@@ -874,38 +1044,25 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     raise RuntimeError(f"server has {cfg.num_blocks} blocks of "
                                        f"{cfg.block_size}, asked for {blocks} of {BLOCK}")
                 await warm_up(c, tok, paras)
-            probes = await measure(client, SERVED, ServerShape(BLOCK, blocks, IN_FLIGHT, 2048),
-                                   MAX_MODEL_LEN)
-            costs = fit_costs(probes, ServerShape(BLOCK, blocks, IN_FLIGHT, 2048))
             one = [client]
             phases: dict[str, Phase] = {}
-            await reset_prefix_cache(client)
-            phases["arrival"] = await client_phase(one, "arrival", wl, list(wl.items))
-            await reset_prefix_cache(client)
             grouped = sorted(wl.items, key=lambda i: i.shape)  # stable: arrival within shape
-            phases["grouped"] = await client_phase(one, "grouped", wl, grouped)
-            if not args.no_prewarm_phase:
-                await reset_prefix_cache(client)
-                phases["fabricctl"] = await fabricctl_phase(one, wl, [server.base_url],
-                                                            model_dir, work, prewarm="on")
-            await reset_prefix_cache(client)
-            phases["no-prewarm"] = await fabricctl_phase(
-                one, wl, [server.base_url], model_dir, work, prewarm="off", name="no-prewarm")
-            if len(clients) > 1:
-                urls = [s.base_url for s in launcher.servers]
-                for c in clients:
-                    await reset_prefix_cache(c)
-                phases["round-robin-2"] = await client_phase(clients, "round-robin-2", wl,
-                                                             list(wl.items))
-                for c in clients:
-                    await reset_prefix_cache(c)
-                phases["fabricctl-2"] = await fabricctl_phase(
-                    clients, wl, urls, model_dir, work, prewarm="off", name="fabricctl-2")
-        ph = {name: figures(p, wl) for name, p in phases.items()}
-        sims = {g: predict(work / "items.jsonl", model_dir / "tokenizer.json", costs,
-                           wl.max_len, g) for g in range(1, args.servers + 1)}
-        out = {"phases": ph, "ratios": ratios(ph),
-               "prediction": prediction(probes, costs, sims, ph)}
+            if args.unpinned:  # b and g only, alternating, nothing pinned
+                for r in range(args.rounds):
+                    tag = "" if r == 0 else f"#{r + 1}"
+                    await reset_prefix_cache(client)
+                    phases["grouped" + tag] = await client_phase(one, "grouped" + tag, wl,
+                                                                 grouped)
+                    await reset_prefix_cache(client)
+                    phases["whole" + tag] = await whole_phase(one, wl, server.base_url,
+                                                              model_dir, work, "whole" + tag)
+                affinity_after = affinities(SERVER_PIDS)
+                ph = {name: figures(p, wl) for name, p in phases.items()}
+                out = {"phases": ph, "ratios": whole_ratios(ph), "prediction": {}}
+            else:
+                out = await pinned_phases(args, clients, wl, server.base_url, launcher,
+                                          model_dir, work, blocks, grouped)
+                affinity_after = affinities(SERVER_PIDS)
         out.update({
             "items": len(wl.items), "servers": args.servers, "shapes": args.shapes,
             "shapes_used": wl.shapes_used,
@@ -922,8 +1079,13 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "server_cpu_bind": spec.env.get("VLLM_CPU_OMP_THREADS_BIND", "").replace(
                 "{index}", "0"),
             "front_end_and_bench_cores": pinned,
+            "unpinned": args.unpinned,
+            "cpu_affinities_at_start": affinity,  # this process's and the servers' threads
+            "cpu_affinities_at_end": affinity_after,
             "total_s": 0.0,
         })
+        if args.unpinned:
+            out["engine_threads"] = args.engine_threads
     finally:
         await launcher.stop()
         atexit.unregister(_kill_leftovers)
@@ -931,6 +1093,53 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if args.keep:
         out["kept"] = str(work)
     return out
+
+
+def server_env(args: argparse.Namespace) -> dict[str, str]:
+    """The servers' environment beside vllm_cpu_spec's: unpinned, vLLM binds no OpenMP thread
+    ("nobind" replaces the spec's one core each) and its worker runs `--engine-threads`."""
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if args.unpinned:
+        env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(args.engine_threads))
+    return env
+
+
+async def pinned_phases(args: argparse.Namespace, clients: list[httpx.AsyncClient],
+                        wl: Workload, base_url: str, launcher: Launcher, model_dir: Path,
+                        work: Path, blocks: int, grouped: list[Item]) -> dict[str, Any]:
+    """Calibration, phases a-d (e-f with two servers) and the replay's prediction."""
+    client = clients[0]
+    probes = await measure(client, SERVED, ServerShape(BLOCK, blocks, IN_FLIGHT, 2048),
+                           MAX_MODEL_LEN)
+    costs = fit_costs(probes, ServerShape(BLOCK, blocks, IN_FLIGHT, 2048))
+    one = [client]
+    phases: dict[str, Phase] = {}
+    await reset_prefix_cache(client)
+    phases["arrival"] = await client_phase(one, "arrival", wl, list(wl.items))
+    await reset_prefix_cache(client)
+    phases["grouped"] = await client_phase(one, "grouped", wl, grouped)
+    if not args.no_prewarm_phase:
+        await reset_prefix_cache(client)
+        phases["fabricctl"] = await fabricctl_phase(one, wl, [base_url], model_dir, work,
+                                                    prewarm="on")
+    await reset_prefix_cache(client)
+    phases["no-prewarm"] = await fabricctl_phase(one, wl, [base_url], model_dir, work,
+                                                 prewarm="off", name="no-prewarm")
+    if len(clients) > 1:
+        urls = [srv.base_url for srv in launcher.servers]
+        for c in clients:
+            await reset_prefix_cache(c)
+        phases["round-robin-2"] = await client_phase(clients, "round-robin-2", wl,
+                                                     list(wl.items))
+        for c in clients:
+            await reset_prefix_cache(c)
+        phases["fabricctl-2"] = await fabricctl_phase(clients, wl, urls, model_dir, work,
+                                                      prewarm="off", name="fabricctl-2")
+    ph = {name: figures(p, wl) for name, p in phases.items()}
+    sims = {g: predict(work / "items.jsonl", model_dir / "tokenizer.json", costs,
+                       wl.max_len, g) for g in range(1, args.servers + 1)}
+    return {"phases": ph, "ratios": ratios(ph),
+            "prediction": prediction(probes, costs, sims, ph)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -943,12 +1152,26 @@ def main(argv: list[str] | None = None) -> int:
                          "each) against the one-server achievable hit rate")
     ap.add_argument("--no-prewarm-phase", action="store_true",
                     help="skip phase c (fabricctl with pre-warm on)")
+    ap.add_argument("--unpinned", action="store_true",
+                    help="no CPU pinning at all (vLLM's threads unbound, nothing moved off "
+                         "the engine's core): only phase b (grouped client) and phase g "
+                         "(the whole `fabricctl run` command as a subprocess)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with --unpinned: run b then g this many times (ratios per round "
+                         "and of the medians)")
+    ap.add_argument("--engine-threads", type=int, default=1,
+                    help="with --unpinned: the vLLM worker's OpenMP threads (OMP_NUM_THREADS;"
+                         " pinned, it has one core)")
     ap.add_argument("--json", action="store_true", help="print exactly one JSON object")
     ap.add_argument("--keep", action="store_true",
                     help="keep the temp dir (model, server log, items, fabricctl data)")
     args = ap.parse_args(argv)
     if args.items < 1 or args.shapes < 1:
         ap.error("--items and --shapes must be >= 1")
+    if args.rounds < 1 or args.engine_threads < 1:
+        ap.error("--rounds and --engine-threads must be >= 1")
+    if args.unpinned and args.servers != 1:
+        ap.error("--unpinned runs one server")
 
     work = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
 
