@@ -106,7 +106,8 @@ class Chooser:
         if s is None:
             return None
         since = s.waiting_since()
-        if since is not None and ctx.now - since >= ctx.bound:
+        if since is not None and ctx.now - since >= ctx.bound and (
+                s.fifo_by is None or ctx.now >= s.fifo_by):
             return s
         return None
 

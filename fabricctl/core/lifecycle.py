@@ -123,9 +123,13 @@ class Lifecycle:
     # -- the shape choice (`core.choice`) ----------
 
     def bound(self, ms: ModelState, now: float) -> float:
-        """Seconds an oldest item may wait while a GPU serves an amortised shape: the setting,
-        else `bound_batches` batch times at the model's measured rate (at least
-        `bound_min_s`; `bound_cold_s` before any batch completed)."""
+        """Seconds a shape may wait while a GPU serves an amortised shape: the setting, else
+        `bound_batches` batch times at the model's measured rate (rotating that rarely costs
+        at most 1/`bound_batches` in switches; at least `bound_min_s`), `bound_cold_s` before
+        any batch completed. With the derived bound a shape is also never overdue before
+        arrival order would have served it (`Shape.fifo_by`, set from the drain horizon when
+        it began to wait): under a finite backlog the choice reaches every shape by then
+        anyway, so the bound forces no switch that costs the cache for nothing."""
         cfg = self.cfg
         if cfg.wait_bound_s > 0:
             return cfg.wait_bound_s
@@ -194,7 +198,10 @@ class Lifecycle:
         if not candidate(shape):
             return
         prio, deadline = shape_terms(shape, self.terms)
-        ms.waiting.touch(shape, prio, deadline, shape.waiting_since())
+        since = shape.waiting_since()
+        if shape.fifo_by is None and since is not None and self.cfg.wait_bound_s <= 0:
+            shape.fifo_by = since + self.horizon(ms, since)
+        ms.waiting.touch(shape, prio, deadline, since)
 
     def hold(self, h: Holder, shape: Shape | None, now: float = 0.0) -> None:
         """Make `shape` the holder's current; a shape it lets go of with work left waits."""
@@ -204,6 +211,7 @@ class Lifecycle:
         h.current = shape
         if shape is not None:
             shape.held += 1
+            shape.fifo_by = None  # served: its next wait is measured afresh
         if isinstance(h, Slot):
             h.batches = 0
             h.taken_at = now

@@ -61,6 +61,7 @@ class Shape:
         "consumers",
         "created",
         "epoch",
+        "fifo_by",
         "finished_at",
         "gpus",
         "held",
@@ -128,6 +129,8 @@ class Shape:
         self.held = 0  # holders (consumer slots, or a model) whose current shape this is
         self.wver = 0  # version of its entries in the waiting index (`core.waiting`)
         self.served_at: float | None = None  # when a batch of it last went out
+        self.fifo_by: float | None = None  # when arrival order would have served it (the
+        # derived wait bound never calls it overdue before then)
 
     @property
     def key(self) -> tuple[str, int]:
