@@ -44,7 +44,8 @@ class ConsumerSettings:
     max_batch_size: int = 256
     max_batch_tokens: int = 16384
     max_input_len: int = 8192
-    window: int = 0  # requests a consumer keeps in a real engine at once; 0: 2 x max_batch_size
+    window: int = 0  # requests a consumer keeps in a real engine at once; 0: WINDOW_BATCHES
+    # (fabricctl.engines.base) x max_batch_size
 
 
 @dataclass(frozen=True)

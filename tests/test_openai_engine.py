@@ -188,7 +188,7 @@ async def test_the_window_bounds_requests_in_flight() -> None:
     eng = engine(handler, window=3)
     res = await eng.run(work([item(i) for i in range(8)]))
     assert len(res) == 8 and peak == 3
-    assert engine(handler).window == 16  # default: twice the max batch size (8)
+    assert engine(handler).window == 24  # default: three batches of the max batch size (8)
 
 
 async def test_connection_error_raises_engine_error() -> None:

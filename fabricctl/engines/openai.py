@@ -43,7 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fabricctl.core.payload import decode_payload
 from fabricctl.core.types import ItemResult, Prewarm, Work
-from fabricctl.engines.base import EngineError, EngineLimits, EngineStats
+from fabricctl.engines.base import WINDOW_BATCHES, EngineError, EngineLimits, EngineStats
 from fabricctl.engines.request import (
     ABORT,
     error_message,
@@ -124,8 +124,8 @@ class OpenAIEngine:
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
-        # requests in flight at once; 0: twice the contract's max batch size
-        self.window = window if window > 0 else 2 * max(1, max_batch_size)
+        # requests in flight at once; 0: the consumer's default window
+        self.window = window if window > 0 else WINDOW_BATCHES * max(1, max_batch_size)
         self._slots = asyncio.Semaphore(self.window)
         self.requests = 0  # requests answered (any status), for tests and benches
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fabricctl.config import AppConfig
-from fabricctl.engines.base import Engine, EngineStats
+from fabricctl.engines.base import WINDOW_BATCHES, Engine, EngineStats
 from fabricctl.errors import BackendMissing, UsageError
 from fabricctl.supervisor.consumer import Consumer
 
@@ -51,11 +51,12 @@ def build_sim_engines(cfg: AppConfig) -> list[Engine]:
 
 def consumer_window(cfg: AppConfig, kind: str) -> int | None:
     """Items a consumer keeps in its engine: None (one batch at a time) for the simulated
-    engine, else `[consumer] window` or, at 0, twice the contract's max batch size."""
+    engine, else `[consumer] window` or, at 0, `WINDOW_BATCHES` times the contract's max batch
+    size."""
     if kind == "sim":
         return None
     c = cfg.consumer
-    return c.window if c.window > 0 else 2 * c.max_batch_size
+    return c.window if c.window > 0 else WINDOW_BATCHES * c.max_batch_size
 
 
 @dataclass
