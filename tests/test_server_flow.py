@@ -10,6 +10,8 @@ import asyncio
 import os
 import stat
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
@@ -27,8 +29,10 @@ from server_helpers import (
 )
 
 from fabricctl.core.config import CoreConfig
-from fabricctl.core.types import Contract, Item
+from fabricctl.core.types import Contract, Item, Prewarm
 from fabricctl.errors import BrokerError
+from fabricctl.server.signals import push_signals
+from fabricctl.store.durable import DurableBroker
 from fabricctl.wire.client import Client
 
 
@@ -121,6 +125,26 @@ async def test_every_consumer_gets_the_prewarm_before_the_warming_shapes_batches
         await observer.close()
         for wc in wires:
             await wc.close()
+
+
+def test_a_shape_of_one_queued_item_gets_no_prewarm_push(tmp_path: Path) -> None:
+    """Its batch computes the prefix a pre-warm would: the signal is dropped, not pushed;
+    a shape of two items (one batch, two prefills without it) is still pre-warmed."""
+    store = DurableBroker(tmp_path / "data", 0.0, CoreConfig(prewarm="on"))
+    try:
+        store.core.register("w", Contract(MODEL, 8, 1024, 4096), 0.0)
+        assert store.ingest(make_items(1, SIG_A, prefix="a") + make_items(2, SIG_B, prefix="b"),
+                            0.0) == []
+        sent: list[Any] = []
+        peer = SimpleNamespace(consumer="w", simulated=False, send=sent.append)
+        state: Any = SimpleNamespace(core=store.core, store=store, consumers={"w": peer})
+        store.core.signals.extend(Prewarm(MODEL, sig, "", 1, [], consumer="w")
+                                  for sig in (SIG_A, SIG_B))
+        push_signals(state)
+        assert [push.signal.signature for push in sent] == [SIG_B]
+        assert sent[0].signal.sample is not None
+    finally:
+        store.close()
 
 
 async def test_tcp_listener_checks_the_token(tmp_path: Path) -> None:

@@ -37,31 +37,41 @@ class JobView(msgspec.Struct, omit_defaults=True):
     at_risk: bool = False  # predicted to finish after its deadline
 
 
-def _oldest(shape: Shape) -> float | None:
-    return shape.staged_since if shape.state is ShapeState.STAGED else shape.oldest_t()
-
-
 def job_views(shapes: Iterable[Shape], held: Mapping[int, int], consumers: int,
               terms: Mapping[int, JobTerms], rate: float | None, now: float
               ) -> list[JobView]:
     """One view per job with queued items, by job number."""
-    views: dict[int, JobView] = {}
-    tokens: dict[int, float] = {}
+    # One pass over the shapes (thousands at scale, most of one job): per job its queued
+    # items, tokens and oldest arrival. The oldest wait is taken once per job from the
+    # oldest arrival: `round(max(0, now - t), 3)` only grows as `t` falls, so it is the
+    # largest of the shapes' waits.
+    acc: dict[int, list[float]] = {}  # job -> [items, tokens, oldest arrival]
+    staged = ShapeState.STAGED
+    inf = math.inf
     for shape in shapes:
-        if not shape.items or not shape.jobs:
+        items = shape.items
+        jobs = shape.jobs
+        if not items or not jobs:
             continue
-        oldest = _oldest(shape)
-        wait = 0.0 if oldest is None else max(0.0, now - oldest)
-        for job, n in shape.jobs.items():
-            v = views.get(job)
-            if v is None:
-                t = terms.get(job, NO_TERMS)
-                v = views[job] = JobView(job, t.priority, t.deadline)
-            v.queued_items += n
-            tokens[job] = tokens.get(job, 0.0) + shape.tokens * n / shape.items
-            v.oldest_wait_s = max(v.oldest_wait_s, round(wait, 3))
-    for job, v in views.items():
-        v.queued_tokens = round(tokens[job])
+        oldest = shape.staged_since if shape.state is staged else shape.oldest_t()
+        t = inf if oldest is None else oldest
+        st = shape.tokens
+        for job, n in jobs.items():
+            a = acc.get(job)
+            if a is None:
+                acc[job] = [n, st * n / items, t]
+            else:
+                a[0] += n
+                a[1] += st * n / items
+                if t < a[2]:
+                    a[2] = t
+    views: dict[int, JobView] = {}
+    for job, (count, tok, first) in acc.items():
+        terms_ = terms.get(job, NO_TERMS)
+        v = views[job] = JobView(job, terms_.priority, terms_.deadline)
+        v.queued_items = int(count)
+        v.oldest_wait_s = 0.0 if first == inf else round(max(0.0, now - first), 3)
+        v.queued_tokens = round(tok)
         v.holders = held.get(job, 0)
         v.share = round(v.holders / consumers, 3) if consumers else 0.0
     if rate:

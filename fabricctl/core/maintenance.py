@@ -46,14 +46,30 @@ class Maintenance:
         self.starving_lanes = 0
 
     def tick(self, now: float) -> None:
-        """The 1 s maintenance tick: quiescing lanes, starvation, lifecycle timeouts."""
+        """The 1 s maintenance tick: quiescing lanes, starvation, lifecycle timeouts.
+
+        One pass over each model's shapes (thousands of one-item shapes at scale): a
+        dispatching shape's lanes tick (only a newly quiescing lane can force-drain), every
+        lane whose oldest item waited past `starve_s` counts, and the empty staged shapes
+        are noted; after the lifecycle advanced, those still open, staged and empty go."""
         starving = 0
+        limit = self.cfg.starve_s
+        staged, active, draining = ShapeState.STAGED, ShapeState.ACTIVE, ShapeState.DRAINING
         for ms in self.models.values():
+            empty: list[Shape] = []
             for shape in model_shapes(ms):
-                dispatching = shape.state in (ShapeState.ACTIVE, ShapeState.DRAINING)
-                newly = shape.lanes.tick(now) if dispatching else []
-                self._force_drained(shape, newly, now)
-                starving += shape.lanes.starving(now)
+                lanes = shape.lanes
+                state = shape.state
+                if state is active or state is draining:
+                    newly = lanes.tick(now)
+                    if newly:
+                        self._force_drained(shape, newly, now)
+                elif state is staged and not shape.items and not shape.inflight_items:
+                    empty.append(shape)
+                for lane in lanes.lanes.values():  # `LaneSet.starving`, inline
+                    q = lane.queue
+                    if q and now - q[0].t > limit:
+                        starving += 1
             if self.cfg.lifecycle and self.cfg.shape_scope == "consumer":
                 for name, slot in list(ms.slots.items()):
                     if name in self.consumers:
@@ -64,9 +80,10 @@ class Maintenance:
                 cur = ms.current
                 self.signals.extend(self.lifecycle.advance(
                     ms, now, hungry=cur is None or cur.items == 0))
-            for sig, shape in list(ms.open.items()):
-                if shape.items == 0 and shape.inflight_items == 0 and (
-                    shape.state is ShapeState.STAGED
+            for shape in empty:  # the lifecycle adds no shape and queues nothing: re-checked
+                sig = shape.signature
+                if ms.open.get(sig) is shape and shape.items == 0 and (
+                    shape.inflight_items == 0 and shape.state is staged
                 ):
                     shape.lanes.release_idle()  # the lanes its placements opened
                     del ms.open[sig]  # an empty staged shape (its placement was never admitted)

@@ -7,7 +7,12 @@ store; None when the shape is gone or has nothing queued) and sends a `PrewarmPu
 connected consumer `Broker.prewarm_targets` names: in "consumer" scope (the default) the one
 consumer whose next shape it is, in "model" scope every consumer of the model; and only
 where `prewarm_enabled(core.cfg.prewarm, peer.simulated)` (`[broker] prewarm`: "auto" pushes
-to simulated engines, not to real ones). The lifecycle is the same either way.
+to simulated engines, not to real ones). A shape whose whole queue is one item with nothing in
+flight (`lone_item`: most shapes of a workload with little structure) gets no push: its
+pre-warm would prefill exactly the prefix that item's batch prefills anyway (an engine that
+took the pre-warm would hit it, at the cost of one more request and, on the simulator, its
+own scheduler steps). The lifecycle is the same either way: the shape still warms and
+activates as "warmed".
 """
 
 from __future__ import annotations
@@ -39,12 +44,20 @@ def sample_item(store: DurableBroker, model: str, signature: int) -> Item | None
     return None
 
 
+def lone_item(store: DurableBroker, model: str, signature: int) -> bool:
+    """The open shape of `signature` queues exactly one item and has none in flight: its
+    first batch is all of it, so a pre-warm of its prefix buys that batch nothing."""
+    ms = store.core.models.get(model)
+    shape = ms.open.get(signature) if ms else None
+    return shape is not None and shape.items == 1 and shape.inflight_items == 0
+
+
 def push_signals(state: ServerState) -> None:
     """Send every pending pre-warm signal to the consumers it is for."""
     core = state.core
     for signal in core.take_signals():
         targets = set(core.prewarm_targets(signal))
-        if not targets:
+        if not targets or lone_item(state.store, signal.model, signal.signature):
             continue
         signal.sample = sample_item(state.store, signal.model, signal.signature)
         for peer in state.consumers.values():
