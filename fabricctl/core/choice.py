@@ -22,7 +22,8 @@ no current shape. With `against` (its
 current shape, which still has work and whose run has amortised its switch), it returns the
 shape worth leaving for, or None: a shape of a higher level (due, eligible or past the bound);
 at its own level, a due deadline earlier than its own, a job with fewer holders than its own
-shape's main job (fair share), or a shape past the bound. Pure: no clock, no I/O.
+shape's main job unless that job is `short_ratio` times shorter (fair share, shortest
+first), or a shape past the bound. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -134,6 +135,12 @@ class Chooser:
                 best, best_key = (s, job, why), key
         return best
 
+    def _short(self, shape: Shape, job: int, other: int) -> bool:
+        """`job` has `short_ratio` times fewer tokens queued than `other`: fair share does
+        not take a consumer from it for `other` (shortest first; the bound still does)."""
+        tokens = shape.tally.tokens
+        return tokens.get(job, 0) * self.cfg.short_ratio <= tokens.get(other, 0)
+
     def _starved(self, fair: tuple[Shape, int, str] | None, ctx: Context) -> bool:
         """The fair pick's job holds fewer consumers than the most served job does."""
         return (fair is not None and self.cfg.fair_share
@@ -180,7 +187,8 @@ class Chooser:
                 return Pick(due[0], "deadline")
             fair = self._fair(level, ctx)
             if (fair is not None and self.cfg.fair_share and fair[1] not in against.jobs
-                    and ctx.held.get(fair[1], 0) < a_held):
+                    and ctx.held.get(fair[1], 0) < a_held
+                    and not self._short(against, main_job(against), fair[1])):
                 return Pick(fair[0], "fair share")
             s = self._overdue(level, ctx)
             if s is not None:

@@ -48,8 +48,8 @@ class CoreConfig:
     thrash_batches: int = 100  # a shape finishing with fewer batches is thrashing
     # The clock and the job (ARCHITECTURE.md, "The shape choice"). A switch costs about one
     # batch (the new shape's first batch computes its prefix; the sim also builds graphs), so:
-    amortise_batches: int = 16  # a consumer's run has paid for its switch after this many
-    # batches (<= 1/16 of the run); only then may it leave a shape that still has work
+    amortise_batches: int = 8  # a consumer's run has paid for its switch after this many
+    # batches (<= 1/8 of the run); only then may it leave a shape that still has work
     wait_bound_s: float = 0.0  # no shape's oldest item waits longer while a GPU serves an
     # amortised shape; 0: bound_batches x the model's measured batch time (auto)
     bound_batches: float = 64.0  # auto bound: rotating every 64 batch times costs <= 1/64
