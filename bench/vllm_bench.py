@@ -26,7 +26,8 @@ warm-up before the first), with vLLM's `/metrics` scraped before and after:
   a. arrival:   the bench's httpx client, one `POST /v1/completions` per item, 16 in
                 flight, in arrival (shuffled) order;
   b. grouped:   the same with the items stably sorted by shape;
-  c. fabricctl: the items as native JSONL (`prefix` components, `prompt`, `max_tokens`,
+  c. fabricctl: (a consumer window of two batches: the one the replay's prediction models)
+                the items as native JSONL (`prefix` components, `prompt`, `max_tokens`,
                 `params`) through `fabricctl.cli.run.run_job` (what `fabricctl run` does),
                 engine "openai" against the same server, contract 16 items a batch,
                 `[broker] prewarm = "on"`;
@@ -633,9 +634,11 @@ async def fabricctl_phase(clients: list[httpx.AsyncClient], wl: Workload,
             data_dir=work / f"fabric-data-{name}", engine="openai", model=SERVED,
             broker=CoreConfig(prewarm=prewarm),
             vllm=VllmSettings(endpoints=base_urls),
+            # two batches in the server, the window the replay's prediction was validated
+            # with (its fabric feeds about a step's admit ahead); phase g runs the default
             consumer=ConsumerSettings(max_batch_size=IN_FLIGHT,
                                       max_batch_tokens=IN_FLIGHT * wl.max_len,
-                                      max_input_len=wl.max_len),
+                                      max_input_len=wl.max_len, window=2 * IN_FLIGHT),
             producer=ProducerSettings(tokenizer=str(model_dir / "tokenizer.json")),
         )
         phase.extra["consumer"] = dataclasses.asdict(cfg.consumer)
