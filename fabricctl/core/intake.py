@@ -110,6 +110,11 @@ class Intake:
 
     def admit(self, placement: Placement, entry: Entry) -> None:
         """Make a placed item dispatchable (second step, after its durable commit)."""
+        self._admit(placement, entry)
+        self.queued(placement.shape)
+
+    def _admit(self, placement: Placement, entry: Entry) -> None:
+        """`admit` without telling the choice's index (a restore tells it once a shape)."""
         shape = placement.shape
         placement.lane.push(entry)
         shape.tokens += entry.tokens
@@ -119,7 +124,6 @@ class Intake:
         if shape.staged_since is None:
             shape.staged_since = entry.t
         self.ledger.receive(1, entry.tokens)
-        self.queued(shape)
 
     def admit_all(self, admits: list[tuple[Shape, Lane, Entry]], now: float) -> None:
         """`admit` for a whole commit's placements (shape, lane, entry: the hot path of
@@ -242,9 +246,10 @@ class Intake:
         for lane_id, target, entries in lanes:
             p = Placement(shape, shape.lanes.open_lane(lane_id, target, now))
             for e in entries:
-                self.admit(p, e)
+                self._admit(p, e)
                 tokens += e.tokens
             items += len(entries)
+        self.queued(shape)
         return items, tokens
 
     def restore_epochs(self, epochs: Mapping[str, int]) -> None:

@@ -128,6 +128,3 @@ class Waiting:
                 for s in heap.shapes():
                     out[id(s)] = s
         return list(out.values())
-
-    def __bool__(self) -> bool:
-        return any(True for _ in self.ordered())
