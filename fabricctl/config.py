@@ -120,6 +120,21 @@ def user_config_path() -> Path:
     return Path(base) / "fabricctl" / "config.toml"
 
 
+def _kind(default: Any) -> type | None:
+    """The TOML type a setting takes, read from its current value (None: not checked)."""
+    for t in (bool, int, float, str):
+        if isinstance(default, t):
+            return t
+    return None
+
+
+def _is(v: Any, want: type) -> bool:
+    """Whether `v` is a value of a setting of type `want` (an int is a number; no bool is)."""
+    if isinstance(v, bool):
+        return want is bool
+    return isinstance(v, int | float) if want is float else isinstance(v, want)
+
+
 def _merge(cfg: AppConfig, data: dict[str, Any], where: str) -> AppConfig:
     top: dict[str, Any] = {}
     for key, value in data.items():
@@ -132,7 +147,13 @@ def _merge(cfg: AppConfig, data: dict[str, Any], where: str) -> AppConfig:
             if bad:
                 raise UsageError(f"{where}: unknown key {key}.{bad[0]} "
                                  f"(known: {', '.join(sorted(names))})")
-            top[key] = dataclasses.replace(getattr(cfg, key), **value)
+            current = getattr(cfg, key)
+            for name, v in value.items():
+                want = _kind(getattr(current, name))
+                if want is not None and not _is(v, want):
+                    what = "a number" if want is float else want.__name__
+                    raise UsageError(f"{where}: {key}.{name} must be {what}, not {v!r}")
+            top[key] = dataclasses.replace(current, **value)
         elif key in _SECTIONS and key != "sources":
             top[key] = Path(value).expanduser() if key == "data_dir" else value
         else:

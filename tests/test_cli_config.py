@@ -100,3 +100,24 @@ def test_the_data_dir_from_the_config_finds_the_broker(tmp_path: Path) -> None:
     out = fabricctl("status", env=clean_env(tmp_path), cwd=tmp_path)
     assert out.returncode == 3
     assert f"no broker at {tmp_path / 'nowhere'}" in out.stderr.decode()
+
+
+def test_a_setting_of_the_wrong_type_is_named() -> None:
+    import tempfile
+
+    import pytest
+
+    from fabricctl.config import load_config
+    from fabricctl.errors import UsageError
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "c.toml"
+        for bad, said in (('[broker]\nsweep = "no"', "broker.sweep must be bool, not 'no'"),
+                          ("[broker]\nfair_share = 1", "broker.fair_share must be bool"),
+                          ("[broker]\namortise_batches = 2.5", "amortise_batches must be int"),
+                          ('[sim]\ntime_scale = "fast"', "sim.time_scale must be a number")):
+            f.write_text(bad + "\n")
+            with pytest.raises(UsageError, match=said):
+                load_config(config_file=f)
+        f.write_text("[broker]\nsweep = false\nwait_bound_s = 3\n")  # an int is a number
+        cfg = load_config(config_file=f)
+        assert (cfg.broker.sweep, cfg.broker.wait_bound_s) == (False, 3)

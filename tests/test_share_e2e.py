@@ -170,6 +170,28 @@ def test_a_window_met_by_going_first(up: Any, tmp_path: Path) -> None:
     assert pb.wait(300) == 0
 
 
+def test_three_windows_met_earliest_deadline_first(up: Any, tmp_path: Path) -> None:
+    """Three jobs with windows behind a big one without: biggest-first (no fair share) would
+    serve the big job's shapes first (about 20 s) and miss all three; earliest deadline
+    first meets all three while the big job still has most of its work."""
+    b = up(broker="fair_share = false\n")
+    big = tmp_path / "big.jsonl"
+    big.write_text(lines(24_000, 2, "big"))
+    jobs = {"c.jsonl": (1200, "10s"), "b.jsonl": (2400, "14s"), "a.jsonl": (3600, "20s")}
+    for name, (n, _) in jobs.items():
+        (tmp_path / name).write_text(lines(n, 2, name[0]))
+    pb = submit(b, big)
+    wait_for("the big job to start", lambda: done(b, "big.jsonl") > 500)
+    ps = [submit(b, tmp_path / name, "--window", window) for name, (_, window) in jobs.items()]
+    for p in ps:
+        assert p.wait(300) == 0, p.stderr.read() if p.stderr else ""
+    left = 24_000 - done(b, "big.jsonl")
+    for name in jobs:
+        assert job_of(b, name)["state"] == "completed", name  # not expired: its window met
+    assert left > 4000, f"the windows were met only as the big job ended ({left} left)"
+    assert pb.wait(300) == 0
+
+
 def test_an_infeasible_window_is_flagged_early(up: Any, tmp_path: Path) -> None:
     b = up()
     big = tmp_path / "big.jsonl"

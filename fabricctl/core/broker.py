@@ -92,6 +92,7 @@ class Broker:
         self.signals: list[Prewarm] = []  # pre-warm signals not yet sent by the server
         self.intake = Intake(self.cfg, self.models, self.model, self.lane_counters, self.ledger,
                              self.queued)
+        self.lifecycle.open_swept = self.intake.open_swept
         self.settlement = Settlement(self.consumers, self.ledger, self.intake.place, self.queued)
         self.maintenance = Maintenance(self.cfg, self.models, self.consumers, self.lifecycle,
                                        self.events, self.signals)
@@ -284,7 +285,7 @@ class Broker:
                 sigs = {it.signature for it in items if it is not None}
         else:  # a store's entries (their items live in the store)
             sigs = {it.signature for it in items if it is not None}
-        if sigs and sigs != {sig}:
+        if sigs and sigs != {sig} and not shape.swept:
             for it in items:  # the first entry of another shape, by name
                 if it is not None:
                     guard_signature(sig, it.signature, f"item {it.id}")

@@ -32,6 +32,7 @@ from fabricctl.core.lanes import Lane, LaneCounters
 from fabricctl.core.ledger import Ledger
 from fabricctl.core.lifecycle import ModelState
 from fabricctl.core.shape import JobTally, Shape, ShapeState
+from fabricctl.core.sweep import SWEPT_LABEL, swept_signature
 from fabricctl.core.tracking import Placement
 from fabricctl.core.types import Entry, Item
 
@@ -82,6 +83,7 @@ class Intake:
         self.next_key = 1  # memory mode: the key of the next item ingested
         self.queued = queued  # told of each shape that gained queued items (the choice's index)
         self.tally = JobTally()  # each job's queued items and tokens, over every shape
+        self.swept: set[tuple[str, int]] = set()  # keys of the swept shapes (`core.sweep`)
 
     def open_shape(self, model: str, signature: int, label: str, now: float) -> Shape:
         """The key's open shape, made when there is none (a draining shape is no longer open)."""
@@ -91,10 +93,17 @@ class Intake:
             state = ShapeState.STAGED if self.cfg.lifecycle else ShapeState.ACTIVE
             shape = Shape(model, signature, label, self.cfg, self.lane_counters, now, state,
                           self.tally)
+            shape.swept = (model, signature) in self.swept
             ms.open[signature] = shape
         elif label and not shape.label:
             shape.label = label
         return shape
+
+    def open_swept(self, model: str, job: int, now: float) -> Shape:
+        """The job's open swept shape (`core.sweep`), made when there is none."""
+        sig = swept_signature(job)
+        self.swept.add((model, sig))
+        return self.open_shape(model, sig, SWEPT_LABEL, now)
 
     def place(self, model: str, signature: int, label: str, tokens: int, now: float) -> Placement:
         """Assign an item to a lane (first step of ingest); it is not dispatchable yet."""

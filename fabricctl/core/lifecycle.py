@@ -46,11 +46,15 @@ from fabricctl.core.events import EventKind, EventLog
 from fabricctl.core.rate import RateMeter
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.stats import BatchesHistogram
+from fabricctl.core.sweep import loose, move
 from fabricctl.core.terms import JobTerms
 from fabricctl.core.types import Prewarm
 from fabricctl.core.waiting import Waiting, candidate
 
 FINISHED_OUT = 10_000  # finished shapes held for the store to take; older ones are dropped
+SWEEP_SCAN = 256  # candidates a sweep looks past (not loose) before it stops looking
+
+OpenSwept = Callable[[str, int, float], Shape]  # (model, job, now) -> its open swept shape
 
 
 @dataclass(slots=True)
@@ -97,8 +101,10 @@ class Lifecycle:
     def __init__(self, cfg: CoreConfig, log: EventLog, histogram: BatchesHistogram,
                  terms: Mapping[int, JobTerms] | None = None,
                  queued_tokens: Callable[[], int] = lambda: 0,
-                 models: Mapping[str, ModelState] | None = None) -> None:
+                 models: Mapping[str, ModelState] | None = None,
+                 open_swept: OpenSwept | None = None) -> None:
         self.cfg = cfg
+        self.open_swept = open_swept  # a job's open swept shape (the intake's), for the sweep
         self.log = log
         self.histogram = histogram
         self.terms: Mapping[int, JobTerms] = {} if terms is None else terms
@@ -170,6 +176,8 @@ class Lifecycle:
         pick = None
         if ms.waiting.levels:
             pick = self.chooser.choose(ms.waiting, self.context(ms, now, hungry, live))
+            if pick is not None and self._loose(ms, pick.shape):
+                pick = self._sweep(ms, pick, now)
         if slot is None or live is None:
             return pick
         # nothing waits: priority 0 joins only by the join rule (`_join_target`)
@@ -191,6 +199,56 @@ class Lifecycle:
             if key[0] > floor and key > best_key:
                 best, best_key = s, key
         return None if best is None else Pick(best, "priority")
+
+    def _loose(self, ms: ModelState, shape: Shape) -> bool:
+        return (self.cfg.sweep and self.open_swept is not None
+                and loose(shape, self.terms, ms.budget))
+
+    def _sweep(self, ms: ModelState, pick: Pick, now: float) -> Pick:
+        """The picked shape is loose (`core.sweep`): rather than switch a GPU to it alone,
+        move it and every other loose shape of its main job at its priority into the job's
+        swept shape, and pick that instead (not while it is warming for a consumer)."""
+        assert self.open_swept is not None
+        job = main_job(pick.shape)
+        dst = self.open_swept(ms.name, job, now)
+        if dst.state not in (ShapeState.STAGED, ShapeState.ACTIVE):
+            return pick
+        prio = shape_terms(pick.shape, self.terms)[0]
+        level = ms.waiting.levels.get(prio)
+        heap = None if level is None else level.by_job.get(job)
+        moved = swept = 0
+        passed: list[Shape] = []
+        src: Shape | None = pick.shape
+        while src is not None:
+            moved += move(src, dst, now)
+            swept += 1
+            self._retire(ms, src, now)
+            src = None
+            while heap is not None and len(passed) < SWEEP_SCAN:
+                s = heap.pop()
+                if s is None:
+                    break
+                if self._loose(ms, s) and shape_terms(s, self.terms)[0] == prio:
+                    src = s
+                    break
+                passed.append(s)
+        for s in passed:
+            self.index(ms, s)  # back into the job's order it was taken from
+        self.index(ms, dst)
+        self.log.emit(now, EventKind.SWEEP, model=ms.name, signature=dst.signature,
+                      label=dst.label, value=swept,
+                      reason=f"job {job}: {swept} loose shapes, {moved} tokens")
+        return Pick(dst, f"{pick.why}; {swept} loose shapes swept")
+
+    def _retire(self, ms: ModelState, shape: Shape, now: float) -> None:
+        """A staged shape whose items were all swept finishes without running. It leaves no
+        record and no event of its own (its items run and are counted in its job's swept
+        shape; the sweep's one event names how many shapes it took)."""
+        if ms.open.get(shape.signature) is shape:
+            del ms.open[shape.signature]
+        shape.lanes.release_idle()
+        shape.finished_at = now
+        shape.set_state(ShapeState.FINISHED, now)
 
     def index(self, ms: ModelState, shape: Shape) -> None:
         """(Re)enter a shape in the model's waiting index under its current terms (a shape
@@ -277,6 +335,10 @@ class Lifecycle:
             pick = self._higher_held(ms, shape_terms(cur, self.terms)[0], slot, live)
         if pick is None:
             pick = self._shortest(ms, cur, ctx, live)
+        if pick is not None and self._loose(ms, pick.shape):
+            pick = self._sweep(ms, pick, now)
+            if pick.shape is cur:  # swept into the shape this consumer serves: stay
+                return False
         if pick is None:
             return False
         ms.preemptions += 1

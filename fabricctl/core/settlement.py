@@ -58,7 +58,8 @@ class Settlement:
         shape.served_items += n
         shape.consumers.add(c.name)
         batch = Batch(self.next_batch, c.name, model, shape.signature, lane.id, shape.epoch,
-                      pad_to, max_tokens, c.contract.max_input_len, entries, tokens)
+                      pad_to, max_tokens, c.contract.max_input_len, entries, tokens,
+                      shape.swept)
         self.next_batch += 1
         self.inflight[batch.id] = InFlight(batch, shape, lane)
         c.batches.add(batch.id)
@@ -133,7 +134,8 @@ class Settlement:
         tokens = sum(e.tokens for e in out)
         b.tokens -= tokens
         nb = Batch(self.next_batch, b.consumer, b.model, b.signature, b.lane, b.epoch,
-                   b.pad_to, max(e.max_tokens for e in out), b.max_input_len, out, tokens)
+                   b.pad_to, max(e.max_tokens for e in out), b.max_input_len, out, tokens,
+                   b.mixed)
         self.next_batch += 1
         self.inflight[nb.id] = InFlight(nb, f.shape, f.lane)
         f.lane.inflight += 1

@@ -82,6 +82,7 @@ class Shape:
         "staged_since",
         "state",
         "stats",
+        "swept",
         "tally",
         "tokens",
         "wver",
@@ -131,6 +132,7 @@ class Shape:
         self.served_at: float | None = None  # when a batch of it last went out
         self.fifo_by: float | None = None  # when arrival order would have served it (the
         # derived wait bound never calls it overdue before then)
+        self.swept = False  # a job's swept shape (`core.sweep`): its batches mix signatures
 
     @property
     def key(self) -> tuple[str, int]:

@@ -62,6 +62,7 @@ class Batch(msgspec.Struct, gc=False):
     max_input_len: int
     entries: list[Entry]
     tokens: int  # sum of the entries' input tokens, kept for the ledger
+    mixed: bool = False  # a swept shape's batch (`core.sweep`): entries of many signatures
 
     def oversized(self) -> list[int]:
         """Indexes of entries longer than the consumer's max input (the engine refuses them)."""

@@ -25,7 +25,7 @@ from fabricctl.core.broker import ShapeGuardError, guard_signature
 from fabricctl.core.types import Batch, Item, ItemResult, Work
 from fabricctl.store.errors import SegmentMissingError
 from fabricctl.store.faults import fault_point
-from fabricctl.store.keys import entry_decoder, entry_key_of, seg_of
+from fabricctl.store.keys import SegHeader, entry_decoder, entry_key_of, seg_of
 
 if TYPE_CHECKING:
     from fabricctl.store.completion import CompletePlan
@@ -70,27 +70,26 @@ class Dispatch:
         batch = self.core.pull(consumer, now)
         if batch is None:
             return None
-        label = ""
         try:
             # step 1: every segment and entry exists and is of this shape, before anything moves
             fault_point("dispatch_step1")
             keys = []
-            jobs = []  # each entry's job (its segment's)
+            heads: list[SegHeader] = []  # each entry's segment's (its job, signature, label)
             last = -1
-            job = 0
             segs = self.segs
+            hdr: SegHeader | None = None
             for e in batch.entries:
                 seg_id = seg_of(e.key)
                 if seg_id != last:
                     hdr = segs.get(seg_id)
                     if hdr is None:
                         raise SegmentMissingError(f"segment {seg_id} of batch {batch.id} is gone")
-                    guard_signature(batch.signature, hdr.signature, f"segment {seg_id}")
-                    label = hdr.label
-                    job = hdr.job
+                    if not batch.mixed:  # a swept shape's batch claims no one signature
+                        guard_signature(batch.signature, hdr.signature, f"segment {seg_id}")
                     last = seg_id
+                assert hdr is not None
                 keys.append(entry_key_of(e.key))
-                jobs.append(job)
+                heads.append(hdr)
             with self.env.read() as txn:
                 found = txn.cursor(db=self.env.dbs["data"]).getmulti(keys)
             if len(found) != len(keys):
@@ -105,10 +104,10 @@ class Dispatch:
         decode = entry_decoder.decode
         model, sig = batch.model, batch.signature
         items = []
-        for (_, v), job in zip(found, jobs, strict=True):
+        for (_, v), h in zip(found, heads, strict=True):
             s = decode(v)
-            items.append(Item(s.id, model, sig, s.tokens, s.max_tokens, s.payload, label,
-                              s.source, s.line, job))
+            items.append(Item(s.id, model, h.signature, s.tokens, s.max_tokens, s.payload,
+                              h.label, s.source, s.line, h.job))
         fault_point("dispatch_step2")  # cursors advance: the core popped the lane queue
         fault_point("dispatch_step3")  # pending map: the core's in-flight table
         if self.undone:
