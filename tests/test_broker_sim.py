@@ -87,6 +87,7 @@ class Sim:
         self.draining_items: dict[int, tuple[Shape, int]] = {}
         self.finished_seen = 0
         self.epochs: dict[str, int] = {}
+        self.reserved: dict[str, dict[int, int]] = {}  # model -> warming signature -> epoch
         self.finished_batches: list[int] = []
         self.thrash_events = 0
         self.seen_states: Counter[str] = Counter()
@@ -326,9 +327,15 @@ class Sim:
                 assert ev.model in self.shapes_per_model
                 assert ev.reason
                 assert (ev.src, ev.dst) in (ALLOWED if self.cfg.lifecycle else ABLATION)
-                if ev.dst == "active":  # epochs bump by one per activation
+                # each activation takes the next epoch, unless its pre-warm reserved one
+                reserved = self.reserved.setdefault(ev.model, {})
+                if ev.dst == "active" and reserved.get(ev.signature) == ev.value:
+                    del reserved[ev.signature]
+                elif ev.dst in ("active", "warming"):
                     assert ev.value == self.epochs.get(ev.model, 0) + 1
                     self.epochs[ev.model] = ev.value
+                    if ev.dst == "warming":
+                        reserved[ev.signature] = ev.value
             elif ev.kind is EventKind.THRASH:
                 assert ev.critical
                 self.thrash_events += 1

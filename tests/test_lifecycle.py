@@ -266,7 +266,7 @@ def test_full_switch() -> None:
     assert a.state is ShapeState.FINISHED
     assert a.finished_at == 2.0
     assert c.state is ShapeState.ACTIVE
-    assert b.models["m"].epoch == 2
+    assert b.models["m"].epoch == 3  # C's, then the one B's pre-warm reserved (below)
     assert b.models["m"].current is c
     assert b.lifecycle.finished == [a]
     assert a.batches == 1 + len(out)
@@ -650,3 +650,27 @@ def test_ingest_is_place_then_admit_item_by_item() -> None:
         return out
 
     assert state(grouped) == state(single)
+
+
+def test_a_prewarmed_shape_activates_under_the_epoch_its_prewarm_reserved() -> None:
+    """In "consumer" scope another consumer may activate a shape between a pre-warm and its
+    activation; the warmed shape keeps the epoch the pre-warm named (the simulated engine
+    built its graphs under it) and no two shapes share an epoch."""
+    b = Broker(CoreConfig(activate_when_idle=False))
+    for c in ("c0", "c1"):
+        b.register(c, Contract("m", 8, 1000, 4096), now=0.0)
+    b.ingest(items(A, 60), now=0.0)
+    assert b.pull("c0", 0.0) is not None  # A on c0: epoch 1
+    for sig in (B, C, D):
+        b.ingest(items(sig, 30), now=0.0)
+    while not (signals := b.take_signals()):
+        assert b.pull("c0", 0.1) is not None
+    (signal,) = signals
+    assert signal.consumer == "c0" and signal.epoch == 2
+    other = b.pull("c1", 0.2)  # c1 activates another staged shape meanwhile
+    assert other is not None and other.signature != signal.signature and other.epoch == 3
+    while (x := b.pull("c0", 0.3)) is not None and x.signature == A:
+        pass
+    assert x is not None and (x.signature, x.epoch) == (signal.signature, signal.epoch)
+    live = [s.epoch for s in b.models["m"].open.values() if s.state is ShapeState.ACTIVE]
+    assert len(live) == len(set(live)) == 2

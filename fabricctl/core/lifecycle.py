@@ -353,8 +353,10 @@ class Lifecycle:
                  slot: Slot | None = None) -> None:
         h: Holder = ms if slot is None else slot
         self._count_switch(ms, slot)
-        ms.epoch += 1
-        shape.epoch = ms.epoch
+        if shape.state is not ShapeState.WARMING or not shape.epoch:
+            ms.epoch += 1
+            shape.epoch = ms.epoch
+        # else it keeps the epoch its pre-warm reserved, which the pre-warm built under
         shape.activated_at = now
         shape.stats = shape.lengths.copy()
         self._transition(ms, shape, ShapeState.ACTIVE, now, why)
@@ -455,7 +457,8 @@ class Lifecycle:
                 return True
             if pick is not None and pick.shape.state is ShapeState.STAGED:
                 shape = pick.shape
-                shape.epoch = ms.epoch + 1
+                ms.epoch += 1  # reserved now: other consumers may activate shapes meanwhile
+                shape.epoch = ms.epoch
                 self._transition(ms, shape, ShapeState.WARMING, now, pick.why)
                 h.warming = shape
                 lanes = [(lane.id, lane.target) for lane in shape.lanes.lanes.values()]
