@@ -60,8 +60,8 @@ class CoreConfig:
     # waits forever behind a stream of higher-priority work
     short_ratio: float = 4.0  # fair share: a job with this many times less queued than the
     # job a consumer serves may take it too (shortest first), however many GPUs it holds
-    sweep: bool = True  # loose shapes (sealed, unheld, one batch at most: `core.sweep`) share
-    # the shapeless shape's batches instead of each taking a GPU for one batch (off: ablation)
+    sweep: bool = True  # loose shapes (sealed, unheld, half a batch at most: `core.sweep`)
+    # share their job's swept shape instead of each taking a GPU for one batch (off: ablation)
     rate_window_s: float = 30.0  # the completed-token rate is measured over this window
     default_batch_tokens: int = 8192  # B for a model no consumer has registered yet
     events_kept: int = 10_000  # recent events kept for observers

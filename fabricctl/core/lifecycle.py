@@ -455,7 +455,8 @@ class Lifecycle:
                 self._leave(ms, slot, cur, now)  # a shape another consumer left waits
                 self.take(ms, pick, now, slot)
                 return True
-            if pick is not None and pick.shape.state is ShapeState.STAGED:
+            if pick is not None and pick.shape.state is ShapeState.STAGED and (
+                    exhausted or pick.shape.tokens >= self._threshold(ms)):
                 shape = pick.shape
                 ms.epoch += 1  # reserved now: other consumers may activate shapes meanwhile
                 shape.epoch = ms.epoch

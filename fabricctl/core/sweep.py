@@ -2,13 +2,17 @@
 
 Contract: a shape is *loose* (`loose`) when it is staged, nobody holds or warms it, it is not
 itself a swept shape, every job with items in it has ended its input (it can grow no more),
-and its queued items fit in one batch (fewer tokens than the model's batch budget). Whatever
-the choice does, such a shape's whole run is one batch: a GPU that switches to it alone pays
-a pull, a completion and a switch for that one batch and buys no cache hit that a shared
-batch would not give. Each job has one open *swept shape* per model, keyed by
-`swept_signature(job)`: an ordinary shape for the choice (its job's terms, fair share, the
-bound), whose batches mix signatures (`Batch.mixed`; the shape guard checks no signature for
-them, and each item keeps its own signature and label, its segment's). `move(src, dst, now)`
+and its queued items fill at most half a batch (tokens <= half the model's batch budget).
+Whatever the choice does, such a shape's whole run is one part-empty batch: a GPU that
+switches to it alone pays a pull, a completion and a switch for it and buys no cache hit
+that a shared batch would not give. (A shape of more than half a batch runs alone: its
+batch is mostly its own anyway, and in a shared lane it could straddle two batches, whose
+second half, on another GPU or after an eviction, would compute its prefix again.)
+
+Each job has one open *swept shape* per model, keyed by `swept_signature(job)`: an ordinary
+shape for the choice (its job's terms, fair share, the bound), whose batches mix signatures
+(`Batch.mixed`; the shape guard checks no signature for them, and each item keeps its own
+signature and label, its segment's). `move(src, dst, now)`
 takes every queued entry of `src` into one lane of `dst` (the lane its longest entry fits),
 in their order, so its items stay together and leave in one batch or in adjacent ones (their
 prefix computed once, as alone); the counts of both shapes and of their jobs move with them,
@@ -34,9 +38,9 @@ def swept_signature(job: int) -> int:
 
 
 def loose(shape: Shape, terms: Mapping[int, JobTerms], budget: int) -> bool:
-    """Staged, unheld, not swept, sealed, and fits in one batch of `budget` tokens."""
+    """Staged, unheld, not swept, sealed, and at most half a batch of `budget` tokens."""
     return (shape.state is ShapeState.STAGED and shape.held == 0 and not shape.swept
-            and 0 < shape.tokens < budget and bool(shape.jobs)
+            and 0 < 2 * shape.tokens <= budget and bool(shape.jobs)
             and all(terms.get(j, NO_TERMS).sealed for j in shape.jobs))
 
 
