@@ -1,8 +1,10 @@
 """The shape choice at scale: the cost of one pick with 10, 1,000 and 100,000 staged shapes.
 
 A memory-mode broker with `--consumers` consumers and N staged shapes of one item each (a
-structureless workload: every shape sealed, so none waits to grow). Each pull activates a new
-shape, so every pull is one choice; the bench times `--picks` pull+complete cycles (a fake
+structureless workload: every shape sealed, so none waits to grow), with the sweep off (on,
+the first pick would sweep them all into one shape and no further choice would be made: see
+bench/shapes_bench.py for what it does to a whole run). Each pull activates a new shape, so
+every pull is one choice; the bench times `--picks` pull+complete cycles (a fake
 clock, 1 ms a cycle) and reports microseconds per pick. Beside it, in the same run, the floor
 of the choice this replaced: one pass over every staged shape checking its eligibility and
 tokens (what `Lifecycle.pick_staged` did at every activation), timed per pass.
@@ -31,7 +33,7 @@ from fabricctl.core.types import Contract, Item
 
 
 def setup(n: int, consumers: int) -> Broker:
-    b = Broker(CoreConfig())
+    b = Broker(CoreConfig(sweep=False))
     for k in range(consumers):
         b.register(f"c{k}", Contract("m", 256, 16384, 4096), 0.0)
     b.ingest([Item(f"i{s}", "m", s + 1, 100, 16, job=1) for s in range(n)], 0.0)

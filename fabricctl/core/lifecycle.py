@@ -455,20 +455,13 @@ class Lifecycle:
                 self._leave(ms, slot, cur, now)  # a shape another consumer left waits
                 self.take(ms, pick, now, slot)
                 return True
-            if pick is not None and pick.shape.state is ShapeState.STAGED and (
-                    exhausted or pick.shape.tokens >= self._threshold(ms)):
+            if pick is not None and pick.shape.state is ShapeState.STAGED:
                 shape = pick.shape
                 ms.epoch += 1  # reserved now: other consumers may activate shapes meanwhile
                 shape.epoch = ms.epoch
                 self._transition(ms, shape, ShapeState.WARMING, now, pick.why)
                 h.warming = shape
-                lanes = [(lane.id, lane.target) for lane in shape.lanes.lanes.values()]
-                signals.append(Prewarm(ms.name, shape.signature, shape.label, shape.epoch, lanes,
-                                       consumer=None if slot is None else slot.consumer))
-                self.log.emit(
-                    now, EventKind.PREWARM, model=ms.name, signature=shape.signature,
-                    label=shape.label, value=shape.epoch, reason=f"{len(lanes)} lanes",
-                )
+                self._prewarm(ms, shape, now, slot, signals)
         if slot is not None and exhausted and h.warming is None and (
             self._orphaned(ms, live) or self._steal_target(ms, slot) is not None
             or self._join_target(ms, slot) is not None
@@ -479,6 +472,14 @@ class Lifecycle:
             self._drain(ms, cur, now, "below drain threshold")
             return True
         return False
+
+    def _prewarm(self, ms: ModelState, shape: Shape, now: float, slot: Slot | None,
+                 signals: list[Prewarm]) -> None:
+        lanes = [(lane.id, lane.target) for lane in shape.lanes.lanes.values()]
+        signals.append(Prewarm(ms.name, shape.signature, shape.label, shape.epoch, lanes,
+                               consumer=None if slot is None else slot.consumer))
+        self.log.emit(now, EventKind.PREWARM, model=ms.name, signature=shape.signature,
+                      label=shape.label, value=shape.epoch, reason=f"{len(lanes)} lanes")
 
     def _drain(self, ms: ModelState, cur: Shape, now: float, why: str) -> None:
         self._transition(ms, cur, ShapeState.DRAINING, now, why)

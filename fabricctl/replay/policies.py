@@ -21,10 +21,9 @@ at once; routers hand over at arrival.
 Jobs (a multi-job workload, `replay.jobs`): every policy sees each item's job number
 (`Item.job`); only fabric acts on it: when a job's first item arrives it tells the broker
 the job's terms (`Broker.set_job_terms`: priority, deadline = arrival + window), and once
-its last item arrived (the replay knows the whole trace) it seals the job, as `run` and
-`submit` seal theirs when their input ends; a workload without jobs is one job (0), sealed
-after its last arrival alike. `job_terms=False` keeps both from the broker (fabric-tokens,
-the tokens-only comparison). The baselines ignore jobs.
+its last item arrived (the replay knows the whole trace) it seals the job. `job_terms=False`
+keeps them from the broker (fabric-tokens, the tokens-only comparison). The baselines
+ignore jobs.
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ from typing import Protocol
 
 from fabricctl.core.broker import Broker
 from fabricctl.core.config import CoreConfig
-from fabricctl.core.terms import JobTerms
 from fabricctl.core.types import Contract
 from fabricctl.replay.fleet import SimFleet
 from fabricctl.replay.jobs import JobSpec
@@ -157,7 +155,6 @@ class Fabric(_Base):
                  jobs: Mapping[int, JobSpec] | None = None, job_terms: bool = True) -> None:
         self.name = name
         self.jobs = dict(jobs or {}) if job_terms else {}
-        self.job_terms = job_terms  # the choice sees jobs: their terms, and when input ends
         self.last_of_job: dict[int, str] = {}  # job -> the id of its last item to arrive
         self.announced: set[int] = set()
         self.broker = Broker(cfg)
@@ -171,7 +168,7 @@ class Fabric(_Base):
     def attach(self, sim: SimFleet) -> None:
         super().attach(sim)
         self.models = sorted({r.item.model for r in sim.items})
-        if self.job_terms:  # every job's input ends with its last item, as `run`'s does
+        if self.jobs:
             for r in sorted(sim.items, key=lambda r: r.arrival):
                 self.last_of_job[r.item.job] = r.item.id
         self.gpu_of: dict[str, int] = {}
@@ -187,10 +184,8 @@ class Fabric(_Base):
             self.announced.add(spec.number)
             self.broker.set_job_terms(spec.number, spec.terms())
         self.broker.ingest([r.item], now)
-        job = r.item.job
-        if self.last_of_job.get(job) == r.item.id:
-            self.broker.set_job_terms(job, spec.terms(sealed=True) if spec is not None
-                                      else JobTerms(sealed=True))
+        if spec is not None and self.last_of_job.get(spec.number) == r.item.id:
+            self.broker.set_job_terms(spec.number, spec.terms(sealed=True))
 
     def feed(self, g: int, now: float) -> None:
         while self.sim.wants(g, self.out) and self._pull(g, now):
