@@ -2,8 +2,9 @@
 (two GPUs, slowed down so a big job lasts seconds), `submit`, `jobs show` and `jobs priority`
 as subprocesses. What is asserted is order, not speed: a small job submitted behind a big
 one, or behind a producer still streaming, finishes while the big one still has work; a
-priority raised on a live job makes it finish first; a window the fleet can meet only by
-serving its job first is met; a window it cannot meet is flagged well before it expires."""
+priority raised on a live job makes it finish first; three windows the fleet can meet only
+by serving their jobs first (earliest deadline first) are met; a window it cannot meet is
+flagged well before it expires."""
 
 from __future__ import annotations
 
@@ -134,40 +135,21 @@ def test_a_raised_priority_goes_first(up: Any, tmp_path: Path, how: str) -> None
     run) ends first; without it the shorter, earlier one would (fair share, shortest first)."""
     b = up()
     short = tmp_path / "short.jsonl"
-    short.write_text(lines(8000, 3, "short"))
+    short.write_text(lines(5000, 3, "short"))
     long = tmp_path / "long.jsonl"
-    long.write_text(lines(12_000, 3, "long"))
+    long.write_text(lines(7500, 3, "long"))
     ps = submit(b, short)
-    wait_for("the short job to be accepted", lambda: accepted(b, "short.jsonl", 8000))
+    wait_for("the short job to be accepted", lambda: accepted(b, "short.jsonl", 5000))
     pl = submit(b, long, *(["--priority", "9"] if how == "submit --priority" else []))
-    wait_for("the long job to be accepted", lambda: accepted(b, "long.jsonl", 12_000))
+    wait_for("the long job to be accepted", lambda: accepted(b, "long.jsonl", 7500))
     if how == "jobs priority":
         p = b.run("jobs", "priority", job_of(b, "long.jsonl")["id"], "9")
         assert p.returncode == 0, p.stderr
     assert job_of(b, "long.jsonl")["priority"] == 9
     assert pl.wait(300) == 0
-    left = 8000 - done(b, "short.jsonl")
-    assert left > 500, f"the raised job did not go first ({left} of the other left)"
+    left = 5000 - done(b, "short.jsonl")
+    assert left > 300, f"the raised job did not go first ({left} of the other left)"
     assert ps.wait(300) == 0
-
-
-def test_a_window_met_by_going_first(up: Any, tmp_path: Path) -> None:
-    """Jobs one after another (no fair share): only its deadline puts the later, smaller
-    job before the big one, whose shapes have more tokens."""
-    b = up(broker="fair_share = false\n")
-    big = tmp_path / "big.jsonl"
-    big.write_text(lines(24_000, 2, "big"))
-    urgent = tmp_path / "urgent.jsonl"
-    urgent.write_text(lines(1200, 2, "urgent"))
-    pb = submit(b, big)
-    wait_for("the big job to start", lambda: done(b, "big.jsonl") > 500)
-    # served after the big job it would end ~20 s later: past its window
-    pu = submit(b, urgent, "--window", "12s")
-    assert pu.wait(300) == 0
-    assert job_of(b, "urgent.jsonl")["state"] == "completed"
-    left = 24_000 - done(b, "big.jsonl")
-    assert left > 1000, f"the deadline did not put its job first ({left} of the big left)"
-    assert pb.wait(300) == 0
 
 
 def test_three_windows_met_earliest_deadline_first(up: Any, tmp_path: Path) -> None:
