@@ -4,12 +4,12 @@ clock, and the durable store (the shape guard, a restart)."""
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_choice import BUDGET, fleet
+from test_choice import items as choice_items
 
 from fabricctl.core.broker import Broker
 from fabricctl.core.config import CoreConfig
@@ -20,19 +20,11 @@ from fabricctl.core.terms import JobTerms
 from fabricctl.core.types import Contract, Entry, Item, ItemResult, Work
 from fabricctl.store.durable import DurableBroker
 
-_ids = itertools.count(1)
-BUDGET = 1000  # B: a batch's tokens (10 items of 100)
+SEALED = 1  # the job of the helpers' items, sealed by each test that wants a sweep
 
 
-def items(sig: int, n: int, job: int = 1, tokens: int = 100) -> list[Item]:
-    return [Item(f"i{next(_ids)}", "m", sig, tokens, 16, job=job) for _ in range(n)]
-
-
-def fleet(consumers: int = 1, **cfg: object) -> Broker:
-    b = Broker(dataclasses.replace(CoreConfig(), **cfg))  # type: ignore[arg-type]
-    for k in range(consumers):
-        b.register(f"c{k}", Contract("m", 10, BUDGET, 4096), now=0.0)
-    return b
+def items(sig: int, n: int, job: int = SEALED, tokens: int = 100) -> list[Item]:
+    return choice_items(sig, n, job=job, tokens=tokens)
 
 
 def served(b: Broker, t0: float = 0.0, dt: float = 0.001, limit: int = 100_000
