@@ -255,3 +255,27 @@ def test_the_store_serves_swept_batches_and_a_restart_sweeps_again(tmp_path: Pat
     rec = store.job(job)
     assert rec is not None and rec.completed == 200
     store.close()
+
+
+def test_a_shape_loose_again_is_swept_into_the_swept_shape_its_consumer_holds() -> None:
+    """A one-item shape that ran alone (before its job ended) fails back after it finished:
+    its item stages a new loose shape, which the consumer already on the job's swept shape
+    sweeps into it and keeps serving (it does not leave a shape that just got work)."""
+    b = fleet(1)
+    b.ingest(items(1, 1), 0.0)
+    alone = b.pull("c0", 0.0)  # the job is open: shape 1 goes alone
+    assert alone is not None and not alone.mixed
+    b.ingest([it for sig in range(2, 32) for it in items(sig, 1)], 0.1)
+    b.set_job_terms(SEALED, JobTerms(sealed=True))
+    out = []
+    while (x := b.pull("c0", 0.2)) is not None:  # the swept shape, dispatched to the end
+        assert x.mixed
+        out.append(x)
+    b.fail(alone.id, 0.3)  # shape 1 finished: its item stages a new, loose, shape
+    again = b.pull("c0", 0.4)
+    assert again is not None and again.mixed and len(again.entries) == 1
+    assert b.models["m"].slots["c0"].current.swept  # type: ignore[union-attr]
+    for x in (*out, again):
+        b.complete(x.id, 0.5)
+    assert b.ledger.consistent()
+    assert b.ledger.items_completed == 31

@@ -52,7 +52,6 @@ from fabricctl.core.types import Prewarm
 from fabricctl.core.waiting import Waiting, candidate
 
 FINISHED_OUT = 10_000  # finished shapes held for the store to take; older ones are dropped
-SWEEP_SCAN = 256  # candidates a sweep looks past (not loose) before it stops looking
 
 OpenSwept = Callable[[str, int, float], Shape]  # (model, job, now) -> its open swept shape
 
@@ -216,24 +215,16 @@ class Lifecycle:
         prio = shape_terms(pick.shape, self.terms)[0]
         level = ms.waiting.levels.get(prio)
         heap = None if level is None else level.by_job.get(job)
-        moved = swept = 0
-        passed: list[Shape] = []
-        src: Shape | None = pick.shape
-        while src is not None:
+        # one pass over the job's candidates: it leaves none of them loose at this priority,
+        # so the next sweep of this job needs shapes that became loose since (amortised)
+        others = [] if heap is None else [
+            s for s in heap.shapes() if s is not pick.shape and self._loose(ms, s)
+            and shape_terms(s, self.terms)[0] == prio]
+        moved = 0
+        for src in (pick.shape, *others):
             moved += move(src, dst, now)
-            swept += 1
             self._retire(ms, src, now)
-            src = None
-            while heap is not None and len(passed) < SWEEP_SCAN:
-                s = heap.pop()
-                if s is None:
-                    break
-                if self._loose(ms, s) and shape_terms(s, self.terms)[0] == prio:
-                    src = s
-                    break
-                passed.append(s)
-        for s in passed:
-            self.index(ms, s)  # back into the job's order it was taken from
+        swept = 1 + len(others)
         self.index(ms, dst)
         self.log.emit(now, EventKind.SWEEP, model=ms.name, signature=dst.signature,
                       label=dst.label, value=swept,
@@ -450,6 +441,8 @@ class Lifecycle:
         if h.warming is None and cur.tokens < cfg.prewarm_multiple * ms.budget:
             pick = self.choose(ms, now, hungry and exhausted, live if slot is not None else None,
                                slot)
+            if pick is not None and pick.shape is cur:  # loose shapes were swept into it
+                pick, exhausted = None, False
             if pick is not None and slot is not None and exhausted and (
                     pick.shape.state is ShapeState.ACTIVE):
                 self._leave(ms, slot, cur, now)  # a shape another consumer left waits

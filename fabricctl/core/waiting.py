@@ -56,13 +56,6 @@ class _Heap:
             heappop(items)
         return items[0][3] if items else None
 
-    def pop(self) -> Shape | None:
-        """Take the top valid candidate off this heap (its other entries stay)."""
-        shape = self.top()
-        if shape is not None:
-            heappop(self.items)
-        return shape
-
     def shapes(self) -> Iterator[Shape]:
         """Every valid candidate in it (unordered)."""
         return (e[3] for e in self.items if _valid(e))
