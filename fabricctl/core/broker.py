@@ -87,12 +87,11 @@ class Broker:
         self.batches_hist = BatchesHistogram(self.cfg.thrash_batches)
         self.terms: dict[int, JobTerms] = {}  # job number -> what the shape choice knows of it
         self.at_risk: set[int] = set()  # jobs predicted to miss their deadline (said once)
-        self.lifecycle = Lifecycle(self.cfg, self.events, self.batches_hist, self.terms,
-                                   self._unfinished_tokens, self.models)
-        self.signals: list[Prewarm] = []  # pre-warm signals not yet sent by the server
         self.intake = Intake(self.cfg, self.models, self.model, self.lane_counters, self.ledger,
                              self.queued)
-        self.lifecycle.open_swept = self.intake.open_swept
+        self.lifecycle = Lifecycle(self.cfg, self.events, self.batches_hist, self.terms,
+                                   self._unfinished_tokens, self.models, self.intake.open_swept)
+        self.signals: list[Prewarm] = []  # pre-warm signals not yet sent by the server
         self.settlement = Settlement(self.consumers, self.ledger, self.intake.place, self.queued)
         self.maintenance = Maintenance(self.cfg, self.models, self.consumers, self.lifecycle,
                                        self.events, self.signals)
@@ -276,19 +275,8 @@ class Broker:
         entries, pad_to, tokens = pack_counted(lane.queue, contract.max_batch_size,
                                                contract.max_batch_tokens, self.cfg.pad_multiple)
         max_tokens = max(0, max(map(_max_tokens, entries), default=0))
-        sig = shape.signature
-        items = list(map(_item, entries))
-        if items and items[0] is not None:  # memory mode: every entry carries its item
-            try:
-                sigs = set(map(_signature, items))
-            except AttributeError:  # some entry without its item: check those with one
-                sigs = {it.signature for it in items if it is not None}
-        else:  # a store's entries (their items live in the store)
-            sigs = {it.signature for it in items if it is not None}
-        if sigs and sigs != {sig} and not shape.swept:
-            for it in items:  # the first entry of another shape, by name
-                if it is not None:
-                    guard_signature(sig, it.signature, f"item {it.id}")
+        if not shape.swept:  # a swept shape's batch claims no one signature (`core.sweep`)
+            self._guard(shape.signature, list(map(_item, entries)))
         slot = ms.slots.get(consumer)
         if slot is not None and slot.current is shape:
             slot.batches += 1
@@ -296,6 +284,21 @@ class Broker:
         shape.served_at = now
         return self.settlement.dispatch(c, ms.name, shape, lane, entries, pad_to, tokens,
                                         max_tokens)
+
+    @staticmethod
+    def _guard(sig: int, items: list[Item | None]) -> None:
+        """The hard guard over a batch's entries that carry their item (memory mode)."""
+        if items and items[0] is not None:  # memory mode: every entry carries its item
+            try:
+                sigs = set(map(_signature, items))
+            except AttributeError:  # some entry without its item: check those with one
+                sigs = {it.signature for it in items if it is not None}
+        else:  # a store's entries (their items live in the store)
+            sigs = {it.signature for it in items if it is not None}
+        if sigs and sigs != {sig}:
+            for it in items:  # the first entry of another shape, by name
+                if it is not None:
+                    guard_signature(sig, it.signature, f"item {it.id}")
 
     # -- settlement (`Settlement`) ----------
 

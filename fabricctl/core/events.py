@@ -26,7 +26,7 @@ class EventKind(StrEnum):
     GUARD = "guard"
     SWITCH = "switch"  # a consumer left a shape with work for a waiting one (the choice)
     JOB_AT_RISK = "job_at_risk"  # a job is predicted to finish after its deadline
-    SWEEP = "sweep"  # loose shapes moved into the shapeless shape (`core.sweep`)
+    SWEEP = "sweep"  # a job's loose shapes moved into its swept shape (`core.sweep`)
 
 
 class Event(msgspec.Struct, frozen=True, omit_defaults=True):

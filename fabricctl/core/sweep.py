@@ -12,11 +12,11 @@ second half, on another GPU or after an eviction, would compute its prefix again
 Each job has one open *swept shape* per model, keyed by `swept_signature(job)`: an ordinary
 shape for the choice (its job's terms, fair share, the bound), whose batches mix signatures
 (`Batch.mixed`; the shape guard checks no signature for them, and each item keeps its own
-signature and label, its segment's). `move(src, dst, now)`
-takes every queued entry of `src` into one lane of `dst` (the lane its longest entry fits),
-in their order, so its items stay together and leave in one batch or in adjacent ones (their
-prefix computed once, as alone); the counts of both shapes and of their jobs move with them,
-the ledger's do not (the items stay queued). After a restart the entries come back to their
+signature and label, its segment's). `move(src, dst, now)` takes every queued entry of `src`
+into one lane of `dst` (the lane its longest entry fits), in their order, so its items stay
+together and leave in one batch or in adjacent ones (their prefix computed once, as alone);
+the counts of both shapes and of their jobs move with them, the ledger's do not (the items
+stay queued). After a restart the entries come back to their
 own shapes from their segments, and are swept again. Pure: no clock, no I/O.
 """
 
