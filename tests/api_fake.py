@@ -65,8 +65,9 @@ class FakeBackend:
         return Ack(0, len(items) - len(rejects), rejects)
 
     async def seal_job(self, job: int, lines: int, errors: list[str] | None = None,
-                       failed: bool = False, sha256: str = "") -> JobReply:
+                       failed: bool = False, sha256: str = "", refused: int = 0) -> JobReply:
         rec = self.jobs_by_number[job]
+        rec.rejected += max(0, refused)
         if failed:
             J.fail_validation(rec, errors or [], self.now)
             return JobReply(0, rec)

@@ -20,8 +20,8 @@ import msgspec
 import pytest
 from cli_helpers import Broker, clean_env, error_lines, fabricctl
 
-from fabricctl.cli.ordered import InputOrder
 from fabricctl.formats.results import ResultRecord
+from fabricctl.producer import InputOrder
 
 
 def j(obj: object) -> bytes:
@@ -175,7 +175,7 @@ class _TwoSources:
 
 
 def test_the_follower_writes_each_result_of_its_job_once() -> None:
-    from fabricctl.cli.follow import JobFollower
+    from fabricctl.producer import JobFollower
 
     written: list[str] = []
 

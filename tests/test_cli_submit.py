@@ -4,13 +4,11 @@ Promises checked: every refused line is one `fabricctl: error: line N: reason` o
 (reader and broker alike) while every good line goes in; stdout holds only the results of
 this submit's accepted items (with --wait) or nothing; exit 1 when a line was refused, 4 on
 --timeout, 0 otherwise; OpenAI batch input comes back as OpenAI batch output, each
-custom_id once; memory is bounded by chunks and submits in flight.
+custom_id once. (The pipeline's bounds are tested in test_producer_feed.py.)
 """
 
 from __future__ import annotations
 
-import asyncio
-import io
 import json
 import re
 from pathlib import Path
@@ -198,86 +196,3 @@ def test_openai_batch_round_trip_through_run(tmp_path: Path) -> None:
     summary = json.loads(out.stdout)
     assert summary["items"] == len(inputs) and summary["rejected"] == 0
     _check_openai_output(out_file.read_bytes().splitlines(), inputs)
-
-
-# ---- bounded memory: chunks and submits in flight -------------------------------------------
-
-
-class _FakeClient:
-    """Acks every chunk after a short delay and records how many were in flight at once."""
-
-    def __init__(self) -> None:
-        self.inflight = self.most = 0
-        self.sizes: list[int] = []
-
-    async def submit(self, items: list, job: int = 0, resume: bool = False) -> object:
-        from fabricctl.wire.protocol import Ack
-
-        self.inflight += 1
-        self.most = max(self.most, self.inflight)
-        self.sizes.append(len(items))
-        await asyncio.sleep(0.005)
-        self.inflight -= 1
-        return Ack(0, len(items), [])
-
-
-def test_submit_sends_bounded_chunks_with_bounded_submits_in_flight() -> None:
-    from fabricctl.cli.submit import CHUNK, IN_FLIGHT, Submitter
-    from fabricctl.config import AppConfig
-
-    data = b"".join(j(native(f"m{i}")) for i in range(20 * CHUNK + 7))
-    client = _FakeClient()
-    err = io.StringIO()
-
-    async def go() -> Submitter:
-        sub = Submitter(client, AppConfig(), wait=False, out=io.BytesIO(), err=err)  # type: ignore[arg-type]
-        await sub.feed(io.BytesIO(data))
-        return sub
-
-    sub = asyncio.run(go())
-    assert sub.accepted == 20 * CHUNK + 7 and sub.rejected == 0 and err.getvalue() == ""
-    assert max(client.sizes) == CHUNK and sum(client.sizes) == 20 * CHUNK + 7
-    assert 1 < client.most <= IN_FLIGHT
-
-
-class _Lines(io.RawIOBase):
-    """`n` native lines made on the fly, so the input itself never sits in memory."""
-
-    def __init__(self, n: int, prompt_bytes: int) -> None:
-        self.n, self.i, self.buf, self.size = n, 0, b"", prompt_bytes
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:  # type: ignore[no-untyped-def]
-        while len(self.buf) < len(b) and self.i < self.n:
-            self.buf += j(native(f"id-{self.i:08d}", prompt="x" * self.size))
-            self.i += 1
-        k = min(len(b), len(self.buf))
-        b[:k], self.buf = self.buf[:k], self.buf[k:]
-        return k
-
-
-def test_submit_memory_does_not_grow_with_the_input() -> None:
-    """36 MB of input through the submit path peaks far below its size (ids seen aside)."""
-    import tracemalloc
-
-    from fabricctl.cli.submit import Submitter
-    from fabricctl.config import AppConfig
-
-    n, size = 12_000, 3000
-
-    async def go() -> Submitter:
-        sub = Submitter(_FakeClient(), AppConfig(), wait=False, out=io.BytesIO(),  # type: ignore[arg-type]
-                        err=io.StringIO())
-        await sub.feed(io.BufferedReader(_Lines(n, size)))
-        return sub
-
-    tracemalloc.start()
-    try:
-        sub = asyncio.run(go())
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert sub.accepted == n
-    assert peak < n * size / 3, f"peak {peak / 1e6:.1f} MB for {n * size / 1e6:.0f} MB of input"

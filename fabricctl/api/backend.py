@@ -42,7 +42,8 @@ class BatchBackend(Protocol):
     async def submit(self, items: list[Item], job: int = 0, resume: bool = False) -> Ack: ...
 
     async def seal_job(self, job: int, lines: int, errors: list[str] | None = None,
-                       failed: bool = False, sha256: str = "") -> JobReply: ...
+                       failed: bool = False, sha256: str = "", refused: int = 0
+                       ) -> JobReply: ...
 
     async def cancel_job(self, job: str) -> JobReply: ...
 
@@ -82,9 +83,10 @@ class ClientBackend:
         return await (await self._conn()).submit(items, job=job, resume=resume)
 
     async def seal_job(self, job: int, lines: int, errors: list[str] | None = None,
-                       failed: bool = False, sha256: str = "") -> JobReply:
+                       failed: bool = False, sha256: str = "", refused: int = 0
+                       ) -> JobReply:
         return await (await self._conn()).seal_job(job, lines, errors=errors, failed=failed,
-                                                   sha256=sha256)
+                                                   sha256=sha256, refused=refused)
 
     async def cancel_job(self, job: str) -> JobReply:
         return await (await self._conn()).cancel_job(job)

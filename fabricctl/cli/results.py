@@ -37,11 +37,11 @@ from typing import Any, BinaryIO
 
 import typer
 
-from fabricctl.cli.follow import JobFollower, results_stored
 from fabricctl.cli.support import ConfigFile, DataDir, fail, guarded, settings
 from fabricctl.config import AppConfig
 from fabricctl.errors import ExitCode
 from fabricctl.formats.results import ResultRecord, result_line
+from fabricctl.producer import JobFollower, results_stored
 from fabricctl.wire.client import Client
 
 PAGE = 2000

@@ -39,6 +39,7 @@ item's error result takes its place in the input order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -53,14 +54,18 @@ from typing import IO, TYPE_CHECKING
 import msgspec
 import typer
 
-from fabricctl.cli.follow import JobFollower
 from fabricctl.cli.jobs import PRIORITY_HELP, WINDOW_HELP, priority_option, window_option
-from fabricctl.cli.ordered import InputOrder
-from fabricctl.cli.submit import file_digest, open_with_terms
-from fabricctl.cli.support import ConfigFile, Verbose, fail, load, run_async, setup_logging
+from fabricctl.cli.support import (
+    ConfigFile,
+    Verbose,
+    fail,
+    load,
+    run_async,
+    setup_logging,
+    stdin_binary,
+)
 from fabricctl.cli.up import Daemon
 from fabricctl.config import AppConfig
-from fabricctl.core.jobs import MAX_ERRORS, JobRecord
 from fabricctl.core.types import Item, ItemResult, Prewarm
 from fabricctl.engines.blocks import (
     achievable_cached_tokens,
@@ -70,16 +75,16 @@ from fabricctl.engines.blocks import (
 )
 from fabricctl.engines.simanswer import sim_spec
 from fabricctl.errors import ExitCode
-from fabricctl.formats.reader import LineError, parse_stream
+from fabricctl.formats.reader import read_lines
 from fabricctl.formats.results import ResultRecord, make_record, result_line
-from fabricctl.formats.tokens import TokenCounter, choose_counter
+from fabricctl.formats.tokens import choose_counter
+from fabricctl.producer import Chunk, Feed, InputOrder, Job, Producer, file_digest
 from fabricctl.tui import fmt
-from fabricctl.wire.client import Client
+from fabricctl.wire.protocol import Ack
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-CHUNK = 512
 
 log = logging.getLogger("fabricctl.run")
 
@@ -280,70 +285,42 @@ class _Shapes:
         return max(0, total - sum(len(a - h) for a, h in blocks.values()) * block)
 
 
-async def _submit(client: Client, path: Path, shapes: _Shapes, errors: Callable[[str], None],
-                  max_line_bytes: int, counter: TokenCounter, job: JobRecord, resume: bool,
-                  order: InputOrder | None = None,
-                  unserved: Unserved | None = None) -> tuple[int, int, int]:
-    """Submit the input in chunks into `job` and seal it; (accepted, rejected, skipped).
+async def _submit(job: Job, path: Path, shapes: _Shapes, errors: Callable[[str], None],
+                  order: InputOrder | None, unserved: Unserved) -> Feed:
+    """Send the input into `job` (`Job.submit`, the one pipeline) and seal it; its feed.
     `order` learns the ids in input order (and which the broker refused). Items `unserved`
     takes (no consumer of this run serves their model) are not sent: their error results go
     out through `unserved.write`, or into `order` at their place in the input."""
-    accepted = rejected = skipped = last_line = 0
-    chunk: list[Item] = []
-    lines: list[int] = []
-    messages: list[str] = []
-    ids: list[str] = []  # this chunk's ids in input order, the unserved ones included
-    early: list[ResultRecord] = []  # with `order`: this chunk's unserved items' results
 
-    def refuse(message: str) -> None:
-        nonlocal rejected
-        rejected += 1
-        if len(messages) < MAX_ERRORS:
-            messages.append(message)
-        errors(message)
-
-    async def send() -> None:
-        nonlocal accepted, skipped
+    def prepare(chunk: Chunk) -> None:
+        ids = [i.id for i in chunk.items]  # in input order, the unserved ones included
+        sent: list[Item] = []
+        early: list[ResultRecord] = []  # with `order`: this chunk's unserved items' results
+        for item in chunk.items:
+            rec = unserved.take(item)
+            if rec is None:
+                shapes.add(item)
+                sent.append(item)
+            elif order is not None:
+                early.append(rec)
+            else:
+                unserved.write(rec)
+        chunk.items = sent
         if order is not None:
             order.expect(ids)
             for rec in early:
                 order.add(rec)
-        if not chunk:
-            return
-        ack = await client.submit(chunk, job=job.number, resume=resume)
-        accepted += ack.accepted
-        skipped += ack.skipped
-        for r in ack.rejects:
-            refuse(f"line {lines[r.index]}: {r.reason}")
-            if order is not None:
-                order.drop(chunk[r.index].id)
 
-    with path.open("rb") if str(path) != "-" else sys.stdin.buffer as fp:
-        for parsed in parse_stream(fp, counter=counter, max_line_bytes=max_line_bytes):
-            if isinstance(parsed, LineError):
-                last_line = parsed.line_no
-                refuse(str(parsed))
-                continue
-            last_line = parsed.line_no
-            ids.append(parsed.item.id)
-            rec = unserved.take(parsed.item) if unserved is not None else None
-            if rec is None:
-                shapes.add(parsed.item)
-                chunk.append(parsed.item)
-                lines.append(parsed.line_no)
-            elif order is not None:
-                early.append(rec)
-            else:
-                unserved.write(rec)  # type: ignore[union-attr]
-            if len(chunk) + len(early) >= CHUNK:
-                await send()
-                chunk, lines, ids, early = [], [], [], []
-    if ids:
-        await send()
-    already = resume and job.sealed  # a finished job run again: its refusals were counted
-    await client.seal_job(job.number, last_line, errors=[] if already else messages,
-                          refused=0 if already else rejected - len(messages))
-    return accepted, rejected, skipped
+    def acked(items: list[Item], ack: Ack) -> None:
+        if order is not None:
+            for r in ack.rejects:
+                order.drop(items[r.index].id)
+
+    with path.open("rb") if str(path) != "-" else contextlib.nullcontext(stdin_binary()) as fp:
+        feed = await job.submit(read_lines(fp, job.producer.max_line_bytes),
+                                on_refused=errors, prepare=prepare, on_ack=acked)
+    await job.seal()
+    return feed
 
 
 class Unserved:
@@ -415,7 +392,9 @@ async def run_job(
         for c in daemon.fleet.consumers:  # before any pre-warm: each is a request counted
             c.on_prewarm = functools.partial(shapes.prewarmed, c.gpu)
         await daemon.fleet.wait_connected()
-        client = await Client.connect(daemon.server.cfg.socket_path, "producer", "run")
+        producer = await Producer.connect(daemon.server.cfg.socket_path, name="run",
+                                          counter=counter,
+                                          max_line_bytes=cfg.producer.max_line_bytes)
         collector = None
         totals = _Totals()
 
@@ -429,26 +408,22 @@ async def run_job(
 
         order = InputOrder(lambda rec: out.write(result_line(rec))) if ordered else None
         try:
-            since = daemon.store.meta.rseq if daemon.store is not None else 0  # older: not ours
             name, sha256 = "-", ""
             if str(input_path) != "-":
                 name = str(input_path.resolve())
                 sha256 = (await asyncio.to_thread(file_digest, input_path))[0]
             t_job = time.perf_counter()
-            reply = await open_with_terms(client, "run", priority, name=name, sha256=sha256,
-                                          window_s=window_s,
-                                          attach=keep_data and bool(sha256))
-            if reply.attached:
-                j = reply.job
+            job = await producer.open_job("run", priority=priority, name=name, sha256=sha256,
+                                          window_s=window_s, attach=keep_data and bool(sha256))
+            if job.attached:
+                j = job.record
                 log.warning("continuing job %s from %s: %d items stored, %d with an outcome",
                             j.id, cfg.data_dir, j.total, j.outcomes)
-            follower = JobFollower(client, reply.job.id, reply.job.number, write, since=since)
+            follower = job.follower(write)
             collector = asyncio.ensure_future(follower.run())
             unserved = Unserved({c.model for c in daemon.fleet.consumers},
                                 lambda rec: out.write(result_line(rec)))
-            accepted, rejected, skipped = await _submit(
-                client, input_path, shapes, errors, cfg.producer.max_line_bytes, counter,
-                reply.job, reply.attached, order, unserved)
+            feed = await _submit(job, input_path, shapes, errors, order, unserved)
             for message in unserved.messages():
                 errors(f"fabricctl: error: {message}")
             out.flush()
@@ -458,11 +433,12 @@ async def run_job(
             if order is not None:
                 order.finish()  # empty by now: every result of the job came
             out.flush()
-            accepted += skipped  # the job's items, this run's and the earlier one's
+            accepted = feed.accepted + feed.skipped  # this run's items and the earlier one's
+            rejected = feed.refusals.count
         finally:
             if collector is not None and not collector.done():
                 collector.cancel()
-            await client.close()
+            await producer.close()
         wall = time.perf_counter() - t0
         core = daemon.server.core
         stats = await daemon.fleet.settled_stats()

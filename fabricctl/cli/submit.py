@@ -13,11 +13,10 @@ Contract:
 - `--priority N` and `--window DUR` are the new job's terms (`jobs.priority_option`,
   `jobs.window_option`: a bad value is exit 2 and nothing is sent); an attached submit with
   `--priority` changes its live job's priority to N, and keeps the job's own window.
-- Memory is bounded by the chunking, not by the input: a reader thread runs
-  `producer.parse_stream` (at most `max_line_bytes` of one line held) and hands chunks of
-  `CHUNK` items through a queue of `QUEUED` chunks; at most `IN_FLIGHT` submits await their
-  acks. What grows with the input is the reader's set of ids seen (duplicate check) and,
-  with `--wait`, one int per result written (`follow.JobFollower`).
+- The input goes through `fabricctl.producer.feed.Feed`, the one submit pipeline (at most
+  `max_line_bytes` of one line held; memory bounded by its chunking, not by the input).
+  What grows with the input is the reader's set of ids seen (duplicate check) and, with
+  `--wait`, one int per result written (`producer.follow.JobFollower`).
 - Items for a model no registered consumer serves still go in (a remote consumer may
   join): once the input is in, one `fabricctl: warning: no consumer serves model 'M'
   (served: ...): its N items wait until one joins` per such model (`ServedCheck`: the
@@ -31,7 +30,7 @@ Contract:
   attached submit writes the results the job already had too, so the output holds one line
   per accepted input line.
 - `ordered` (with `wait`): the same results in input order instead of completion order,
-  through an `InputOrder` (ordered.py): each is written once every earlier accepted line's
+  through an `InputOrder` (`producer.ordered`): each is written once every earlier accepted line's
   result has been, so output still streams; refused lines have no place in the order. It
   holds the ids sent and not yet written, and only the results that came out of order.
 - Exit: 0 every line accepted (and with `wait` every result written), 1 some line refused,
@@ -53,34 +52,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import os
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import typer
 
-from fabricctl.cli.follow import JobFollower, results_stored
 from fabricctl.cli.jobs import PRIORITY_HELP, WINDOW_HELP, priority_option, window_option
-from fabricctl.cli.ordered import InputOrder
-from fabricctl.cli.support import ConfigFile, DataDir, fail, guarded, settings
+from fabricctl.cli.support import ConfigFile, DataDir, fail, guarded, settings, stdin_binary
 from fabricctl.config import AppConfig
-from fabricctl.core.jobs import MAX_ERRORS, JobRecord
+from fabricctl.core.jobs import JobRecord
 from fabricctl.core.types import Item
 from fabricctl.errors import BackendMissing, ExitCode
-from fabricctl.formats.reader import LineError, parse_stream
+from fabricctl.formats.reader import read_lines
 from fabricctl.formats.results import ResultRecord, result_line
 from fabricctl.formats.tokens import choose_counter
+from fabricctl.producer import Chunk, InputOrder, Job, Producer, file_digest
 from fabricctl.wire.client import Client
-from fabricctl.wire.protocol import JobReply
-
-CHUNK = 512  # items per Submit frame: big enough to amortise a commit, small on the wire
-IN_FLIGHT = 4  # submits awaiting their ack at once
-QUEUED = 4  # parsed chunks waiting for a submit slot
+from fabricctl.wire.protocol import Ack
 
 
 def command(
@@ -138,7 +128,7 @@ def command(
     if file != "-":
         name = str(Path(file).resolve())
         sha256, size = file_digest(Path(file))
-    with open(file, "rb") if file != "-" else contextlib.nullcontext(_stdin()) as fp:
+    with open(file, "rb") if file != "-" else contextlib.nullcontext(stdin_binary()) as fp:
         if file == "-" and sys.stdin.isatty():
             sys.stderr.write("fabricctl: reading JSONL from the terminal; end with Ctrl-D\n")
         # A bar only for a person watching stderr, and not over results streaming to them.
@@ -157,26 +147,6 @@ def command(
     raise typer.Exit(code)
 
 
-def _stdin() -> BinaryIO:
-    """stdin for the reader thread: a buffered reader of its own on a duplicate of fd 0,
-    never closed. Not `sys.stdin.buffer`: when the submit fails (its broker died) while the
-    reader thread waits on a read, the interpreter closes `sys.stdin` at exit under that
-    thread's buffer lock and aborts ("could not acquire lock for <stdin> at interpreter
-    shutdown", exit 134)."""
-    return open(os.dup(sys.stdin.fileno()), "rb")
-
-
-@dataclass
-class Chunk:
-    """Why: one Submit frame's items with their input line numbers, plus the bad lines read."""
-
-    items: list[Item] = field(default_factory=list)
-    lines: list[int] = field(default_factory=list)
-    errors: list[LineError] = field(default_factory=list)
-    bytes_read: int = 0
-    last_line: int = 0
-
-
 class _Counting:
     """Why: a byte count for the progress bar without a second pass over the input."""
 
@@ -189,160 +159,58 @@ class _Counting:
         return line
 
 
-def _read(fp: BinaryIO, cfg: AppConfig, put: Any) -> None:
-    """Reader thread: parse the stream and `put` chunks, then None (or the exception)."""
-    try:
-        counting = _Counting(fp)
-        counter = choose_counter(cfg.producer.tokenizer, cfg.model)
-        chunk = Chunk()
-        for p in parse_stream(counting, counter=counter,  # type: ignore[arg-type]
-                              max_line_bytes=cfg.producer.max_line_bytes):
-            if isinstance(p, LineError):
-                chunk.errors.append(p)
-                chunk.last_line = p.line_no
-            else:
-                chunk.items.append(p.item)
-                chunk.lines.append(p.line_no)
-                chunk.last_line = p.line_no
-            if len(chunk.items) + len(chunk.errors) >= CHUNK:
-                chunk.bytes_read = counting.n
-                put(chunk)
-                chunk = Chunk()
-        chunk.bytes_read = counting.n
-        put(chunk)
-        put(None)
-    except _Stopped:
-        return  # the submit is over (it failed, e.g. the broker died): nobody reads on
-    except BaseException as e:  # handed to the event loop, which re-raises it
-        with contextlib.suppress(Exception):  # the loop may be gone already
-            put(e)
-
-
-class _Stopped(Exception):
-    """Why: tells the reader thread that its submit stopped reading, so it stops too."""
-
-
-def _handoff(queue: asyncio.Queue[Any], stop: threading.Event) -> Any:
-    """The reader thread's `put`: waits for room in `queue` on the running loop; raises
-    `_Stopped` once `stop` is set or the loop is gone, creating nothing on a loop that is
-    closing (no coroutine left unawaited, no task left pending to be logged at exit)."""
-    loop = asyncio.get_running_loop()
-
-    def put(x: Chunk | BaseException | None) -> None:
-        if stop.is_set():
-            raise _Stopped
-        coro = queue.put(x)
-        try:
-            fut = asyncio.run_coroutine_threadsafe(coro, loop)
-        except RuntimeError:  # the loop is closed
-            coro.close()
-            raise _Stopped from None
-        try:
-            fut.result()
-        except BaseException:  # cancelled as the loop shut down
-            raise _Stopped from None
-
-    return put
-
-
 class Submitter:
-    """Why: the state one submit shares between its reader, its acks and its result follower."""
+    """Why: the state one submit shares between its feed, its acks and its result follower."""
 
-    def __init__(self, client: Client, cfg: AppConfig, *, wait: bool, out: BinaryIO,
-                 err: Any = None, progress: Any = None, ordered: bool = False,
-                 job: JobRecord | None = None, resume: bool = False) -> None:
-        self.client, self.cfg, self.wait, self.out, self.err = client, cfg, wait, out, err
+    def __init__(self, job: Job, *, wait: bool, out: BinaryIO, err: Any = None,
+                 progress: Any = None, ordered: bool = False) -> None:
+        self.job, self.wait, self.out, self.err = job, wait, out, err
         self.progress = progress
-        self.job, self.resume = job, resume
-        self.accepted = self.rejected = self.written = self.lines = self.bytes_read = 0
-        self.skipped = 0  # already stored in the job (a rerun that attached): not sent again
-        self.messages: list[str] = []  # the first refused lines' messages, for the job record
+        self.written = 0
         # --ordered: results go through the input order, which calls _emit in its turn
         self.order = InputOrder(self._emit) if ordered and wait else None
-        self.input_done = False
         self.results_done = False
-        self.failure: BaseException | None = None
         self.started = time.monotonic()
         self.first_result: float | None = None
-        self.served = ServedCheck(client)
+        self.served = ServedCheck(job.producer.client)
+        self.feed = job.feed
+
+    # what the progress bar and the lost-broker message read
+    accepted = property(lambda self: self.feed.accepted)
+    skipped = property(lambda self: self.feed.skipped)  # stored in the job before: not sent
+    rejected = property(lambda self: self.feed.refusals.count)
+    lines = property(lambda self: self.feed.lines)
+    bytes_read = property(lambda self: self.feed.bytes_read)
+    input_done = property(lambda self: self.feed.done)
 
     def error(self, message: str, kind: str = "error") -> None:
         err = self.err or sys.stderr  # looked up now: a progress bar redirects sys.stderr
         err.write(f"fabricctl: {kind}: {message}\n")
         err.flush()
 
-    def refuse(self, message: str) -> None:
-        self.rejected += 1
-        if len(self.messages) < MAX_ERRORS:
-            self.messages.append(message)
-        self.error(message)
-
     async def warn_unserved(self) -> None:
         """Once the input is in: one warning per model of it that no consumer serves."""
         for message in await self.served.warnings():
             self.error(message, "warning")
 
-    async def feed(self, fp: BinaryIO) -> None:
-        queue: asyncio.Queue[Chunk | BaseException | None] = asyncio.Queue(QUEUED)
-        stop = threading.Event()  # set once this submit stops reading, failed or done
-        threading.Thread(target=_read, args=(fp, self.cfg, _handoff(queue, stop)),
-                         daemon=True, name="fabricctl-submit-reader").start()
-        try:
-            await self._feed(queue)
-        finally:
-            stop.set()
+    async def run(self, fp: BinaryIO) -> None:
+        """Send the input into the job (`Job.submit`), counting the bytes read."""
+        counting = _Counting(fp)
+        lines = read_lines(counting, self.job.producer.max_line_bytes)  # type: ignore[arg-type]
+        await self.job.submit(lines, position=lambda: counting.n, on_refused=self.error,
+                              prepare=self._prepare, on_ack=self._acked,
+                              on_progress=self._tick)
 
-    async def _feed(self, queue: asyncio.Queue[Chunk | BaseException | None]) -> None:
-        slots = asyncio.Semaphore(IN_FLIGHT)
-        tasks: set[asyncio.Task[None]] = set()
-        while True:
-            got = await queue.get()
-            if got is None:
-                break
-            if isinstance(got, BaseException):
-                raise got
-            self._check()
-            for e in got.errors:
-                self.refuse(str(e))
-            self.lines, self.bytes_read = got.last_line, got.bytes_read
-            self._tick()
-            if got.items:
-                await slots.acquire()
-                self._check()
-                if self.order is not None:  # sent in input order; refusals dropped on ack
-                    self.order.expect(i.id for i in got.items)
-                task = asyncio.ensure_future(self._send(got, slots))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.wait(tasks)
-        self._check()
-        self.input_done = True
-        self._tick()
+    def _prepare(self, chunk: Chunk) -> None:
+        if self.order is not None:  # sent in input order; refusals dropped on ack
+            self.order.expect(i.id for i in chunk.items)
 
-    def _check(self) -> None:
-        if self.failure is not None:
-            raise self.failure
-
-    async def _send(self, chunk: Chunk, slots: asyncio.Semaphore) -> None:
-        try:
-            ack = await self.client.submit(chunk.items, job=self.job.number if self.job else 0,
-                                           resume=self.resume)
-        except BaseException as e:
-            self.failure = self.failure or e
-            return
-        finally:
-            slots.release()
-        refused = set()
-        for r in ack.rejects:
-            refused.add(r.index)
-            self.refuse(f"line {chunk.lines[r.index]}: {r.reason}")
-            if self.order is not None:
-                self.order.drop(chunk.items[r.index].id)
-        self.served.count(chunk.items, refused)
-        self.accepted += ack.accepted
-        self.skipped += ack.skipped
-        self._tick()
+    def _acked(self, items: list[Item], ack: Ack) -> None:
+        refused = {r.index for r in ack.rejects}
+        if self.order is not None:
+            for i in refused:
+                self.order.drop(items[i].id)
+        self.served.count(items, refused)
 
     def _write(self, rec: ResultRecord) -> None:
         """A result of this submit's job: out now, or into the input order (`ordered`)."""
@@ -378,26 +246,23 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
                      window_s: float = 0.0) -> int:
     """Submit a stream as a job; the exit code (see the module contract). `priority` (None:
     not given, 0 for a new job) and `window_s` (0: none) are a new job's terms."""
-    client = await Client.connect(cfg.data_dir, "producer", "fabricctl-submit")
+    producer = await Producer.connect(
+        cfg.data_dir, name="fabricctl-submit",
+        counter=choose_counter(cfg.producer.tokenizer, cfg.model),
+        max_line_bytes=cfg.producer.max_line_bytes)
     try:
-        since = await results_stored(client)  # before the job opens: no result of it is older
-        reply = await open_with_terms(client, "submit", priority, name=name, sha256=sha256,
-                                      size=size, window_s=window_s,
-                                      attach=bool(job) or (bool(sha256) and not new_job),
-                                      job=job)
-        sub = Submitter(client, cfg, wait=wait, out=out, err=err, progress=progress,
-                        ordered=ordered, job=reply.job, resume=reply.attached)
-        _announce(err, reply.job, reply.attached)
-        follower = (JobFollower(client, reply.job.id, reply.job.number, sub._write, since=since)
-                    if wait else None)
+        the_job = await producer.open_job("submit", name=name, sha256=sha256, size=size,
+                                          window_s=window_s, priority=priority, job=job,
+                                          attach=bool(sha256) and not new_job)
+        sub = Submitter(the_job, wait=wait, out=out, err=err, progress=progress,
+                        ordered=ordered)
+        _announce(err, the_job.record, the_job.attached)
+        follower = the_job.follower(sub._write) if wait else None
         collector = asyncio.ensure_future(follower.run()) if follower is not None else None
         try:
-            await sub.feed(fp)
+            await sub.run(fp)
             await sub.warn_unserved()
-            already = reply.attached and reply.job.sealed  # its refusals were counted then
-            await client.seal_job(reply.job.number, sub.lines,
-                                  errors=[] if already else sub.messages,
-                                  refused=0 if already else sub.rejected - len(sub.messages))
+            await the_job.seal()
             if follower is not None and collector is not None:
                 follower.nudge()
                 await asyncio.wait_for(asyncio.shield(collector), timeout)
@@ -410,9 +275,9 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
             if collector is not None and not collector.done():
                 collector.cancel()  # no result may come in while the held ones go out
             sub.finish()
-            left = (await client.job(reply.job.id)).job.queued
+            left = (await producer.client.job(the_job.id)).job.queued
             sub.error(f"timed out after {timeout:g} s with {left:,} result(s) missing "
-                      f"({sub.written:,} written); `fabricctl results --job {reply.job.id}` "
+                      f"({sub.written:,} written); `fabricctl results --job {the_job.id}` "
                       "prints them later")
             return ExitCode.TIMEOUT
         finally:
@@ -422,19 +287,7 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
             out.flush()
         return ExitCode.RUNTIME if sub.rejected else ExitCode.OK
     finally:
-        await client.close()
-
-
-async def open_with_terms(client: Client, kind: str, priority: int | None, **fields: Any
-                          ) -> JobReply:
-    """`open_job` with a priority: a new job's, or a live attached job's new one (`run`'s
-    too); an attached job keeps its window."""
-    reply = await client.open_job(kind, priority=priority or 0, **fields)
-    j = reply.job
-    if reply.attached and priority is not None and priority != j.priority and not j.ended:
-        reply = JobReply(reply.rid, (await client.set_job_priority(j.id, priority)).job,
-                         attached=True)
-    return reply
+        await producer.close()
 
 
 def _announce(err: Any, job: JobRecord, attached: bool) -> None:
@@ -446,15 +299,6 @@ def _announce(err: Any, job: JobRecord, attached: bool) -> None:
     else:
         e.write(f"fabricctl: job {job.id}\n")
     e.flush()
-
-
-def file_digest(path: Path) -> tuple[str, int]:
-    """sha256 and size of a file (read in 1 MiB blocks): a file submitted again joins its job."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest(), path.stat().st_size
 
 
 class ServedCheck:
@@ -511,8 +355,7 @@ def lost_message(sub: Submitter, e: BackendMissing) -> str:
     safe = (f"{sub.accepted:,} line{'' if sub.accepted == 1 else 's'} "
             f"{'was' if sub.accepted == 1 else 'were'} acknowledged (stored durably)")
     again = "run the same submit again"
-    if sub.job is not None:
-        again += f" (from stdin: with --job {sub.job.id}): it skips the stored lines and"
+    again += f" (from stdin: with --job {sub.job.id}): it skips the stored lines and"
     if not sub.input_done:
         return f"lost the broker mid-stream ({e}): {safe}; {again} sends the rest"
     return (f"lost the broker while waiting for results ({e}): every line was sent and "

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import typer
 
@@ -95,3 +96,12 @@ def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="%(message)s", datefmt="[%X]", handlers=[handler], force=True)
     logging.getLogger(FABRIC_LOGGER).setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def stdin_binary() -> BinaryIO:
+    """stdin for a feed's reader thread: a buffered reader of its own on a duplicate of fd 0,
+    never to be closed. Not `sys.stdin.buffer`: when a submit fails (its broker died) while
+    the reader thread waits on a read, the interpreter closes `sys.stdin` at exit under that
+    thread's buffer lock and aborts ("could not acquire lock for <stdin> at interpreter
+    shutdown", exit 134)."""
+    return open(os.dup(sys.stdin.fileno()), "rb")
