@@ -84,13 +84,13 @@ def test_a_producer_submits_follows_and_ends_a_job(broker: Broker) -> None:
 
 
 def test_the_readme_producer_runs_as_written(broker: Broker, tmp_path: Path) -> None:
-    """The ten-line producer of `fabricctl.producer`'s docstring (and the README), pointed
-    at this broker, prints one line per result."""
-    import fabricctl.producer as lib
-
-    doc = lib.__doc__ or ""
-    code = doc[doc.index("    import asyncio"):doc.index("    asyncio.run(main())")]
-    code = "\n".join(ln[4:] for ln in code.splitlines()) + "\nasyncio.run(main())\n"
+    """The README's producer (section "From Python"), pointed at this broker, prints one
+    line per result."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### From Python"):]
+    start = section.index("```python\n") + 10
+    code = section[start:section.index("\n```", start)]
+    assert "asyncio.run(main())" in code and len(code.splitlines()) <= 15
     code = code.replace('".fabricctl"', repr(str(broker.data_dir)))
     script = tmp_path / "producer.py"
     script.write_text(code)
