@@ -145,12 +145,10 @@ async def serve(data_dir: Path, knobs: BrokerKnobs, profile: str | None) -> dict
     loop = asyncio.get_running_loop()
     probe = loop.create_task(lag_probe(lags))
 
-    stopping: list[asyncio.Task[None]] = []
-
     def orphaned() -> None:  # the driving process is gone (its pipe closed): stop too
         if not os.read(0, 4096):
             loop.remove_reader(0)
-            stopping.append(loop.create_task(server.stop()))
+            server.stop_requested.set()
 
     loop.add_reader(0, orphaned)
     prof = cProfile.Profile() if profile else None
@@ -160,7 +158,8 @@ async def serve(data_dir: Path, knobs: BrokerKnobs, profile: str | None) -> dict
     loop0 = time.thread_time()
     if prof is not None:
         prof.enable()
-    await server.stopped.wait()
+    await server.stop_requested.wait()
+    await server.stop()
     if prof is not None:
         prof.disable()
         prof.dump_stats(profile)  # type: ignore[arg-type]

@@ -335,10 +335,12 @@ async def serve_forever(cfg: AppConfig, local_gpus: bool = True,
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
     waiter = asyncio.ensure_future(stop.wait())
-    stopped = asyncio.ensure_future(daemon.server.stopped.wait())
-    await asyncio.wait({waiter, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    requested = asyncio.ensure_future(daemon.server.stop_requested.wait())  # fabricctl down
+    await asyncio.wait({waiter, requested}, return_when=asyncio.FIRST_COMPLETED)
+    if requested.done():
+        log.info("stop requested: stopping pulls, finishing in-flight batches")
     waiter.cancel()
-    stopped.cancel()
+    requested.cancel()
     if api is not None:
         await api.stop()
     await daemon.stop()

@@ -11,6 +11,10 @@ silent past the heartbeat timeout, or whose socket errors, is disconnected and i
 go back to the front of their lanes at once. A malformed, unknown or oversized frame gets an
 `Error` and closes that connection only. Pre-warm signals
 are pushed to every consumer of the model before any batch of the warming shape is sent.
+A `Shutdown` (`fabricctl down`) is answered at once and sets `stop_requested`: the server's
+owner stops as on SIGTERM (its own consumers stop pulling and finish their in-flight
+batches, then `stop()` closes the sockets, the writer and the remaining peers); `stopped` is
+set once `stop()` is through.
 
 Structure: `BrokerServer` holds one `ServerState` (store, settings, clock, peers, consumers,
 wake-up, metrics, snapshot extras; its attributes of those names read it) and composes the
@@ -86,8 +90,8 @@ class BrokerServer:
                              cfg.complete_batches, cfg.commit_wait_s, cfg.writer_thread)
         self.state = ServerState(store, cfg, clock, self.writer.pending_batches)
         self.stopped = asyncio.Event()
+        self.stop_requested = asyncio.Event()  # a Shutdown came: the owner stops (fleet first)
         self.listeners = Listeners(self.state, self)
-        self._stopping: asyncio.Task[None] | None = None
         self.on_fatal: Callable[[BaseException], None] = _stop_process
         self._tasks: list[asyncio.Task[None]] = []
         self.handlers = Handlers(self.state, self.writer, self.drop)
@@ -259,7 +263,8 @@ class BrokerServer:
             self._spawn(peer, h.set_priority(peer, frame), frame.rid)
         elif isinstance(frame, Shutdown):
             peer.send(Done(frame.rid))
-            self._stopping = asyncio.get_running_loop().create_task(self.stop())
+            log.info("%s asked the broker to stop", peer.name or "a client")
+            self.stop_requested.set()
         else:
             peer.send(Error("unexpected", f"{type(frame).__name__} is not a request",
                             fatal=True))

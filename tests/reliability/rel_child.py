@@ -24,7 +24,7 @@ async def main(data: Path, config: Path, map_size: int, segment_entries: int) ->
     daemon = Daemon(cfg, store=StoreConfig(map_size=map_size, segment_entries=segment_entries))
     await daemon.start()
     assert daemon.server is not None
-    await daemon.server.stopped.wait()
+    await daemon.server.stop_requested.wait()
     await daemon.stop()
     return 0
 
