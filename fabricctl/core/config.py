@@ -1,4 +1,4 @@
-"""Every threshold of the broker core in one frozen object, with DESIGN.md's defaults.
+"""Every threshold of the broker core in one frozen object, each default with its reason.
 
 Contract: `CoreConfig` holds every core knob (`[broker]` keys in the config file);
 `SHAPE_SCOPES` and `PREWARM_MODES` are the values `shape_scope` and `prewarm` accept; and

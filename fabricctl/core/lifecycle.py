@@ -1,6 +1,6 @@
 """The shape lifecycle of one model: staged -> (warming) -> active -> draining -> finished.
 
-Contract (DESIGN.md, "Shape lifecycle"):
+Contract:
 - a new shape is staged: its items are assigned and stored, nothing dispatches;
 - a staged shape is eligible to activate when its staged tokens reach activate_multiple x B,
   when its oldest staged item is older than stage_timeout_s, or (activate_when_idle) when
