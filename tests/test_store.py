@@ -13,7 +13,7 @@ import pytest
 from fabricctl.core.broker import ShapeGuardError
 from fabricctl.core.types import Contract, Item, ItemResult, Work
 from fabricctl.formats.results import ResultRecord
-from fabricctl.store.durable import DurableBroker, Reject, StoreConfig
+from fabricctl.store.durable import DurableBroker, Refused, StoreConfig
 from fabricctl.store.env import MiB, StoreEnv
 from fabricctl.store.errors import SegmentMissingError, StoreError, StoreFullError, StoreLockedError
 from fabricctl.store.keys import entry_key_of, rseq_key
@@ -280,8 +280,8 @@ def test_duplicate_ids_within_a_chunk_across_chunks_and_after_completion(
     store.close()
 
 
-def chunk_reject(index: int, ident: str) -> Reject:
-    return Reject(index, f"duplicate id {ident!r}")
+def chunk_reject(index: int, ident: str) -> Refused:
+    return Refused(index, f"duplicate id {ident!r}")
 
 
 def test_bad_fields_are_rejected_by_index_and_the_rest_stored(store: DurableBroker) -> None:

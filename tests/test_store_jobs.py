@@ -13,7 +13,7 @@ from fabricctl.core.config import CoreConfig
 from fabricctl.core.jobs import JobState
 from fabricctl.core.types import Contract, Item, ItemResult, Work
 from fabricctl.store.durable import DurableBroker, StoreConfig
-from fabricctl.store.ingest import Reject
+from fabricctl.store.ingest import Refused
 
 MODEL = "m"
 CORE = CoreConfig(lifecycle=False)
@@ -50,12 +50,12 @@ def test_ids_are_scoped_per_job(tmp_path: Path) -> None:
     assert s.submit(items(4), 100.0, job=b.number) == ([], 0)  # the same custom_ids
     assert s.submit(items(2), 100.0) == ([], 0)  # and in no job
     dup = s.submit(items(3), 100.0, job=a.number)  # a repeat in its own job
-    assert dup == ([Reject(i, f"duplicate id 'request-{i}'") for i in range(3)], 0)
+    assert dup == ([Refused(i, f"duplicate id 'request-{i}'") for i in range(3)], 0)
     rejects, skipped = s.submit(items(6), 100.0, job=a.number, resume=True)
     assert (rejects, skipped) == ([], 4)
     assert s.job(a.number).total == 6 and s.job(b.number).total == 4  # type: ignore[union-attr]
     nul = s.submit([Item("x\x00y", MODEL, 7, 5, 4)], 100.0, job=a.number)
-    assert nul == ([Reject(0, "id must not contain NUL")], 0)
+    assert nul == ([Refused(0, "id must not contain NUL")], 0)
     # the id index of job 0 is the plain id, as before jobs
     with s.env.read() as txn:
         assert txn.get(b"request-0", db=s.env.dbs["ids"]) is not None
@@ -165,8 +165,8 @@ def test_sealed_and_unknown_jobs_take_no_items(tmp_path: Path) -> None:
     s.submit(items(2), 100.0, job=j.number)
     s.seal_job(j.number, 2, 100.0)
     rejects, skipped = s.submit(items(3), 100.0, job=j.number, resume=True)
-    assert skipped == 2 and rejects == [Reject(2, f"job {j.id} is sealed: no more items join it")]
-    assert s.submit(items(1), 100.0, job=77) == ([Reject(0, "no job 77")], 0)
+    assert skipped == 2 and rejects == [Refused(2, f"job {j.id} is sealed: no more items join it")]
+    assert s.submit(items(1), 100.0, job=77) == ([Refused(0, "no job 77")], 0)
     with pytest.raises(KeyError):
         s.seal_job(77, 1, 100.0)
     s.close()

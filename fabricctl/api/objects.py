@@ -8,14 +8,14 @@ Contract (pure: no I/O, no clock):
   metadata values are strings; OpenAI has no priority field): 0 when absent, else a whole
   number 0..`MAX_PRIORITY` (`core.terms.check_priority`), or `ApiError` (400, param
   `metadata.priority`).
-- `batch_object(job)` maps a `JobRecord` onto OpenAI's `Batch`: status is the job's state
-  (the same names); `*_at` are the whole seconds it entered each state (`job.times`), None
-  when it never did; `request_counts.failed` is failed + cancelled + rejected (a cancelled or
-  expired request is an error line `batch_cancelled` / `batch_expired` in the error file, as
-  OpenAI writes it), so `completed + failed == total` once the batch ended. The output file
-  id is given once the batch ended with a successful result, the error file id once it
-  ended with an error line. Their ids are `output_file_id(batch)` / `error_file_id(batch)`,
-  read back by `virtual_file`.
+- `batch_object(job)` maps a `JobRecord` onto OpenAI's `Batch` (`BatchObject`): status is
+  the job's state (the same names); `*_at` are the whole seconds it entered each state
+  (`job.times`), None when it never did; `request_counts.failed` is failed + cancelled +
+  rejected (a cancelled or expired request is an error line `batch_cancelled` /
+  `batch_expired` in the error file, as OpenAI writes it), so `completed + failed == total`
+  once the batch ended. The output file id is given once the batch ended with a successful
+  result, the error file id once it ended with an error line. Their ids are
+  `output_file_id(batch)` / `error_file_id(batch)`, read back by `virtual_file`.
 - `job_errors(job)` turns the job's "line N: reason" messages into `errors.data` entries
   with their `line`.
 - `ApiError(status, message, param, code)` is every refusal; `error_body` writes it in
@@ -125,7 +125,7 @@ class BatchErrors(msgspec.Struct):
     object: str = "list"
 
 
-class Batch(msgspec.Struct):
+class BatchObject(msgspec.Struct):
     """Why: OpenAI's `Batch` object, field for field."""
 
     id: str
@@ -174,7 +174,7 @@ class Deleted(msgspec.Struct):
 class ListPage(msgspec.Struct):
     """Why: OpenAI's cursor page (`first_id`, `last_id`, `has_more`), which the SDK pages by."""
 
-    data: list[Batch] | list[FileObject]
+    data: list[BatchObject] | list[FileObject]
     first_id: str | None
     last_id: str | None
     has_more: bool
@@ -223,9 +223,9 @@ def virtual_file(file_id: str) -> tuple[str, str] | None:
     return (batch, which) if batch and which in (OUTPUT, ERROR) else None
 
 
-def batch_object(job: JobRecord) -> Batch:
+def batch_object(job: JobRecord) -> BatchObject:
     failed = job.failed + job.cancelled + job.rejected
-    return Batch(
+    return BatchObject(
         id=job.id,
         object="batch",
         endpoint=job.endpoint,
@@ -261,7 +261,7 @@ def virtual_file_object(job: JobRecord, which: str, size: int) -> FileObject:
                       filename=f"{job.id}_{which}.jsonl", purpose="batch_output")
 
 
-def page(items: list[Batch] | list[FileObject], ids: list[str], after: str | None,
+def page(items: list[BatchObject] | list[FileObject], ids: list[str], after: str | None,
          limit: int) -> ListPage:
     """The page of `limit` items after the one whose id is `after` (None: from the start)."""
     start = 0

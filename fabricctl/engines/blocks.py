@@ -29,7 +29,7 @@ _xxh = xxhash.xxh3_64_intdigest
 _pack4 = struct.Struct("<4Q").pack
 SEED_HASH = _xxh(b"fabricctl/sim/apc/none-hash")  # vLLM's NONE_HASH: parent of block 0
 
-Source = tuple[int, int]  # (source hash, token count)
+BlockSource = tuple[int, int]  # one prefix component: (its hash, its token count)
 Segment = tuple[int, int, int]  # (source hash, first offset, length)
 
 
@@ -56,7 +56,7 @@ def _block_hash(parent: int, segments: list[Segment] | tuple[Segment, ...]) -> i
     return _xxh(struct.pack(f"<{len(flat)}Q", *flat))
 
 
-def _extend(chain: _Chain, sources: tuple[Source, ...], block_size: int) -> _Chain:
+def _extend(chain: _Chain, sources: tuple[BlockSource, ...], block_size: int) -> _Chain:
     """Hash the blocks that `sources`, appended to `chain`'s stream, complete."""
     out = list(chain.hashes)
     parent, pending, pending_len = chain.parent, list(chain.pending), chain.pending_len
@@ -93,7 +93,7 @@ _EMPTY = _Chain((), SEED_HASH, (), 0)
 
 
 @lru_cache(maxsize=4096)
-def _prefix_chain(sources: tuple[Source, ...], block_size: int) -> _Chain:
+def _prefix_chain(sources: tuple[BlockSource, ...], block_size: int) -> _Chain:
     """The chain over a shape's components, memoised: every item of a shape shares it."""
     return _extend(_EMPTY, sources, block_size)
 
@@ -103,7 +103,7 @@ def unique_source(item_id: str, prompt: str) -> int:
     return _xxh(item_id.encode("utf-8") + b"\x00" + prompt.encode("utf-8"))
 
 
-def prefix_sources(payload: Payload) -> tuple[Source, ...]:
+def prefix_sources(payload: Payload) -> tuple[BlockSource, ...]:
     """The runs of a payload's cacheable components: (component hash, tokens) each."""
     if len(payload.components) != len(payload.component_tokens):
         raise ValueError("payload has a token count per component mismatch")
@@ -113,7 +113,7 @@ def prefix_sources(payload: Payload) -> tuple[Source, ...]:
     )
 
 
-def prefix_block_hashes(sources: tuple[Source, ...], block_size: int) -> tuple[int, ...]:
+def prefix_block_hashes(sources: tuple[BlockSource, ...], block_size: int) -> tuple[int, ...]:
     """The hashes of the full blocks of a prefix (`prefix_sources`): floor(prefix / B) of
     them, the leading hashes of every prompt that starts with it."""
     return _prefix_chain(sources, block_size).hashes

@@ -87,9 +87,6 @@ class PrefixCache:
     def cached(self, block_hash: int) -> bool:
         return block_hash in self.cache
 
-    def blocks_for(self, num_slots: int) -> int:
-        return -(-num_slots // self.block_size)
-
     # -- the request lifecycle -------------------------------------------------------------
     def match(self, seq: CacheSeq, num_tokens: int) -> list[int]:
         """Cached blocks for a fresh sequence of `num_tokens` tokens; changes nothing."""

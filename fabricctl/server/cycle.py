@@ -14,7 +14,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fabricctl.core.types import Item, ItemResult
+from fabricctl.core.types import Item
+from fabricctl.store.dispatch import Completed
 from fabricctl.wire.protocol import Reject
 
 if TYPE_CHECKING:
@@ -24,15 +25,13 @@ if TYPE_CHECKING:
     from fabricctl.store.ingest import IngestPlan
     from fabricctl.store.jobs import JobOp, JobPlan
 
-Done = tuple[int, list[ItemResult], "int | None"]  # batch id, results, gpu
-
 
 @dataclass(eq=False)
 class Cycle:
     """Why: the next cycle is prepared while this one commits, so its state travels."""
 
     chunks: list[tuple[list[Item], asyncio.Future[list[Reject]]]]
-    done: list[tuple[Done, asyncio.Future[int]]]
+    done: list[tuple[Completed, asyncio.Future[int]]]
     ops: list[tuple[JobOp, asyncio.Future[JobRecord | str]]] = field(default_factory=list)
     ip: IngestPlan | None = None
     cp: CompletePlan | None = None

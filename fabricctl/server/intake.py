@@ -21,14 +21,15 @@ from typing import Any
 
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.types import Item
-from fabricctl.server.cycle import Cycle, Done
+from fabricctl.server.cycle import Cycle
+from fabricctl.store.dispatch import Completed
 from fabricctl.store.jobs import JobOp
 from fabricctl.wire.protocol import Reject
 
 MAX_OPS = 256  # job operations one cycle takes
 
 
-class Intake:
+class CommitQueue:
     """Why: how much one commit takes, and how long it waits for more, is one policy."""
 
     def __init__(self, max_items: int, max_batches: int, max_wait_s: float) -> None:
@@ -37,7 +38,7 @@ class Intake:
         self.max_wait_s = max_wait_s
         self._chunks: deque[tuple[list[Item], asyncio.Future[list[Reject]]]] = deque()
         self._items = 0
-        self._done: deque[tuple[Done, asyncio.Future[int]]] = deque()
+        self._done: deque[tuple[Completed, asyncio.Future[int]]] = deque()
         self._ops: deque[tuple[JobOp, asyncio.Future[JobRecord | str]]] = deque()
         self._taken: set[int] = set()  # batches of cycles being prepared or committed
         self._wake = asyncio.Event()
@@ -50,7 +51,7 @@ class Intake:
         self._wake.set()
         return fut
 
-    def complete(self, done: Done) -> asyncio.Future[int]:
+    def complete(self, done: Completed) -> asyncio.Future[int]:
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._done.append((done, fut))
         self._wake.set()
@@ -111,7 +112,7 @@ class Intake:
             chunks.append(self._chunks.popleft())
             taken += len(chunks[-1][0])
         self._items -= taken
-        done: list[tuple[Done, asyncio.Future[int]]] = []
+        done: list[tuple[Completed, asyncio.Future[int]]] = []
         results = 0  # at most max_batches, and about twice max_items results
         while self._done and len(done) < self.max_batches and (
                 not done or results + len(self._done[0][0][1]) <= 2 * self.max_items):

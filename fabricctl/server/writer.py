@@ -9,7 +9,7 @@ records are written only in the writer's transactions, never in a second one on 
 cycle takes up to `max_items` items of waiting submits (at least one chunk) and up to
 `max_batches` waiting completions holding at most twice as many results (at least one
 batch), waiting up to `max_wait_s` for more when there are fewer and no commit is running
-(the queues and that policy: `Intake`, in intake.py). It prepares both on the event loop in
+(the queues and that policy: `CommitQueue`, in intake.py). It prepares both on the event loop in
 short steps (`fabricctl.store.steps`), each after the socket events that were waiting,
 stages them in one transaction, and commits it on the writer thread (`store.finish`: LMDB
 lets go of the GIL while it writes and syncs; a map that filled meanwhile is grown with
@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING
 
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.types import Item
-from fabricctl.server.cycle import Cycle, Done, answer_chunks, fail_all
-from fabricctl.server.intake import Intake
+from fabricctl.server.cycle import Cycle, answer_chunks, fail_all
+from fabricctl.server.intake import CommitQueue
 from fabricctl.server.pauses import io_turn, run_steps_async
+from fabricctl.store.dispatch import Completed
 from fabricctl.store.errors import StoreError
 from fabricctl.store.jobs import JobOp
 from fabricctl.wire.protocol import Reject
@@ -53,7 +54,7 @@ class Writer:
         self.store = store
         self.clock = clock
         self.on_commit = on_commit
-        self.intake = Intake(max_items, max_batches, max_wait_s)
+        self.intake = CommitQueue(max_items, max_batches, max_wait_s)
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="fabricctl-writer")
         self.threaded = threaded
         self._task: asyncio.Task[None] | None = None
@@ -80,10 +81,10 @@ class Writer:
         commit returned."""
         return self.intake.job(op)
 
-    def enqueue_complete(self, done: Done) -> asyncio.Future[int]:
+    def enqueue_complete(self, done: Completed) -> asyncio.Future[int]:
         return self.intake.complete(done)
 
-    async def complete(self, done: Done) -> int:
+    async def complete(self, done: Completed) -> int:
         return await self.enqueue_complete(done)
 
     def pending_batches(self) -> set[int]:

@@ -33,14 +33,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fabricctl.store")
 
-Done = tuple[int, list[ItemResult], "int | None"]  # batch id, results, gpu
+# one batch's completion as the writer hands it over: batch id, results, the GPU that ran it
+Completed = tuple[int, list[ItemResult], "int | None"]
 
 
 class Dispatch:
     """Why: handing out and taking back is where deliveries are counted and bad ones stopped."""
 
     def __init__(self, state: StoreState,
-                 settle: Callable[[list[Done], float], list[int]]) -> None:
+                 settle: Callable[[list[Completed], float], list[int]]) -> None:
         self.state = state
         self.core = state.core
         self.env = state.env
@@ -51,13 +52,13 @@ class Dispatch:
         self.quarantined = 0
         # set by a server that commits on a writer thread: quarantine results wait here for
         # its next completion commit instead of being written on the caller's thread
-        self.deferred: list[Done] | None = None
+        self.deferred: list[Completed] | None = None
 
     def defer(self) -> None:
         """From now on, quarantine results wait in `deferred` instead of being committed."""
         self.deferred = []
 
-    def take_deferred(self) -> list[Done]:
+    def take_deferred(self) -> list[Completed]:
         """The quarantine results waiting for a commit (emptied)."""
         waiting = self.deferred
         if not waiting:

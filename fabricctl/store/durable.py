@@ -80,9 +80,9 @@ from fabricctl.core.types import Item, ItemResult, Work
 from fabricctl.store.commit import Commit, StagedCommit
 from fabricctl.store.completion import CompletePlan, Completion
 from fabricctl.store.config import StoreConfig
-from fabricctl.store.dispatch import Dispatch, Done
+from fabricctl.store.dispatch import Completed, Dispatch
 from fabricctl.store.env import StoreEnv
-from fabricctl.store.ingest import Ingest, IngestPlan, Reject
+from fabricctl.store.ingest import Ingest, IngestPlan, Refused
 from fabricctl.store.jobops import JobOps
 from fabricctl.store.jobs import CancelOp, JobOp, JobPlan, JobTable, OpenOp, PriorityOp, SealOp
 from fabricctl.store.keys import SegHeader, StoredEntry
@@ -93,7 +93,7 @@ from fabricctl.store.shapes import FinishedShapes
 from fabricctl.store.state import StoreState
 from fabricctl.store.steps import Steps, run_steps
 
-__all__ = ["DurableBroker", "Reject", "StagedCommit", "StoreConfig"]
+__all__ = ["DurableBroker", "Refused", "StagedCommit", "StoreConfig"]
 
 
 class DurableBroker:
@@ -151,7 +151,7 @@ class DurableBroker:
 
     # -- ingest ----------
 
-    def ingest(self, items: list[Item], now: float) -> list[Reject]:
+    def ingest(self, items: list[Item], now: float) -> list[Refused]:
         """Store a chunk durably and make it dispatchable; returns the rejects."""
         plan = self.prepare_ingest(items, now)
         if plan.admits:
@@ -159,7 +159,7 @@ class DurableBroker:
         return self.apply_ingest(plan, now)
 
     def submit(self, items: list[Item], now: float, job: int = 0, resume: bool = False
-               ) -> tuple[list[Reject], int]:
+               ) -> tuple[list[Refused], int]:
         """`ingest` for the items of one job (each item's `job` is set to it); with `resume`
         an id already stored in the job is skipped, not a reject. Returns (rejects, skipped)."""
         for it in items:
@@ -182,11 +182,11 @@ class DurableBroker:
         """`prepare_ingest` in steps (`Ingest.ingest_steps`: `landing` and `after`)."""
         return self._ingest.ingest_steps(items, now, landing, after)
 
-    def apply_ingest(self, plan: IngestPlan, now: float) -> list[Reject]:
+    def apply_ingest(self, plan: IngestPlan, now: float) -> list[Refused]:
         """After the commit: the new entries become dispatchable; returns the rejects."""
         return run_steps(self.apply_ingest_steps(plan, now))
 
-    def apply_ingest_steps(self, plan: IngestPlan, now: float) -> Steps[list[Reject]]:
+    def apply_ingest_steps(self, plan: IngestPlan, now: float) -> Steps[list[Refused]]:
         """`apply_ingest` in steps (every part admitted is dispatchable at once)."""
         return self._ingest.apply_ingest_steps(plan, now)
 
@@ -198,7 +198,7 @@ class DurableBroker:
         """Settle one batch durably; returns results stored, or -1 if it is not in flight."""
         return self.complete_many([(batch_id, results, gpu)], now)[0]
 
-    def complete_many(self, done: list[Done], now: float) -> list[int]:
+    def complete_many(self, done: list[Completed], now: float) -> list[int]:
         """Settle several batches in one durable commit (group commit of completions).
 
         Returns, per batch, the results stored, or -1 for a batch that is not in flight
@@ -213,12 +213,12 @@ class DurableBroker:
                 raise
         return self.apply_complete(plan, now)
 
-    def prepare_complete(self, done: list[Done], now: float) -> CompletePlan:
+    def prepare_complete(self, done: list[Completed], now: float) -> CompletePlan:
         """Encode the results of the batches still in flight and mark them settling (a
         disconnect leaves them in flight); nothing is written yet."""
         return run_steps(self.complete_steps(done, now))
 
-    def complete_steps(self, done: list[Done], now: float) -> Steps[CompletePlan]:
+    def complete_steps(self, done: list[Completed], now: float) -> Steps[CompletePlan]:
         """`prepare_complete` in steps (between batches, every `STEP_RESULTS` results)."""
         return self._completion.complete_steps(done, now)
 
@@ -399,7 +399,7 @@ class DurableBroker:
         instead of being committed on the spot: for a server that commits on a writer."""
         self._dispatch.defer()
 
-    def take_deferred(self) -> list[Done]:
+    def take_deferred(self) -> list[Completed]:
         """The quarantine results waiting for a commit, as completions (emptied)."""
         return self._dispatch.take_deferred()
 

@@ -54,7 +54,7 @@ MAX_ID_CHARS = 256
 MAX_ID_BYTES = 511  # LMDB's key size limit: the id is the key of the id index
 
 
-class Reject(msgspec.Struct, array_like=True):
+class Refused(msgspec.Struct, array_like=True):
     """Why: a submit is answered per item; this is one item it did not take, by its index."""
 
     index: int
@@ -141,7 +141,7 @@ class IngestPlan:
     __slots__ = ("admits", "data_rows", "id_rows", "job_shapes", "jobs", "next_seg", "now",
                  "received", "rejects", "releases", "runs", "seg_rows", "stored")
 
-    def __init__(self, rejects: list[Reject], now: float = 0.0) -> None:
+    def __init__(self, rejects: list[Refused], now: float = 0.0) -> None:
         self.rejects = rejects
         self.now = now
         self.stored: set[int] = set()  # indexes of rejects already stored in their job
@@ -175,12 +175,12 @@ class Ingest:
 
     def _screen(
         self, items: list[Item], pending: set[bytes]
-    ) -> Steps[tuple[list[Reject], list[tuple[int, Item, bytes]], set[int]]]:
+    ) -> Steps[tuple[list[Refused], list[tuple[int, Item, bytes]], set[int]]]:
         """Split a chunk into rejects, the items to store (index, item, `ids` key) and the
         indexes of rejects already stored in their job, pausing every `STEP_ROWS` items; ids
         in `pending` (being committed) count as stored. An item of a job that takes no
         more items (sealed, ended, unknown) is refused, unless it is already stored."""
-        rejects: list[Reject] = []
+        rejects: list[Refused] = []
         good: list[tuple[int, Item, bytes]] = []
         seen: set[bytes] = set()
         refuses = self.state.jobs.refuses_items
@@ -199,7 +199,7 @@ class Ingest:
             for i, item in enumerate(part, at):
                 why = self._screen_one(i, item, seen, pending, closed, good)
                 if why is not None:
-                    rejects.append(Reject(i, why))
+                    rejects.append(Refused(i, why))
         stored_at: set[int] = set()
         if good:
             found = []
@@ -212,12 +212,12 @@ class Ingest:
                 stored = {k for k, _ in found}
                 for i, item, key in good:
                     if key in stored:
-                        rejects.append(Reject(i, f"duplicate id {item.id!r}"))
+                        rejects.append(Refused(i, f"duplicate id {item.id!r}"))
                         stored_at.add(i)
                 good = [g for g in good if g[2] not in stored]
             if any(closed.values()):
                 shut = [g for g in good if closed.get(g[1].job)]
-                rejects.extend(Reject(i, closed[item.job] or "") for i, item, _ in shut)
+                rejects.extend(Refused(i, closed[item.job] or "") for i, item, _ in shut)
                 good = [g for g in good if not closed.get(g[1].job)]
             rejects.sort(key=lambda r: r.index)
         return rejects, good, stored_at
@@ -377,7 +377,7 @@ class Ingest:
                                    "stored (already there, or out of order)")
         fault_point("ingest_before_commit")
 
-    def apply_ingest_steps(self, plan: IngestPlan, now: float) -> Steps[list[Reject]]:
+    def apply_ingest_steps(self, plan: IngestPlan, now: float) -> Steps[list[Refused]]:
         """After the commit: the new entries become dispatchable; returns the rejects. It
         pauses every `STEP_ADMITS` entries admitted (those admitted are dispatchable at
         once: they are committed)."""

@@ -3,7 +3,7 @@
 Contract: keys are big-endian packed integers so LMDB's memcmp order is numeric order and
 one cursor range is one segment. An entry key is seg_id (u64) + offset (u32); in memory the
 same pair is one int, seg_id << 32 | offset. Only this module knows that layout: everyone
-else converts with its helpers (`ref`, `unref`, `seg_of`, `seg_base`, `entry_key`,
+else converts with its helpers (`ref`, `seg_of`, `seg_base`, `entry_key`,
 `entry_key_of`, `ref_of`, `split_entry_key`). A segment is shape-pure: the entries of one
 (model, signature) and one job from one or more consecutive ingest commits, each carrying
 its lane.
@@ -117,7 +117,6 @@ class EntryHead(msgspec.Struct, array_like=True, gc=False):
 
 ENTRY_KEY_BYTES = _ENTRY.size  # a packed entry key: seg_id (u64) + offset (u32)
 _OFFSET_BITS = 32
-_OFFSET_MASK = (1 << _OFFSET_BITS) - 1
 
 
 def seg_key(seg_id: int) -> bytes:
@@ -153,11 +152,6 @@ def seg_base(seg_id: int) -> int:
 def seg_of(key: int) -> int:
     """The segment of an in-memory entry key."""
     return key >> _OFFSET_BITS
-
-
-def unref(key: int) -> tuple[int, int]:
-    """(segment, offset) of an in-memory entry key."""
-    return key >> _OFFSET_BITS, key & _OFFSET_MASK
 
 
 def entry_key_of(key: int) -> bytes:
