@@ -128,7 +128,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fabricctl.cli.calibrate import measure
 from fabricctl.cli.replay import counter_for, read_workload
-from fabricctl.cli.run import RunSummary, run_job
+from fabricctl.cli.run import run_job
+from fabricctl.cli.run_summary import RunSummary
 from fabricctl.config import AppConfig, ConsumerSettings, ProducerSettings, VllmSettings
 from fabricctl.core.config import CoreConfig
 from fabricctl.engines.costs import SimCosts

@@ -18,6 +18,7 @@ import msgspec
 import pytest
 
 import fabricctl.cli.run as batchjob
+from fabricctl.cli.run_summary import AchievableHits
 from fabricctl.config import load_config
 from fabricctl.core.payload import Payload, encode_payload
 from fabricctl.core.records import make_record
@@ -76,12 +77,12 @@ def _item(ident: str, components: list[str], tokens: list[int], prompt: int, n: 
                 sum(tokens) + prompt, 4, encode_payload(payload))
 
 
-def _ran(shapes: batchjob._Shapes, item: Item, gpu: int) -> None:
+def _ran(shapes: AchievableHits, item: Item, gpu: int) -> None:
     shapes.completed(make_record(item, ItemResult(item.id, tokens_out=1), gpu=gpu))
 
 
 def test_achievable_counts_each_prefix_block_once_per_gpu() -> None:
-    shapes = batchjob._Shapes()
+    shapes = AchievableHits()
     a1 = _item("a1", ["S", "A"], [40, 24], 30)  # prefix 64 tokens: 4 blocks of 16
     a2 = _item("a2", ["S", "A"], [40, 24], 30)
     b1 = _item("b1", ["S", "B"], [40, 24], 30)  # shares S's first 2 blocks (32 of 40 tokens)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import msgspec
 
-from fabricctl.cli.run import print_run_summary, run_job
+from fabricctl.cli.run import run_job
+from fabricctl.cli.run_summary import print_run_summary
 from fabricctl.config import load_config
 from fabricctl.formats.workload import generate
 

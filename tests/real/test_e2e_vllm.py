@@ -37,7 +37,8 @@ from realtext import (
     scrape_counters,
 )
 
-from fabricctl.cli.run import RunSummary, run_job
+from fabricctl.cli.run import run_job
+from fabricctl.cli.run_summary import RunSummary
 from fabricctl.config import AppConfig, ConsumerSettings, ProducerSettings, VllmSettings
 from fabricctl.engines.openai import OpenAIEngine
 from fabricctl.supervisor.launcher import Launcher, vllm_cpu_spec
