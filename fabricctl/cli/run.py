@@ -54,6 +54,7 @@ from typing import IO, TYPE_CHECKING
 import msgspec
 import typer
 
+from fabricctl import fmt
 from fabricctl.cli.jobs import PRIORITY_HELP, WINDOW_HELP, priority_option, window_option
 from fabricctl.cli.support import (
     ConfigFile,
@@ -79,7 +80,6 @@ from fabricctl.formats.reader import read_lines
 from fabricctl.formats.results import ResultRecord, make_record, result_line
 from fabricctl.formats.tokens import choose_counter
 from fabricctl.producer import Chunk, Feed, InputOrder, Job, Producer, file_digest
-from fabricctl.tui import fmt
 from fabricctl.wire.protocol import Ack
 
 if TYPE_CHECKING:
