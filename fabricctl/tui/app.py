@@ -11,7 +11,9 @@ Contract:
   and no registered consumer (`draw.waiting`), hidden while there are none;
 - the lanes of exactly one shape are subscribed: the one opened with Enter;
 - keys: q quit, ? help, / filter, Enter lanes, Esc back, p pause, 1-4 views, s/S sort,
-  +/- refresh interval. `paused` keeps receiving but stops redrawing.
+  +/- refresh interval. `paused` keeps receiving but stops drawing;
+- `paused`, `interval` and `connected` are reactive (`var`s): assigning one redraws what it
+  shows (the picture and header, a new subscription and the header, the banner).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.message import Message
+from textual.reactive import var
 from textual.widgets import ContentSwitcher, Footer, Input
 
 from fabricctl.core.snapshot import Snapshot
@@ -80,17 +83,22 @@ class TopApp(App[int]):
         Binding("minus", "interval(-1)", "-int", show=False),
     ]
 
+    paused: var[bool] = var(False, init=False)
+    """Snapshots still arrive but are not drawn; toggling redraws (`watch_paused`)."""
+    interval: var[float] = var(1.0, init=False)
+    """Seconds between snapshots; a new one resubscribes (`watch_interval`)."""
+    connected: var[bool] = var(False, init=False)
+    """A snapshot arrived since the stream last failed; becoming so hides the banner."""
+
     def __init__(self, source: SnapshotSource, interval: float = 1.0, *,
                  retry_min: float = 0.25, retry_max: float = 5.0) -> None:
         super().__init__()
         self.source = source
-        self.interval = interval
+        self.set_reactive(TopApp.interval, interval)  # no watcher: nothing runs yet
         self.retry_min, self.retry_max = retry_min, retry_max
         self.state = ViewState()
         self.snapshot: Snapshot | None = None  # the one drawn
         self.latest: Snapshot | None = None  # the one received last
-        self.paused = False
-        self.connected = False
         self.received = 0
 
     # -- layout ----------
@@ -155,9 +163,7 @@ class TopApp(App[int]):
         self.received += 1
         self.state.rates.update(snap)
         self.state.take_events(snap)
-        if not self.connected:
-            self.connected = True
-            self._banner("")
+        self.connected = True
         if not self.paused:
             self._draw(snap)
 
@@ -166,6 +172,10 @@ class TopApp(App[int]):
         self._banner(f"broker lost ({message.reason}); reconnecting in "
                      f"{message.retry_in:g} s (attempt {message.attempt}); the last "
                      f"snapshot stays on screen")
+
+    def watch_connected(self, connected: bool) -> None:
+        if connected:
+            self._banner("")
 
     def _draw(self, snap: Snapshot) -> None:
         self.snapshot = snap
@@ -297,13 +307,15 @@ class TopApp(App[int]):
 
     def action_pause(self) -> None:
         self.paused = not self.paused
+
+    def watch_paused(self) -> None:
         self.redraw()
 
     def action_interval(self, step: int) -> None:
         k = min(range(len(INTERVALS)), key=lambda i: abs(INTERVALS[i] - self.interval))
-        new = INTERVALS[max(0, min(len(INTERVALS) - 1, k + step))]
-        if new != self.interval:
-            self.interval = new
-            self._restart_stream()
+        self.interval = INTERVALS[max(0, min(len(INTERVALS) - 1, k + step))]
+
+    def watch_interval(self) -> None:
+        self._restart_stream()
         self._header()
 
