@@ -17,6 +17,7 @@ from rich.text import Text
 from server_helpers import CONTRACT, MODEL, SIG_A, WireConsumer, running_server, wait_until
 from tui_synthetic import make_snapshot
 
+from fabricctl import fmt
 from fabricctl.cli import jobs as jobs_cli
 from fabricctl.cli.common import settings
 from fabricctl.core.events import EventKind
@@ -26,7 +27,7 @@ from fabricctl.core.snapshot import Snapshot
 from fabricctl.core.terms import JobTerms
 from fabricctl.core.types import Item
 from fabricctl.server.app import data_dir_socket
-from fabricctl.tui import draw, fmt, render
+from fabricctl.tui import draw, render
 from fabricctl.tui.palette import CRITICAL
 from fabricctl.wire.client import Client
 

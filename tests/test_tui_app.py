@@ -3,20 +3,26 @@
 Each test starts a `BrokerServer` over a `DurableBroker` in tmp_path inside the test's own
 event loop, runs the app headless with `run_test` in the same loop, feeds items with
 `Client.submit` and drives batches with a registered consumer `Client`. Synchronisation is
-bounded polling on the app's state with `pilot.pause()`, never a bare sleep.
+bounded polling on the app's state with `pilot.pause()`, never a bare sleep. The app reads
+and decodes the stream on a worker thread of its own, never on the UI thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
+import pytest
 from rich.style import Style
 from server_helpers import MODEL, SIG_A, SIG_B, fast_config, running_server
 from textual.pilot import Pilot
 
 from fabricctl.core.config import CoreConfig
+from fabricctl.core.snapshot import Snapshot
 from fabricctl.core.types import Contract, Item, ItemResult
 from fabricctl.server.app import BrokerServer
 from fabricctl.store.durable import DurableBroker
@@ -25,6 +31,7 @@ from fabricctl.tui.palette import CRITICAL
 from fabricctl.tui.sources import BrokerSource
 from fabricctl.tui.widgets.lines import LineList, TextBox
 from fabricctl.tui.widgets.shapes import ShapesTable
+from fabricctl.wire import client as wire_client
 from fabricctl.wire.client import Client
 
 HOLD = CoreConfig(stage_timeout_s=3600.0, activate_when_idle=False)  # staged until B allows
@@ -188,3 +195,37 @@ async def test_a_lost_broker_shows_the_reconnecting_banner_then_recovers(
     finally:
         await server.stop()
         store.close()
+
+
+class RecordingDecoder:
+    """Why: the wire client's snapshot decoder, noting the thread each decode runs on."""
+
+    def __init__(self, inner: msgspec.msgpack.Decoder[Snapshot]) -> None:
+        self.inner = inner
+        self.threads: set[int] = set()
+
+    def decode(self, data: bytes) -> Snapshot:
+        self.threads.add(threading.get_ident())
+        return self.inner.decode(data)
+
+
+async def test_snapshots_are_read_and_decoded_off_the_ui_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    decoder = RecordingDecoder(wire_client._snapshot_decoder)
+    monkeypatch.setattr(wire_client, "_snapshot_decoder", decoder)
+    ui = threading.get_ident()  # run_test runs the app on the test's own loop and thread
+    async with running_server(tmp_path, HOLD) as server:
+        app = TopApp(BrokerSource(server.cfg.socket_path), interval=0.1)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.received >= 2, "two snapshots")
+            assert app.connected and app.snapshot is not None
+            pump = app.pump
+            assert pump is not None and not pump.ended.is_set()
+            await pilot.press("plus")  # a new subscription: a new pump, the old one ends
+            assert app.pump is not pump
+            assert await asyncio.to_thread(pump.ended.wait, 10)
+            seen = app.received
+            await until(pilot, lambda: app.received > seen, "a snapshot of the new pump")
+            pump = app.pump
+        assert await asyncio.to_thread(pump.ended.wait, 10)  # none outlives the app
+    assert decoder.threads and ui not in decoder.threads

@@ -4,6 +4,8 @@ line naming the shape its consumer pulls from now and the one warming for it."""
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 from tui_synthetic import make_snapshot
 
@@ -47,10 +49,10 @@ async def test_overview_shows_jobs_only_when_there_are_some() -> None:
         app = TopApp(FixedSource([snap]))
         async with app.run_test(size=(140, 50)) as pilot:
             box = app.query_one("#jobs", TextBox)
-            for _ in range(50):
-                if app.received:
-                    break
-                await pilot.pause()
+            deadline = time.monotonic() + 10  # the snapshot comes from the pump's thread
+            while not app.received:
+                assert time.monotonic() < deadline, "no snapshot arrived"
+                await pilot.pause(0.01)
             await pilot.pause()
             assert box.has_class("-shown") is shown
             assert ("batch_2aa" in box.text.plain) is shown

@@ -2,7 +2,9 @@
 
 Promises: p pauses drawing, +/- step the refresh interval and resubscribe, ? opens help,
 s/S and header clicks sort, 1-4 switch views, Enter subscribes the lanes of the shape
-under the cursor only, and `/` filters without the typed letters triggering keys.
+under the cursor only, and `/` filters without the typed letters triggering keys;
+assigning the reactive data (a box's text, a list's count, `paused`, `interval`)
+redraws by itself.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from rich.text import Text
 from textual.pilot import Pilot
 from tui_synthetic import make_snapshot
 
@@ -126,3 +129,25 @@ async def test_filter_box_takes_letters_and_escape_clears_it() -> None:
         assert "filter “shape-003”" in header(app)
         await pilot.press("escape")
         assert app.state.query == "" and app.table.row_count == 8
+
+
+async def test_assigning_the_reactive_data_redraws_without_a_call() -> None:
+    app, source = fixed_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await started(pilot, app)
+        box = app.query_one("#machine", TextBox)
+        two_lines = Text("one\ntwo")
+        box.text = two_lines
+        assert box.content is two_lines  # the Static was updated by the assignment
+        box.text = Text("one\ntwo")  # equal: no update
+        assert box.content is two_lines
+
+        events = app.query_one("#event-list", LineList)
+        events.count = 40
+        assert events.virtual_size.height == 40
+
+        app.paused = True  # what `p` does, without the key
+        assert "PAUSED" in header(app)
+        app.interval = 2.0
+        assert "every 2 s" in header(app)
+        await until(pilot, lambda: source.requests[-1] == (2.0, []), "a new subscription")

@@ -15,10 +15,11 @@ from rich.console import Console
 from rich.text import Text
 from tui_synthetic import make_snapshot
 
+from fabricctl import fmt
 from fabricctl.cli.top import write_once
 from fabricctl.core.events import Event, EventKind
 from fabricctl.core.snapshot import BatchesHistogramView, LaneView, Snapshot
-from fabricctl.tui import charts, draw, fmt, table
+from fabricctl.tui import charts, draw, table
 from fabricctl.tui.gpu import RateTracker, gpu_panel, kv_hit_rate
 from fabricctl.tui.palette import CRITICAL, DIM, LINE
 from fabricctl.tui.render import print_snapshot

@@ -9,9 +9,10 @@ Contract:
 - Shared pieces: `support` (the common options, logging, and `guarded`/`report`, which
   apply `fabricctl.errors.exit_code_of`, the one error-to-exit-code mapping), `common`
   (finding the broker, JSON/TSV/Rich output rules), `ordered` (input-order output).
-  Numbers, percentages, ages and bytes are formatted by `fabricctl.tui.fmt`, shared with the
-  dashboard; shape signatures by `fabricctl.core.signature.signature_hex`.
+  Numbers, percentages, ages and bytes are formatted by `fabricctl.fmt`, shared with the
+  dashboard and below both; shape signatures by `fabricctl.core.signature.signature_hex`.
 - Building the app imports Typer and the command modules only: Rich, the server, the store,
-  the supervisor and the simulator are imported when a command runs, Textual only when
-  `top` opens the live dashboard on a terminal.
+  the supervisor and the simulator are imported when a command runs. No command but `top`
+  imports anything of `fabricctl.tui`, and `top` only inside its command (the Rich
+  one-shot, or Textual when it opens the live dashboard on a terminal).
 """

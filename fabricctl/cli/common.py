@@ -11,7 +11,7 @@ Contract:
   such as jq lose integers above 2**53); `console()` is a Rich console on stdout that
   never forces colour, so `NO_COLOR`, `TERM=dumb` and pipes get plain text.
 - `stdout_is_tty()` decides human tables vs plain TSV (`write_tsv`).
-- Numbers, percentages, ages and bytes are formatted by `fabricctl.tui.fmt`, the one
+- Numbers, percentages, ages and bytes are formatted by `fabricctl.fmt`, the one
   formatting module the CLI shares with the dashboard; signatures by
   `fabricctl.core.signature.signature_hex`.
 """

@@ -26,7 +26,7 @@ import typer
 from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded
 from fabricctl.config import AppConfig, load_config, user_config_path
 from fabricctl.errors import FabricError
-from fabricctl.tui.fmt import human_bytes
+from fabricctl.fmt import human_bytes
 from fabricctl.wire.protocol import SOCKET_NAME
 
 from .common import console, write_json

@@ -3,7 +3,7 @@ percentiles, the lanes table (a live shape's) and the shape's recent events.
 
 Contract: pure rendering of the document `shapes.inspect_doc` builds (the same one `--json`
 prints) onto a Rich console given by the caller; no colour is forced, so pipes and
-`NO_COLOR` get plain text. Ages and percentages are `fabricctl.tui.fmt`'s, as `top` shows them.
+`NO_COLOR` get plain text. Ages and percentages are `fabricctl.fmt`'s, as `top` shows them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from rich.table import Table
 
 from fabricctl.core.signature import signature_hex
 from fabricctl.core.snapshot import ShapeView
-from fabricctl.tui.fmt import age, pct
+from fabricctl.fmt import age, pct
 
 RECENT_EVENTS = 10
 

@@ -46,8 +46,7 @@ from fabricctl.core.jobs import JobRecord, parse_window
 from fabricctl.core.terms import MAX_PRIORITY, check_priority
 from fabricctl.core.unserved import Waiting, waiting_line
 from fabricctl.errors import ExitCode
-from fabricctl.tui.fmt import NA, age, finish_vs_deadline, pct, relative, shorten, si
-from fabricctl.tui.palette import CRITICAL
+from fabricctl.fmt import CRITICAL, NA, age, finish_vs_deadline, pct, relative, shorten, si
 from fabricctl.wire.client import Client
 
 from .common import call, console, stdout_is_tty, write_json, write_tsv

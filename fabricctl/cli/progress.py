@@ -84,7 +84,7 @@ def rate_and_eta(written: int, expected: int, first: float | None, now: float) -
     """`, R/s, ETA T` once results flow (the rate since the first result), else ""."""
     if first is None or written < 2 or now <= first:
         return ""
-    from fabricctl.tui.fmt import age
+    from fabricctl.fmt import age
 
     rate = (written - 1) / (now - first)
     left = max(0, expected - written)

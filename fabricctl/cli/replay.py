@@ -173,8 +173,8 @@ def results_table(results: dict[str, PolicyResult], title: str) -> Table:
     """One row per policy; `vs best baseline` compares tokens/s with the best baseline run."""
     from rich.table import Table
 
+    from fabricctl.fmt import pct
     from fabricctl.replay.run import BASELINES, ORACLE
-    from fabricctl.tui.fmt import pct
 
     base = max((r.tokens_per_s for n, r in results.items() if n in BASELINES), default=0.0)
     oracle = results[ORACLE].tokens_per_s if ORACLE in results else 0.0

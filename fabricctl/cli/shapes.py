@@ -32,7 +32,7 @@ from fabricctl.core.events import Event
 from fabricctl.core.signature import signature_hex
 from fabricctl.core.snapshot import ShapeView, Snapshot
 from fabricctl.errors import BrokerError, FabricError
-from fabricctl.tui.fmt import age, pct
+from fabricctl.fmt import age, pct
 from fabricctl.wire.client import Client
 
 from .common import call, console, stdout_is_tty, write_json, write_tsv

@@ -20,7 +20,7 @@ Contract:
   own, and those the agents' heartbeats report: host, GPU, consumer, engine, NVML
   utilisation and memory or "simulated", tokens, KV hit rate; a broker started with
   `--gpus none` says "no local GPUs: waiting for agents") and the token counter, as Rich
-  tables; figures through `fabricctl.tui.fmt` (the formatting the dashboard shows), a
+  tables; figures through `fabricctl.fmt` (the formatting the dashboard shows), a
   figure the broker did not report as "n/a".
 """
 
@@ -33,8 +33,8 @@ from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded, setting
 from fabricctl.config import AppConfig
 from fabricctl.core.signature import signature_hex
 from fabricctl.core.unserved import Waiting, waiting_line
+from fabricctl.fmt import age, gib, human_bytes, pct
 from fabricctl.formats.tokens import choose_counter
-from fabricctl.tui.fmt import age, gib, human_bytes, pct
 from fabricctl.wire.client import Client
 
 from .common import call, console, write_json

@@ -1,23 +1,31 @@
 """`fabricctl top`: the live dashboard, a Textual app over a pluggable snapshot source.
 
 Contract:
-- one async worker (group "stream") reads `source.stream(interval, lanes)` and posts a
-  `SnapshotArrived` per snapshot; the UI applies it inside `batch_update()`, drawing only
-  the visible view, so nothing on the event loop waits for the broker;
+- one thread worker (group "stream") runs a `Pump`: `source.stream(interval, lanes)` on an
+  event loop of the worker thread's own, so the broker's frames are read and decoded (msgpack
+  into `Snapshot`s) off the UI thread; it posts a `SnapshotArrived` per decoded snapshot and
+  the UI applies it inside `batch_update()`, drawing only the visible view, so nothing on the
+  UI loop waits for the broker or decodes;
 - a failing or ended stream posts `StreamLost`: a "reconnecting" banner (not a traceback)
   and a new attempt after a backoff doubling from `retry_min` to `retry_max`; the next
-  snapshot hides the banner;
+  snapshot hides the banner (`connected`);
+- a new subscription (another interval, another selected shape) stops the pump before the
+  next one starts; messages of a stopped pump are dropped, and the app stops the pump when it
+  unmounts, so no thread outlives it;
 - under the header, in every view, one warning line names the models with queued items
   and no registered consumer (`draw.waiting`), hidden while there are none;
 - the lanes of exactly one shape are subscribed: the one opened with Enter;
 - keys: q quit, ? help, / filter, Enter lanes, Esc back, p pause, 1-4 views, s/S sort,
-  +/- refresh interval. `paused` keeps receiving but stops redrawing.
+  +/- refresh interval. `paused` keeps receiving but stops drawing;
+- `paused`, `interval` and `connected` are reactive (`var`s): assigning one redraws what it
+  shows (the picture and header, a new subscription and the header, the banner).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from pathlib import Path
 
 from rich.text import Text
@@ -25,12 +33,13 @@ from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.message import Message
+from textual.reactive import var
 from textual.widgets import ContentSwitcher, Footer, Input
 
 from fabricctl.core.snapshot import Snapshot
 from fabricctl.tui import draw, table
 from fabricctl.tui.palette import MUTED, WARN
-from fabricctl.tui.sources import SnapshotSource
+from fabricctl.tui.sources import Lanes, SnapshotSource
 from fabricctl.tui.widgets.help import HelpScreen
 from fabricctl.tui.widgets.lines import TextBox
 from fabricctl.tui.widgets.panes import (
@@ -47,15 +56,81 @@ INTERVALS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
 class SnapshotArrived(Message):
-    def __init__(self, snapshot: Snapshot) -> None:
+    """Why: a decoded snapshot crosses from the pump's thread to the UI as a message."""
+
+    def __init__(self, pump: Pump, snapshot: Snapshot) -> None:
         super().__init__()
-        self.snapshot = snapshot
+        self.pump, self.snapshot = pump, snapshot
 
 
 class StreamLost(Message):
-    def __init__(self, reason: str, retry_in: float, attempt: int) -> None:
+    """Why: the pump's thread tells the UI the broker went away and when it tries again."""
+
+    def __init__(self, pump: Pump, reason: str, retry_in: float, attempt: int) -> None:
         super().__init__()
+        self.pump = pump
         self.reason, self.retry_in, self.attempt = reason, retry_in, attempt
+
+
+class Pump:
+    """Why: reading and decoding snapshots on the UI loop would stall keys and drawing.
+
+    `run` is the body of a Textual thread worker: on an event loop of that thread's own, it
+    reads `source.stream(interval, lanes)` (the wire client's reads and msgpack decoding),
+    retrying with the backoff, and posts each decoded snapshot to `app` (`post_message` is
+    thread-safe). `stop`, from any thread, cancels it: the stream is closed (its connection
+    with it) in the pump's thread, the thread's loop ends and `ended` is set.
+    """
+
+    def __init__(self, app: App[int], source: SnapshotSource, interval: float, lanes: Lanes,
+                 retry_min: float, retry_max: float) -> None:
+        self.app, self.source = app, source
+        self.interval, self.lanes = interval, lanes
+        self.retry_min, self.retry_max = retry_min, retry_max
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Future[None] | None = None
+        self.ended = threading.Event()
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        finally:
+            self.ended.set()
+
+    async def _main(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._loop = asyncio.get_running_loop()
+            self._task = asyncio.ensure_future(self._run())
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            if self._loop is not None and self._task is not None:
+                with contextlib.suppress(RuntimeError):  # its loop has ended already
+                    self._loop.call_soon_threadsafe(self._task.cancel)
+
+    async def _run(self) -> None:
+        delay, attempt = self.retry_min, 0
+        while True:
+            try:
+                stream = self.source.stream(self.interval, self.lanes)
+                async with contextlib.aclosing(stream):  # type: ignore[type-var]
+                    async for snap in stream:
+                        delay, attempt = self.retry_min, 0
+                        self.app.post_message(SnapshotArrived(self, snap))
+                reason = "the stream ended"
+            except Exception as e:  # any failure of the source is a lost broker, shown
+                reason = f"{type(e).__name__}: {e}"
+            attempt += 1
+            self.app.post_message(StreamLost(self, reason, delay, attempt))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.retry_max)
 
 
 class TopApp(App[int]):
@@ -80,18 +155,24 @@ class TopApp(App[int]):
         Binding("minus", "interval(-1)", "-int", show=False),
     ]
 
+    paused: var[bool] = var(False, init=False)
+    """Snapshots still arrive but are not drawn; toggling redraws (`watch_paused`)."""
+    interval: var[float] = var(1.0, init=False)
+    """Seconds between snapshots; a new one resubscribes (`watch_interval`)."""
+    connected: var[bool] = var(False, init=False)
+    """A snapshot arrived since the stream last failed; becoming so hides the banner."""
+
     def __init__(self, source: SnapshotSource, interval: float = 1.0, *,
                  retry_min: float = 0.25, retry_max: float = 5.0) -> None:
         super().__init__()
         self.source = source
-        self.interval = interval
+        self.set_reactive(TopApp.interval, interval)  # no watcher: nothing runs yet
         self.retry_min, self.retry_max = retry_min, retry_max
         self.state = ViewState()
         self.snapshot: Snapshot | None = None  # the one drawn
         self.latest: Snapshot | None = None  # the one received last
-        self.paused = False
-        self.connected = False
         self.received = 0
+        self.pump: Pump | None = None
 
     # -- layout ----------
     def compose(self) -> ComposeResult:
@@ -129,43 +210,41 @@ class TopApp(App[int]):
 
     # -- the stream ----------
     def _restart_stream(self) -> None:
-        self.run_worker(self._pump(), group="stream", exclusive=True, exit_on_error=False)
-
-    async def _pump(self) -> None:
-        delay, attempt = self.retry_min, 0
+        if self.pump is not None:
+            self.pump.stop()
         lanes = [self.state.selected] if self.state.selected else []
-        while True:
-            try:
-                stream = self.source.stream(self.interval, lanes)
-                async with contextlib.aclosing(stream):  # type: ignore[type-var]
-                    async for snap in stream:
-                        delay, attempt = self.retry_min, 0
-                        self.post_message(SnapshotArrived(snap))
-                reason = "the stream ended"
-            except Exception as e:  # any failure of the source is a lost broker, shown
-                reason = f"{type(e).__name__}: {e}"
-            attempt += 1
-            self.post_message(StreamLost(reason, delay, attempt))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.retry_max)
+        self.pump = Pump(self, self.source, self.interval, lanes, self.retry_min,
+                         self.retry_max)
+        self.run_worker(self.pump.run, group="stream", exclusive=True, thread=True,
+                        exit_on_error=False)
+
+    def on_unmount(self) -> None:
+        if self.pump is not None:
+            self.pump.stop()
 
     def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
+        if message.pump is not self.pump:
+            return  # sent before its pump was stopped: another subscription's
         snap = message.snapshot
         self.latest = snap
         self.received += 1
         self.state.rates.update(snap)
         self.state.take_events(snap)
-        if not self.connected:
-            self.connected = True
-            self._banner("")
+        self.connected = True
         if not self.paused:
             self._draw(snap)
 
     def on_stream_lost(self, message: StreamLost) -> None:
+        if message.pump is not self.pump:
+            return
         self.connected = False
         self._banner(f"broker lost ({message.reason}); reconnecting in "
                      f"{message.retry_in:g} s (attempt {message.attempt}); the last "
                      f"snapshot stays on screen")
+
+    def watch_connected(self, connected: bool) -> None:
+        if connected:
+            self._banner("")
 
     def _draw(self, snap: Snapshot) -> None:
         self.snapshot = snap
@@ -297,13 +376,15 @@ class TopApp(App[int]):
 
     def action_pause(self) -> None:
         self.paused = not self.paused
+
+    def watch_paused(self) -> None:
         self.redraw()
 
     def action_interval(self, step: int) -> None:
         k = min(range(len(INTERVALS)), key=lambda i: abs(INTERVALS[i] - self.interval))
-        new = INTERVALS[max(0, min(len(INTERVALS) - 1, k + step))]
-        if new != self.interval:
-            self.interval = new
-            self._restart_stream()
+        self.interval = INTERVALS[max(0, min(len(INTERVALS) - 1, k + step))]
+
+    def watch_interval(self) -> None:
+        self._restart_stream()
         self._header()
 

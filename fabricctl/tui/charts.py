@@ -18,8 +18,8 @@ import math
 
 from rich.text import Text
 
+from fabricctl import fmt
 from fabricctl.core.snapshot import BatchesHistogramView, LaneView, ShapeView
-from fabricctl.tui import fmt
 from fabricctl.tui.draw import shape_name
 from fabricctl.tui.palette import BAR, CRITICAL, DIM, LINE, MUTED, WARN, state_style
 

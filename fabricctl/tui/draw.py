@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from fabricctl import fmt
 from fabricctl.core.events import Event
 from fabricctl.core.forecast import JobView as JobPlace
 from fabricctl.core.jobs import JobRecord, eta_s
 from fabricctl.core.signature import signature_hex
 from fabricctl.core.snapshot import ModelView, Snapshot
 from fabricctl.core.unserved import unserved, waiting_line
-from fabricctl.tui import fmt
 from fabricctl.tui.palette import CRITICAL, MUTED, OK, STATES, WARN, state_style
 
 ARROW = " ─▶ "

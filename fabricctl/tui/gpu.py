@@ -23,8 +23,8 @@ from typing import Any
 
 from rich.text import Text
 
+from fabricctl import fmt
 from fabricctl.core.snapshot import Snapshot
-from fabricctl.tui import fmt
 from fabricctl.tui.draw import labels, short_name
 from fabricctl.tui.palette import CRITICAL, MUTED, OK, WARN
 

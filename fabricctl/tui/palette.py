@@ -3,11 +3,14 @@
 Contract: every state of the shape lifecycle has one style (`STATE_STYLE`), and everything
 critical (thrash events, thrashing histogram bars, starving lanes, a non-zero ledger
 difference) is drawn in exactly `CRITICAL`, so tests and operators can rely on it.
+`CRITICAL` is defined in `fabricctl.fmt`, so the CLI marks the same things in the same
+colour without importing the TUI.
 """
 
 from __future__ import annotations
 
 from fabricctl.core.shape import SHAPE_STATES
+from fabricctl.fmt import CRITICAL as CRITICAL  # the CLI's too: defined below both
 
 STATE_STYLE: dict[str, str] = {
     "staged": "#5fafff",
@@ -19,8 +22,6 @@ STATE_STYLE: dict[str, str] = {
 """One colour per lifecycle state, in lifecycle order."""
 
 STATES: tuple[str, ...] = tuple(s.value for s in SHAPE_STATES)
-CRITICAL = "bold #ff5f00"
-"""Thrashing, starving, a broken ledger: the one colour that means "look here"."""
 WARN = "#ffaf00"
 OK = "#5fd75f"
 DIM = "dim"

@@ -5,8 +5,11 @@ Contract: a `SnapshotSource` has an `address` (shown in the header) and
 carrying lane lists only for the `(model, signature)` shapes in `lanes`. A lost or absent
 broker ends the iteration with a `FabricError` (usually `BackendMissing`) or `OSError`; the
 app then shows its reconnecting banner and calls `stream` again after a backoff. Closing the
-iterator (`aclose`) releases the connection. `FixedSource` replays given snapshots, then
-stays silent without a clock, so screenshots of it are reproducible.
+iterator (`aclose`) releases the connection. The app iterates `stream` on an event loop of
+its worker thread's own (`fabricctl.tui.app.Pump`), never on the UI's, so reading and
+decoding happen off the UI thread and a source touches nothing of the app. `FixedSource`
+replays given snapshots, then stays silent without a clock, so screenshots of it are
+reproducible.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from fabricctl import fmt
 from fabricctl.core.signature import signature_hex
 from fabricctl.core.snapshot import ShapeView
-from fabricctl.tui import fmt
 from fabricctl.tui.palette import CRITICAL, STATES, WARN, state_style
 
 LANES_MAX = 2048

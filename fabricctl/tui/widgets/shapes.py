@@ -4,7 +4,9 @@ Contract: `ShapesTable.show(rows, models)` takes `fabricctl.tui.table.rows(...)`
 shows the columns that fit its width (`table.fit`, again on resize), each as wide as its
 widest cell. Only the visible rows are drawn, each straight from plain strings (a DataTable
 re-renders every visible cell through Rich on any change, which at 100 shapes x 4 Hz costs
-a third of a core). The cursor stays on the same shape (by key) across snapshots.
+a third of a core). The rows (`data`) and the cursor (`cursor_row`) are reactive: assigning
+them lays out and repaints the table. The cursor stays on the same shape (by key) across
+snapshots.
 Up/Down/PgUp/PgDn/Home/End move it; Enter, or a click on the highlighted row, posts
 `RowSelected(key)`; a click on a header posts `HeaderSelected(column key)`.
 """
@@ -17,12 +19,14 @@ from textual import events
 from textual.binding import Binding
 from textual.geometry import Size
 from textual.message import Message
+from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from fabricctl.tui.table import BY_KEY, COLUMN_KEYS, Cells, fit
 
 PAD = 1  # spaces either side of a cell
+Rows = tuple[list[tuple[str, Cells]], int]  # `table.rows(...)` output, and how many models
 
 
 class ShapesTable(ScrollView, can_focus=True):
@@ -60,15 +64,19 @@ class ShapesTable(ScrollView, can_focus=True):
             super().__init__()
             self.column = column
 
+    data: reactive[Rows] = reactive(lambda: ([], 1), always_update=True, init=False)
+    """The rows shown, and how many models they span; every assignment re-fits the columns
+    to the width (`watch_data`), as a new snapshot must, and repaints."""
+    cursor_row: reactive[int] = reactive(0, init=False)
+    """The highlighted row; moving it repaints."""
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.keys: list[str] = []
         self.cells: dict[str, Cells] = {}  # every column, by row key
         self.shown: tuple[str, ...] = ()
         self.widths: list[int] = []
-        self.cursor_row = 0
         self._visible: list[Cells] = []  # shown columns only, in row order
-        self._last: tuple[list[tuple[str, Cells]], int] = ([], 1)
         self._styles: dict[str, Style] = {}
 
     @property
@@ -85,7 +93,10 @@ class ShapesTable(ScrollView, can_focus=True):
 
     # -- data ----------
     def show(self, rows: list[tuple[str, Cells]], models: int = 1) -> None:
-        self._last = (rows, models)
+        self.data = (rows, models)
+
+    def watch_data(self, data: Rows) -> None:
+        rows, models = data
         selected = self.selected_key()
         measured = {k: max([len(BY_KEY[k].label)] + [len(cells[c].text) for _, cells in rows])
                     for c, k in enumerate(COLUMN_KEYS)}
@@ -99,10 +110,9 @@ class ShapesTable(ScrollView, can_focus=True):
             self.cursor_row = self.keys.index(selected)
         self.cursor_row = max(0, min(self.cursor_row, len(self.keys) - 1))
         self.virtual_size = Size(sum(w + 2 * PAD for w in self.widths), len(self.keys) + 1)
-        self.refresh()
 
     def on_resize(self) -> None:
-        self.show(*self._last)
+        self.mutate_reactive(ShapesTable.data)  # the same rows, fitted to the new width
 
     # -- drawing ----------
     def _style(self, spec: str) -> Style:
@@ -150,7 +160,6 @@ class ShapesTable(ScrollView, can_focus=True):
             self.scroll_to(y=self.cursor_row, animate=False)
         elif self.cursor_row >= top + rows_visible:
             self.scroll_to(y=self.cursor_row - rows_visible + 1, animate=False)
-        self.refresh()
 
     def action_move(self, step: int) -> None:
         self.move_to(self.cursor_row + step)

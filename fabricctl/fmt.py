@@ -1,16 +1,19 @@
 """fabricctl's one set of formatters for numbers, percentages, ages and bytes, shared by the
-CLI (`status`, `shapes`, `doctor`, `run`, `replay`) and the dashboard (`top`).
+CLI (`status`, `shapes`, `jobs`, `doctor`, `run`, `replay`) and the dashboard (`top`).
 
 Contract: pure functions (no Rich, no Textual, no clock; they import nothing of fabricctl),
 each returning a short str of predictable width; `None` means "not available" and renders
 as `NA` ("n/a": NVML fields, rates before a second sample, a store figure the broker did not
-report). Shape signatures are `fabricctl.core.signature.signature_hex` (16 hex digits),
-never formatted here.
+report). `CRITICAL` is the one style (a Rich style string) of everything that means "look
+here", in a CLI table as on the dashboard (`fabricctl.tui.palette` re-exports it). Shape
+signatures are `fabricctl.core.signature.signature_hex` (16 hex digits), never formatted
+here.
 
-Why here: the TUI may import only `fabricctl.wire` and `fabricctl.core` (and itself), and
-the CLI, on top, may import the TUI's Textual-free modules; of the places both reach, core
-is the broker's pure logic and holds no presentation, so the presentation layer below the
-CLI owns it. (The store formats the sizes in its own error messages: it may import core only.)
+Why here: a leaf below both the CLI and the TUI (like `errors` and `config`), so a headless
+command formats a figure exactly as `top` shows it without importing anything of
+`fabricctl.tui`; core stays free of presentation and never imports it (import-linter
+contracts in pyproject.toml). The store formats the sizes in its own error messages: it
+may import core only.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 NA = "n/a"
+CRITICAL = "bold #ff5f00"
+"""Thrashing, starving, a broken ledger, a job at risk: the one colour that means "look here"."""
 SPARK = "▁▂▃▄▅▆▇█"
 
 
