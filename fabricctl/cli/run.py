@@ -54,7 +54,6 @@ from typing import IO, TYPE_CHECKING
 import msgspec
 import typer
 
-from fabricctl import fmt
 from fabricctl.cli.jobs import PRIORITY_HELP, WINDOW_HELP, priority_option, window_option
 from fabricctl.cli.run_summary import AchievableHits, RunSummary, print_run_summary
 from fabricctl.cli.support import (

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from fabricctl import fmt
 from fabricctl.core.types import Item, Prewarm
 from fabricctl.engines.blocks import (
     achievable_cached_tokens,
@@ -22,7 +23,6 @@ from fabricctl.engines.blocks import (
 )
 from fabricctl.engines.simanswer import sim_spec
 from fabricctl.formats.results import ResultRecord
-from fabricctl.tui import fmt
 
 if TYPE_CHECKING:
     from rich.console import Console
