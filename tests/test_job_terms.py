@@ -15,13 +15,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from fabricctl.api.objects import ApiError, parse_priority
+from fabricctl.api.objects import parse_priority
 from fabricctl.core import jobs as J
 from fabricctl.core.broker import Broker
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.jobs import JobRecord, JobState
 from fabricctl.core.terms import MAX_PRIORITY, JobTerms
 from fabricctl.core.types import Contract, Item, ItemResult
+from fabricctl.errors import ApiError
 from fabricctl.store.durable import DurableBroker, StoreConfig
 
 MODEL = "m"

@@ -53,7 +53,6 @@ from fabricctl.api.batches import PAGE, content, feed
 from fabricctl.api.objects import (
     ENDPOINTS,
     OUTPUT,
-    ApiError,
     Deleted,
     ErrorBody,
     ErrorInfo,
@@ -72,7 +71,7 @@ from fabricctl.api.objects import (
 )
 from fabricctl.api.upload import receive_upload
 from fabricctl.core.jobs import JobRecord, JobState
-from fabricctl.errors import BrokerError, UsageError
+from fabricctl.errors import ApiError, BrokerError, UsageError
 from fabricctl.formats.tokens import EstimateCounter, TokenCounter
 from fabricctl.store.files import FileRecord, FileStore
 

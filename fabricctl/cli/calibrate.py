@@ -31,8 +31,7 @@ from typing import Any
 import typer
 
 from fabricctl.cli.support import run_async
-from fabricctl.engines.base import EngineError
-from fabricctl.errors import BackendMissing
+from fabricctl.errors import BackendMissing, EngineError
 from fabricctl.replay.calibrate import Probes, ServerShape, costs_toml, fit_costs
 
 

@@ -43,7 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fabricctl.core.payload import decode_payload
 from fabricctl.core.types import ItemResult, Prewarm, Work
-from fabricctl.engines.base import WINDOW_BATCHES, EngineError, EngineLimits, EngineStats
+from fabricctl.engines.base import WINDOW_BATCHES, EngineLimits, EngineStats
 from fabricctl.engines.request import (
     ABORT,
     error_message,
@@ -51,6 +51,7 @@ from fabricctl.engines.request import (
     read_answer,
     request_of,
 )
+from fabricctl.errors import EngineError
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import asyncio
 
 from fabricctl.core.payload import Payload
 from fabricctl.core.types import ItemResult, Prewarm, Work
-from fabricctl.engines.base import EngineError, EngineLimits, EngineStats
+from fabricctl.engines.base import EngineLimits, EngineStats
 from fabricctl.engines.blocks import (
     BlockChain,
     achievable_cached_tokens,
@@ -27,6 +27,7 @@ from fabricctl.engines.blocks import (
 from fabricctl.engines.costs import DEFAULT_COSTS, SimCosts
 from fabricctl.engines.simgpu import SimGPU
 from fabricctl.engines.simrequest import LENGTH_EXCEEDED, SimCounters, SimRequest
+from fabricctl.errors import EngineError
 
 __all__ = [
     "LENGTH_EXCEEDED",

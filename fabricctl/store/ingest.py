@@ -33,7 +33,7 @@ from fabricctl.core.jobs import JobShape
 from fabricctl.core.lanes import Lane
 from fabricctl.core.shape import Shape
 from fabricctl.core.types import Entry, Item
-from fabricctl.store.errors import StoreFullError
+from fabricctl.errors import StoreFullError
 from fabricctl.store.faults import fault_point
 from fabricctl.store.keys import (
     _ENTRY,

@@ -12,8 +12,8 @@ from typing import Any
 
 from fabricctl.config import AppConfig
 from fabricctl.engines.base import Engine
-from fabricctl.errors import BackendMissing, UsageError
-from fabricctl.supervisor.launcher import Launcher, LaunchError, LaunchSpec
+from fabricctl.errors import BackendMissing, LaunchError, UsageError
+from fabricctl.supervisor.launcher import Launcher, LaunchSpec
 
 
 def launch_spec(cfg: AppConfig) -> LaunchSpec:
