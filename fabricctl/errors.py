@@ -9,11 +9,10 @@ FabricError               (exit 1)  base; a runtime error
 ├── UsageError            (exit 2)  bad flags, bad config
 ├── BackendMissing        (exit 3)  no broker to talk to, no engine, no NVML where required
 ├── FabricTimeout         (exit 4)  a wait ran out
-├── EngineError           (exit 3)  an engine could not run a batch (down, aborted, timed
+├── EngineError           (exit 5)  an engine could not run a batch (down, aborted, timed
 │                                   out, answered something else); consumers retry elsewhere
-├── LaunchError           (exit 3)  an inference server could not be made ready (bad command,
-│                                   start timeout, port taken, stopped; as `up` reports it:
-│                                   BackendMissing)
+├── LaunchError           (exit 6)  an inference server could not be made ready (bad command,
+│                                   start timeout, port taken, stopped)
 ├── BrokerError           (exit 1)  the broker refused a request (code + message)
 │   └── ProtocolError               the peer spoke something that is not our protocol
 ├── StoreError            (exit 1)  the durable store refused
@@ -56,6 +55,8 @@ class ExitCode(IntEnum):
     USAGE = 2
     BACKEND_MISSING = 3
     TIMEOUT = 4
+    ENGINE_FAILED = 5
+    LAUNCH_FAILED = 6
     INTERRUPTED = 130
 
 
@@ -85,9 +86,9 @@ class FabricTimeout(FabricError):
 
 class EngineError(FabricError):
     """Why: the engine could not run a batch at all (down, aborted, timed out): retry
-    elsewhere. Exit 3 (no engine to run it) should one ever reach a command."""
+    elsewhere. A command it reaches (`calibrate`) ends with exit 5."""
 
-    exit_code = ExitCode.BACKEND_MISSING
+    exit_code = ExitCode.ENGINE_FAILED
 
     def __init__(self, message: str, *, unreachable: bool = False) -> None:
         super().__init__(message)
@@ -98,9 +99,9 @@ class EngineError(FabricError):
 
 class LaunchError(FabricError):
     """Why: a server could not be made ready (bad command, start timeout, port taken,
-    stopped). Exit 3: no engine (`up` reports it as `BackendMissing`)."""
+    stopped); `up` ends with exit 6 when vLLM did not start."""
 
-    exit_code = ExitCode.BACKEND_MISSING
+    exit_code = ExitCode.LAUNCH_FAILED
 
 
 class BrokerError(FabricError):

@@ -15,7 +15,7 @@ and `max_num_batched_tokens` are the server's settings, given as options (vLLM d
 report them). The fit is `fabricctl.replay.calibrate.fit_costs`; the result is printed (or
 written to `out`) as the TOML table `fabricctl replay --costs FILE` reads. A server that
 does not answer is a `BackendMissing` (exit 3); an answer that is not a completion, or
-/metrics without `vllm:cache_config_info`, an `EngineError` (exit 1). The `calibrate`
+/metrics without `vllm:cache_config_info`, an `EngineError` (exit 5). The `calibrate`
 command is `command`.
 """
 
