@@ -6,8 +6,11 @@ core, which imports nothing outside itself). Each carries the exit status a comm
 with when it escapes (`exit_code`, a class attribute):
 
 FabricError               (exit 1)  base; a runtime error
-├── UsageError            (exit 2)  bad flags, bad config
-├── BackendMissing        (exit 3)  no broker to talk to, no engine, no NVML where required
+├── UsageError            (exit 2)  bad flags, bad config, a bad argument to a library call
+│   └── WorkloadError               a workload line, a jobs file or an item's payload is not
+│                                   what it must be
+├── BackendMissing        (exit 3)  no broker to talk to, no engine, no NVML where required,
+│                                   an optional package (tokenizers, Ray) not installed
 ├── FabricTimeout         (exit 4)  a wait ran out
 ├── EngineError           (exit 5)  an engine could not run a batch (down, aborted, timed
 │                                   out, answered something else); consumers retry elsewhere
@@ -15,12 +18,14 @@ FabricError               (exit 1)  base; a runtime error
 │                                   start timeout, port taken, stopped)
 ├── BrokerError           (exit 1)  the broker refused a request (code + message)
 │   └── ProtocolError               the peer spoke something that is not our protocol
+├── JobRefused            (exit 1)  a job operation was refused: no such job, or it ended
 ├── StoreError            (exit 1)  the durable store refused
 │   ├── StoreFullError              the map reached its ceiling or the disk is full
 │   ├── StoreLockedError            another process owns the data dir
 │   └── SegmentMissingError         dispatch found an entry whose segment is gone
 ├── NotFound              (exit 1)  no shape matches the argument (`shapes inspect`)
 ├── Ambiguous             (exit 1)  the argument names several shapes
+├── FeedError             (exit 1)  a feeder process (a Batch API file fed into its job) failed
 └── ApiError              (exit 1)  the Batch API refused a request (HTTP status + OpenAI's
                                     error fields; its HTTP handler answers it)
 
@@ -34,12 +39,14 @@ Outside the tree on purpose:
   engine an item of another shape must stop the process, never be caught by an
   `except Exception` (or `except FabricError`) on the way and retried.
 - core imports nothing outside itself (not this module): its own refusals are plain
-  `ValueError`s and `KeyError`s (`core.settlement.UnknownBatchError`).
+  `ValueError`s and `KeyError`s (`core.settlement.UnknownBatchError`), which the layer
+  above translates into a class of this tree where one can escape to a caller.
 - Internal signals, caught by the code that reads what raised them and never escaping to a
   caller: `formats.common.Invalid` (a bad input line: `formats.reader` and `api.upload`
   turn it into the line's error), `wire.protocol.FrameTooLarge` (`wire.client` and
-  `server.connection` drop the connection), `engines.openai.Rejected`, and the private
-  `_...` ones.
+  `server.connection` drop the connection), and the private `_...` ones.
+- A broken invariant (a state fabricctl never makes: "cannot happen") is an
+  `AssertionError`: a bug, which keeps its traceback.
 """
 
 from __future__ import annotations
@@ -67,13 +74,18 @@ class FabricError(Exception):
 
 
 class UsageError(FabricError):
-    """Why: bad flags or bad config: the caller must change what it asked."""
+    """Why: bad flags, bad config or a bad argument: the caller must change what it asked."""
 
     exit_code = ExitCode.USAGE
 
 
+class WorkloadError(UsageError):
+    """Why: a workload line, a jobs file or an item's payload is malformed (exit 2): readers
+    catch this kind alone to report a bad line and go on."""
+
+
 class BackendMissing(FabricError):
-    """Why: nothing to talk to (no broker, no engine, no NVML)."""
+    """Why: nothing to talk to (no broker, no engine, no NVML, a package not installed)."""
 
     exit_code = ExitCode.BACKEND_MISSING
 
@@ -117,6 +129,11 @@ class ProtocolError(BrokerError):
     """Why: the other end does not speak fabricctl's protocol (or broke it)."""
 
 
+class JobRefused(FabricError):
+    """Why: a job operation on the store itself was refused (no such job, or it ended); the
+    message is the store's reason, as a broker's `not_found` / `job_ended` error says it."""
+
+
 class StoreError(FabricError):
     """Why: callers catch storage trouble in one place; every error the durable store raises on
     purpose derives from this (exit 1)."""
@@ -143,6 +160,11 @@ class NotFound(FabricError):
 class Ambiguous(FabricError):
     """Why: the argument (a hex prefix, or a label) names several shapes (exit 1, as
     NotFound)."""
+
+
+class FeedError(FabricError):
+    """Why: a feeder process (a Batch API file fed into its job) failed; the message is its
+    last line on stderr, which the job's error then carries."""
 
 
 class ApiError(FabricError):
