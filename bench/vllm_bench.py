@@ -133,10 +133,11 @@ from fabricctl.cli.run_summary import RunSummary
 from fabricctl.config import AppConfig, ConsumerSettings, ProducerSettings, VllmSettings
 from fabricctl.core.config import CoreConfig
 from fabricctl.engines.costs import SimCosts
+from fabricctl.errors import LaunchError
 from fabricctl.replay.calibrate import Probes, ServerShape, fit_costs
 from fabricctl.replay.run import BatchLimits, costs_for, replay
 from fabricctl.replay.workload import load
-from fabricctl.supervisor.launcher import Launcher, LaunchError, vllm_cpu_spec
+from fabricctl.supervisor.launcher import Launcher, vllm_cpu_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("FABRICCTL_VLLM_VENV", ROOT / ".venv-vllm"))

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from fabricctl.errors import UsageError
 from fabricctl.formats.workload import generate, make_shapes
 
 __all__ = ["generate", "main", "make_shapes"]
@@ -79,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for row in rows:
             out.write(encode(row) + b"\n")
             out.flush()  # one line at a time, so a pipeline consumer sees it at once
-    except ValueError as exc:
+    except UsageError as exc:
         print(f"produce.py: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:

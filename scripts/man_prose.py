@@ -18,6 +18,8 @@ _CODES = [
     ("2", "Usage or configuration error (bad flag, unknown config key, invalid TOML)."),
     ("3", "Backend missing: no broker answers on the data dir's socket, or no engine."),
     ("4", "Timeout: a wait ran out."),
+    ("5", "Engine failed: an inference server could not run or answer a request."),
+    ("6", "Launch failed: an inference server could not be made ready."),
     ("130", "Interrupted (Ctrl\\-C)."),
 ]
 
@@ -33,7 +35,13 @@ _SPECIFIC = {
     "down": "\\fBdown\\fR exits 3 when no broker runs, 4 when it still runs 30 s after "
     "being asked to stop.",
     "up": "\\fBup\\fR exits 0 after a clean stop (\\fBfabricctl down\\fR), 130 after "
-    "SIGINT or SIGTERM.",
+    "SIGINT or SIGTERM, 3 when it has no engine to start (no GPU found) and 6 when vLLM did "
+    "not become ready.",
+    "calibrate": "\\fBcalibrate\\fR exits 3 when the server does not answer and 5 when it "
+    "answers with something other than a completion or has no \\fBvllm:cache_config_info\\fR "
+    "metric.",
+    "replay": "\\fBreplay\\fR exits 2 on a bad flag, and when the workload, the jobs file or "
+    "the costs file does not read (or the workload has no readable item).",
 }
 
 

@@ -24,7 +24,6 @@ from api_fake import FakeBackend
 
 from fabricctl.api.app import BatchApi, build_app
 from fabricctl.api.objects import (
-    ApiError,
     batch_object,
     parse_window,
     virtual_file,
@@ -32,6 +31,7 @@ from fabricctl.api.objects import (
 )
 from fabricctl.api.upload import LineChecker
 from fabricctl.core import jobs as J
+from fabricctl.errors import ApiError
 from fabricctl.formats.tokens import EstimateCounter
 from fabricctl.store.files import FileStore
 

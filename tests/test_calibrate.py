@@ -16,6 +16,7 @@ from workload_files import write_workload
 from fabricctl.cli.replay import run_replay
 from fabricctl.engines.costs import SimCosts
 from fabricctl.engines.simgpu import SimGPU
+from fabricctl.errors import UsageError
 from fabricctl.replay.calibrate import (
     Probes,
     ServerShape,
@@ -81,9 +82,9 @@ def test_a_cached_probe_faster_than_the_short_probes_say_scales_their_overheads_
 
 
 def test_fit_refuses_probes_it_cannot_read() -> None:
-    with pytest.raises(ValueError, match="longer than the tiny"):
+    with pytest.raises(UsageError, match="longer than the tiny"):
         fit_costs(probes(prefill_len=8), SERVER)
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(UsageError, match="at least one"):
         fit_costs(probes(front_requests=0), SERVER)
 
 
@@ -96,15 +97,15 @@ def test_costs_file_round_trips_every_field() -> None:
 
 def test_costs_file_keeps_defaults_and_names_bad_fields() -> None:
     assert load_costs("block_size = 32\n") == SimCosts(block_size=32)
-    with pytest.raises(ValueError, match="unknown cost 'blocksize'"):
+    with pytest.raises(UsageError, match="unknown cost 'blocksize'"):
         load_costs("blocksize = 32\n")
-    with pytest.raises(ValueError, match="block_size must be an integer"):
+    with pytest.raises(UsageError, match="block_size must be an integer"):
         load_costs("block_size = 32.5\n")
-    with pytest.raises(ValueError, match="request_s must be a number"):
+    with pytest.raises(UsageError, match="request_s must be a number"):
         load_costs('request_s = "fast"\n')
-    with pytest.raises(ValueError, match="must be >= 0"):
+    with pytest.raises(UsageError, match="must be >= 0"):
         load_costs("prefill_token_s = -1.0\n")
-    with pytest.raises(ValueError, match="not TOML"):
+    with pytest.raises(UsageError, match="not TOML"):
         load_costs("block_size = \n")
 
 
@@ -169,16 +170,15 @@ def test_replay_runs_on_the_costs_file(workload: Path, tmp_path: Path,
         assert float(got[name]["makespan_s"]) > float(default[name]["makespan_s"])  # type: ignore[arg-type]
 
 
-def test_replay_refuses_a_costs_file_that_does_not_load(
-        workload: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_refuses_a_costs_file_that_does_not_load(workload: Path, tmp_path: Path) -> None:
     path = tmp_path / "costs.toml"
     path.write_text("warp_speed = 9\n")
     args: dict[str, object] = dict(workload=workload, gpus=1, policy="fabric", json_out=True,
                                    kv_tokens=None, pressure=None, rate=0.0, seed=0,
                                    max_num_seqs=None, costs_file=path)
-    assert run_replay(**args) == 2  # type: ignore[arg-type]
-    err = capsys.readouterr().err
-    assert f"costs {path}: unknown cost 'warp_speed'" in err
+    with pytest.raises(UsageError) as e:
+        run_replay(**args)  # type: ignore[arg-type]
+    assert str(e.value).startswith(f"costs {path}: unknown cost 'warp_speed'")
 
 
 def fabricctl(*argv: str) -> subprocess.CompletedProcess[str]:

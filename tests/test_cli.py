@@ -65,7 +65,7 @@ def test_help_lists_the_exit_codes_and_version_prints(tmp_path: Path) -> None:
     assert out.returncode == 0
     text = " ".join(out.stdout.decode().split())
     assert "Exit status: 0 ok, 1 runtime error, 2 usage or config error, 3 backend" in text
-    assert "4 timeout, 130 interrupted" in text
+    assert "4 timeout, 5 engine failed, 6 inference server did not start, 130 interrupted" in text
     version = fabricctl("--version", env=env, cwd=tmp_path)
     assert version.stdout.decode() == f"fabricctl {__version__}\n"
 

@@ -71,7 +71,7 @@ def test_every_command_has_a_page_with_its_options() -> None:
 def test_the_exit_codes_are_in_every_page() -> None:
     for page in MAN.glob("*.1"):
         text = page.read_text()
-        for code in ("0", "1", "2", "3", "4", "130"):
+        for code in ("0", "1", "2", "3", "4", "5", "6", "130"):
             assert f"\\fB{code}\\fR\n" in text, (page.name, code)
 
 

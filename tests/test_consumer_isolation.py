@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from fabricctl.core.types import Item, ItemResult, Prewarm, Work
-from fabricctl.engines.base import EngineError, EngineLimits, EngineStats
+from fabricctl.engines.base import EngineLimits, EngineStats
+from fabricctl.errors import EngineError
 from fabricctl.supervisor.consumer import Consumer
 
 

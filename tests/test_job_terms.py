@@ -15,13 +15,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from fabricctl.api.objects import ApiError, parse_priority
+from fabricctl.api.objects import parse_priority
 from fabricctl.core import jobs as J
 from fabricctl.core.broker import Broker
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.jobs import JobRecord, JobState
 from fabricctl.core.terms import MAX_PRIORITY, JobTerms
 from fabricctl.core.types import Contract, Item, ItemResult
+from fabricctl.errors import ApiError, JobRefused
 from fabricctl.store.durable import DurableBroker, StoreConfig
 
 MODEL = "m"
@@ -108,10 +109,10 @@ def test_open_seal_priority_and_end_reach_the_core(tmp_path: Path) -> None:
     s.tick_jobs(103.0)  # finalizing -> completed
     assert s.job(j.number).state is JobState.COMPLETED  # type: ignore[union-attr]
     assert j.number not in s.core.terms  # ended: forgotten
-    with pytest.raises(KeyError, match="has ended \\(completed\\)"):
+    with pytest.raises(JobRefused, match="has ended \\(completed\\)"):
         s.set_job_priority(j.number, 1, 104.0)
     assert s.job(j.number).priority == 9  # type: ignore[union-attr]
-    with pytest.raises(KeyError, match="no job 99"):
+    with pytest.raises(JobRefused, match="no job 99"):
         s.set_job_priority(99, 1, 104.0)
     s.cancel_job(plain.number, 105.0)  # cancelled with nothing queued: ends at once
     assert plain.number not in s.core.terms

@@ -17,9 +17,9 @@ import httpx
 import msgspec
 import pytest
 
+from fabricctl.errors import LaunchError
 from fabricctl.supervisor.launcher import (
     Launcher,
-    LaunchError,
     LaunchSpec,
     ServerProcess,
     vllm_cpu_spec,

@@ -11,8 +11,8 @@ import pytest
 
 from fabricctl.core.payload import Payload, encode_payload
 from fabricctl.core.types import Item, Prewarm, Work
-from fabricctl.engines.base import EngineError
 from fabricctl.engines.openai import OpenAIEngine, counter_delta, parse_metrics
+from fabricctl.errors import EngineError
 
 PREFIX = ["You are terse. ", "Q: 1+1 A: 2. "]
 

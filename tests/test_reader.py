@@ -13,6 +13,7 @@ import pytest
 from fabricctl.core.payload import decode_payload
 from fabricctl.core.signature import signature, signature_hex
 from fabricctl.core.types import Item, ItemResult
+from fabricctl.errors import BackendMissing
 from fabricctl.formats.chat import ASSISTANT_CUE, render_message
 from fabricctl.formats.reader import (
     MAX_LINE_BYTES,
@@ -422,7 +423,7 @@ def test_missing_tokenizers_package_says_how_to_install(monkeypatch) -> None:
     from fabricctl.formats.tokens import TokenizerCounter
 
     monkeypatch.setitem(sys.modules, "tokenizers", None)
-    with pytest.raises(RuntimeError, match=r"fabricctl\[tokenizer\]"):
+    with pytest.raises(BackendMissing, match=r"fabricctl\[tokenizer\]"):
         TokenizerCounter("/nonexistent/tokenizer.json")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from fabricctl.engines.costs import SimCosts
+from fabricctl.errors import UsageError
 from fabricctl.replay.policies import Fabric
 from fabricctl.replay.report import PolicyResult, switches
 from fabricctl.replay.run import (
@@ -180,7 +181,7 @@ def test_pressure_sizes_the_kv_pool() -> None:
     c = costs_for(items, kv_tokens=50_000)
     assert c.kv_tokens >= 50_000
     assert costs_for(items).num_blocks == SimCosts().num_blocks
-    with pytest.raises(ValueError):
+    with pytest.raises(UsageError, match="pressure must be > 0"):
         costs_for(items, pressure=0)
 
 
@@ -203,7 +204,7 @@ def test_streaming_arrivals() -> None:
 
 
 def test_unknown_policy() -> None:
-    with pytest.raises(ValueError, match="unknown policy"):
+    with pytest.raises(UsageError, match="unknown policy"):
         make_policy("fastest", limits_for(workload(), costs(1.0)))
 
 

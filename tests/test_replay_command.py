@@ -1,4 +1,5 @@
-"""`run_replay`, the body of `fabricctl replay WORKLOAD.jsonl`: table, JSON, bad input."""
+"""`run_replay`, the body of `fabricctl replay WORKLOAD.jsonl`: table, JSON, bad input (a
+`UsageError`, which the command ends with as every command does)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import re
 from pathlib import Path
 
 import pytest
+from cli_helpers import clean_env, fabricctl
 from workload_files import write_workload
 
 from fabricctl.cli.replay import run_replay
+from fabricctl.errors import UsageError
 from fabricctl.replay.run import ABLATIONS, POLICIES
 
 
@@ -74,21 +77,25 @@ def test_one_policy_ablations_and_streaming(workload: Path,
     {"rate": -1.0},
     {"max_num_seqs": 0},
 ])
-def test_bad_arguments(workload: Path, bad: dict[str, object],
-                       capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_replay(**args(workload, **bad)) == 2  # type: ignore[arg-type]
-    assert "fabricctl replay:" in capsys.readouterr().err
+def test_bad_arguments(workload: Path, bad: dict[str, object]) -> None:
+    with pytest.raises(UsageError):
+        run_replay(**args(workload, **bad))  # type: ignore[arg-type]
 
 
 def test_missing_and_empty_workloads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_replay(**args(tmp_path / "nope.jsonl")) == 2  # type: ignore[arg-type]
-    assert "no such file" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="no such file"):
+        run_replay(**args(tmp_path / "nope.jsonl"))  # type: ignore[arg-type]
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"\n{not json\n")
-    assert run_replay(**args(empty)) == 2  # type: ignore[arg-type]
-    err = capsys.readouterr().err
-    assert "line 2" in err
-    assert "no readable item" in err
+    with pytest.raises(UsageError, match="no readable item"):
+        run_replay(**args(empty))  # type: ignore[arg-type]
+    assert "line 2" in capsys.readouterr().err
+
+
+def test_the_command_ends_a_usage_error_as_every_command_does(tmp_path: Path) -> None:
+    out = fabricctl("replay", "nope.jsonl", env=clean_env(tmp_path), cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr == b"fabricctl: error: nope.jsonl: no such file\n"
 
 
 def test_bad_lines_are_reported_and_skipped(workload: Path, tmp_path: Path,

@@ -13,6 +13,7 @@ import pytest
 
 from fabricctl.cli.replay import run_replay
 from fabricctl.core.config import CoreConfig
+from fabricctl.errors import UsageError, WorkloadError
 from fabricctl.formats.workload import generate
 from fabricctl.replay.jobs import JobSpec, line_job, number_jobs, read_jobs
 from fabricctl.replay.report import JobResult, PolicyResult, job_results
@@ -52,15 +53,15 @@ def test_jobs_file_parses_with_defaults() -> None:
     (b'{"job": "a"', "not JSON"),
 ])
 def test_bad_job_lines_name_the_line_and_the_rule(line: bytes, message: str) -> None:
-    with pytest.raises(ValueError, match=message) as e:
+    with pytest.raises(WorkloadError, match=message) as e:
         read_jobs([b'{"job": "ok"}', line])
     assert str(e.value).startswith("line 2: ")
 
 
 def test_a_job_given_twice_or_with_no_item() -> None:
-    with pytest.raises(ValueError, match="line 2: job 'a' is already given on line 1"):
+    with pytest.raises(WorkloadError, match="line 2: job 'a' is already given on line 1"):
         read_jobs([b'{"job": "a"}', b'{"job": "a", "priority": 1}'])
-    with pytest.raises(ValueError, match="names job 'c', which has no item"):
+    with pytest.raises(WorkloadError, match="names job 'c', which has no item"):
         number_jobs(["a", "b"], {"c": JobSpec("c")})
     numbered = number_jobs(["b", "", "a", "b"], {"a": JobSpec("a", priority=2)})
     assert [(j.name, j.number, j.priority) for j in numbered.values()] == [
@@ -72,7 +73,7 @@ def test_line_job() -> None:
     assert line_job(b'{"id": "x", "job": "a"}') == "a"
     assert line_job(b'{"id": "x"}') is None
     assert line_job(b'{"id": "x", "job": null}') is None
-    with pytest.raises(ValueError, match="job must be a non-empty string"):
+    with pytest.raises(WorkloadError, match="job must be a non-empty string"):
         line_job(b'{"id": "x", "job": ["a"]}')
 
 
@@ -150,13 +151,13 @@ def test_bad_job_input_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "line 4: job must be a non-empty string" in captured.err
     assert json.loads(captured.out)["fabric"]["jobs"][0]["items"] == 39
     broken = write(tmp_path / "broken.jobs.jsonl", [{"job": "a", "window": 3}])
-    assert run_replay(**args(work, jobs_file=broken)) == 2  # type: ignore[arg-type]
-    assert "jobs " in (err := capsys.readouterr().err) and "line 1: unknown key 'window'" in err
+    with pytest.raises(WorkloadError, match=r"^jobs .*line 1: unknown key 'window'"):
+        run_replay(**args(work, jobs_file=broken))  # type: ignore[arg-type]
     extra = write(tmp_path / "extra.jobs.jsonl", [{"job": "a"}, {"job": "zzz"}])
-    assert run_replay(**args(work, jobs_file=extra)) == 2  # type: ignore[arg-type]
-    assert "'zzz', which has no item" in capsys.readouterr().err
-    assert run_replay(**args(work, jobs_file=tmp_path / "none")) == 2  # type: ignore[arg-type]
-    assert "fabricctl replay: jobs" in capsys.readouterr().err
+    with pytest.raises(WorkloadError, match="'zzz', which has no item"):
+        run_replay(**args(work, jobs_file=extra))  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=r"^jobs "):
+        run_replay(**args(work, jobs_file=tmp_path / "none"))  # type: ignore[arg-type]
 
 
 # -- the per-job figures ---------------------------------------------------------------------

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 from fabricctl.core.payload import Payload, encode_payload
 from fabricctl.core.signature import signature
 from fabricctl.core.types import Item, Prewarm, Work
-from fabricctl.engines.base import Engine, EngineError, EngineLimits
+from fabricctl.engines.base import Engine, EngineLimits
 from fabricctl.engines.prefix_cache import PrefixCache
 from fabricctl.engines.sim import SimCosts, SimEngine, SimGPU, item_blocks
+from fabricctl.errors import EngineError, UsageError
 
 SMALL = SimCosts(block_size=16, num_blocks=40, max_num_seqs=8, max_num_batched_tokens=256)
 
@@ -355,7 +356,7 @@ async def test_engine_prewarm_warms_prefix_and_graphs() -> None:
 
 
 def test_engine_rejects_negative_time_scale() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(UsageError, match="time_scale"):
         SimEngine(time_scale=-1)
 
 

@@ -12,10 +12,10 @@ import pytest
 
 from fabricctl.core.broker import ShapeGuardError
 from fabricctl.core.types import Contract, Item, ItemResult, Work
+from fabricctl.errors import SegmentMissingError, StoreError, StoreFullError, StoreLockedError
 from fabricctl.formats.results import ResultRecord
 from fabricctl.store.durable import DurableBroker, Refused, StoreConfig
 from fabricctl.store.env import MiB, StoreEnv
-from fabricctl.store.errors import SegmentMissingError, StoreError, StoreFullError, StoreLockedError
 from fabricctl.store.keys import entry_key_of, rseq_key
 
 MODEL = "m"

@@ -12,6 +12,7 @@ import pytest
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.jobs import JobState
 from fabricctl.core.types import Contract, Item, ItemResult, Work
+from fabricctl.errors import JobRefused
 from fabricctl.store.durable import DurableBroker, StoreConfig
 from fabricctl.store.ingest import Refused
 
@@ -167,7 +168,7 @@ def test_sealed_and_unknown_jobs_take_no_items(tmp_path: Path) -> None:
     rejects, skipped = s.submit(items(3), 100.0, job=j.number, resume=True)
     assert skipped == 2 and rejects == [Refused(2, f"job {j.id} is sealed: no more items join it")]
     assert s.submit(items(1), 100.0, job=77) == ([Refused(0, "no job 77")], 0)
-    with pytest.raises(KeyError):
+    with pytest.raises(JobRefused):
         s.seal_job(77, 1, 100.0)
     s.close()
 

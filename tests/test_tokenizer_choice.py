@@ -176,13 +176,12 @@ def test_replay_command_reads_the_configured_model(tmp_path: Path) -> None:
     assert doc["fabric"]["token_counter"] == f"tokenizer:{model / 'tokenizer.json'}"
 
 
-def test_replay_with_a_tokenizer_that_does_not_load_is_a_usage_error(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_with_a_tokenizer_that_does_not_load_is_a_usage_error(tmp_path: Path) -> None:
     from fabricctl.cli.replay import run_replay
+    from fabricctl.errors import UsageError
 
     path = tmp_path / "w.jsonl"
     path.write_bytes(_replay_lines("fabric-demo", n=3))
-    code = run_replay(path, 1, "fabric", True, None, None, 0.0, 0, 8,
-                      tokenizer=str(tmp_path / "missing.json"))
-    assert code == 2
-    assert "fabricctl replay: tokenizer" in capsys.readouterr().err
+    with pytest.raises(UsageError, match=r"^tokenizer "):
+        run_replay(path, 1, "fabric", True, None, None, 0.0, 0, 8,
+                   tokenizer=str(tmp_path / "missing.json"))

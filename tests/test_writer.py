@@ -12,11 +12,10 @@ import pytest
 from server_helpers import make_items, running_server
 
 from fabricctl.core.types import Contract, Item, ItemResult, Work
-from fabricctl.errors import BrokerError
+from fabricctl.errors import BrokerError, StoreFullError
 from fabricctl.server.writer import Writer
 from fabricctl.store.durable import DurableBroker, StoreConfig
 from fabricctl.store.env import MiB
-from fabricctl.store.errors import StoreFullError
 from fabricctl.wire.client import Client
 
 MODEL = "m"

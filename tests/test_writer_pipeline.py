@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from test_writer import CONTRACT, answer, drain, items, result_ids
 
+from fabricctl.errors import StoreFullError
 from fabricctl.server.writer import Writer
 from fabricctl.store.durable import DurableBroker, StoreConfig
-from fabricctl.store.errors import StoreFullError
 from fabricctl.store.steps import STEP_ITEMS, Steps
 
 

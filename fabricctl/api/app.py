@@ -19,7 +19,8 @@ Contract:
   once the batch ended with such lines, their content streamed from the job's results.
 - `process_feeder(...)` is how the daemon feeds: each batch from a child process
   (`fabricctl.api.feeder`), a producer on the daemon's socket, so parsing and token
-  counting never hold the broker's GIL; without it `BatchApi` feeds in its own loop.
+  counting never hold the broker's GIL (a child that fails is a `FeedError`, its last line
+  on stderr); without it `BatchApi` feeds in its own loop.
 - `ApiServer(api, host, port)` binds the socket itself (a clear error when it cannot; port
   0 picks one, `port` then says which), serves with `uvicorn.Server` as a task of the
   running loop without touching its signal handlers, and `stop()` ends it and the feeds.
@@ -53,7 +54,6 @@ from fabricctl.api.batches import PAGE, content, feed
 from fabricctl.api.objects import (
     ENDPOINTS,
     OUTPUT,
-    ApiError,
     Deleted,
     ErrorBody,
     ErrorInfo,
@@ -72,7 +72,7 @@ from fabricctl.api.objects import (
 )
 from fabricctl.api.upload import receive_upload
 from fabricctl.core.jobs import JobRecord, JobState
-from fabricctl.errors import BrokerError, UsageError
+from fabricctl.errors import ApiError, BrokerError, FeedError, UsageError
 from fabricctl.formats.tokens import EstimateCounter, TokenCounter
 from fabricctl.store.files import FileRecord, FileStore
 
@@ -110,7 +110,7 @@ def process_feeder(socket_path: Path, tokenizer: str, model: str) -> Feeder:
             raise
         if proc.returncode != 0:
             lines = err.decode(errors="replace").strip().splitlines()
-            raise RuntimeError(lines[-1] if lines else f"the feeder exited {proc.returncode}")
+            raise FeedError(lines[-1] if lines else f"the feeder exited {proc.returncode}")
 
     return run
 

@@ -18,8 +18,8 @@ Contract (pure: no I/O, no clock):
   `output_file_id(batch)` / `error_file_id(batch)`, read back by `virtual_file`.
 - `job_errors(job)` turns the job's "line N: reason" messages into `errors.data` entries
   with their `line`.
-- `ApiError(status, message, param, code)` is every refusal; `error_body` writes it in
-  OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.
+- `ApiError(status, message, param, code)` (`fabricctl.errors`) is every refusal;
+  `error_body` writes it in OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from fabricctl.core import jobs as core_jobs
 from fabricctl.core.jobs import WINDOW_UNITS as _UNIT
 from fabricctl.core.jobs import JobRecord, JobState
 from fabricctl.core.terms import check_priority
+from fabricctl.errors import ApiError
 from fabricctl.store.files import FileRecord
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
@@ -39,16 +40,6 @@ PRIORITY_KEY = "priority"  # the metadata key that sets a batch's priority
 _LINE = re.compile(r"^line (\d+): (.*)$", re.S)
 OUTPUT = "output"
 ERROR = "error"
-
-
-class ApiError(Exception):
-    """Why: every refusal carries OpenAI's status and error fields to one handler."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, type: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = (
-            status, message, param, code, type)
 
 
 class ErrorInfo(msgspec.Struct):

@@ -37,7 +37,7 @@ import msgspec
 import xxhash
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from fabricctl.api.objects import ApiError
+from fabricctl.errors import ApiError
 from fabricctl.formats.common import Invalid, a_json_type
 from fabricctl.formats.openai_batch import parse_openai
 from fabricctl.formats.reader import MAX_LINE_BYTES

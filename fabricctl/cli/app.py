@@ -44,7 +44,8 @@ __all__ = ["EXIT_CODES_HELP", "app", "main", "setup_logging"]
 
 EXIT_CODES_HELP = (
     "Exit status: 0 ok, 1 runtime error, 2 usage or config error, 3 backend missing "
-    "(no broker or engine), 4 timeout, 130 interrupted."
+    "(no broker or engine), 4 timeout, 5 engine failed, 6 inference server did not start, "
+    "130 interrupted."
 )
 
 app = typer.Typer(

@@ -15,7 +15,7 @@ and `max_num_batched_tokens` are the server's settings, given as options (vLLM d
 report them). The fit is `fabricctl.replay.calibrate.fit_costs`; the result is printed (or
 written to `out`) as the TOML table `fabricctl replay --costs FILE` reads. A server that
 does not answer is a `BackendMissing` (exit 3); an answer that is not a completion, or
-/metrics without `vllm:cache_config_info`, an `EngineError` (exit 1). The `calibrate`
+/metrics without `vllm:cache_config_info`, an `EngineError` (exit 5). The `calibrate`
 command is `command`.
 """
 
@@ -31,8 +31,7 @@ from typing import Any
 import typer
 
 from fabricctl.cli.support import run_async
-from fabricctl.engines.base import EngineError
-from fabricctl.errors import BackendMissing
+from fabricctl.errors import BackendMissing, EngineError
 from fabricctl.replay.calibrate import Probes, ServerShape, costs_toml, fit_costs
 
 

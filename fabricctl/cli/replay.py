@@ -33,9 +33,10 @@ use, `formats.tokens.choose_counter(tokenizer, model)`: `[producer] tokenizer`, 
 configured model directory's `tokenizer.json`, else the 4-bytes-a-token estimate; the command
 reads them from the configuration (`--config`, `--model`), and the counter's name is on the
 parameters line (stderr) and in every policy's JSON object (`token_counter`).
-Returns the exit code: 0, or 2 (a `UsageError`, written as one `fabricctl replay: ...` line
-on stderr) for bad arguments, a tokenizer that does not load or a workload with no readable
-item. Every figure is simulated.
+Returns the exit code 0. Bad arguments, a tokenizer that does not load or a workload with no
+readable item raise a `UsageError` (a jobs file that does not parse, a `WorkloadError`),
+which the command ends with as every command does (`support.guarded`): one
+`fabricctl: error: ...` line on stderr and exit 2. Every figure is simulated.
 The simulator and Rich are imported when a replay runs.
 """
 
@@ -48,7 +49,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from fabricctl.cli.support import ConfigFile, guarded, load
-from fabricctl.errors import ExitCode, UsageError, exit_code_of
+from fabricctl.errors import ExitCode, UsageError, WorkloadError
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -109,7 +110,7 @@ def policy_names(policy: str, jobs: bool = False) -> list[str]:
     names = [p.strip() for p in policy.split(",") if p.strip()]
     bad = [n for n in names if n not in KNOWN]
     if bad or not names:
-        raise ValueError(f"unknown policy {', '.join(bad) or repr(policy)}; "
+        raise UsageError(f"unknown policy {', '.join(bad) or repr(policy)}; "
                          f"known: all, {', '.join(KNOWN)}")
     return names
 
@@ -148,7 +149,7 @@ def read_job_workload(path: Path, counter: TokenCounter | None = None
         elif isinstance(got, Parsed):
             try:
                 job = line_job(lines[got.line_no - 1].rstrip(b"\r\n"))
-            except ValueError as e:
+            except WorkloadError as e:
                 report(f"line {got.line_no}: {e}")
                 continue
             items.append((got.item, job))
@@ -158,15 +159,16 @@ def read_job_workload(path: Path, counter: TokenCounter | None = None
 
 
 def read_jobs_file(path: Path) -> dict[str, JobSpec]:
-    """A jobs file's jobs by name; one that does not read or parse is a `UsageError`."""
+    """A jobs file's jobs by name; one that does not read is a `UsageError`, one that does not
+    parse a `WorkloadError`."""
     from fabricctl.replay.jobs import read_jobs
 
     try:
         return read_jobs(path.read_bytes().splitlines())
     except OSError as e:
         raise UsageError(f"jobs {path}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise UsageError(f"jobs {path}: {e}") from None
+    except WorkloadError as e:
+        raise WorkloadError(f"jobs {path}: {e}") from None
 
 
 def results_table(results: dict[str, PolicyResult], title: str) -> Table:
@@ -228,23 +230,6 @@ def jobs_tables(results: dict[str, PolicyResult]) -> tuple[Table, Table]:
     return summary, detail
 
 
-def run_replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: int | None,
-               pressure: float | None, rate: float, seed: int, max_num_seqs: int | None,
-               tokenizer: str = "", model: str = "", costs_file: Path | None = None,
-               contract: tuple[int, int, int] | None = None, jobs_file: Path | None = None
-               ) -> int:
-    """Replay `workload` through `policy` on `gpus` simulated GPUs; print; return exit code.
-    Tokens are counted by `choose_counter(tokenizer, model)`; `contract` is (max batch size,
-    max batch tokens, max input length), default `BatchLimits()`; `jobs_file`: the jobs'
-    terms (a multi-job workload)."""
-    try:
-        return _replay(workload, gpus, policy, json_out, kv_tokens, pressure, rate, seed,
-                       max_num_seqs, tokenizer, model, costs_file, contract, jobs_file)
-    except UsageError as e:
-        _say(f"fabricctl replay: {e}")
-        return exit_code_of(e)
-
-
 def counter_for(tokenizer: str, model: str) -> TokenCounter:
     """`choose_counter(tokenizer, model)`; a configured tokenizer that does not load is a
     `UsageError`."""
@@ -265,15 +250,19 @@ def load_costs_file(path: Path | None) -> SimCosts:
         return SimCosts()
     try:
         return load_costs(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, UsageError) as e:
         raise UsageError(f"costs {path}: {e}") from None
 
 
-def _replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: int | None,
-            pressure: float | None, rate: float, seed: int, max_num_seqs: int | None,
-            tokenizer: str = "", model: str = "", costs_file: Path | None = None,
-            contract: tuple[int, int, int] | None = None, jobs_file: Path | None = None) -> int:
-
+def run_replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: int | None,
+               pressure: float | None, rate: float, seed: int, max_num_seqs: int | None,
+               tokenizer: str = "", model: str = "", costs_file: Path | None = None,
+               contract: tuple[int, int, int] | None = None, jobs_file: Path | None = None
+               ) -> int:
+    """Replay `workload` through `policy` on `gpus` simulated GPUs; print; return exit code 0
+    (bad input raises a `UsageError`). Tokens are counted by `choose_counter(tokenizer,
+    model)`; `contract` is (max batch size, max batch tokens, max input length), default
+    `BatchLimits()`; `jobs_file`: the jobs' terms (a multi-job workload)."""
     import msgspec
     from rich.console import Console
 
@@ -281,20 +270,17 @@ def _replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: i
     from fabricctl.replay.run import BatchLimits, costs_for, limits_for, pressure_of, replay
     from fabricctl.replay.workload import with_jobs
 
-    try:
-        policy_names(policy)  # checked before the workload is read; "all" depends on it
-        if gpus < 1:
-            raise ValueError("gpus must be at least 1")
-        if max_num_seqs is not None and max_num_seqs < 1:
-            raise ValueError("max_num_seqs must be at least 1")
-        if rate < 0:
-            raise ValueError("rate must be >= 0")
-        if kv_tokens is not None and pressure is not None:
-            raise ValueError("give kv_tokens or pressure, not both")
-        if not workload.is_file():
-            raise ValueError(f"{workload}: no such file")
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    policy_names(policy)  # checked before the workload is read; "all" depends on it
+    if gpus < 1:
+        raise UsageError("gpus must be at least 1")
+    if max_num_seqs is not None and max_num_seqs < 1:
+        raise UsageError("max_num_seqs must be at least 1")
+    if rate < 0:
+        raise UsageError("rate must be >= 0")
+    if kv_tokens is not None and pressure is not None:
+        raise UsageError("give kv_tokens or pressure, not both")
+    if not workload.is_file():
+        raise UsageError(f"{workload}: no such file")
     specs = read_jobs_file(jobs_file) if jobs_file is not None else {}
     counter = counter_for(tokenizer, model)
     parsed = read_job_workload(workload, counter)
@@ -305,14 +291,11 @@ def _replay(workload: Path, gpus: int, policy: str, json_out: bool, kv_tokens: i
         max_num_seqs = base.max_num_seqs if costs_file is not None else 64
     try:
         items, jobs = with_jobs(parsed, specs, base.block_size, rate, seed)
-    except ValueError as e:
-        raise UsageError(f"jobs {jobs_file}: {e}") from None
+    except WorkloadError as e:
+        raise WorkloadError(f"jobs {jobs_file}: {e}") from None
     names = policy_names(policy, jobs=bool(jobs))
-    try:
-        costs = costs_for(items, kv_tokens=kv_tokens, pressure=pressure,
-                          max_num_seqs=max_num_seqs, base=base)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    costs = costs_for(items, kv_tokens=kv_tokens, pressure=pressure,
+                      max_num_seqs=max_num_seqs, base=base)
     given = BatchLimits(*contract) if contract is not None else BatchLimits()
     limits = limits_for(items, costs, given)
     results = {n: msgspec.structs.replace(r, token_counter=counter.name)

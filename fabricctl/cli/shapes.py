@@ -31,7 +31,7 @@ from fabricctl.config import AppConfig
 from fabricctl.core.events import Event
 from fabricctl.core.signature import signature_hex
 from fabricctl.core.snapshot import ShapeView, Snapshot
-from fabricctl.errors import BrokerError, FabricError
+from fabricctl.errors import Ambiguous, BrokerError, NotFound
 from fabricctl.fmt import age, pct
 from fabricctl.wire.client import Client
 
@@ -70,14 +70,6 @@ def inspect_command(
     """
     cfg = settings(data_dir, config)
     guarded(lambda: show_inspect(cfg, shape, json_out))
-
-
-class NotFound(FabricError):
-    """No live shape, no finished record and no event of one matches the argument (exit 1)."""
-
-
-class Ambiguous(FabricError):
-    """The argument (a hex prefix, or a label) names several shapes (exit 1, as NotFound)."""
 
 
 def list_shapes(cfg: AppConfig, all_shapes: bool = False) -> list[ShapeView]:

@@ -1,16 +1,18 @@
 """`fabricctl up`: the broker, its engines and consumers, and the monitors, in one process.
 
 Contract: the `up` command (`command`) loads the configuration (its flags over the files)
-and runs `serve_forever` on fabricctl's event loop; its exit status is 0, or 130 after an
-interrupt. `Daemon.start()` opens (and recovers) the durable store in the data dir, starts the
-socket server, decides the engine (vLLM when NVML shows GPUs, else simulated GPUs, and says
-why on the log), starts one consumer per GPU and the GPU/process monitors, whose samples go
-into the stats stream; with `--gpus none` (`local_gpus=False`) it starts no engine and no
-consumer, and says "no local GPUs: waiting for agents" (the snapshot's `engine` extra, kind
-"none"): the GPUs are those of the agents that join over `--listen`. `--token` (or
-FABRICCTL_TOKEN), `--tls-cert` and `--tls-key` override `[server]` token, tls_cert and
-tls_key; the broker's host name is the `host` extra, so views can tell its GPUs from the
-agents'. With `--ray ADDRESS|auto` Ray places one GPU worker per GPU instead
+and runs `serve_forever` on fabricctl's event loop; its exit status is 0, 130 after an
+interrupt, or an error's (`fabricctl.errors`: 2 a bad configuration, 3 no engine, 6 vLLM did
+not become ready). `Daemon.start()` opens (and recovers) the durable store in the data dir,
+starts the socket server, decides the engine (vLLM when NVML shows GPUs, else simulated
+GPUs, and says why on the log), starts one consumer per GPU and the GPU/process monitors,
+whose samples go into the stats stream; with `--gpus none` (`local_gpus=False`) it starts no
+engine and no consumer, and says "no local GPUs: waiting for agents" (the snapshot's
+`engine` extra, kind "none"): the GPUs are those of the agents that join over `--listen`.
+`--token` (or FABRICCTL_TOKEN), `--tls-cert` and `--tls-key` override `[server]` token,
+tls_cert and tls_key; the broker's host name is the `host` extra, so views can tell its GPUs
+from the agents'.
+With `--ray ADDRESS|auto` Ray places one GPU worker per GPU instead
 (`supervisor/ray_fleet.py`), each joining over the TCP listener (127.0.0.1 on an ephemeral
 port with a fresh token when none is configured). `Daemon.stop()` stops pulls, lets
 in-flight batches finish, stops the server (and the Ray workers, and a local Ray) and closes

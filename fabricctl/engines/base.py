@@ -2,8 +2,9 @@
 
 A consumer never cares which engine it has. `run` returns exactly one ItemResult per item,
 in the batch's order; an item longer than the batch's `max_input_len` gets an empty result
-with finish_reason "length_exceeded". Engines raise `EngineError` for failures of the whole
-batch that are worth retrying elsewhere (the broker puts the items back).
+with finish_reason "length_exceeded". Engines raise `EngineError` (`fabricctl.errors`) for
+failures of the whole batch that are worth retrying elsewhere (the broker puts the items
+back).
 """
 
 from __future__ import annotations
@@ -13,26 +14,12 @@ from typing import Protocol
 import msgspec
 
 from fabricctl.core.types import ItemResult, Prewarm, Work
-from fabricctl.errors import ExitCode, FabricError
 
 # A consumer keeps this many batches of requests in a real server by default: with two, the
 # server drained while the next batch's pull crossed the broker (measured with
 # bench/vllm_bench.py --unpinned on a 2-core box: `fabricctl run` 0.63x the grouped client's
 # req/s with two, 1.14-1.23x with three, the same prompt tokens computed and hit rate)
 WINDOW_BATCHES = 3
-
-class EngineError(FabricError):
-    """The engine could not run a batch at all (down, aborted, timed out): retry elsewhere.
-
-    A `FabricError`; exit 3 (no engine to run it) should one ever reach a command."""
-
-    exit_code = ExitCode.BACKEND_MISSING
-
-    def __init__(self, message: str, *, unreachable: bool = False) -> None:
-        super().__init__(message)
-        # the server did not answer at all (refused, reset, timed out): that says nothing
-        # about the item, so it is never evidence that an item is poison
-        self.unreachable = unreachable
 
 
 class EngineLimits(msgspec.Struct, frozen=True):

@@ -9,7 +9,8 @@ token identities), with a fixed seed as the parent of block 0. A block is descri
 runs of consecutive tokens from one source, (source, first offset, length), so hashing costs
 O(blocks + components), never O(tokens); equal token streams give equal hashes. Only full
 blocks are hashed: `BlockChain.hashes` has exactly floor(total / B) entries. An item whose
-payload cannot be decoded is treated as one unique run of `item.input_tokens` tokens.
+payload cannot be decoded is treated as one unique run of `item.input_tokens` tokens; a
+payload whose component and token-count lists differ in length is a `WorkloadError`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import xxhash
 from fabricctl.core.payload import Payload, decode_payload
 from fabricctl.core.signature import component_hash
 from fabricctl.core.types import Item
+from fabricctl.errors import WorkloadError
 
 _xxh = xxhash.xxh3_64_intdigest
 _pack4 = struct.Struct("<4Q").pack
@@ -106,7 +108,7 @@ def unique_source(item_id: str, prompt: str) -> int:
 def prefix_sources(payload: Payload) -> tuple[BlockSource, ...]:
     """The runs of a payload's cacheable components: (component hash, tokens) each."""
     if len(payload.components) != len(payload.component_tokens):
-        raise ValueError("payload has a token count per component mismatch")
+        raise WorkloadError("payload has a token count per component mismatch")
     return tuple(
         (component_hash(c), int(n))
         for c, n in zip(payload.components, payload.component_tokens, strict=True)

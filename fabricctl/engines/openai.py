@@ -43,7 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fabricctl.core.payload import decode_payload
 from fabricctl.core.types import ItemResult, Prewarm, Work
-from fabricctl.engines.base import WINDOW_BATCHES, EngineError, EngineLimits, EngineStats
+from fabricctl.engines.base import WINDOW_BATCHES, EngineLimits, EngineStats
 from fabricctl.engines.request import (
     ABORT,
     error_message,
@@ -51,6 +51,7 @@ from fabricctl.engines.request import (
     read_answer,
     request_of,
 )
+from fabricctl.errors import EngineError, WorkloadError
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def counter_delta(prev: float | None, cur: float) -> float:
     return cur - prev if cur >= prev else cur
 
 
-class Rejected(Exception):
+class _Rejected(Exception):
     """The server refused a request with a non-retryable 4xx."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -179,10 +180,10 @@ class OpenAIEngine:
                           unreachable=unreachable)
 
     async def _request(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST and decode a 2xx answer; Rejected on a 4xx."""
+        """POST and decode a 2xx answer; _Rejected on a 4xx."""
         resp = await self._post(path, body)
         if resp.status_code >= 400:
-            raise Rejected(resp.status_code, _error_message(resp))
+            raise _Rejected(resp.status_code, _error_message(resp))
         try:
             return resp.json()
         except ValueError:
@@ -252,7 +253,7 @@ class OpenAIEngine:
                 continue
             try:
                 path, body, keep = request_of(item, decode_payload(item.payload), self.model)
-            except (msgspec.MsgspecError, ValueError) as e:
+            except (msgspec.MsgspecError, ValueError, WorkloadError) as e:
                 results[i] = ItemResult(id=item.id, finish_reason="error",
                                         error=f"unreadable payload: {e}")
                 continue
@@ -289,7 +290,7 @@ class OpenAIEngine:
             await self.scrape()
         try:
             await self._request(*req)
-        except (EngineError, Rejected) as e:
+        except (EngineError, _Rejected) as e:
             log.warning("%s: prewarm of shape %x failed: %s", self.name, signal.signature, e)
             return
         await self.scrape()

@@ -27,12 +27,16 @@ held sequence, `free` releases it (finish or preemption). The free queue is an O
 so every operation is O(1) per block. `cache` maps a hash to the copy a lookup returns
 (the oldest); `dups` holds, only for hashes with two or more copies, all of them in
 registration order (so the common single-copy case costs one dict entry, like vLLM's).
+A bad size, hit blocks given for a sequence that holds blocks, or a `run` whose request does
+not fit the pool is a `UsageError`.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+
+from fabricctl.errors import UsageError
 
 _UNIQUE_BASE = 1 << 64  # generated-block hashes live above every 64-bit prompt hash
 
@@ -53,7 +57,7 @@ class PrefixCache:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 2 or block_size < 1:
-            raise ValueError("need num_blocks >= 2 (block 0 is the null block) and block_size >= 1")
+            raise UsageError("need num_blocks >= 2 (block 0 is the null block) and block_size >= 1")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
@@ -122,7 +126,7 @@ class PrefixCache:
                 return False
             if hit:
                 if blocks:
-                    raise ValueError("hit blocks can only start an empty sequence")
+                    raise UsageError("hit blocks can only start an empty sequence")
                 for b in hit:
                     if ref[b] == 0:
                         del free_queue[b]
@@ -208,7 +212,7 @@ class PrefixCache:
         seq = CacheSeq(hashes)
         hit = self.match(seq, num_tokens)
         if not self.allocate(seq, num_tokens + max_tokens - 1, hit):
-            raise ValueError("request does not fit in the KV cache")
+            raise UsageError("request does not fit in the KV cache")
         hit_tokens = len(hit) * self.block_size
         self.record(num_tokens, hit_tokens)
         self.free(seq)

@@ -5,8 +5,9 @@ Contract:
   chat payload, else `/v1/completions`; the body is the payload's body as the producer
   wrote it with `model` set to the served name and, for completions, `prompt` set to
   `payload.text()` (an older payload without a body gets `{"prompt", "max_tokens"}`);
-  nothing else is added. `keep` says whether the answer's body must be kept whole: always
-  for OpenAI-batch items, whose output line carries it.
+  nothing else is added; a body that is not a JSON object is a `WorkloadError`. `keep`
+  says whether the answer's body must be kept whole: always for OpenAI-batch items, whose
+  output line carries it.
 - `read_answer(status, content, keep)` turns an HTTP answer into an ItemResult (id blank):
   for a 2xx, choice 0's text (`text`, or `message.content` for chat) and finish_reason,
   and vLLM's usage (completion tokens summed over the choices by vLLM itself, prompt
@@ -26,6 +27,7 @@ import msgspec
 from fabricctl.core.payload import Payload
 from fabricctl.core.records import Source
 from fabricctl.core.types import Item, ItemResult
+from fabricctl.errors import WorkloadError
 
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
@@ -97,7 +99,7 @@ def request_of(item: Item, payload: Payload, model: str) -> tuple[str, dict[str,
     if payload.body:
         body = _decode(payload.body)
         if not isinstance(body, dict):
-            raise ValueError("the request body is not a JSON object")
+            raise WorkloadError("the request body is not a JSON object")
     else:
         body = {"max_tokens": item.max_tokens}
     body["model"] = model

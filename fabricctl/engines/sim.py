@@ -7,6 +7,7 @@ one at a time (a lock), so simulated time is a GPU's busy time. `prewarm(signal)
 shape's prefix (its sample item's components, no varying part) as one request with
 max_tokens 1, registering every full prefix block, and builds the CUDA graph of each
 (lane, epoch) in the signal. `stats()` reports vLLM-named counters with simulated=True.
+A closed engine raises `EngineError`; a negative `time_scale` is a `UsageError`.
 Re-exports `SimGPU`, `SimCosts` and the block helpers, the module's public face.
 """
 
@@ -16,7 +17,7 @@ import asyncio
 
 from fabricctl.core.payload import Payload
 from fabricctl.core.types import ItemResult, Prewarm, Work
-from fabricctl.engines.base import EngineError, EngineLimits, EngineStats
+from fabricctl.engines.base import EngineLimits, EngineStats
 from fabricctl.engines.blocks import (
     BlockChain,
     achievable_cached_tokens,
@@ -27,6 +28,7 @@ from fabricctl.engines.blocks import (
 from fabricctl.engines.costs import DEFAULT_COSTS, SimCosts
 from fabricctl.engines.simgpu import SimGPU
 from fabricctl.engines.simrequest import LENGTH_EXCEEDED, SimCounters, SimRequest
+from fabricctl.errors import EngineError, UsageError
 
 __all__ = [
     "LENGTH_EXCEEDED",
@@ -59,7 +61,7 @@ class SimEngine:
         time_scale: float = 0.001,
     ) -> None:
         if time_scale < 0:
-            raise ValueError("time_scale must be >= 0")
+            raise UsageError("time_scale must be >= 0")
         self.name = name
         self.time_scale = time_scale
         self._limits = EngineLimits(max_batch_size, max_batch_tokens, max_input_len)

@@ -22,6 +22,9 @@ steps; an otherwise idle GPU's clock jumps to the next request's arrival); `queu
 both.
 Two uses: batch mode (`run_work`: a whole Work, its ItemResults and simulated seconds) and
 request mode (`add`, `advance_to`, per-request `finish_time`), e.g. a replay of routers.
+Errors: a `max_model_len` that does not fit the KV pool, or a `max_input_len` not below it,
+is a `UsageError`; a step that can schedule nothing and preempted nothing (a request that
+cannot fit, `max_num_seqs` 0) is an `EngineError`.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from fabricctl.engines.costs import DEFAULT_COSTS, SimCosts
 from fabricctl.engines.prefix_cache import PrefixCache
 from fabricctl.engines.simanswer import SimSpec, choice_plan, item_answer, sim_spec
 from fabricctl.engines.simrequest import LENGTH_EXCEEDED, SimCounters, SimRequest
+from fabricctl.errors import EngineError, UsageError
 
 
 class SimGPU:
@@ -54,9 +58,9 @@ class SimGPU:
         self.cache = PrefixCache(costs.num_blocks, costs.block_size)
         self.max_model_len = costs.kv_tokens if max_model_len is None else max_model_len
         if self.max_model_len - 1 > costs.kv_tokens:
-            raise ValueError("max_model_len does not fit in the KV pool")
+            raise UsageError("max_model_len does not fit in the KV pool")
         if max_input_len >= self.max_model_len:
-            raise ValueError("max_input_len must be below max_model_len (room for one token)")
+            raise UsageError("max_input_len must be below max_model_len (room for one token)")
         self.max_input_len = max_input_len
         self.fast_forward = fast_forward
         self.now = 0.0
@@ -251,7 +255,7 @@ class SimGPU:
             budget -= n
         if not sched:
             if not preempted:
-                raise RuntimeError("simulated scheduler stalled: a request cannot fit")
+                raise EngineError("simulated scheduler stalled: a request cannot fit")
             return finished
         dt = costs.step_seconds(prefill, cached, decodes, context, graphs)
         self.now += dt

@@ -18,7 +18,8 @@ Contract:
   model, but deterministic, cheap, and in the usual range for English text with BPE
   vocabularies; a lane absorbs the error as padding.
 
-`tokenizers` is imported only when a tokenizer is actually loaded.
+`tokenizers` is imported only when a tokenizer is actually loaded; a tokenizer asked for
+without the package installed is a `BackendMissing` (exit 3) saying how to install it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import logging
 from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol
+
+from fabricctl.errors import BackendMissing
 
 ESTIMATE_BYTES_PER_TOKEN = 4
 TOKENIZER_FILE = "tokenizer.json"
@@ -65,7 +68,7 @@ class TokenizerCounter:
         try:
             from tokenizers import Tokenizer
         except ImportError as exc:  # the optional extra is not installed
-            raise RuntimeError(
+            raise BackendMissing(
                 "counting tokens with a tokenizer needs the `tokenizers` package "
                 "(pip install 'fabricctl[tokenizer]')"
             ) from exc

@@ -11,7 +11,8 @@ length in tokens with median `median_tokens` and log-space sigma `sigma` (clippe
 `input_tokens` equals what `fabricctl.formats.tokens.estimate_tokens` counts. With
 `prefix_tokens` every shape's prefix totals exactly that many tokens (half system prompt,
 three tenths few-shot, the rest tools); otherwise sizes are drawn per pool member.
-Shape k's model is `models[k % len(models)]`.
+Shape k's model is `models[k % len(models)]`. An argument out of range (no shape, no model, a
+prefix under 3 tokens, negative items, a length under 1) is a `UsageError`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import random
 from collections.abc import Iterator, Sequence
 
 import msgspec
+
+from fabricctl.errors import UsageError
 
 BYTES_PER_TOKEN = 4  # matches the estimate, so declared and estimated counts agree
 
@@ -90,11 +93,11 @@ def make_shapes(
 ) -> list[ShapeSpec]:
     """The workload's shapes in popularity order (the first is the most popular)."""
     if shapes < 1:
-        raise ValueError("shapes must be at least 1")
+        raise UsageError("shapes must be at least 1")
     if prefix_tokens is not None and prefix_tokens < 3:
-        raise ValueError("prefix_tokens must be at least 3 (one per component)")
+        raise UsageError("prefix_tokens must be at least 3 (one per component)")
     if not models:
-        raise ValueError("models must name at least one model")
+        raise UsageError("models must name at least one model")
     rng = random.Random(f"shapes:{seed}")
     text = _Text(rng)
     n_sys, n_few, n_tools = max(1, math.ceil(shapes / 4)), 3, 2
@@ -163,7 +166,7 @@ def generate(
 ) -> Iterator[dict]:
     """Native item dicts of a Zipf-popular, lognormal-length multi-shape workload."""
     if median_tokens < 1 or max_tokens < 1 or items < 0:
-        raise ValueError("items must be >= 0, median_tokens and max_tokens >= 1")
+        raise UsageError("items must be >= 0, median_tokens and max_tokens >= 1")
     specs = make_shapes(shapes, seed, models=models, prefix_tokens=prefix_tokens)
     cum = list(itertools.accumulate(zipf_weights(len(specs), zipf_s)))
     rng = random.Random(f"items:{seed}")

@@ -27,7 +27,9 @@ a `SimCosts` whose replay takes about as long as that server would:
 the KV pool, scheduler limits and block size are the server's. Every fitted cost is clamped
 to >= 0 and `prefill_token_s` to > 0. `costs_toml(costs, note)` writes a flat TOML table of
 every `SimCosts` field; `load_costs(text)` reads one back (missing fields keep the default
-GPU profile's value; an unknown field or a non-number is a `ValueError` naming it).
+GPU profile's value; an unknown field, a non-number, a negative value or text that is not
+TOML is a `UsageError` naming it), as are probes `fit_costs` cannot fit (one without a
+request or a token, a prefill no longer than the tiny prompts).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from collections.abc import Callable
 
 from fabricctl.engines.costs import SimCosts
 from fabricctl.engines.simgpu import SimGPU
+from fabricctl.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,9 +79,9 @@ def fit_costs(p: Probes, server: ServerShape) -> SimCosts:
     """Costs that make a simulated GPU take as long as the probed server (module docstring)."""
     if min(p.front_requests, p.decode_tokens, p.tiny_len, p.cached_len, p.cached_new,
            p.cached_out, p.cached_requests, p.batch) < 1:
-        raise ValueError("every probe needs at least one request and one token")
+        raise UsageError("every probe needs at least one request and one token")
     if p.prefill_len <= p.tiny_len:
-        raise ValueError("the prefill probe's prompts must be longer than the tiny ones")
+        raise UsageError("the prefill probe's prompts must be longer than the tiny ones")
     request_s = max(0.0, p.front_s / p.front_requests)
     step_s = max(0.0, (p.decode_one_s - request_s) / p.decode_tokens)
     # the batch's requests pass the front end one after another before all of them decode
@@ -180,19 +183,19 @@ def load_costs(text: str) -> SimCosts:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"not TOML: {e}") from None
+        raise UsageError(f"not TOML: {e}") from None
     fields = {f.name: f for f in dataclasses.fields(SimCosts)}
     kwargs: dict[str, int | float] = {}
     for key, value in data.items():
         f = fields.get(key)
         if f is None:
-            raise ValueError(f"unknown cost {key!r}; known: {', '.join(fields)}")
+            raise UsageError(f"unknown cost {key!r}; known: {', '.join(fields)}")
         want_int = isinstance(f.default, int)
         if isinstance(value, bool) or not isinstance(value, int | float) or (
                 want_int and not isinstance(value, int)):
-            raise ValueError(f"{key} must be {'an integer' if want_int else 'a number'}, "
+            raise UsageError(f"{key} must be {'an integer' if want_int else 'a number'}, "
                              f"not {value!r}")
         if value < 0:
-            raise ValueError(f"{key} must be >= 0, not {value!r}")
+            raise UsageError(f"{key} must be >= 0, not {value!r}")
         kwargs[key] = value
     return SimCosts(**kwargs)  # type: ignore[arg-type]

@@ -4,17 +4,17 @@ Contract (the workload form, README "fabricctl replay"):
 - a workload line may carry `"job": "<name>"` (a non-empty string of at most 256
   characters); `fabricctl submit` ignores the field, so the file stays a valid input. Lines
   without it belong to the unnamed job "" (shown as "(no job)"). `line_job(raw)` reads it:
-  None when absent or null, a `ValueError` naming the rule when it is not such a string;
+  None when absent or null, a `WorkloadError` naming the rule when it is not such a string;
 - the jobs' terms come from a jobs file (`replay --jobs FILE`), JSON Lines, one object per
   job: `{"job": "<name>", "arrival": 0.0, "window_s": 60.0, "priority": 0}`: `job`
   required; `arrival` (simulated seconds >= 0, default 0) is when the job's first item may
   arrive; `window_s` (> 0, or null: no deadline) makes its deadline arrival + window_s;
   `priority` (0..1,000,000, default 0; higher goes first, strictly). Blank lines are
-  skipped. `read_jobs(lines)` parses one: a `ValueError` "line N: ..." for a line that is
+  skipped. `read_jobs(lines)` parses one: a `WorkloadError` "line N: ..." for a line that is
   not an object, an unknown key, a bad value or a job named twice;
 - `number_jobs(names, specs)` gives every job a number (1.., in order of first appearance in
   the workload, the core's `Item.job`), with the file's terms or the defaults; a job of the
-  jobs file with no item is a `ValueError`.
+  jobs file with no item is a `WorkloadError`.
 A workload with neither a `job` field nor a jobs file is a single-job workload, replayed
 exactly as before (job 0 on every item, no terms).
 """
@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from fabricctl.core.terms import JobTerms, check_priority
+from fabricctl.errors import WorkloadError
 
 JOB_KEYS = ("job", "arrival", "window_s", "priority")
 MAX_JOB_NAME = 256
@@ -63,8 +64,8 @@ class JobSpec:
 
 def check_job_name(value: object) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_JOB_NAME:
-        raise ValueError(f"job must be a non-empty string of at most {MAX_JOB_NAME} "
-                         f"characters, not {value!r}")
+        raise WorkloadError(f"job must be a non-empty string of at most {MAX_JOB_NAME} "
+                            f"characters, not {value!r}")
     return value
 
 
@@ -88,29 +89,32 @@ def _number(obj: dict[str, Any], key: str, default: float | None, *, positive: b
     if (isinstance(value, bool) or not isinstance(value, int | float)
             or not math.isfinite(value) or value < 0 or (positive and value == 0)):
         rule = "> 0" if positive else ">= 0"
-        raise ValueError(f"{key} must be a number {rule}, not {value!r}")
+        raise WorkloadError(f"{key} must be a number {rule}, not {value!r}")
     return float(value)
 
 
 def parse_job(obj: object) -> JobSpec:
-    """One jobs-file object as a `JobSpec` (unnumbered); `ValueError` naming the fault."""
+    """One jobs-file object as a `JobSpec` (unnumbered); `WorkloadError` naming the fault."""
     if not isinstance(obj, dict):
-        raise ValueError("a job line must be a JSON object like "
-                         '{"job": "name", "arrival": 0, "window_s": 60, "priority": 0}')
+        raise WorkloadError("a job line must be a JSON object like "
+                            '{"job": "name", "arrival": 0, "window_s": 60, "priority": 0}')
     unknown = [k for k in obj if k not in JOB_KEYS]
     if unknown:
-        raise ValueError(f"unknown key {unknown[0]!r}; known: {', '.join(JOB_KEYS)}")
+        raise WorkloadError(f"unknown key {unknown[0]!r}; known: {', '.join(JOB_KEYS)}")
     if "job" not in obj:
-        raise ValueError("missing job (its name, as the workload's lines give it)")
+        raise WorkloadError("missing job (its name, as the workload's lines give it)")
     name = check_job_name(obj["job"])
     arrival = _number(obj, "arrival", 0.0, positive=False)
     window = _number(obj, "window_s", None, positive=True)
-    priority = check_priority(obj.get("priority", 0))
+    try:
+        priority = check_priority(obj.get("priority", 0))
+    except ValueError as e:  # core's refusal, in this module's kind
+        raise WorkloadError(str(e)) from None
     return JobSpec(name, 0, arrival or 0.0, window, priority)
 
 
 def read_jobs(lines: Iterable[bytes]) -> dict[str, JobSpec]:
-    """A jobs file's jobs by name; `ValueError` "line N: reason" at the first bad line."""
+    """A jobs file's jobs by name; `WorkloadError` "line N: reason" at the first bad line."""
     out: dict[str, JobSpec] = {}
     first: dict[str, int] = {}
     for n, raw in enumerate(lines, 1):
@@ -121,13 +125,13 @@ def read_jobs(lines: Iterable[bytes]) -> dict[str, JobSpec]:
             try:
                 obj = msgspec.json.decode(line)
             except msgspec.DecodeError as e:
-                raise ValueError(f"not JSON: {e}") from None
+                raise WorkloadError(f"not JSON: {e}") from None
             spec = parse_job(obj)
             if spec.name in first:
-                raise ValueError(f"job {spec.name!r} is already given on line "
-                                 f"{first[spec.name]}")
-        except ValueError as e:
-            raise ValueError(f"line {n}: {e}") from None
+                raise WorkloadError(f"job {spec.name!r} is already given on line "
+                                    f"{first[spec.name]}")
+        except WorkloadError as e:
+            raise WorkloadError(f"line {n}: {e}") from None
         first[spec.name] = n
         out[spec.name] = spec
     return out
@@ -139,7 +143,7 @@ def number_jobs(names: Sequence[str], specs: dict[str, JobSpec]) -> dict[str, Jo
     present = dict.fromkeys(names)
     missing = [n for n in specs if n not in present]
     if missing:
-        raise ValueError(f"the jobs file names job {missing[0]!r}, which has no item in "
-                         "the workload")
+        raise WorkloadError(f"the jobs file names job {missing[0]!r}, which has no item in "
+                            "the workload")
     return {n: replace(specs.get(n) or JobSpec(n), number=i)
             for i, n in enumerate(present, 1)}

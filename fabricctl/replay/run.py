@@ -8,7 +8,8 @@ fabric-no-prewarm, fabric-no-lifecycle); `replay(items, names, gpus, costs, ...)
 arrivals. `costs_for` sizes the simulated KV pool from a cache pressure: pressure = the
 workload's distinct prefix tokens / the KV tokens left to cache them after `max_num_seqs`
 in-flight requests took their own (non-prefix) tokens, so kv = distinct / pressure + that
-reserve. `limits_for` gives the consumers' contract for a workload and KV pool.
+reserve. `limits_for` gives the consumers' contract for a workload and KV pool. An unknown
+policy name, a pressure that is not > 0 or a KV pool under two blocks is a `UsageError`.
 Jobs: `replay(..., jobs=...)` (the jobs by number, from `workload.with_jobs`) gives fabric and
 the oracle the jobs' terms, and fills in each result's per-job figures (`report.JobResult`),
 each job's standalone time from a replay of that job alone (arriving at t = 0) with the same
@@ -23,6 +24,7 @@ import dataclasses
 
 from fabricctl.core.config import CoreConfig, prewarm_enabled
 from fabricctl.engines.costs import SimCosts
+from fabricctl.errors import UsageError
 from fabricctl.replay.jobs import JobSpec
 from fabricctl.replay.oracle import Oracle
 from fabricctl.replay.policies import Fabric, Policy, Pow2Buckets, PrefixAffinity, RoundRobin
@@ -78,7 +80,7 @@ def make_policy(name: str, limits: BatchLimits, core: CoreConfig | None = None,
         return Fabric(core, *lim, prewarm=False, name=name)
     if name == "fabric-no-lifecycle":
         return Fabric(dataclasses.replace(core, lifecycle=False), *lim, name=name)
-    raise ValueError(f"unknown policy {name!r}; known: {', '.join(KNOWN)}")
+    raise UsageError(f"unknown policy {name!r}; known: {', '.join(KNOWN)}")
 
 
 def inflight_reserve(items: list[ReplayItem], max_num_seqs: int) -> int:
@@ -98,13 +100,13 @@ def costs_for(items: list[ReplayItem], *, kv_tokens: int | None = None,
     bs = base.block_size
     if kv_tokens is None and pressure is not None:
         if pressure <= 0:
-            raise ValueError("pressure must be > 0")
+            raise UsageError("pressure must be > 0")
         kv_tokens = int(distinct_prefix_tokens(items, bs) / pressure
                         + inflight_reserve(items, max_num_seqs))
     if kv_tokens is None:
         return dataclasses.replace(base, max_num_seqs=max_num_seqs)
     if kv_tokens < 2 * bs:
-        raise ValueError(f"kv_tokens must be at least {2 * bs}")
+        raise UsageError(f"kv_tokens must be at least {2 * bs}")
     return dataclasses.replace(base, num_blocks=-(-kv_tokens // bs) + 1, max_num_seqs=max_num_seqs)
 
 

@@ -8,6 +8,7 @@ It returns a `PolicyResult` with the figures every policy is compared on. Every 
 the same GPUs (fresh ones per run), the same costs and the same arrivals; a GPU that is
 handed a request at `now` first catches its clock up to `now`. `handed[g]` records what GPU
 g was handed (workload requests and pre-warms) in order, `finished` the workload's requests.
+No event left while items are unfinished is a broken invariant (`AssertionError`).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class Simulation:
             t_gpu = gpus[gi].now if gi >= 0 else math.inf
             t = min(t_arr, t_gpu, next_tick)
             if t == math.inf:
-                raise RuntimeError(f"replay stalled with {n - done} items unfinished")
+                raise AssertionError(f"replay stalled with {n - done} items unfinished")
             self.now = t
             if t == t_arr:
                 while ai < n and items[ai].arrival <= t:

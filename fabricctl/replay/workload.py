@@ -15,7 +15,8 @@ the jobs by number (empty for a single-job workload, loaded exactly as `load` do
 (`TRACES`): "small-behind-big" (a big job of four shapes at t = 0, then three one-shape jobs
 arriving while it runs) and "deadlines" (three jobs at t = 0 whose windows an order by
 tokens alone misses and earliest-deadline-first meets); `trace_workload(trace)` loads one
-through the same reader, job field and jobs-file parser as `fabricctl replay --jobs`.
+through the same reader, job field and jobs-file parser as `fabricctl replay --jobs`; an
+unknown trace name is a `UsageError`, a job's bad terms a `WorkloadError` (`replay.jobs`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import msgspec
 
 from fabricctl.core.types import Item
 from fabricctl.engines.blocks import decode_item_payload, item_blocks, prefix_tokens
+from fabricctl.errors import UsageError
 from fabricctl.formats.reader import Parsed, parse_lines
 from fabricctl.formats.workload import generate
 from fabricctl.replay.jobs import JobSpec, line_job, number_jobs, read_jobs
@@ -151,7 +153,7 @@ def job_trace(name: str, scale: float = 1.0) -> Trace:
                 {"job": "report", "window_s": 8.0 * scale},
                 {"job": "alert", "window_s": 3.0 * scale}]
         return Trace(name, lines, jobs)
-    raise ValueError(f"unknown trace {name!r}; known: {', '.join(TRACES)}")
+    raise UsageError(f"unknown trace {name!r}; known: {', '.join(TRACES)}")
 
 
 def trace_workload(trace: Trace, block_size: int = 16, rate: float = 0.0, seed: int = 0

@@ -22,7 +22,8 @@ wake-up, metrics, snapshot extras; its attributes of those names read it) and co
 producers and consumers), each given the state and what else it needs explicitly. It is the
 `Router` its connections hand frames to: `welcome` answers a `Hello` (version, and the
 token on TCP), `dispatch` routes every later frame, `drop` ends a peer. The store is read
-and written only through its methods.
+and written only through its methods. A TCP listener (`listen`) without a shared token is
+refused at construction (`UsageError`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from fabricctl import __version__
 from fabricctl.core.broker import ShapeGuardError
 from fabricctl.core.events import EventKind
+from fabricctl.errors import UsageError
 from fabricctl.server import views
 from fabricctl.server.handlers import Handlers
 from fabricctl.server.listeners import Listeners
@@ -84,7 +86,7 @@ class BrokerServer:
         self, store: DurableBroker, cfg: ServerConfig, clock: Callable[[], float] = time.time
     ) -> None:
         if cfg.listen and not cfg.token:
-            raise ValueError("--listen needs a shared token (server.token in the config)")
+            raise UsageError("--listen needs a shared token (server.token in the config)")
         store.defer_results()  # quarantine results go through the writer too
         self.writer = Writer(store, clock, self._after_commit, cfg.commit_items,
                              cfg.complete_batches, cfg.commit_wait_s, cfg.writer_thread)

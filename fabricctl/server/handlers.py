@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.terms import check_priority
+from fabricctl.errors import StoreError, StoreFullError
 from fabricctl.server.signals import push_signals
 from fabricctl.server.views import resolve_job
-from fabricctl.store.errors import StoreError, StoreFullError
 from fabricctl.store.jobs import CancelOp, FlushOp, JobOp, OpenOp, PriorityOp, SealOp
 from fabricctl.wire.protocol import (
     Ack,

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING
 
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.types import Item
+from fabricctl.errors import StoreError
 from fabricctl.server.cycle import Cycle, answer_chunks, fail_all
 from fabricctl.server.intake import CommitQueue
 from fabricctl.server.pauses import io_turn, run_steps_async
 from fabricctl.store.dispatch import Completed
-from fabricctl.store.errors import StoreError
 from fabricctl.store.jobs import JobOp
 from fabricctl.wire.protocol import Reject
 

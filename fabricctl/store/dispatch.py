@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from fabricctl.core.broker import ShapeGuardError, guard_signature
 from fabricctl.core.types import Batch, Item, ItemResult, Work
-from fabricctl.store.errors import SegmentMissingError
+from fabricctl.errors import SegmentMissingError
 from fabricctl.store.faults import fault_point
 from fabricctl.store.keys import SegHeader, entry_decoder, entry_key_of, seg_of
 

@@ -42,13 +42,14 @@ Contract:
   `prepare_jobs(ops, now, into)` / `apply_jobs` / `abort_jobs` carry the job operations
   (open, seal, cancel, priority, the tick's expiry and finalize) through the same commit;
   `job_ops`, `open_job`, `seal_job`, `cancel_job`, `set_job_priority` and `tick_jobs` run
-  them in a row. Every live job's priority, deadline and sealed flag reach the core's shape
-  choice (`Broker.set_job_terms`) from the job table: when its record is loaded at start
-  (before recovery restores any entry) and when a commit changes them; an ended job's are
-  dropped. A cancel (or an expiry) withdraws the job's queued entries from the core's lanes
-  and writes an error result for each ("cancelled" / "expired") in one commit; in-flight
-  items finish. A job's results read back in input-line order (`job_results`), also after
-  its segments are gone.
+  them in a row (the four single operations raise `JobRefused`, with the store's reason,
+  for a job that does not exist or has ended). Every live job's priority, deadline and sealed
+  flag reach the core's shape choice (`Broker.set_job_terms`) from the job table: when its
+  record is loaded at start (before recovery restores any entry) and when a commit changes
+  them; an ended job's are dropped. A cancel (or an expiry) withdraws the job's queued
+  entries from the core's lanes and writes an error result for each ("cancelled" /
+  "expired") in one commit; in-flight items finish. A job's results read back in input-line
+  order (`job_results`), also after its segments are gone.
 - Every shape that finishes leaves its record (`finished_view`) in the `shapes` table in the
   next commit (or on `close`); the last `finished_shapes_kept` are kept (shapes.py).
 - Reads for the server, each in one short read transaction: `entry(key)`,
@@ -77,6 +78,7 @@ from fabricctl.core.jobs import JobRecord
 from fabricctl.core.records import ResultRecord
 from fabricctl.core.snapshot import ShapeView
 from fabricctl.core.types import Item, ItemResult, Work
+from fabricctl.errors import JobRefused
 from fabricctl.store.commit import Commit, StagedCommit
 from fabricctl.store.completion import CompletePlan, Completion
 from fabricctl.store.config import StoreConfig
@@ -273,7 +275,7 @@ class DurableBroker:
     def _one(self, op: JobOp, now: float) -> JobRecord:
         got = self.job_ops([op], now)[0]
         if isinstance(got, str):
-            raise KeyError(got)
+            raise JobRefused(got)
         return got
 
     def open_job(self, kind: str, now: float, **fields: Any) -> JobRecord:
@@ -289,8 +291,8 @@ class DurableBroker:
         return self._one(CancelOp(job, expired), now)
 
     def set_job_priority(self, job: int, priority: int, now: float) -> JobRecord:
-        """A live job's new priority (checked: `core.terms.check_priority`); KeyError with
-        the reason for a job that ended or does not exist."""
+        """A live job's new priority (checked: `core.terms.check_priority`); `JobRefused`
+        with the reason for a job that ended or does not exist."""
         return self._one(PriorityOp(job, priority), now)
 
     def jobs_due(self, now: float) -> list[JobOp]:

@@ -32,7 +32,7 @@ from typing import TypeVar
 
 import lmdb
 
-from fabricctl.store.errors import StoreFullError, StoreLockedError
+from fabricctl.errors import StoreFullError, StoreLockedError
 from fabricctl.store.faults import fault_point
 from fabricctl.store.keys import DB_NAMES
 from fabricctl.store.steps import Steps, run_steps

@@ -18,7 +18,7 @@ from pathlib import Path
 import lmdb
 import msgspec
 
-from fabricctl.store.errors import StoreFullError
+from fabricctl.errors import StoreFullError
 
 MiB = 1 << 20
 _FILE = b"f:"  # f:<id> -> FileRecord

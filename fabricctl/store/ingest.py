@@ -8,7 +8,8 @@ job's new items (`plan.jobs`, written on its record in the same commit), assigns
 to its lane and encodes its entry, id and the new segment headers (a key at a time: the
 same lanes, rows and segment numbers as item by item); `ingest_rows(txn, plan)`
 writes them inside the caller's durable transaction (every key above every stored one:
-append mode, return counts checked); `apply_ingest_steps(plan, now)` (the broker's
+append mode, return counts checked: a key not stored is a broken invariant, an
+`AssertionError`); `apply_ingest_steps(plan, now)` (the broker's
 `apply_ingest`), after the commit, makes the entries dispatchable (`Broker.admit_shape`, a run
 at a time) and returns the rejects.
 An entry whose lane or shape was retired while its commit ran (the tick, a shape switch)
@@ -33,7 +34,7 @@ from fabricctl.core.jobs import JobShape
 from fabricctl.core.lanes import Lane
 from fabricctl.core.shape import Shape
 from fabricctl.core.types import Entry, Item
-from fabricctl.store.errors import StoreFullError
+from fabricctl.errors import StoreFullError
 from fabricctl.store.faults import fault_point
 from fabricctl.store.keys import (
     _ENTRY,
@@ -373,8 +374,8 @@ class Ingest:
                                  ("ids", plan.id_rows, False)):
             added = yield from put_steps(txn, dbs[db], rows, append)
             if added != len(rows):  # the screen ran just before, and we are the only writer
-                raise RuntimeError(f"ingest: {len(rows) - added} {db} keys were not "
-                                   "stored (already there, or out of order)")
+                raise AssertionError(f"ingest: {len(rows) - added} {db} keys were not "
+                                     "stored (already there, or out of order)")
         fault_point("ingest_before_commit")
 
     def apply_ingest_steps(self, plan: IngestPlan, now: float) -> Steps[list[Refused]]:

@@ -29,7 +29,7 @@ import lmdb
 import msgspec
 
 from fabricctl.core.types import Entry
-from fabricctl.store.errors import StoreError
+from fabricctl.errors import StoreError
 from fabricctl.store.keys import (
     FORMAT,
     TOMB_FORMAT,

@@ -4,8 +4,9 @@ recovery.
 Contract: nothing here begins or commits a transaction: each function writes through the
 `txn` it is given. `put_steps` puts new rows (never overwriting; in append mode when every
 key is above every stored one) and returns how many went in, so the caller can check it;
-`put_sequence` numbers a commit's new results on from the last; `delete_segment` (and its
-stepped form) deletes a segment whole: its entries and its header, never its ids or results.
+`put_sequence` numbers a commit's new results on from the last (a number already taken is a
+broken invariant: `AssertionError`); `delete_segment` (and its stepped form) deletes a
+segment whole: its entries and its header, never its ids or results.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def put_sequence(txn: lmdb.Transaction, db: lmdb._Database, last: int, keys: lis
     """Number a commit's new results `last + 1`, `last + 2`, ...: one row, keyed by the first
     number, holding their entry keys in order."""
     if keys and not txn.put(rseq_key(last + 1), b"".join(keys), db=db, append=True):
-        raise RuntimeError("result sequence out of order: the meta table is stale")
+        raise AssertionError("result sequence out of order: the meta table is stale")
 
 
 def delete_segment(txn: lmdb.Transaction, dbs: Mapping[str, lmdb._Database], seg_id: int) -> None:

@@ -47,9 +47,9 @@ from typing import Any
 import msgspec
 
 from fabricctl.core.types import Contract, ItemResult, Prewarm, Work
-from fabricctl.engines.base import Engine, EngineError
+from fabricctl.engines.base import Engine
 from fabricctl.engines.request import ABORT
-from fabricctl.errors import BackendMissing, BrokerError
+from fabricctl.errors import BackendMissing, BrokerError, EngineError
 from fabricctl.supervisor.evidence import cache_evidence, result_evidence
 from fabricctl.wire.client import Client
 from fabricctl.wire.protocol import PrewarmPush

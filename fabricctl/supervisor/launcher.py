@@ -38,7 +38,7 @@ from typing import cast
 import httpx
 import msgspec
 
-from fabricctl.errors import ExitCode, FabricError
+from fabricctl.errors import LaunchError
 from fabricctl.supervisor.ports import port_holder
 from fabricctl.supervisor.tether import tethered
 
@@ -46,14 +46,6 @@ log = logging.getLogger(__name__)
 
 FORBIDDEN_ARGS = ("--disable-log-stats",)
 ALWAYS_ARGS = ("--enable-prompt-tokens-details",)
-
-
-class LaunchError(FabricError):
-    """A server could not be made ready (bad command, start timeout, stopped).
-
-    A `FabricError`, exit 3: no engine (`up` reports it as `BackendMissing`)."""
-
-    exit_code = ExitCode.BACKEND_MISSING
 
 
 class LaunchSpec(msgspec.Struct, frozen=True):

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from fabricctl.core.types import ItemResult, Prewarm, Work
-from fabricctl.engines.base import EngineError
 from fabricctl.engines.openai import OpenAIEngine
-from fabricctl.supervisor.launcher import LaunchError, ServerProcess
+from fabricctl.errors import EngineError, LaunchError
+from fabricctl.supervisor.launcher import ServerProcess
 
 
 class VllmEngine(OpenAIEngine):

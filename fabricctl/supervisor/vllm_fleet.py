@@ -3,7 +3,8 @@
 Contract: `build_real_engines(cfg, "vllm")` launches one server per configured (or detected)
 GPU through the `Launcher` (logs under the data dir), waits for every /health, and returns a
 `VllmEngine` per server; `"openai"` returns one `OpenAIEngine` per configured endpoint, no
-launch. Either way the consumers' contracts come from `[consumer]`.
+launch. Either way the consumers' contracts come from `[consumer]`. No GPU is a
+`BackendMissing` (exit 3); a server that does not become ready a `LaunchError` (exit 6).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import Any
 
 from fabricctl.config import AppConfig
 from fabricctl.engines.base import Engine
-from fabricctl.errors import BackendMissing, UsageError
-from fabricctl.supervisor.launcher import Launcher, LaunchError, LaunchSpec
+from fabricctl.errors import BackendMissing, LaunchError, UsageError
+from fabricctl.supervisor.launcher import Launcher, LaunchSpec
 
 
 def launch_spec(cfg: AppConfig) -> LaunchSpec:
@@ -57,7 +58,7 @@ async def build_real_engines(cfg: AppConfig, kind: str) -> tuple[list[Engine], l
         await launcher.start(wait=True)
     except LaunchError as e:
         await launcher.stop()
-        raise BackendMissing(f"vLLM did not start: {e} (logs in {cfg.data_dir / 'logs'})") from e
+        raise LaunchError(f"vLLM did not start: {e} (logs in {cfg.data_dir / 'logs'})") from e
     engines = [VllmEngine(server, ready_timeout_s=cfg.vllm.ready_timeout_s, **limits)
                for server in launcher.servers]
     return engines, gpus, launcher

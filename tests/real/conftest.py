@@ -21,7 +21,8 @@ import pytest
 import pytest_asyncio
 from realtext import free_port_pair
 
-from fabricctl.supervisor.launcher import Launcher, LaunchError, vllm_cpu_spec
+from fabricctl.errors import LaunchError
+from fabricctl.supervisor.launcher import Launcher, vllm_cpu_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("FABRICCTL_VLLM_VENV", ROOT / ".venv-vllm"))

@@ -21,8 +21,9 @@ from server_helpers import fast_config, result_sequence
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.types import Item, ItemResult, Prewarm, Work
-from fabricctl.engines.base import EngineError, EngineLimits, EngineStats
+from fabricctl.engines.base import EngineLimits, EngineStats
 from fabricctl.engines.sim import SimEngine
+from fabricctl.errors import EngineError
 from fabricctl.formats.results import ResultRecord
 from fabricctl.server.app import BrokerServer
 from fabricctl.store.durable import DurableBroker, StoreConfig
