@@ -4,7 +4,8 @@ Contract: precedence is flag > environment (FABRICCTL_*) > project `fabric.toml`
 working directory) > user file (`$FABRICCTL_CONFIG`, else
 `$XDG_CONFIG_HOME/fabricctl/config.toml`) > defaults. Unknown keys are a `UsageError` naming
 the file and the key, so a typo never silently falls back to a default. `[broker]` keys are
-`CoreConfig` field names.
+`CoreConfig` field names, `[store]` keys `StoreConfig` field names (the lower layers' own
+settings objects are the sections as they stand, so their defaults live there only).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fabricctl.core.config import PREWARM_MODES, SHAPE_SCOPES, CoreConfig
+from fabricctl.core.storage import StoreConfig
 from fabricctl.errors import UsageError
 
 ENGINES = ("auto", "sim", "vllm", "openai")
@@ -99,6 +101,7 @@ class AppConfig:
     server: ServerSettings = field(default_factory=ServerSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     broker: CoreConfig = field(default_factory=CoreConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
     sources: tuple[str, ...] = ()  # the files that were read, for `config show`
 
     @property
@@ -110,7 +113,7 @@ class AppConfig:
 _SECTIONS = {f.name: f.type for f in dataclasses.fields(AppConfig)}
 _NESTED = {"vllm": VllmSettings, "consumer": ConsumerSettings, "sim": SimSettings,
            "producer": ProducerSettings, "server": ServerSettings, "metrics": MetricsSettings,
-           "broker": CoreConfig}
+           "broker": CoreConfig, "store": StoreConfig}
 
 
 def user_config_path() -> Path:
@@ -167,9 +170,22 @@ def _merge(cfg: AppConfig, data: dict[str, Any], where: str) -> AppConfig:
                          ">= 0 (0: derived), broker.bound_batches > 0, broker.bound_min_s >= 0")
     if broker is not None and broker.prewarm not in PREWARM_MODES:
         raise UsageError(f"{where}: broker.prewarm must be one of {', '.join(PREWARM_MODES)}")
+    store = top.get("store")
+    if store is not None:
+        _check_store(store, where)
     if "engine" in top and top["engine"] not in ENGINES:
         raise UsageError(f"{where}: engine must be one of {', '.join(ENGINES)}")
     return dataclasses.replace(cfg, **top, sources=(*cfg.sources, where))
+
+
+def _check_store(store: StoreConfig, where: str) -> None:
+    """Every `[store]` count and size is positive (the disk reserve and the finished shapes
+    kept may be 0)."""
+    for f in dataclasses.fields(store):
+        v, zero = getattr(store, f.name), f.name in ("disk_reserve", "finished_shapes_kept")
+        if v < 0 or (v == 0 and not zero):
+            raise UsageError(f"{where}: store.{f.name} must be {'>= 0' if zero else '> 0'}, "
+                             f"not {v}")
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -147,7 +147,7 @@ def test_every_refusal_is_reported_once_and_the_record_keeps_the_first_in_line_o
 
 def test_refusals_keep_the_first_lines_whatever_the_order() -> None:
     r = Refusals()
-    for n in [50, 3, 40, 1, 2] + list(range(100, 100 + MAX_ERRORS)):
+    for n in [50, 3, 40, 1, 2, *range(100, 100 + MAX_ERRORS)]:
         r.add(n, f"line {n}: x")
     assert r.count == 5 + MAX_ERRORS
     assert r.messages()[:5] == ["line 1: x", "line 2: x", "line 3: x", "line 40: x",

@@ -2,20 +2,21 @@
 
 Contract: the `up` command (`command`) loads the configuration (its flags over the files)
 and runs `serve_forever` on fabricctl's event loop; its exit status is 0, or 130 after an
-interrupt. `Daemon.start()` opens (and recovers) the durable store in the data dir, starts the
-socket server, decides the engine (vLLM when NVML shows GPUs, else simulated GPUs, and says
-why on the log), starts one consumer per GPU and the GPU/process monitors, whose samples go
-into the stats stream; with `--gpus none` (`local_gpus=False`) it starts no engine and no
-consumer, and says "no local GPUs: waiting for agents" (the snapshot's `engine` extra, kind
-"none"): the GPUs are those of the agents that join over `--listen`. `--token` (or
-FABRICCTL_TOKEN), `--tls-cert` and `--tls-key` override `[server]` token, tls_cert and
-tls_key; the broker's host name is the `host` extra, so views can tell its GPUs from the
-agents'. With `--ray ADDRESS|auto` Ray places one GPU worker per GPU instead
-(`supervisor/ray_fleet.py`), each joining over the TCP listener (127.0.0.1 on an ephemeral
-port with a fresh token when none is configured). `Daemon.stop()` stops pulls, lets
-in-flight batches finish, stops the server (and the Ray workers, and a local Ray) and closes
-LMDB. `serve_forever` wires SIGINT/SIGTERM to a graceful stop; a second
-SIGINT exits at once (LMDB's durable commits mean nothing acknowledged is lost either way).
+interrupt. `Daemon.start()` opens (and recovers) the durable store in the data dir (with the
+`[store]` settings), starts the socket server, decides the engine (vLLM when NVML shows
+GPUs, else simulated GPUs, and says why on the log), starts one consumer per GPU and the
+GPU/process monitors, whose samples go into the stats stream; with `--gpus none`
+(`local_gpus=False`) it starts no engine and no consumer, and says "no local GPUs: waiting
+for agents" (the snapshot's `engine` extra, kind "none"): the GPUs are those of the agents
+that join over `--listen`. `--token` (or FABRICCTL_TOKEN), `--tls-cert` and `--tls-key`
+override `[server]` token, tls_cert and tls_key; the broker's host name is the `host` extra,
+so views can tell its GPUs from the agents'. With `--ray ADDRESS|auto` Ray places one GPU
+worker per GPU instead (`supervisor/ray_fleet.py`), each joining over the TCP listener
+(127.0.0.1 on an ephemeral port with a fresh token when none is configured). `Daemon.stop()`
+stops pulls, lets in-flight batches finish, stops the server (and the Ray workers, and a
+local Ray) and closes LMDB. `serve_forever` wires SIGINT/SIGTERM to a graceful stop; a
+second SIGINT exits at once (LMDB's durable commits mean nothing acknowledged is lost either
+way).
 The server, the store and the supervisor are imported when the broker starts, not when the
 CLI builds its commands.
 
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from fabricctl.api.backend import ClientBackend
     from fabricctl.server.app import BrokerServer
     from fabricctl.server.config import ServerConfig
-    from fabricctl.store.durable import DurableBroker, StoreConfig
+    from fabricctl.store.durable import DurableBroker
     from fabricctl.store.files import FileStore
     from fabricctl.supervisor.fleet import Fleet
     from fabricctl.supervisor.ray_fleet import RayFleet
@@ -159,8 +160,7 @@ def server_config(cfg: AppConfig) -> ServerConfig:
 class Daemon:
     """Why: `up` and `run` assemble the same pieces; this is the assembly."""
 
-    def __init__(self, cfg: AppConfig, with_fleet: bool = True,
-                 store: StoreConfig | None = None, local_gpus: bool = True,
+    def __init__(self, cfg: AppConfig, with_fleet: bool = True, local_gpus: bool = True,
                  ray: str | None = None) -> None:
         self.ray = ray  # `up --ray`: the GPU workers are Ray actors (supervisor/ray_fleet.py)
         if ray is not None:
@@ -171,7 +171,6 @@ class Daemon:
         self.cfg = cfg
         self.with_fleet = with_fleet
         self.local_gpus = local_gpus  # False: `--gpus none`, the agents bring the GPUs
-        self.store_cfg = store  # None: the store's defaults
         self.store: DurableBroker | None = None
         self.server: BrokerServer | None = None
         self.fleet: Fleet | None = None
@@ -185,7 +184,7 @@ class Daemon:
         from fabricctl.supervisor.fleet import Fleet, choose_engine
 
         cfg = self.cfg
-        self.store = DurableBroker(cfg.data_dir, time.time(), cfg.broker, self.store_cfg)
+        self.store = DurableBroker(cfg.data_dir, time.time(), cfg.broker, cfg.store)
         self.server = BrokerServer(self.store, server_config(cfg))
         await self.server.start()
         report = self._start_monitors()
