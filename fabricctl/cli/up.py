@@ -147,12 +147,14 @@ def with_sections(cfg: AppConfig, listen: str | None = None,
 
 
 def server_config(cfg: AppConfig) -> ServerConfig:
+    """The daemon's settings: `[server]`'s own knobs as they are (the same names), the
+    Prometheus port (0: off) and the core's tick; the daemon's other knobs keep theirs."""
     from fabricctl.server.config import ServerConfig
 
+    s = cfg.server
     return ServerConfig(
-        cfg.data_dir, listen=cfg.server.listen or None, token=cfg.server.token,
-        heartbeat_s=cfg.server.heartbeat_s, heartbeat_timeout_s=cfg.server.heartbeat_timeout_s,
-        tls_cert=cfg.server.tls_cert, tls_key=cfg.server.tls_key,
+        cfg.data_dir, listen=s.listen, token=s.token, tls_cert=s.tls_cert, tls_key=s.tls_key,
+        heartbeat_s=s.heartbeat_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
         metrics_port=cfg.metrics.prometheus_port or None, tick_s=cfg.broker.tick_s,
     )
 
