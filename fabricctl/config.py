@@ -31,8 +31,10 @@ class VllmSettings:
     command: list[str] = field(default_factory=lambda: ["vllm", "serve"])
     model_flag: str = ""  # "" = the model is positional (vllm serve); "--model" for api_server
     host: str = "127.0.0.1"
-    port_base: int = 8001
-    ready_timeout_s: float = 600.0
+    port_base: int = 8001  # GPU i's server listens on port_base + i
+    ready_timeout_s: float = 600.0  # a start not answering /health by then is a failure
+    # the waits before restarts of a dead server, in turn: the n-th restart in a row waits
+    # the n-th, every later one the last; a server healthy for a minute starts it over
     restart_backoff_s: list[float] = field(default_factory=lambda: [1, 2, 5, 10, 30])
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
@@ -170,6 +172,12 @@ def _merge(cfg: AppConfig, data: dict[str, Any], where: str) -> AppConfig:
                          ">= 0 (0: derived), broker.bound_batches > 0, broker.bound_min_s >= 0")
     if broker is not None and broker.prewarm not in PREWARM_MODES:
         raise UsageError(f"{where}: broker.prewarm must be one of {', '.join(PREWARM_MODES)}")
+    vllm = top.get("vllm")
+    if vllm is not None and (
+            not isinstance(vllm.restart_backoff_s, list) or not vllm.restart_backoff_s
+            or not all(_is(v, float) and v >= 0 for v in vllm.restart_backoff_s)):
+        raise UsageError(f"{where}: vllm.restart_backoff_s must be a list of one or more "
+                         f"seconds >= 0, not {vllm.restart_backoff_s!r}")
     store = top.get("store")
     if store is not None:
         _check_store(store, where)
