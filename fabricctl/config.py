@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from fabricctl.core.config import PREWARM_MODES, SHAPE_SCOPES, CoreConfig
-from fabricctl.core.storage import StoreConfig
+from fabricctl.core.defaults import (
+    MAX_BATCH_SIZE,
+    MAX_BATCH_TOKENS,
+    MAX_INPUT_LEN,
+    MAX_LINE_BYTES,
+    SIM_TIME_SCALE,
+    StoreConfig,
+)
 from fabricctl.errors import UsageError
 
 ENGINES = ("auto", "sim", "vllm", "openai")
@@ -45,9 +52,9 @@ class VllmSettings:
 class ConsumerSettings:
     """The contract each GPU's consumer registers."""
 
-    max_batch_size: int = 256
-    max_batch_tokens: int = 16384
-    max_input_len: int = 8192
+    max_batch_size: int = MAX_BATCH_SIZE
+    max_batch_tokens: int = MAX_BATCH_TOKENS
+    max_input_len: int = MAX_INPUT_LEN
     window: int = 0  # requests a consumer keeps in a real engine at once; 0: WINDOW_BATCHES
     # (fabricctl.engines.base) x max_batch_size
 
@@ -57,12 +64,12 @@ class SimSettings:
     """The simulated GPUs used when there is no NVIDIA driver."""
 
     gpus: int = 2
-    time_scale: float = 0.001
+    time_scale: float = SIM_TIME_SCALE
 
 
 @dataclass(frozen=True)
 class ProducerSettings:
-    max_line_bytes: int = 1 << 20
+    max_line_bytes: int = MAX_LINE_BYTES
     tokenizer: str = ""
 
 
