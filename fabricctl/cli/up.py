@@ -8,15 +8,15 @@ GPUs, else simulated GPUs, and says why on the log), starts one consumer per GPU
 GPU/process monitors, whose samples go into the stats stream; with `--gpus none`
 (`local_gpus=False`) it starts no engine and no consumer, and says "no local GPUs: waiting
 for agents" (the snapshot's `engine` extra, kind "none"): the GPUs are those of the agents
-that join over `--listen`. `--token` (or FABRICCTL_TOKEN), `--tls-cert` and `--tls-key`
-override `[server]` token, tls_cert and tls_key; the broker's host name is the `host` extra,
-so views can tell its GPUs from the agents'. With `--ray ADDRESS|auto` Ray places one GPU
-worker per GPU instead (`supervisor/ray_fleet.py`), each joining over the TCP listener
-(127.0.0.1 on an ephemeral port with a fresh token when none is configured). `Daemon.stop()`
-stops pulls, lets in-flight batches finish, stops the server (and the Ray workers, and a
-local Ray) and closes LMDB. `serve_forever` wires SIGINT/SIGTERM to a graceful stop; a
-second SIGINT exits at once (LMDB's durable commits mean nothing acknowledged is lost either
-way).
+that join over `--listen`. `--token`, `--tls-cert` and `--tls-key` override `[server]` token
+(which FABRICCTL_TOKEN sets, `config.ENV_VARS`), tls_cert and tls_key; the broker's host
+name is the `host` extra, so views can tell its GPUs from the agents'. With `--ray
+ADDRESS|auto` Ray places one GPU worker per GPU instead (`supervisor/ray_fleet.py`), each
+joining over the TCP listener (127.0.0.1 on an ephemeral port with a fresh token when none
+is configured). `Daemon.stop()` stops pulls, lets in-flight batches finish, stops the server
+(and the Ray workers, and a local Ray) and closes LMDB. `serve_forever` wires SIGINT/SIGTERM
+to a graceful stop; a second SIGINT exits at once (LMDB's durable commits mean nothing
+acknowledged is lost either way).
 The server, the store and the supervisor are imported when the broker starts, not when the
 CLI builds its commands.
 
@@ -82,9 +82,9 @@ def command(
                                       "needs server.token) for consumers on other hosts."),
     metrics_port: int | None = typer.Option(None, "--metrics-port",
                                             help="Serve Prometheus metrics on this port."),
-    token: str | None = typer.Option(None, "--token", envvar="FABRICCTL_TOKEN",
+    token: str | None = typer.Option(None, "--token",
                                      help="The token TCP clients must give (else "
-                                     "server.token)."),
+                                     "FABRICCTL_TOKEN, else server.token)."),
     tls_cert: Path | None = typer.Option(None, "--tls-cert", help="PEM certificate: the "
                                          "--listen socket speaks TLS (server.tls_cert)."),
     tls_key: Path | None = typer.Option(None, "--tls-key", help="PEM key of --tls-cert "
@@ -124,7 +124,8 @@ def command(
 
 def with_wire(cfg: AppConfig, token: str | None, tls_cert: Path | None,
               tls_key: Path | None) -> AppConfig:
-    """`cfg` with `--token` (or FABRICCTL_TOKEN), `--tls-cert` and `--tls-key` in [server]."""
+    """`cfg` with `--token`, `--tls-cert` and `--tls-key` in [server] (FABRICCTL_TOKEN is
+    already there: the configuration reads it)."""
     s = cfg.server
     server = dataclasses.replace(
         s, token=s.token if token is None else token,
