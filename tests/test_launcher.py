@@ -22,6 +22,7 @@ from fabricctl.supervisor.launcher import (
     Launcher,
     LaunchSpec,
     ServerProcess,
+    restart_delay,
     vllm_cpu_spec,
 )
 
@@ -37,8 +38,8 @@ def free_port() -> int:
 def spec(tmp_path: Path, *extra: str, **kw: object) -> LaunchSpec:
     fields: dict[str, object] = dict(
         command=(sys.executable, FAKE), port_base=free_port(), extra_args=extra,
-        start_timeout_s=20.0, stop_timeout_s=5.0, poll_interval_s=0.05,
-        backoff_initial_s=0.3, backoff_max_s=5.0)
+        ready_timeout_s=20.0, stop_timeout_s=5.0, poll_interval_s=0.05,
+        restart_backoff_s=(0.3, 0.6, 5.0))
     fields.update(kw)
     return LaunchSpec(model="tiny-model", served_model_name="tiny",
                       logs_dir=str(tmp_path / "logs"), **fields)  # type: ignore[arg-type]
@@ -92,6 +93,42 @@ def test_cpu_spec(tmp_path: Path) -> None:
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
 
 
+def test_restart_backoff_is_a_schedule() -> None:
+    schedule = (1.0, 2.0, 5.0, 10.0, 30.0)  # [vllm] restart_backoff_s's default
+    assert LaunchSpec(model="m", served_model_name="m", logs_dir="/x").restart_backoff_s == schedule
+    assert [restart_delay(schedule, n) for n in range(7)] == [1, 2, 5, 10, 30, 30, 30]
+    assert [restart_delay((4.0,), n) for n in range(3)] == [4, 4, 4]
+    for bad in ((), (1.0, -1.0)):
+        with pytest.raises(LaunchError, match="restart_backoff_s"):
+            LaunchSpec(model="m", served_model_name="m", logs_dir="/x", restart_backoff_s=bad)
+
+
+async def test_restarts_wait_the_schedule_and_start_over_after_a_healthy_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every dead run (0 s healthy, or no start at all) takes the next delay; one healthy
+    for backoff_reset_s starts the schedule over."""
+    s = LaunchSpec(model="m", served_model_name="m", logs_dir="/x",
+                   restart_backoff_s=(1.0, 2.0, 5.0), backoff_reset_s=60.0)
+    srv = ServerProcess(s, 0, 0)
+    runs: list[float | None] = [0.0, None, 0.0, 0.0, 61.0, 0.0, 59.0]
+    waits: list[float] = []
+
+    async def run_once() -> float | None:
+        if not runs:
+            srv._stopping = True
+            return None
+        return runs.pop(0)
+
+    async def sleep(delay: float) -> None:
+        waits.append(delay)
+
+    monkeypatch.setattr(srv, "_run_once", run_once)
+    monkeypatch.setattr("fabricctl.supervisor.launcher.asyncio.sleep", sleep)
+    await srv._supervise()
+    assert waits == [1, 2, 5, 5, 1, 2, 5]
+    assert srv.restarts == 7
+
+
 async def test_ready_when_health_answers(tmp_path: Path) -> None:
     launcher = Launcher(spec(tmp_path, "--ready-delay", "0.5"), [0])
     t0 = time.monotonic()
@@ -124,7 +161,7 @@ async def test_restart_with_backoff_after_kill(tmp_path: Path) -> None:
             spawned = [t for t, e in events if e.startswith("spawned") and t > t_kill]
             gaps.append(spawned[0] - t_kill)
             assert srv.restarts == n
-        assert gaps[0] >= 0.3 and gaps[1] >= 0.6  # 0.3 s, then doubled
+        assert gaps[0] >= 0.3 and gaps[1] >= 0.6  # the schedule: 0.3 s, then 0.6 s
         assert any("exited with -9" in e for _, e in events)
     finally:
         await launcher.stop()
@@ -148,14 +185,14 @@ async def test_stop_sigkills_a_child_that_ignores_sigterm(tmp_path: Path) -> Non
 
 
 async def test_start_timeout_raises(tmp_path: Path) -> None:
-    launcher = Launcher(spec(tmp_path, "--ready-delay", "60", start_timeout_s=1.0), [0])
+    launcher = Launcher(spec(tmp_path, "--ready-delay", "60", ready_timeout_s=1.0), [0])
     with pytest.raises(LaunchError, match="not ready"):
         await launcher.start()
     assert launcher.pids() == {"0": None}
 
 
 async def test_bad_command_keeps_retrying_then_stops(tmp_path: Path) -> None:
-    s = spec(tmp_path, command=(str(tmp_path / "missing-binary"),), backoff_initial_s=0.05)
+    s = spec(tmp_path, command=(str(tmp_path / "missing-binary"),), restart_backoff_s=(0.05, 0.1))
     launcher = Launcher(s, [0])
     await launcher.start(wait=False)
     await wait_for(lambda: launcher.servers[0].restarts >= 2, timeout=5)
@@ -230,7 +267,7 @@ async def test_a_port_some_other_server_holds_fails_the_start_at_once(tmp_path: 
         while not await answers():  # the stray server would pass our health probe
             assert time.monotonic() < deadline and stray.poll() is None
             await asyncio.sleep(0.05)
-        launcher = Launcher(spec(tmp_path, port_base=port, start_timeout_s=60.0,
+        launcher = Launcher(spec(tmp_path, port_base=port, ready_timeout_s=60.0,
                                  stop_timeout_s=1.0), [0],
                             on_event=lambda e, s: events.append(e))
         t0 = time.monotonic()

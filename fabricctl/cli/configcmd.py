@@ -7,15 +7,14 @@ named `config` so that it never reads as `fabricctl.config`, the settings themse
 `show` prints the effective configuration (`load_config` with the flags given) in the same
 form, preceded by comment lines naming its sources in precedence order, and with
 `# from <source>` after every key that a file, the environment or a flag set (a key without
-such a comment has its default). Both outputs are valid TOML that `--config` accepts.
-The environment variables mirrored here are the ones `config.load_config` reads.
+such a comment has its default): the provenance `load_config` recorded while it loaded
+(`AppConfig.set_by`), nothing read a second time. Both outputs are valid TOML that `--config`
+accepts.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +23,6 @@ import typer
 from fabricctl.cli.common import write_json
 from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded, settings
 from fabricctl.config import AppConfig, load_config, to_toml, user_config_path
-
-ENV_KEYS = {"FABRICCTL_DATA_DIR": "data_dir", "FABRICCTL_ENGINE": "engine",
-            "FABRICCTL_MODEL": "model"}
 
 group = typer.Typer(help="Print the configuration as TOML.", no_args_is_help=True)
 
@@ -52,35 +48,8 @@ def default_command(json_out: bool = JsonOut) -> None:
     sys.stdout.write(default())
 
 
-def _keys(data: dict[str, Any]) -> list[str]:
-    out: list[str] = []
-    for k, v in data.items():
-        if isinstance(v, dict):
-            out.extend(f"{k}.{sub}" for sub in v)
-        else:
-            out.append(k)
-    return out
-
-
-def provenance(cfg: AppConfig, flags: dict[str, Any],
-               env: dict[str, str] | None = None) -> dict[str, str]:
-    """Key (`name` or `section.name`) -> the last source that set it."""
-    env = dict(os.environ) if env is None else env
-    where: dict[str, str] = {}
-    for src in cfg.sources:
-        if src == "environment":
-            keys = [k for var, k in ENV_KEYS.items() if env.get(var)]
-        elif src == "flags":
-            keys = [k for k, v in flags.items() if v is not None]
-        else:
-            with open(src, "rb") as fp:
-                keys = _keys(tomllib.load(fp))
-        for k in keys:
-            where[k] = src
-    return where
-
-
 def annotate(text: str, where: dict[str, str]) -> str:
+    """`to_toml`'s text with `# from <source>` after each key `where` names."""
     lines, section = [], ""
     for line in text.splitlines():
         stripped = line.strip()
@@ -97,7 +66,6 @@ def annotate(text: str, where: dict[str, str]) -> str:
 
 def show(config: Path | None, flags: dict[str, Any]) -> str:
     cfg = load_config(config, flags)
-    where = provenance(cfg, flags)
     sources = ", ".join(("defaults", *cfg.sources))
     head = [
         "# fabricctl configuration in effect",
@@ -107,7 +75,7 @@ def show(config: Path | None, flags: dict[str, Any]) -> str:
         "# a key without a '# from' comment has its default",
         "",
     ]
-    return "\n".join(head) + annotate(to_toml(cfg), where)
+    return "\n".join(head) + annotate(to_toml(cfg), cfg.set_by)
 
 
 def default() -> str:

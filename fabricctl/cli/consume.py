@@ -12,11 +12,11 @@ Contract: the `consume` command (`command`) has two forms.
   vllm each GPU's NVML sample, go with every heartbeat, so the broker's `status` and `top`
   show this host's GPUs under its name.
 Either way SIGINT/SIGTERM finishes the batches in hand, stops the engines and exits 0. The
-token is `--token`, else `FABRICCTL_TOKEN`, else the config's `server.token`; `--tls-ca`
-(else `server.tls_ca`) makes the TCP connection TLS, verified against that CA file or
-pinned certificate (`fabricctl.wire.tls`). A refusal no retry can change (a wrong token:
-"broker refused the token"; a certificate that does not verify; a TLS/plain mismatch) ends
-the command with that error (exit 1); a lost broker is retried with backoff, and the
+token is `--token`, else the config's `server.token` (which `FABRICCTL_TOKEN` overrides);
+`--tls-ca` (else `server.tls_ca`) makes the TCP connection TLS, verified against that CA
+file or pinned certificate (`fabricctl.wire.tls`). A refusal no retry can change (a wrong
+token: "broker refused the token"; a certificate that does not verify; a TLS/plain mismatch)
+ends the command with that error (exit 1); a lost broker is retried with backoff, and the
 consumers register again when it is back. A bad `--engine` or `--gpus` is exit 2. The
 supervisor and the engines are imported when the consumers start.
 """
@@ -59,7 +59,8 @@ def command(
     gpu: int | None = typer.Option(None, "--gpu"),
     gpus: str | None = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1: run the "
                                     "agent, one engine and consumer per GPU."),
-    token: str | None = typer.Option(None, "--token", envvar="FABRICCTL_TOKEN"),
+    token: str | None = typer.Option(None, "--token", help="The token the broker asks for "
+                                     "(else FABRICCTL_TOKEN, else server.token)."),
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Connect with TLS, trusting "
                                        "this CA file or pinned certificate "
                                        "(server.tls_ca)."),

@@ -3,21 +3,21 @@
 Contract: the `up` command (`command`) loads the configuration (its flags over the files)
 and runs `serve_forever` on fabricctl's event loop; its exit status is 0, 130 after an
 interrupt, or an error's (`fabricctl.errors`: 2 a bad configuration, 3 no engine, 6 vLLM did
-not become ready). `Daemon.start()` opens (and recovers) the durable store in the data dir,
-starts the socket server, decides the engine (vLLM when NVML shows GPUs, else simulated
-GPUs, and says why on the log), starts one consumer per GPU and the GPU/process monitors,
-whose samples go into the stats stream; with `--gpus none` (`local_gpus=False`) it starts no
-engine and no consumer, and says "no local GPUs: waiting for agents" (the snapshot's
-`engine` extra, kind "none"): the GPUs are those of the agents that join over `--listen`.
-`--token` (or FABRICCTL_TOKEN), `--tls-cert` and `--tls-key` override `[server]` token,
-tls_cert and tls_key; the broker's host name is the `host` extra, so views can tell its GPUs
-from the agents'.
-With `--ray ADDRESS|auto` Ray places one GPU worker per GPU instead
-(`supervisor/ray_fleet.py`), each joining over the TCP listener (127.0.0.1 on an ephemeral
-port with a fresh token when none is configured). `Daemon.stop()` stops pulls, lets
-in-flight batches finish, stops the server (and the Ray workers, and a local Ray) and closes
-LMDB. `serve_forever` wires SIGINT/SIGTERM to a graceful stop; a second
-SIGINT exits at once (LMDB's durable commits mean nothing acknowledged is lost either way).
+not become ready). `Daemon.start()` opens (and recovers) the durable store in the data dir
+(with the `[store]` settings), starts the socket server, decides the engine (vLLM when NVML
+shows GPUs, else simulated GPUs, and says why on the log), starts one consumer per GPU and
+the GPU/process monitors, whose samples go into the stats stream; with `--gpus none`
+(`local_gpus=False`) it starts no engine and no consumer, and says "no local GPUs: waiting
+for agents" (the snapshot's `engine` extra, kind "none"): the GPUs are those of the agents
+that join over `--listen`. `--token`, `--tls-cert` and `--tls-key` override `[server]` token
+(which FABRICCTL_TOKEN sets, `config.ENV_VARS`), tls_cert and tls_key; the broker's host
+name is the `host` extra, so views can tell its GPUs from the agents'. With `--ray
+ADDRESS|auto` Ray places one GPU worker per GPU instead (`supervisor/ray_fleet.py`), each
+joining over the TCP listener (127.0.0.1 on an ephemeral port with a fresh token when none
+is configured). `Daemon.stop()` stops pulls, lets in-flight batches finish, stops the server
+(and the Ray workers, and a local Ray) and closes LMDB. `serve_forever` wires SIGINT/SIGTERM
+(and `fabricctl down`) to a graceful stop; a second SIGINT exits at once (LMDB's durable
+commits mean nothing acknowledged is lost either way).
 The server, the store and the supervisor are imported when the broker starts, not when the
 CLI builds its commands.
 
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from fabricctl.api.backend import ClientBackend
     from fabricctl.server.app import BrokerServer
     from fabricctl.server.config import ServerConfig
-    from fabricctl.store.durable import DurableBroker, StoreConfig
+    from fabricctl.store.durable import DurableBroker
     from fabricctl.store.files import FileStore
     from fabricctl.supervisor.fleet import Fleet
     from fabricctl.supervisor.ray_fleet import RayFleet
@@ -83,9 +83,9 @@ def command(
                                       "needs server.token) for consumers on other hosts."),
     metrics_port: int | None = typer.Option(None, "--metrics-port",
                                             help="Serve Prometheus metrics on this port."),
-    token: str | None = typer.Option(None, "--token", envvar="FABRICCTL_TOKEN",
+    token: str | None = typer.Option(None, "--token",
                                      help="The token TCP clients must give (else "
-                                     "server.token)."),
+                                     "FABRICCTL_TOKEN, else server.token)."),
     tls_cert: Path | None = typer.Option(None, "--tls-cert", help="PEM certificate: the "
                                          "--listen socket speaks TLS (server.tls_cert)."),
     tls_key: Path | None = typer.Option(None, "--tls-key", help="PEM key of --tls-cert "
@@ -125,7 +125,8 @@ def command(
 
 def with_wire(cfg: AppConfig, token: str | None, tls_cert: Path | None,
               tls_key: Path | None) -> AppConfig:
-    """`cfg` with `--token` (or FABRICCTL_TOKEN), `--tls-cert` and `--tls-key` in [server]."""
+    """`cfg` with `--token`, `--tls-cert` and `--tls-key` in [server] (FABRICCTL_TOKEN is
+    already there: the configuration reads it)."""
     s = cfg.server
     server = dataclasses.replace(
         s, token=s.token if token is None else token,
@@ -148,12 +149,14 @@ def with_sections(cfg: AppConfig, listen: str | None = None,
 
 
 def server_config(cfg: AppConfig) -> ServerConfig:
+    """The daemon's settings: `[server]`'s own knobs as they are (the same names), the
+    Prometheus port (0: off) and the core's tick; the daemon's other knobs keep theirs."""
     from fabricctl.server.config import ServerConfig
 
+    s = cfg.server
     return ServerConfig(
-        cfg.data_dir, listen=cfg.server.listen or None, token=cfg.server.token,
-        heartbeat_s=cfg.server.heartbeat_s, heartbeat_timeout_s=cfg.server.heartbeat_timeout_s,
-        tls_cert=cfg.server.tls_cert, tls_key=cfg.server.tls_key,
+        cfg.data_dir, listen=s.listen, token=s.token, tls_cert=s.tls_cert, tls_key=s.tls_key,
+        heartbeat_s=s.heartbeat_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
         metrics_port=cfg.metrics.prometheus_port or None, tick_s=cfg.broker.tick_s,
     )
 
@@ -161,8 +164,7 @@ def server_config(cfg: AppConfig) -> ServerConfig:
 class Daemon:
     """Why: `up` and `run` assemble the same pieces; this is the assembly."""
 
-    def __init__(self, cfg: AppConfig, with_fleet: bool = True,
-                 store: StoreConfig | None = None, local_gpus: bool = True,
+    def __init__(self, cfg: AppConfig, with_fleet: bool = True, local_gpus: bool = True,
                  ray: str | None = None) -> None:
         self.ray = ray  # `up --ray`: the GPU workers are Ray actors (supervisor/ray_fleet.py)
         if ray is not None:
@@ -173,7 +175,6 @@ class Daemon:
         self.cfg = cfg
         self.with_fleet = with_fleet
         self.local_gpus = local_gpus  # False: `--gpus none`, the agents bring the GPUs
-        self.store_cfg = store  # None: the store's defaults
         self.store: DurableBroker | None = None
         self.server: BrokerServer | None = None
         self.fleet: Fleet | None = None
@@ -187,7 +188,7 @@ class Daemon:
         from fabricctl.supervisor.fleet import Fleet, choose_engine
 
         cfg = self.cfg
-        self.store = DurableBroker(cfg.data_dir, time.time(), cfg.broker, self.store_cfg)
+        self.store = DurableBroker(cfg.data_dir, time.time(), cfg.broker, cfg.store)
         self.server = BrokerServer(self.store, server_config(cfg))
         await self.server.start()
         report = self._start_monitors()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 
+from fabricctl.core.defaults import MAX_BATCH_SIZE, MAX_BATCH_TOKENS, MAX_INPUT_LEN, SIM_TIME_SCALE
 from fabricctl.core.payload import Payload
 from fabricctl.core.types import ItemResult, Prewarm, Work
 from fabricctl.engines.base import EngineLimits, EngineStats
@@ -53,12 +54,12 @@ class SimEngine:
         self,
         *,
         name: str = "sim",
-        max_batch_size: int = 256,
-        max_batch_tokens: int = 16384,
-        max_input_len: int = 8192,
+        max_batch_size: int = MAX_BATCH_SIZE,
+        max_batch_tokens: int = MAX_BATCH_TOKENS,
+        max_input_len: int = MAX_INPUT_LEN,
         costs: SimCosts = DEFAULT_COSTS,
         max_model_len: int | None = None,
-        time_scale: float = 0.001,
+        time_scale: float = SIM_TIME_SCALE,
     ) -> None:
         if time_scale < 0:
             raise UsageError("time_scale must be >= 0")

@@ -33,6 +33,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 
+from fabricctl.core.defaults import MAX_INPUT_LEN
 from fabricctl.core.types import ItemResult, Work
 from fabricctl.engines.blocks import decode_item_payload, item_blocks
 from fabricctl.engines.costs import DEFAULT_COSTS, SimCosts
@@ -49,7 +50,7 @@ class SimGPU:
         self,
         costs: SimCosts = DEFAULT_COSTS,
         *,
-        max_input_len: int = 8192,
+        max_input_len: int = MAX_INPUT_LEN,
         max_model_len: int | None = None,
         fast_forward: bool = True,
     ) -> None:

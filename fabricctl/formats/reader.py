@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 
 import msgspec
 
+from fabricctl.core.defaults import MAX_LINE_BYTES
 from fabricctl.core.payload import Payload, encode_payload
 from fabricctl.core.signature import signature
 from fabricctl.core.types import Item
@@ -73,7 +74,6 @@ __all__ = [
     "result_line",
 ]
 
-MAX_LINE_BYTES = 1 << 20
 _BOM = b"\xef\xbb\xbf"
 _SKIP_CHUNK = 1 << 16
 

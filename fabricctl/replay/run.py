@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from fabricctl.core.config import CoreConfig, prewarm_enabled
+from fabricctl.core.defaults import MAX_BATCH_SIZE, MAX_BATCH_TOKENS, MAX_INPUT_LEN
 from fabricctl.engines.costs import SimCosts
 from fabricctl.errors import UsageError
 from fabricctl.replay.jobs import JobSpec
@@ -48,9 +49,9 @@ TOKENS_ONLY = {"fair_share": False, "wait_bound_s": 1e9}  # the old policy, appr
 class BatchLimits:
     """The contract each simulated GPU's consumer registers (batch policies only)."""
 
-    max_batch_size: int = 256
-    max_batch_tokens: int = 16384
-    max_input_len: int = 8192
+    max_batch_size: int = MAX_BATCH_SIZE
+    max_batch_tokens: int = MAX_BATCH_TOKENS
+    max_input_len: int = MAX_INPUT_LEN
 
 
 def make_policy(name: str, limits: BatchLimits, core: CoreConfig | None = None,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 
+from fabricctl.core.defaults import MAX_INPUT_LEN
 from fabricctl.engines.costs import SimCosts
 from fabricctl.engines.simgpu import SimGPU
 from fabricctl.engines.simrequest import SimRequest
@@ -29,7 +30,7 @@ class Simulation:
     """Why: every policy must meet the same GPUs, costs and arrivals to be compared fairly."""
 
     def __init__(self, items: list[ReplayItem], policy: Policy, gpus: int, costs: SimCosts,
-                 max_input_len: int = 8192, tick_s: float = 1.0) -> None:
+                 max_input_len: int = MAX_INPUT_LEN, tick_s: float = 1.0) -> None:
         self.items = sorted(items, key=lambda r: r.arrival)
         self.policy = policy
         self.costs = costs

@@ -33,13 +33,12 @@ from typing import TypeVar
 import lmdb
 
 from fabricctl.errors import StoreFullError, StoreLockedError
+from fabricctl.store.config import MiB
 from fabricctl.store.faults import fault_point
 from fabricctl.store.keys import DB_NAMES
 from fabricctl.store.steps import Steps, run_steps
 
 T = TypeVar("T")
-MiB = 1 << 20
-GiB = 1 << 30
 
 
 def human_bytes(n: float) -> str:
@@ -68,7 +67,7 @@ class StoreEnv:
     """Why: every LMDB pitfall (map growth, ENOSPC, double open) handled in one place."""
 
     def __init__(
-        self, data_dir: Path, map_size: int = 256 * MiB, map_ceiling: int = 64 * GiB
+        self, data_dir: Path, map_size: int, map_ceiling: int
     ) -> None:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)

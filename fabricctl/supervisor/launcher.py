@@ -12,13 +12,17 @@ Contract:
 - Each child runs in its own session (process group), tethered to this process
   (`supervisor/tether.py`: it gets SIGTERM when the supervisor dies, even by SIGKILL);
   stdout+stderr append to `<logs_dir>/engine-<index>.log`. It is ready when `GET /health`
-  answers 200; a start not ready within `start_timeout_s` is killed and counts as a failure.
+  answers 200; a start not ready within `ready_timeout_s` is killed and counts as a failure.
   A port some other process listens on is never spawned on (it would answer in our
   server's place): a server never ready yet fails its start with who holds the port once
   it stayed taken for `stop_timeout_s` (what a dying server of ours gets to free it).
-- An asyncio supervisor task per server restarts it after an unexpected exit, with
-  exponential backoff (reset after `backoff_reset_s` of healthy running). Leftover members
-  of a dead server's process group are SIGKILLed before the restart.
+- An asyncio supervisor task per server restarts it after an unexpected exit (or a start that
+  never happened), waiting `restart_delay(spec.restart_backoff_s, n)` first: the n-th restart
+  in a row waits the schedule's n-th value, every later one its last; the count starts over
+  once a server ran healthy for `backoff_reset_s`. Leftover members of a dead server's process
+  group are SIGKILLed before the restart.
+- `LaunchSpec`'s knobs that `[vllm]` also has carry the same names and take their defaults
+  from `fabricctl.config.VllmSettings` (one default each); the rest are the launcher's own.
 - `stop()`: the caller stops routing work first; then SIGTERM, and SIGKILL to the whole
   process group after `stop_timeout_s`.
 """
@@ -38,6 +42,7 @@ from typing import cast
 import httpx
 import msgspec
 
+from fabricctl.config import VllmSettings
 from fabricctl.errors import LaunchError
 from fabricctl.supervisor.ports import port_holder
 from fabricctl.supervisor.tether import tethered
@@ -46,6 +51,7 @@ log = logging.getLogger(__name__)
 
 FORBIDDEN_ARGS = ("--disable-log-stats",)
 ALWAYS_ARGS = ("--enable-prompt-tokens-details",)
+_VLLM = VllmSettings()  # the defaults of the knobs [vllm] shares with the launcher
 
 
 class LaunchSpec(msgspec.Struct, frozen=True):
@@ -54,19 +60,29 @@ class LaunchSpec(msgspec.Struct, frozen=True):
     model: str
     served_model_name: str
     logs_dir: str
-    host: str = "127.0.0.1"
-    port_base: int = 8000
-    command: tuple[str, ...] = ("vllm", "serve")
-    model_flag: str = ""  # "" = model is positional; "--model" for the api_server module
-    extra_args: tuple[str, ...] = ()
-    env: dict[str, str] = {}
+    host: str = _VLLM.host
+    port_base: int = _VLLM.port_base
+    command: tuple[str, ...] = tuple(_VLLM.command)
+    model_flag: str = _VLLM.model_flag  # "" = model is positional; "--model" for api_server
+    extra_args: tuple[str, ...] = tuple(_VLLM.extra_args)
+    env: dict[str, str] = {}  # [vllm] env's default, which is empty as msgspec needs
+    ready_timeout_s: float = _VLLM.ready_timeout_s
+    restart_backoff_s: tuple[float, ...] = tuple(float(s) for s in _VLLM.restart_backoff_s)
     health_path: str = "/health"
-    start_timeout_s: float = 600.0
     stop_timeout_s: float = 30.0
     poll_interval_s: float = 0.5
-    backoff_initial_s: float = 1.0
-    backoff_max_s: float = 60.0
-    backoff_reset_s: float = 60.0
+    backoff_reset_s: float = 60.0  # healthy this long: the next restart waits the first delay
+
+    def __post_init__(self) -> None:
+        if not self.restart_backoff_s or min(self.restart_backoff_s) < 0:
+            raise LaunchError("restart_backoff_s must list at least one delay, none below 0 "
+                              f"(got {list(self.restart_backoff_s)})")
+
+
+def restart_delay(schedule: Sequence[float], failures: int) -> float:
+    """The wait before a restart that follows `failures` restarts in a row (0: the first):
+    the schedule's entry at that index, its last entry once past its end."""
+    return float(schedule[min(failures, len(schedule) - 1)])
 
 
 def vllm_cpu_spec(venv: str | Path, model: str, served_model_name: str, logs_dir: str | Path,
@@ -201,7 +217,7 @@ class ServerProcess:
 
     async def _probe_until_ready(self, proc: asyncio.subprocess.Process) -> bool:
         url = self.base_url + self.spec.health_path
-        deadline = time.monotonic() + self.spec.start_timeout_s
+        deadline = time.monotonic() + self.spec.ready_timeout_s
         async with httpx.AsyncClient(timeout=5.0) as client:
             while proc.returncode is None and time.monotonic() < deadline:
                 with contextlib.suppress(httpx.HTTPError):
@@ -242,7 +258,7 @@ class ServerProcess:
                 self.ready.set()
                 self._emit("ready")
             elif proc.returncode is None and not self._stopping:
-                self._emit(f"not ready after {self.spec.start_timeout_s} s: killing")
+                self._emit(f"not ready after {self.spec.ready_timeout_s} s: killing")
                 _signal_group(proc.pid, signal.SIGKILL)
             self.last_exit = await asyncio.shield(waiter)
         finally:
@@ -256,19 +272,20 @@ class ServerProcess:
         return 0.0 if ready_at is None else time.monotonic() - ready_at
 
     async def _supervise(self) -> None:
-        backoff = self.spec.backoff_initial_s
+        failures = 0  # restarts in a row since the server last ran healthy long enough
         while not self._stopping:
             healthy_s = await self._run_once()
             if self._stopping:
                 break
             if healthy_s is not None and healthy_s >= self.spec.backoff_reset_s:
-                backoff = self.spec.backoff_initial_s
+                failures = 0
+            delay = restart_delay(self.spec.restart_backoff_s, failures)
             if healthy_s is None:
-                self._emit(f"not started; retrying in {backoff:.1f} s")
+                self._emit(f"not started; retrying in {delay:.1f} s")
             else:
-                self._emit(f"exited with {self.last_exit}; restarting in {backoff:.1f} s")
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self.spec.backoff_max_s)
+                self._emit(f"exited with {self.last_exit}; restarting in {delay:.1f} s")
+            await asyncio.sleep(delay)
+            failures += 1
             self.restarts += 1
         self._emit(f"stopped (exit {self.last_exit})")
 
@@ -309,7 +326,7 @@ class Launcher:
             s.start()
         if wait:
             try:
-                await asyncio.gather(*(s.wait_ready(self.spec.start_timeout_s)
+                await asyncio.gather(*(s.wait_ready(self.spec.ready_timeout_s)
                                        for s in self.servers))
             except LaunchError:
                 await self.stop()

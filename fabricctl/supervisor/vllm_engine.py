@@ -4,9 +4,10 @@ It lives in the supervisor, not in `engines`: it follows a supervised server thr
 restarts, and engines know nothing of the processes behind them.
 
 Contract: same as `OpenAIEngine` (one request per item, counters from /metrics), plus
-the server's lifecycle: `run` and `prewarm` first wait up to `ready_timeout_s` for the
-server's /health readiness (it may be restarting) and raise `EngineError` if it does not
-come back, so the broker puts the batch back. The URL and the served model name come from
+the server's lifecycle: `run` and `prewarm` first wait up to `ready_timeout_s` (by default
+the launch spec's, `[vllm] ready_timeout_s`) for the server's /health readiness (it may be
+restarting) and raise `EngineError` if it does not come back, so the broker puts the batch
+back. The URL and the served model name come from
 the `ServerProcess`, never from separate config.
 """
 
@@ -24,13 +25,15 @@ class VllmEngine(OpenAIEngine):
     """Why: a consumer's engine must follow its GPU's server through restarts."""
 
     def __init__(self, server: ServerProcess, *, max_batch_size: int, max_batch_tokens: int,
-                 max_input_len: int, ready_timeout_s: float = 60.0, **kwargs: Any) -> None:
+                 max_input_len: int, ready_timeout_s: float | None = None,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("name", f"vllm:gpu{server.gpu}")
         super().__init__(server.base_url, server.spec.served_model_name,
                          max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens,
                          max_input_len=max_input_len, **kwargs)
         self.server = server
-        self.ready_timeout_s = ready_timeout_s
+        self.ready_timeout_s = (server.spec.ready_timeout_s if ready_timeout_s is None
+                                else ready_timeout_s)
 
     @property
     def ready(self) -> bool:

@@ -18,14 +18,14 @@ from fabricctl.supervisor.launcher import Launcher, LaunchSpec
 
 
 def launch_spec(cfg: AppConfig) -> LaunchSpec:
+    """The launcher's spec: `[vllm]`'s knobs under the same names, the model and the logs."""
     v = cfg.vllm
-    backoff = v.restart_backoff_s or [1.0]
     return LaunchSpec(
         model=cfg.model, served_model_name=cfg.model_name,
         logs_dir=str(cfg.data_dir / "logs"), host=v.host, port_base=v.port_base,
         command=tuple(v.command), model_flag=v.model_flag, extra_args=tuple(v.extra_args),
-        env=dict(v.env), start_timeout_s=v.ready_timeout_s,
-        backoff_initial_s=float(backoff[0]), backoff_max_s=float(max(backoff)),
+        env=dict(v.env), ready_timeout_s=v.ready_timeout_s,
+        restart_backoff_s=tuple(float(s) for s in v.restart_backoff_s),
     )
 
 
@@ -59,6 +59,5 @@ async def build_real_engines(cfg: AppConfig, kind: str) -> tuple[list[Engine], l
     except LaunchError as e:
         await launcher.stop()
         raise LaunchError(f"vLLM did not start: {e} (logs in {cfg.data_dir / 'logs'})") from e
-    engines = [VllmEngine(server, ready_timeout_s=cfg.vllm.ready_timeout_s, **limits)
-               for server in launcher.servers]
+    engines = [VllmEngine(server, **limits) for server in launcher.servers]
     return engines, gpus, launcher

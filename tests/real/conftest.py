@@ -80,8 +80,9 @@ async def vllm_servers(tiny_model: Path,
                        tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Launcher]:
     logs = tmp_path_factory.mktemp("vllm-logs")
     spec = vllm_cpu_spec(VENV, str(tiny_model), "tiny", logs, port_base=free_port_pair(),
-                         extra_args=SERVER_ARGS, start_timeout_s=240.0, stop_timeout_s=20.0,
-                         backoff_initial_s=1.0, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+                         extra_args=SERVER_ARGS, ready_timeout_s=240.0, stop_timeout_s=20.0,
+                         restart_backoff_s=(1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0),
+                         env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     launcher = Launcher(spec, [0, 1])
     atexit.register(_kill_leftovers, launcher)  # if the session dies before teardown
     t0 = time.monotonic()

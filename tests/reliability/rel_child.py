@@ -10,6 +10,7 @@ and runs until it is killed or a client sends Shutdown.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -21,7 +22,9 @@ from fabricctl.store.durable import StoreConfig
 
 async def main(data: Path, config: Path, map_size: int, segment_entries: int) -> int:
     cfg = load_config(config, {"data_dir": str(data), "engine": "sim"})
-    daemon = Daemon(cfg, store=StoreConfig(map_size=map_size, segment_entries=segment_entries))
+    cfg = dataclasses.replace(cfg, store=StoreConfig(map_size=map_size,
+                                                     segment_entries=segment_entries))
+    daemon = Daemon(cfg)
     await daemon.start()
     assert daemon.server is not None
     await daemon.server.stop_requested.wait()
