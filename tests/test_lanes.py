@@ -342,19 +342,19 @@ def test_lane_properties_default_cap(ops: list[tuple[str, int]]) -> None:
     check_ops(CoreConfig(), ops)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(_op, max_size=120))
 def test_lane_properties_small_cap(ops: list[tuple[str, int]]) -> None:
     check_ops(CoreConfig(lanes_max=8), ops)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(_op, max_size=60))
 def test_lane_properties_tiny_cap(ops: list[tuple[str, int]]) -> None:
     check_ops(CoreConfig(lanes_max=2), ops)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=100_000), max_size=200))
 def test_assign_only_never_lowers_a_target(lengths: list[int]) -> None:
     ls = LaneSet(CoreConfig(lanes_max=8))
@@ -372,7 +372,7 @@ def lane_state(ls: LaneSet) -> list[tuple[int, int, float, bool]]:
     return [(la.id, la.target, la.last_assign, la.quiescing) for la in ls.lanes.values()]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.lists(st.integers(min_value=0, max_value=6000), max_size=40), max_size=6),
        st.sampled_from([2, 8, 2048]))
 def test_assign_many_is_assign_in_order(rounds: list[list[int]], cap: int) -> None:

@@ -89,7 +89,7 @@ def test_overflow_put_back_in_front_in_order() -> None:
     assert lane.tokens == 150
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.integers(min_value=0, max_value=3000), min_size=1, max_size=60),
     st.integers(min_value=1, max_value=64),
@@ -134,7 +134,7 @@ def pack_item_by_item(queue: deque[Entry], max_batch_size: int, max_batch_tokens
     return [queue.popleft() for _ in range(count)], pad_to
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.integers(min_value=0, max_value=3000), max_size=300),
     st.integers(min_value=0, max_value=300),

@@ -252,7 +252,7 @@ def test_scripted_literals() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     data=st.data(),
     block_size=st.sampled_from([1, 4, 16]),

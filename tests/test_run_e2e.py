@@ -21,7 +21,7 @@ from fabricctl.core.signature import signature_hex
 from fabricctl.formats.reader import Parsed, parse_lines
 from fabricctl.formats.workload import generate
 
-SHAPES, PER_SHAPE = 20, 2000
+SHAPES, PER_SHAPE = 20, 800
 
 
 class RecordingDaemon(batchjob.Daemon):

@@ -4,8 +4,10 @@
 --gpus 0 --engine vllm --tls-ca` whose config launches the CPU build of vLLM with the tiny
 model: the agent starts the server through its launcher (logs in its own data dir), its
 consumer joins the broker, a small workload gets exactly one real result per item, and
-SIGTERM stops the agent (exit 0) and its vLLM server with it; so does SIGKILL (the server is
-tethered to the agent: the kernel sends it SIGTERM, and it stops its EngineCore).
+SIGKILL of the agent stops its vLLM server with it (the server is tethered to the agent: the
+kernel sends it SIGTERM, and it stops its EngineCore). The graceful SIGTERM of an agent is
+tested on the fake server (`tests/test_agents.py`); here only the case a supervisor cannot
+clean up after itself runs, to keep the real-engine suite within CI's time.
 """
 
 from __future__ import annotations
@@ -62,9 +64,8 @@ def agent_config(tmp: Path, model: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-async def test_one_agent_in_front_of_the_real_vllm(tiny_model: Path, tmp_path: Path,
-                                                   stop: signal.Signals) -> None:
+async def test_one_agent_in_front_of_the_real_vllm(tiny_model: Path, tmp_path: Path) -> None:
+    stop = signal.SIGKILL
     cert, key = make_cert(tmp_path)
     address = f"127.0.0.1:{free_port()}"
     data = tmp_path / "data"
@@ -103,7 +104,7 @@ async def test_one_agent_in_front_of_the_real_vllm(tiny_model: Path, tmp_path: P
         eng = doc["extra"]["engines"]["real-gpu0"]
         assert eng["host"] and not eng["simulated"], eng
         agent.signal(stop)
-        assert await agent.wait(60) == (0 if stop == signal.SIGTERM else -stop), agent.tail()
+        assert await agent.wait(60) == -stop, agent.tail()
         # SIGKILL: the tethered server gets SIGTERM from the kernel and stops its EngineCore
         await wait_until(lambda: all_gone(servers), 60, "the agent's vLLM processes")
         gone = await broker.wait_line("consumer real-gpu0 l", 30)
