@@ -22,7 +22,7 @@ from typing import Any
 
 from cli_helpers import FABRICCTL, Broker, error_lines
 
-LINES = 20_000
+LINES = 8_000
 KILL_AFTER = 2048  # items the broker has stored when it is killed
 LOST = re.compile(r"^fabricctl: error: lost the broker mid-stream \(.+\): ([\d,]+) lines? "
                   r"(?:was|were) acknowledged \(stored durably\); run the same submit again "
