@@ -22,13 +22,14 @@ import openai
 import pytest
 from api_fake import FakeBackend
 
-from fabricctl.api.app import BatchApi, build_app
+from fabricctl.api.app import build_app
 from fabricctl.api.objects import (
     batch_object,
     parse_window,
     virtual_file,
     window_text,
 )
+from fabricctl.api.service import BatchApi
 from fabricctl.api.upload import LineChecker
 from fabricctl.core import jobs as J
 from fabricctl.errors import ApiError

@@ -12,8 +12,8 @@ Contract:
 - An upload streams (`fabricctl.api.upload`) into the files dir and is kept only when every
   line passed; then its record is in the `FileStore`. A batch is created by
   `open_job(kind="api", validating=True, ...)` and answered at once (`validating`); its file
-  is fed in by a task of the `BatchApi` (`fabricctl.api.batches.feed`, which seals it; a
-  feed that fails fails the job with its error).
+  is fed in by a task of the `BatchApi` (`api.service`; a feed that fails fails the job
+  with its error).
   Jobs left validating by a stopped daemon are fed again (`resume`) when the API starts.
 - A batch's output and error files are virtual: `file-<batch id>-output` / `-error`, found
   once the batch ended with such lines, their content streamed from the job's results.
@@ -34,9 +34,7 @@ import hmac
 import logging
 import secrets
 import socket
-import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +47,9 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fabricctl.api.backend import BatchBackend
-from fabricctl.api.batches import PAGE, content, feed
+from fabricctl.api.batches import content
 from fabricctl.api.objects import (
     ENDPOINTS,
-    OUTPUT,
     Deleted,
     ErrorBody,
     ErrorInfo,
@@ -62,19 +58,16 @@ from fabricctl.api.objects import (
     batch_object,
     error_body,
     file_object,
-    has_errors,
-    has_output,
     page,
     parse_priority,
     parse_window,
     virtual_file,
     virtual_file_object,
 )
+from fabricctl.api.service import BatchApi
 from fabricctl.api.upload import receive_upload
-from fabricctl.core.jobs import JobRecord, JobState
-from fabricctl.errors import ApiError, BrokerError, FeedError, UsageError
-from fabricctl.formats.tokens import EstimateCounter, TokenCounter
-from fabricctl.store.files import FileRecord, FileStore
+from fabricctl.errors import ApiError, BrokerError, UsageError
+from fabricctl.store.files import FileRecord
 
 log = logging.getLogger("fabricctl.api")
 _enc = msgspec.json.Encoder()
@@ -83,151 +76,6 @@ MAX_METADATA = 16
 
 def _json(obj: object, status: int = 200) -> Response:
     return Response(_enc.encode(obj), status, media_type="application/json")
-
-
-Feeder = Callable[[JobRecord, FileRecord, Path, bool], Awaitable[None]]
-
-
-def process_feeder(socket_path: Path, tokenizer: str, model: str) -> Feeder:
-    """Feed each batch from a `fabricctl.api.feeder` child process (its own GIL)."""
-
-    async def run(job: JobRecord, rec: FileRecord, path: Path, resume: bool) -> None:
-        args = [sys.executable, "-m", "fabricctl.api.feeder", str(socket_path),
-                str(job.number), job.id, str(path), str(rec.lines), "--tokenizer", tokenizer,
-                "--model", model, *(["--resume"] if resume else [])]
-        # its own session: a Ctrl-C at `up`'s terminal must not kill it before the API
-        # stops it (a feeder that died on its own fails its job)
-        proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL,
-                                                    stdout=asyncio.subprocess.DEVNULL,
-                                                    stderr=asyncio.subprocess.PIPE,
-                                                    start_new_session=True)
-        try:
-            _, err = await proc.communicate()
-        except BaseException:  # the API stops: the job stays validating, fed again later
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            raise
-        if proc.returncode != 0:
-            lines = err.decode(errors="replace").strip().splitlines()
-            raise FeedError(lines[-1] if lines else f"the feeder exited {proc.returncode}")
-
-    return run
-
-
-class BatchApi:
-    """Why: the state every request shares: the broker link, the files and the feeds."""
-
-    def __init__(self, backend: BatchBackend, files: FileStore,
-                 counter: TokenCounter | None = None, token: str = "",
-                 clock: Callable[[], float] = time.time, feeder: Feeder | None = None) -> None:
-        self.backend, self.files, self.counter, self.token = backend, files, counter, token
-        self.clock = clock
-        self.feeds: dict[str, asyncio.Task[None]] = {}
-        self.feeder: Feeder = feeder or self._feed_here
-
-    async def _feed_here(self, job: JobRecord, rec: FileRecord, path: Path,
-                         resume: bool) -> None:
-        """Feed in this process (tests; the daemon uses `process_feeder`)."""
-        await feed(self.backend, path, job, self.counter or EstimateCounter(), rec.lines,
-                   resume=resume)
-
-    # -- feeds ----------
-
-    def start_feed(self, job: JobRecord, rec: FileRecord, resume: bool = False) -> None:
-        task = asyncio.get_running_loop().create_task(self._feed(job, rec, resume))
-        self.feeds[job.id] = task
-        task.add_done_callback(lambda _t: self.feeds.pop(job.id, None))
-
-    async def _feed(self, job: JobRecord, rec: FileRecord, resume: bool) -> None:
-        try:
-            await self.feeder(job, rec, self.files.blob_path(rec.id), resume)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            log.warning("batch %s: feeding %s failed: %s", job.id, rec.id, e)
-            with contextlib.suppress(Exception):
-                await self.backend.seal_job(job.number, rec.lines,
-                                            errors=[f"feeding the file failed: {e}"],
-                                            failed=True)
-
-    async def stop_feed(self, job_id: str) -> None:
-        task = self.feeds.get(job_id)
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-
-    async def resume_feeds(self) -> None:
-        """Jobs a stopped daemon left validating: feed their files again (or fail them)."""
-        async for job in self.api_jobs():
-            if job.state is not JobState.VALIDATING:
-                continue
-            rec = self.files.get(job.name)
-            if rec is None or not self.files.blob_path(rec.id).exists():
-                await self.backend.seal_job(job.number, 0, failed=True,
-                                            errors=[f"input file {job.name} is gone"])
-                continue
-            log.info("batch %s: feeding %s again after a restart", job.id, rec.id)
-            self.start_feed(job, rec, resume=True)
-
-    async def api_jobs(self) -> AsyncIterator[JobRecord]:
-        """Every API batch's record, newest first, read a page at a time."""
-        before = 0
-        while page := await self.backend.jobs(PAGE, before, "api"):
-            for job in page:
-                yield job
-            before = page[-1].number
-
-    async def stop(self) -> None:
-        tasks = list(self.feeds.values())
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(BaseException):
-                await t
-
-    # -- lookups ----------
-
-    async def batch(self, batch_id: str) -> JobRecord:
-        try:
-            job = (await self.backend.job(batch_id)).job
-        except BrokerError:
-            job = None
-        if job is None or job.id != batch_id or job.kind != "api":
-            raise ApiError(404, f"No batch found with id '{batch_id}'.", "batch_id",
-                           "not_found")
-        return job
-
-    def upload(self, file_id: str) -> FileRecord:
-        rec = self.files.get(file_id)
-        if rec is None:
-            raise ApiError(404, f"No such File object: {file_id}", "id", "not_found")
-        return rec
-
-    async def virtual(self, file_id: str) -> tuple[JobRecord, str] | None:
-        """(its batch, "output" | "error") of a derived file that exists, else None."""
-        v = virtual_file(file_id)
-        if v is None:
-            return None
-        batch_id, which = v
-        try:
-            job = await self.batch(batch_id)
-        except ApiError:
-            raise ApiError(404, f"No such File object: {file_id}", "id", "not_found") from None
-        exists = has_output(job) if which == OUTPUT else has_errors(job)
-        if not exists:
-            raise ApiError(404, f"No such File object: {file_id}", "id", "not_found")
-        return job, which
-
-    async def virtual_size(self, file_id: str, job: JobRecord, which: str) -> int:
-        size = self.files.size_of(file_id)
-        if size is None:
-            size = 0
-            async for chunk in content(self.backend, job, which):
-                size += len(chunk)
-            self.files.set_size(file_id, size)  # ended: its content no longer changes
-        return size
 
 
 # ---- handlers -------------------------------------------------------------------------------
@@ -524,4 +372,4 @@ class ApiServer:
         self._server = self._task = None
 
 
-__all__ = ["ApiServer", "BatchApi", "FileObject", "build_app"]
+__all__ = ["ApiServer", "FileObject", "build_app"]

@@ -290,8 +290,9 @@ class ApiService:
 async def start_api(cfg: AppConfig, daemon: Daemon) -> ApiService:
     """The OpenAI Batch API on `server.api`, a producer on the daemon's own socket."""
     from fabricctl.api.address import api_address
-    from fabricctl.api.app import ApiServer, BatchApi, process_feeder
+    from fabricctl.api.app import ApiServer
     from fabricctl.api.backend import ClientBackend
+    from fabricctl.api.service import BatchApi, process_feeder
     from fabricctl.store.files import FileStore
 
     assert daemon.server is not None
