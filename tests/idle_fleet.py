@@ -1,6 +1,6 @@
 """No GPU idles while work waits: the timeline of an idle fleet handed several shapes at once.
 
-`timeline(cfg, lines)` starts the real daemon (`cli.up.Daemon`: store, server, fleet of
+`timeline(cfg, lines)` starts the real daemon (`daemon.Daemon`: store, server, fleet of
 `engine = "openai"` consumers) on `cfg`, waits until every consumer registered and sat idle,
 submits the native JSONL `lines` (one durable commit) and records, per engine, when each
 batch went to its server and when it came back, until every item has a result. It returns
@@ -18,9 +18,9 @@ from typing import Any
 
 from server_helpers import all_results
 
-from fabricctl.cli.up import Daemon
 from fabricctl.config import AppConfig
 from fabricctl.core.types import ItemResult, Work
+from fabricctl.daemon import Daemon
 from fabricctl.engines.openai import OpenAIEngine
 from fabricctl.formats.reader import Parsed, parse_lines
 from fabricctl.wire.client import Client

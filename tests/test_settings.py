@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from fabricctl.cli.up import Daemon, server_config
 from fabricctl.config import AppConfig, ServerSettings, VllmSettings, load_config
+from fabricctl.daemon import Daemon, server_config
 from fabricctl.errors import UsageError
 from fabricctl.server.config import ServerConfig
 from fabricctl.store.config import MiB, StoreConfig

@@ -65,9 +65,9 @@ from fabricctl.cli.support import (
     setup_logging,
     stdin_binary,
 )
-from fabricctl.cli.up import Daemon
 from fabricctl.config import AppConfig
 from fabricctl.core.types import Item, ItemResult
+from fabricctl.daemon import Daemon
 from fabricctl.errors import ExitCode
 from fabricctl.formats.reader import read_lines
 from fabricctl.formats.results import ResultRecord, make_record, result_line

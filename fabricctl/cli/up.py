@@ -1,41 +1,22 @@
 """`fabricctl up`: the broker, its engines and consumers, and the monitors, in one process.
 
-Contract: the `up` command (`command`) loads the configuration (its flags over the files)
-and runs `serve_forever` on fabricctl's event loop; its exit status is 0, 130 after an
-interrupt, or an error's (`fabricctl.errors`: 2 a bad configuration, 3 no engine, 6 vLLM did
-not become ready). `Daemon.start()` opens (and recovers) the durable store in the data dir
-(with the `[store]` settings), starts the socket server, decides the engine (vLLM when NVML
-shows GPUs, else simulated GPUs, and says why on the log), starts one consumer per GPU and
-the GPU/process monitors, whose samples go into the stats stream; with `--gpus none`
-(`local_gpus=False`) it starts no engine and no consumer, and says "no local GPUs: waiting
-for agents" (the snapshot's `engine` extra, kind "none"): the GPUs are those of the agents
-that join over `--listen`. `--token`, `--tls-cert` and `--tls-key` override `[server]` token
-(which FABRICCTL_TOKEN sets, `config.ENV_VARS`), tls_cert and tls_key; the broker's host
-name is the `host` extra, so views can tell its GPUs from the agents'. With `--ray
-ADDRESS|auto` Ray places one GPU worker per GPU instead (`supervisor/ray_fleet.py`), each
-joining over the TCP listener (127.0.0.1 on an ephemeral port with a fresh token when none
-is configured). `Daemon.stop()` stops pulls, lets in-flight batches finish, stops the server
-(and the Ray workers, and a local Ray) and closes LMDB. `serve_forever` wires SIGINT/SIGTERM
-(and `fabricctl down`) to a graceful stop; a second SIGINT exits at once (LMDB's durable
-commits mean nothing acknowledged is lost either way).
-The server, the store and the supervisor are imported when the broker starts, not when the
-CLI builds its commands.
-
-With `--api HOST:PORT` (or `[server] api`) `serve_forever` also serves the OpenAI Batch API
-(`fabricctl.api`) in the same event loop once the broker is up (`start_api`): a producer on
-the daemon's own socket, its uploads under `<data dir>/files/`, stopped before the broker.
-A host that is not loopback needs `server.token` (checked before anything starts, exit 2).
+Contract: the `up` command (`command`) loads the configuration (its flags over the files:
+`--listen`, `--metrics-port` and `--api` into their sections by `with_sections`; `--token`,
+`--tls-cert` and `--tls-key` over `[server]` token, tls_cert and tls_key by `with_wire`,
+FABRICCTL_TOKEN being read by the configuration) and runs `fabricctl.daemon.serve_forever`
+on fabricctl's event loop (the daemon's contract says what starts and how it stops); its
+exit status is 0, 130 after an interrupt, or an error's (`fabricctl.errors`: 2 a bad
+configuration, 3 no engine, 6 vLLM did not become ready). `--gpus none` starts no local
+engine: the agents that join over `--listen` bring the GPUs; `--ray ADDRESS|auto` has Ray
+place the GPU workers. With `--api HOST:PORT` a host that is not loopback needs
+`server.token` (checked before anything starts, exit 2). The daemon is imported when the
+broker starts, not when the CLI builds its commands.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
-import os
-import signal
-import socket
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,24 +32,11 @@ from fabricctl.cli.support import (
     setup_logging,
 )
 from fabricctl.config import AppConfig
-from fabricctl.errors import ExitCode
 
 if TYPE_CHECKING:
-    from fabricctl.api.app import ApiServer
-    from fabricctl.api.backend import ClientBackend
-    from fabricctl.server.app import BrokerServer
-    from fabricctl.server.config import ServerConfig
-    from fabricctl.store.durable import DurableBroker
-    from fabricctl.store.files import FileStore
-    from fabricctl.supervisor.fleet import Fleet
-    from fabricctl.supervisor.ray_fleet import RayFleet
+    pass
 
 log = logging.getLogger("fabricctl")
-NO_LOCAL_GPUS = "no local GPUs: waiting for agents"
-
-
-def _hostname() -> str:
-    return socket.gethostname()
 
 
 def command(
@@ -105,6 +73,7 @@ def command(
     `--gpus none` runs the broker alone: no local engine or consumer, only the agents
     (`fabricctl consume --gpus ...` on the GPU hosts) that join its --listen socket.
     """
+    from fabricctl.daemon.serve import serve_forever
     from fabricctl.server import eventloop
 
     setup_logging(verbose)
@@ -146,207 +115,3 @@ def with_sections(cfg: AppConfig, listen: str | None = None,
         cfg = dataclasses.replace(cfg, metrics=dataclasses.replace(
             cfg.metrics, prometheus_port=metrics_port))
     return cfg
-
-
-def server_config(cfg: AppConfig) -> ServerConfig:
-    """The daemon's settings: `[server]`'s own knobs as they are (the same names), the
-    Prometheus port (0: off) and the core's tick; the daemon's other knobs keep theirs."""
-    from fabricctl.server.config import ServerConfig
-
-    s = cfg.server
-    return ServerConfig(
-        cfg.data_dir, listen=s.listen, token=s.token, tls_cert=s.tls_cert, tls_key=s.tls_key,
-        heartbeat_s=s.heartbeat_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
-        metrics_port=cfg.metrics.prometheus_port or None, tick_s=cfg.broker.tick_s,
-    )
-
-
-class Daemon:
-    """Why: `up` and `run` assemble the same pieces; this is the assembly."""
-
-    def __init__(self, cfg: AppConfig, with_fleet: bool = True, local_gpus: bool = True,
-                 ray: str | None = None) -> None:
-        self.ray = ray  # `up --ray`: the GPU workers are Ray actors (supervisor/ray_fleet.py)
-        if ray is not None:
-            from fabricctl.supervisor.ray_fleet import import_ray, with_ray_listener
-
-            import_ray()  # without it, say so before the store is opened
-            cfg = with_ray_listener(cfg)
-        self.cfg = cfg
-        self.with_fleet = with_fleet
-        self.local_gpus = local_gpus  # False: `--gpus none`, the agents bring the GPUs
-        self.store: DurableBroker | None = None
-        self.server: BrokerServer | None = None
-        self.fleet: Fleet | None = None
-        self.ray_fleet: RayFleet | None = None
-        self.engine_reason = ""
-        self._monitors: list[object] = []
-
-    async def start(self) -> None:
-        from fabricctl.server.app import BrokerServer
-        from fabricctl.store.durable import DurableBroker
-        from fabricctl.supervisor.fleet import Fleet, choose_engine
-
-        cfg = self.cfg
-        self.store = DurableBroker(cfg.data_dir, time.time(), cfg.broker, cfg.store)
-        self.server = BrokerServer(self.store, server_config(cfg))
-        await self.server.start()
-        report = self._start_monitors()
-        self.server.extra["host"] = _hostname
-        if not self.local_gpus:
-            host = cfg.server.listen.rpartition(":")[0] or "127.0.0.1"
-            reason = NO_LOCAL_GPUS + (f" on {host}:{self.server.tcp_port()}"
-                                      if cfg.server.listen else " (none can join: no --listen)")
-            log.info("engine: none — %s", reason)
-            self.engine_reason = reason
-            self.server.extra["engine"] = lambda: {"kind": "none", "reason": reason}
-            return
-        if not self.with_fleet:
-            return
-        kind, self.engine_reason = choose_engine(
-            cfg, bool(report and report.available), len(report.gpus) if report else 0,
-            (report.reason if report else None) or "NVML unavailable")
-        if self.ray is not None:
-            await self._start_ray(kind)
-            return
-        log.info("engine: %s — %s", kind, self.engine_reason)
-        self.fleet = await Fleet.build(cfg, kind)
-        self.fleet.start(self.server.cfg.socket_path, host=_hostname())
-        self.server.extra["engine"] = lambda: {"kind": kind, "reason": self.engine_reason}
-
-    async def _start_ray(self, kind: str) -> None:
-        """`up --ray`: Ray places the GPU workers; they join this broker over TCP."""
-        from fabricctl.supervisor.ray_fleet import RayFleet, advertised, import_ray, ray_engine
-
-        assert self.server is not None and self.ray is not None
-        kind, self.engine_reason = ray_engine(self.cfg, self.ray, (kind, self.engine_reason))
-        log.info("engine: %s — %s; GPU workers placed by Ray (%s)", kind, self.engine_reason,
-                 self.ray)
-        port = self.server.tcp_port()
-        assert port is not None
-        broker = advertised(self.cfg.server.listen, port,
-                            lambda: str(import_ray().util.get_node_ip_address()))
-        self.ray_fleet = RayFleet(self.cfg, kind, self.ray)
-        await self.ray_fleet.start(broker, self.cfg.server.token)
-        self.server.extra["engine"] = lambda: {"kind": kind, "reason": self.engine_reason,
-                                               "ray": self.ray}
-        self.server.extra["ray"] = self.ray_fleet.describe
-
-    def _start_monitors(self):
-        """GPU (NVML) and process (psutil) monitors feed the stats stream; never fatal."""
-        assert self.server is not None
-        report = None
-        try:
-            from fabricctl.supervisor.gpus import GpuMonitor, detect_gpus
-
-            report = detect_gpus()
-            monitor = GpuMonitor()
-            monitor.start()
-            self._monitors.append(monitor)
-            self.server.extra["gpus"] = monitor.latest
-        except ImportError:
-            pass
-        try:
-            from fabricctl.supervisor.procs import ProcMonitor
-
-            procs = ProcMonitor()
-            procs.watch("broker", os.getpid())
-            self._monitors.append(procs)
-            self.server.extra["processes"] = procs.sample
-        except ImportError:
-            pass
-        return report
-
-    async def stop(self) -> None:
-        if self.fleet is not None:
-            await self.fleet.stop()
-        if self.ray_fleet is not None:
-            await self.ray_fleet.stop()
-        for m in self._monitors:
-            stop = getattr(m, "stop", None)
-            if stop is not None:
-                res = stop()
-                if asyncio.iscoroutine(res):
-                    await res
-        if self.server is not None:
-            await self.server.stop()
-        if self.store is not None:
-            self.store.close()
-            self.store = None
-
-
-class ApiService:
-    """Why: the Batch API's server, its broker link and its files store stop together."""
-
-    def __init__(self, server: ApiServer, backend: ClientBackend, files: FileStore) -> None:
-        self.server, self.backend, self.files = server, backend, files
-
-    async def stop(self) -> None:
-        await self.server.stop()
-        await self.backend.close()
-        self.files.close()
-
-
-async def start_api(cfg: AppConfig, daemon: Daemon) -> ApiService:
-    """The OpenAI Batch API on `server.api`, a producer on the daemon's own socket."""
-    from fabricctl.api.address import api_address
-    from fabricctl.api.app import ApiServer
-    from fabricctl.api.backend import ClientBackend
-    from fabricctl.api.service import BatchApi, process_feeder
-    from fabricctl.store.files import FileStore
-
-    assert daemon.server is not None
-    host, port = api_address(cfg.server.api, cfg.server.token)
-    backend = ClientBackend(daemon.server.cfg.socket_path)
-    files = FileStore(cfg.data_dir / "files")
-    socket_path = daemon.server.cfg.socket_path
-    feeder = process_feeder(socket_path, cfg.producer.tokenizer, cfg.model)
-    api = BatchApi(backend, files, token=cfg.server.token, feeder=feeder)
-    server = ApiServer(api, host, port)
-    try:
-        await server.start()
-    except BaseException:
-        await backend.close()
-        files.close()
-        await daemon.stop()
-        raise
-    return ApiService(server, backend, files)
-
-
-async def serve_forever(cfg: AppConfig, local_gpus: bool = True,
-                        ray: str | None = None) -> int:
-    from fabricctl.server.heap import settle_heap
-
-    daemon = Daemon(cfg, local_gpus=local_gpus, ray=ray)
-    await daemon.start()
-    assert daemon.server is not None
-    api = await start_api(cfg, daemon) if cfg.server.api else None
-    settle_heap()  # what recovery and the imports left is never garbage
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    interrupts = 0
-
-    def on_signal(sig: signal.Signals) -> None:
-        nonlocal interrupts
-        interrupts += 1
-        if interrupts > 1 and sig == signal.SIGINT:
-            log.warning("second interrupt: stopping now")
-            os._exit(ExitCode.INTERRUPTED)
-        log.info("%s: stopping pulls, finishing in-flight batches (Ctrl-C again to stop now)",
-                 sig.name)
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal, sig)
-    waiter = asyncio.ensure_future(stop.wait())
-    requested = asyncio.ensure_future(daemon.server.stop_requested.wait())  # fabricctl down
-    await asyncio.wait({waiter, requested}, return_when=asyncio.FIRST_COMPLETED)
-    if requested.done():
-        log.info("stop requested: stopping pulls, finishing in-flight batches")
-    waiter.cancel()
-    requested.cancel()
-    if api is not None:
-        await api.stop()
-    await daemon.stop()
-    log.info("broker stopped; LMDB closed")
-    return ExitCode.INTERRUPTED if interrupts else ExitCode.OK

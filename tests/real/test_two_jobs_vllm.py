@@ -1,7 +1,7 @@
 """Two jobs on one real vLLM CPU server: a small job sent behind a big one finishes near its
 standalone time, and sharing the server costs the prefix cache nothing.
 
-The real daemon (`cli.up.Daemon`, engine "openai") on ONE of the session's servers, so one
+The real daemon (`daemon.Daemon`, engine "openai") on ONE of the session's servers, so one
 consumer: the jobs take turns on one GPU. Both jobs go through `submit`'s own pipeline
 (`cli.submit.run_submit`: a job opened, chunks sent with its number, sealed, its results
 followed until it is done), as `fabricctl submit FILE --wait` does.
@@ -47,10 +47,10 @@ import pytest
 from realtext import Shape, Tok, achievable_hits, chain_hashes, make_shapes, nonce, scrape_counters
 
 from fabricctl.cli.submit import run_submit
-from fabricctl.cli.up import Daemon
 from fabricctl.config import AppConfig, ConsumerSettings, ProducerSettings, VllmSettings
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.types import ItemResult, Work
+from fabricctl.daemon import Daemon
 from fabricctl.engines.openai import OpenAIEngine
 from fabricctl.supervisor.launcher import Launcher
 from fabricctl.wire.client import Client

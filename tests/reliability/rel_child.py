@@ -15,8 +15,8 @@ import logging
 import sys
 from pathlib import Path
 
-from fabricctl.cli.up import Daemon
 from fabricctl.config import load_config
+from fabricctl.daemon import Daemon
 from fabricctl.store.durable import StoreConfig
 
 
