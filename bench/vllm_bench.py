@@ -74,7 +74,7 @@ was in vLLM, `first_busy_s`, and how long none was at the end, `after_last_busy_
 `serve_s` ratios leave out `fabricctl run`'s start-up (job open to last result).
 
 The rehearsal's prediction: before phase a the first server is calibrated as `fabricctl
-calibrate` does (`fabricctl.cli.calibrate.measure`, fitted by
+calibrate` does (`fabricctl.replay.probe.measure`, fitted by
 `fabricctl.replay.calibrate.fit_costs`); after the phases the same items, counted by the
 same tokenizer, are replayed through round robin and fabric on one simulated GPU of those
 costs (two with `--servers 2`), with the contract the fabricctl phases register.
@@ -126,7 +126,6 @@ import httpx
 import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-from fabricctl.cli.calibrate import measure
 from fabricctl.cli.replay import counter_for, read_workload
 from fabricctl.cli.run import run_job
 from fabricctl.cli.run_summary import RunSummary
@@ -135,6 +134,7 @@ from fabricctl.core.config import CoreConfig
 from fabricctl.engines.costs import SimCosts
 from fabricctl.errors import LaunchError
 from fabricctl.replay.calibrate import Probes, ServerShape, fit_costs
+from fabricctl.replay.probe import measure
 from fabricctl.replay.run import BatchLimits, costs_for, replay
 from fabricctl.replay.workload import load
 from fabricctl.supervisor.launcher import Launcher, vllm_cpu_spec

@@ -4,7 +4,7 @@ server gives fabric's speed-up over arrival order within 15% of what the server 
 It runs `bench/vllm_bench.py` (its own CPU server on a ~12M-parameter random Llama, so
 prefill dominates as on a GPU; 12 Zipf-popular shapes of 300-token prefixes; a KV cache of
 two prefixes beside the requests in flight), which calibrates the server with
-`fabricctl.cli.calibrate.measure` before any phase, then times arrival order and
+`fabricctl.replay.probe.measure` before any phase, then times arrival order and
 `fabricctl run` (the default policy) on it and replays the same items, counted by the same
 tokenizer, through round robin and fabric on one simulated GPU of the fitted costs. The
 issue this pins: with prefixes sized at 4 bytes a token and an H100's costs, replay said
