@@ -51,11 +51,9 @@ class Commit:
     def __init__(self, state: StoreState, ingest: Ingest, completion: Completion,
                  finished: FinishedShapes) -> None:
         self.state = state
-        self.env = state.env
         self.ingest = ingest
         self.completion = completion
         self.finished = finished
-        self.jobs = state.jobs
 
     def stage_steps(self, ingest: IngestPlan | None, complete: CompletePlan | None,
                     jobs: JobPlan | None = None) -> Steps[StagedCommit | None]:
@@ -69,7 +67,7 @@ class Commit:
             return None  # nothing to write (a flush writes the finished shapes' records)
         now = max(ing.now if ing is not None else 0.0, com.now if com is not None else 0.0,
                   jp.now if jp is not None else 0.0)
-        dbs = self.env.dbs
+        dbs = self.state.env.dbs
         meta = self.state.meta
         grown = ing.grown() if ing is not None and com is not None else {}
 
@@ -82,7 +80,7 @@ class Commit:
                     yield
             if com is not None:
                 completed = yield from self.completion.settle_steps(txn, com, batched, grown)
-            self.jobs.write(  # the jobs whose counts or state moved
+            self.state.jobs.write(  # the jobs whose counts or state moved
                 txn, jp, now, ing.jobs if ing is not None else None,
                 ing.job_shapes if ing is not None else None,
                 com.jobs if com is not None else None)
@@ -97,24 +95,24 @@ class Commit:
 
         drain = ing is None
         try:
-            staged = yield from self.env.stage_steps(lambda txn: write(txn, True), drain)
+            staged = yield from self.state.env.stage_steps(lambda txn: write(txn, True), drain)
         except _Conflict:  # an entry already has a result: one put at a time, first one kept
-            staged = yield from self.env.stage_steps(lambda txn: write(txn, False), drain)
+            staged = yield from self.state.env.stage_steps(lambda txn: write(txn, False), drain)
         return StagedCommit(staged, ing is not None, com is not None, drain)
 
     def finish(self, staged: StagedCommit) -> bool:
         """Commit the staged transaction (any thread); False: the map filled meanwhile."""
-        return self.env.finish(staged.txn_staged, staged.drain)
+        return self.state.env.finish(staged.txn_staged, staged.drain)
 
     def grow(self, staged: StagedCommit) -> None:
         """Grow the map after a `finish` that found it full (on the thread that stages)."""
-        self.env.grow(staged.drain)
+        self.state.env.grow(staged.drain)
 
     def committed(self, staged: StagedCommit) -> None:
         """The staged transaction is durable: the persisted counters move."""
         self.state.meta.ledger = staged.txn_staged.result  # type: ignore[assignment]
         self.finished.committed()
-        self.jobs.committed()
+        self.state.jobs.committed()
         if staged.ingest:
             fault_point("ingest_after_commit")
         if staged.complete:

@@ -77,11 +77,6 @@ class Completion:
 
     def __init__(self, state: StoreState) -> None:
         self.state = state
-        self.core = state.core
-        self.env = state.env
-        self.segs = state.segs
-        self.work = state.work
-        self.undone = state.undone
         self.results_stored = 0
         self.duplicate_completions = 0
 
@@ -91,10 +86,10 @@ class Completion:
         """Encode the results of the batches still in flight and mark them settling (a
         disconnect leaves them in flight); nothing is written yet. It pauses between
         batches every `STEP_RESULTS` results."""
-        inflight, work = self.core.inflight, self.work
+        inflight, work = self.state.core.inflight, self.state.work
         plan = CompletePlan(len(done))
         plan.now = now
-        settling = self.core.settling
+        settling = self.state.core.settling
         rows = plan.rows
         models: set[str] = set()
         created = int(now)
@@ -130,7 +125,7 @@ class Completion:
         except BaseException:  # closed at a pause, or failed: these batches are not settling
             settling.difference_update(b for _, b in plan.settled)
             raise
-        plan.epochs = {m: self.core.models[m].epoch for m in models}
+        plan.epochs = {m: self.state.core.models[m].epoch for m in models}
         return plan
 
     def settle_steps(self, txn: lmdb.Transaction, plan: CompletePlan, batched: bool,
@@ -142,8 +137,8 @@ class Completion:
         id check should make impossible, still completes). `grown`: segments an ingest in
         the same transaction appends to, with their new counts (never deleted whole here).
         A segment's deleted count is kept in memory only: recovery counts its results."""
-        dbs = self.env.dbs
-        segs = self.segs
+        dbs = self.state.env.dbs
+        segs = self.state.segs
         rows = plan.rows
         seq = self.state.meta.rseq
         counts: dict[int, int] = {}
@@ -206,7 +201,7 @@ class Completion:
         out = plan.out
         if not plan.writes:
             return out
-        segs, work = self.segs, self.work
+        segs, work = self.state.segs, self.state.work
         meta = self.state.meta
         meta.rseq = plan.seq
         meta.epochs.update(plan.epochs)
@@ -216,9 +211,9 @@ class Completion:
             del segs[seg_id]
         stored = plan.stored
         pos = 0
-        complete = self.core.complete
-        settling = self.core.settling
-        undone = self.undone
+        complete = self.state.core.complete
+        settling = self.state.core.settling
+        undone = self.state.undone
         for j, (i, batch_id) in enumerate(plan.settled):
             if j and j % (STEP_RESULTS // 8) == 0:
                 yield
@@ -232,7 +227,7 @@ class Completion:
                     undone.pop(e.key, None)
             self.results_stored += out[i]
         if plan.withdrawn:  # a cancel's entries: their error results are durable
-            self.core.settle_withdrawn(plan.withdrawn)
+            self.state.core.settle_withdrawn(plan.withdrawn)
             self.results_stored += len(plan.withdrawn)
             if undone:
                 for _, _, e in plan.withdrawn:

@@ -43,11 +43,6 @@ class Dispatch:
     def __init__(self, state: StoreState,
                  settle: Callable[[list[Completed], float], list[int]]) -> None:
         self.state = state
-        self.core = state.core
-        self.env = state.env
-        self.segs = state.segs
-        self.work = state.work
-        self.undone = state.undone
         self.settle = settle
         self.quarantined = 0
         # set by a server that commits on a writer thread: quarantine results wait here for
@@ -68,7 +63,7 @@ class Dispatch:
 
     def pull(self, consumer: str, now: float) -> Work | None:
         """A batch for `consumer`, checked against the segments on disk, or None."""
-        batch = self.core.pull(consumer, now)
+        batch = self.state.core.pull(consumer, now)
         if batch is None:
             return None
         try:
@@ -77,7 +72,7 @@ class Dispatch:
             keys = []
             heads: list[SegHeader] = []  # each entry's segment's (its job, signature, label)
             last = -1
-            segs = self.segs
+            segs = self.state.segs
             hdr: SegHeader | None = None
             for e in batch.entries:
                 seg_id = seg_of(e.key)
@@ -91,8 +86,8 @@ class Dispatch:
                 assert hdr is not None
                 keys.append(entry_key_of(e.key))
                 heads.append(hdr)
-            with self.env.read() as txn:
-                found = txn.cursor(db=self.env.dbs["data"]).getmulti(keys)
+            with self.state.env.read() as txn:
+                found = txn.cursor(db=self.state.env.dbs["data"]).getmulti(keys)
             if len(found) != len(keys):
                 have = {k for k, _ in found}
                 gone = next(k for k in keys if k not in have)
@@ -100,7 +95,7 @@ class Dispatch:
         except ShapeGuardError:
             raise
         except BaseException:
-            self.core.fail(batch.id, now)
+            self.state.core.fail(batch.id, now)
             raise
         decode = entry_decoder.decode
         model, sig = batch.model, batch.signature
@@ -111,11 +106,11 @@ class Dispatch:
                               h.label, s.source, s.line, h.job))
         fault_point("dispatch_step2")  # cursors advance: the core popped the lane queue
         fault_point("dispatch_step3")  # pending map: the core's in-flight table
-        if self.undone:
+        if self.state.undone:
             items = self._quarantine(batch, items, now)
             if not items:
                 return self.pull(consumer, now)  # the whole batch was quarantined
-        self.work[batch.id] = items
+        self.state.work[batch.id] = items
         return Work(batch.id, model, sig, batch.lane, batch.epoch, batch.pad_to,
                     batch.max_tokens, batch.max_input_len, items)
 
@@ -123,7 +118,7 @@ class Dispatch:
         """Settle the entries of a fresh batch that were handed out `max_deliveries` times
         without a result, each with an error result; returns the items still to send."""
         limit = self.state.cfg.max_deliveries
-        undone = self.undone
+        undone = self.state.undone
         bad = [i for i, e in enumerate(batch.entries)
                if undone.get(e.key, (0, ""))[0] >= limit]
         if not bad:
@@ -136,8 +131,8 @@ class Dispatch:
                 + (f"; last: {why}" if why else ""))))
         skip = set(bad)
         keep = [it for i, it in enumerate(items) if i not in skip]
-        qid = batch.id if not keep else self.core.split(batch.id, bad).id
-        self.work[qid] = [items[i] for i in bad]
+        qid = batch.id if not keep else self.state.core.split(batch.id, bad).id
+        self.state.work[qid] = [items[i] for i in bad]
         if self.deferred is not None:  # the server commits it with its next completions
             self.deferred.append((qid, results, None))
         else:
@@ -149,38 +144,38 @@ class Dispatch:
         return keep
 
     def _undone(self, batch_id: int, why: str) -> None:
-        f = self.core.inflight.get(batch_id)
+        f = self.state.core.inflight.get(batch_id)
         if f is None:
             return
-        undone = self.undone
+        undone = self.state.undone
         for e in f.batch.entries:
             undone[e.key] = (undone.get(e.key, (0, ""))[0] + 1, why)
 
     def fail(self, batch_id: int, now: float, reason: str = "") -> None:
         """A batch came back undone (not one whose completion is settling: it stays)."""
-        if batch_id in self.core.settling:
+        if batch_id in self.state.core.settling:
             return
-        if batch_id in self.core.inflight:
+        if batch_id in self.state.core.inflight:
             self._undone(batch_id, reason or "failed back")
-            self.core.fail(batch_id, now)
-        self.work.pop(batch_id, None)
+            self.state.core.fail(batch_id, now)
+        self.state.work.pop(batch_id, None)
 
     def disconnect(self, consumer: str, now: float, why: str,
                    keep: frozenset[int] | set[int] = frozenset()) -> int:
         """A consumer is gone: every batch it held goes back (counted as undone), except
         those settling or whose completion was received (`keep`)."""
-        c = self.core.consumers.get(consumer)
-        stay = self.core.settling | keep
+        c = self.state.core.consumers.get(consumer)
+        stay = self.state.core.settling | keep
         for batch_id in list(c.batches) if c is not None else []:
             if batch_id not in stay:
                 self._undone(batch_id, f"consumer {consumer} lost: {why}")
-                self.work.pop(batch_id, None)
-        return self.core.disconnect(consumer, now, why, keep)
+                self.state.work.pop(batch_id, None)
+        return self.state.core.disconnect(consumer, now, why, keep)
 
     def abort_complete(self, plan: CompletePlan, now: float) -> None:
         """The commit failed: the batches are no longer settling; one whose consumer left
         meanwhile goes back to its lane (nobody else would ever return it)."""
-        core = self.core
+        core = self.state.core
         settling, inflight = core.settling, core.inflight
         for _, batch_id in plan.settled:
             settling.discard(batch_id)

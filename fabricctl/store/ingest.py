@@ -168,10 +168,6 @@ class Ingest:
 
     def __init__(self, state: StoreState) -> None:
         self.state = state
-        self.core = state.core
-        self.env = state.env
-        self.segs = state.segs
-        self.cfg = state.cfg
         self.tail_seg = 0  # the newest segment: the only one that may take more entries
 
     def _screen(
@@ -206,8 +202,8 @@ class Ingest:
             found = []
             for k in range(0, len(good), STEP_ROWS):  # no read transaction across a pause
                 yield
-                with self.env.read() as txn:
-                    found += txn.cursor(db=self.env.dbs["ids"]).getmulti(
+                with self.state.env.read() as txn:
+                    found += txn.cursor(db=self.state.env.dbs["ids"]).getmulti(
                         [g[2] for g in good[k:k + STEP_ROWS]])
             if found:
                 stored = {k for k, _ in found}
@@ -255,8 +251,8 @@ class Ingest:
         its ingest. Its ids count as stored, and this ingest starts new segments above its
         own: it never grows a segment while that commit (which may delete the segment, or
         be refused) is not applied. Should `after` be refused, prepare again."""
-        env = self.env
-        if env.free_disk() < self.cfg.disk_reserve:
+        env = self.state.env
+        if env.free_disk() < self.state.cfg.disk_reserve:
             raise StoreFullError(env.full_message("the disk is nearly full"))
         pending = {idb for idb, _ in after.id_rows} if after is not None else set()
         rejects, good, stored_at = yield from self._screen(items, pending)
@@ -265,9 +261,9 @@ class Ingest:
         if not good:
             return plan
         yield
-        open_shape = self.core.open_shape
-        limit = self.cfg.segment_entries
-        plan.releases = self.core.lane_counters.releases  # before any placement (see apply)
+        open_shape = self.state.core.open_shape
+        limit = self.state.cfg.segment_entries
+        plan.releases = self.state.core.lane_counters.releases  # before any placement (see apply)
         keyed: dict[tuple[str, int, int], list[tuple[int, Item, bytes]]] = {}
         for g in good:  # (model, sig, job) -> its items, keys in order of first appearance
             item = g[1]
@@ -278,7 +274,7 @@ class Ingest:
             else:
                 same.append(g)
         next_seg = self.state.meta.next_seg
-        tail = self.segs.get(self.tail_seg)
+        tail = self.state.segs.get(self.tail_seg)
         if landing:
             tail = None
             if after is not None and after.admits:
@@ -368,7 +364,7 @@ class Ingest:
     def ingest_rows(self, txn: lmdb.Transaction, plan: IngestPlan) -> Steps[None]:
         """Write a prepared chunk inside the caller's transaction (the meta counters are the
         caller's to write), pausing every `STEP_PUTS` rows and between tables."""
-        dbs = self.env.dbs
+        dbs = self.state.env.dbs
         # every new key is above every stored one: append (return counts checked)
         for db, rows, append in (("data", plan.data_rows, True), ("seg", plan.seg_rows, True),
                                  ("ids", plan.id_rows, False)):
@@ -385,7 +381,7 @@ class Ingest:
         if not plan.admits:
             return plan.rejects
         self.state.meta.next_seg = plan.next_seg
-        segs = self.segs
+        segs, core = self.state.segs, self.state.core
         for r in plan.runs:
             r.hdr.count = r.end
             if r.new:
@@ -398,6 +394,6 @@ class Ingest:
                     since = 0
                     yield
                 part = entries[k:k + STEP_ADMITS]
-                self.core.admit_shape(shape, lanes[k:k + STEP_ADMITS], part, now, plan.releases)
+                core.admit_shape(shape, lanes[k:k + STEP_ADMITS], part, now, plan.releases)
                 since += len(part)
         return plan.rejects
