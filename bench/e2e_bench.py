@@ -11,7 +11,7 @@ bytes of payload each, generated before the clock starts.
 
 Measured: items/s from the first submit to the last completion acknowledged; pull latency
 client-side (from sending a Pull to its WorkReply, only pulls that returned work) and
-server-side (`server.metrics.latencies`: from the broker starting the pull to the batch,
+server-side (`server.state.metrics.latencies`: from the broker starting the pull to the batch,
 which leaves out time the pull waited for the event loop); the broker's event-loop lag
 (how long a callback made ready waits to run), its CPU time (all of it, and its event
 loop's thread alone) and its group-commit counts. At the end every
@@ -166,7 +166,7 @@ async def serve(data_dir: Path, knobs: BrokerKnobs, profile: str | None) -> dict
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     loop_cpu = time.thread_time() - loop0
     probe.cancel()
-    lat = server.metrics.latencies
+    lat = server.state.metrics.latencies
     out = {
         "server_pull_p50_ms": round(pct(lat, 0.50) * 1e3, 3),
         "server_pull_p99_ms": round(pct(lat, 0.99) * 1e3, 3),

@@ -73,7 +73,7 @@ async def timeline(cfg: AppConfig, lines: list[bytes], monkeypatch: Any,
     try:
         assert daemon.fleet is not None and daemon.server is not None
         await daemon.fleet.wait_connected()
-        client = await Client.connect(daemon.server.cfg.socket_path, "producer", "test")
+        client = await Client.connect(daemon.server.state.cfg.socket_path, "producer", "test")
         try:
             reply = await client.submit(items)
             tl.acked = time.monotonic()

@@ -30,12 +30,12 @@ async def test_a_declared_prefix_that_is_not_real_is_flagged(tmp_path: Path) -> 
     # same signature every time, but every prompt actually starts with different text
     items += [item(k, liar, [f"{k}: {SYSTEM}"]) for k in range(200)]
     async with running_server(tmp_path) as server:
-        producer = await Client.connect(server.cfg.socket_path, "producer")
+        producer = await Client.connect(server.state.cfg.socket_path, "producer")
         ack = await producer.submit(items)
         assert ack.accepted == 400
         stop = asyncio.Event()
         engine = SimEngine(time_scale=0.0, max_batch_size=32, max_batch_tokens=16384)
-        consumer = Consumer(server.cfg.socket_path, "gpu0", "m", engine, gpu=0)
+        consumer = Consumer(server.state.cfg.socket_path, "gpu0", "m", engine, gpu=0)
         task = asyncio.get_running_loop().create_task(consumer.run(stop))
 
         async def done() -> bool:
@@ -46,7 +46,7 @@ async def test_a_declared_prefix_that_is_not_real_is_flagged(tmp_path: Path) -> 
         stop.set()
         await task
         await producer.close()
-    finished = {e.signature: e for e in server.core.events.since(0) if e.kind == "guard"}
+    finished = {e.signature: e for e in server.state.core.events.since(0) if e.kind == "guard"}
     assert liar in finished
     assert honest not in finished
     assert "not a token-identical prefix" in finished[liar].reason

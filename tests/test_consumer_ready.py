@@ -33,15 +33,16 @@ class Restarting(SimEngine):
 
 async def test_down_engine_pulls_nothing_and_healthy_consumer_does_it_all(tmp_path: Path) -> None:
     async with running_server(tmp_path) as server:
-        producer = await Client.connect(server.cfg.socket_path, "producer")
+        producer = await Client.connect(server.state.cfg.socket_path, "producer")
         stop = asyncio.Event()
         down = Restarting()
         loop = asyncio.get_running_loop()
-        sick = Consumer(server.cfg.socket_path, "sick", "m", down, gpu=0, pull_wait_s=0.05)
+        sick = Consumer(server.state.cfg.socket_path, "sick", "m", down, gpu=0, pull_wait_s=0.05)
         tasks = [loop.create_task(sick.run(stop))]
         await sick.connected.wait()
         assert (await producer.submit(make_items(50))).accepted == 50
-        healthy = Consumer(server.cfg.socket_path, "ok", "m", SimEngine(time_scale=0.0), gpu=1)
+        healthy = Consumer(server.state.cfg.socket_path, "ok", "m", SimEngine(time_scale=0.0),
+                           gpu=1)
         tasks.append(loop.create_task(healthy.run(stop)))
 
         async def done() -> bool:  # results are visible before the consumer's Done arrives
@@ -60,10 +61,10 @@ async def test_down_engine_pulls_nothing_and_healthy_consumer_does_it_all(tmp_pa
 
 async def test_stop_cuts_the_long_poll_and_a_late_batch_goes_back(tmp_path: Path) -> None:
     async with running_server(tmp_path) as server:
-        producer = await Client.connect(server.cfg.socket_path, "producer")
+        producer = await Client.connect(server.state.cfg.socket_path, "producer")
         stop = asyncio.Event()
         engine = SimEngine(time_scale=0.0)
-        idle = Consumer(server.cfg.socket_path, "idle", "m", engine, gpu=0, pull_wait_s=60.0)
+        idle = Consumer(server.state.cfg.socket_path, "idle", "m", engine, gpu=0, pull_wait_s=60.0)
         task = asyncio.get_running_loop().create_task(idle.run(stop))
         await idle.connected.wait()
         stop.set()
@@ -72,7 +73,8 @@ async def test_stop_cuts_the_long_poll_and_a_late_batch_goes_back(tmp_path: Path
         await asyncio.wait_for(task, 10.0)  # well before the 60 s poll would have ended
         assert idle.batches == 0
         other_stop = asyncio.Event()
-        other = Consumer(server.cfg.socket_path, "other", "m", SimEngine(time_scale=0.0), gpu=1)
+        other = Consumer(server.state.cfg.socket_path, "other", "m", SimEngine(time_scale=0.0),
+                         gpu=1)
         other_task = asyncio.get_running_loop().create_task(other.run(other_stop))
 
         async def done() -> bool:

@@ -35,7 +35,7 @@ def test_run_on_asyncio_when_asked() -> None:
 
 async def _serve_one_batch(tmp_path: Path) -> tuple[str, int, list[float]]:
     async with running_server(tmp_path) as server:
-        path = server.cfg.socket_path
+        path = server.state.cfg.socket_path
         producer = await Client.connect(path, "producer", "p")
         assert (await producer.submit(make_items(8))).accepted == 8
         consumer = await Client.connect(path, "consumer", "c")
@@ -45,7 +45,7 @@ async def _serve_one_batch(tmp_path: Path) -> tuple[str, int, list[float]]:
         assert await consumer.complete(work.id, [ItemResult(i.id) for i in work.items]) == 8
         await consumer.close()
         await producer.close()
-        return eventloop.loop_name(), len(work.items), list(server.metrics.latencies)
+        return eventloop.loop_name(), len(work.items), list(server.state.metrics.latencies)
 
 
 def test_the_broker_serves_on_uvloop_and_times_pulls_below_a_millisecond(

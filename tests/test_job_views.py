@@ -26,7 +26,6 @@ from fabricctl.core.jobs import JobState, new_job
 from fabricctl.core.snapshot import Snapshot
 from fabricctl.core.terms import JobTerms
 from fabricctl.core.types import Item
-from fabricctl.server.app import data_dir_socket
 from fabricctl.tui import draw, render
 from fabricctl.tui.palette import CRITICAL
 from fabricctl.wire.client import Client
@@ -141,14 +140,14 @@ async def test_a_deadline_too_short_is_at_risk_everywhere(tmp_path: Path,
                                                           ) -> None:
     async with running_server(tmp_path) as server:
         state = server.state
-        c = await Client.connect(server.cfg.data_dir, "producer", "p")
+        c = await Client.connect(server.state.cfg.data_dir, "producer", "p")
         job = (await c.open_job("submit", name="in.jsonl", window_s=60.0)).job
         assert job.deadline is not None
         # what the store feeds the shape choice once it owns job terms
         state.core.set_job_terms(job.number, JobTerms(deadline=job.deadline))
         await c.submit(_items(2000), job=job.number)
         await c.seal_job(job.number, 2000)
-        wc = await WireConsumer.connect(data_dir_socket(server.cfg.data_dir), "gpu0", CONTRACT)
+        wc = await WireConsumer.connect(server.state.cfg.socket_path, "gpu0", CONTRACT)
         work = None
         while work is None:
             work = await wc.pull(0.5)
@@ -186,7 +185,7 @@ async def test_a_deadline_too_short_is_at_risk_everywhere(tmp_path: Path,
         assert age is not None and age >= 0.0
         assert _metric(exposition, "fabricctl_job_queued_items", job.id) == place.queued_items
 
-        cfg = settings(server.cfg.data_dir, None)
+        cfg = settings(server.state.cfg.data_dir, None)
         capsys.readouterr()
         await asyncio.to_thread(jobs_cli.show_job, cfg, job.id, True)
         doc = json.loads(capsys.readouterr().out)

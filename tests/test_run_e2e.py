@@ -31,7 +31,7 @@ class RecordingDaemon(batchjob.Daemon):
 
     async def stop(self) -> None:
         if self.server is not None and self.fleet is not None:
-            core = self.server.core
+            core = self.server.state.core
             RecordingDaemon.seen = {
                 "engines": [e.stats() for e in self.fleet.engines],
                 "switches": sum(m.switches for m in core.models.values()),

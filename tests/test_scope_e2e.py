@@ -41,7 +41,7 @@ class ScopeDaemon(batchjob.Daemon):
 
     async def stop(self) -> None:
         if self.server is not None:
-            core = self.server.core
+            core = self.server.state.core
             ScopeDaemon.seen = {
                 "scope": core.cfg.shape_scope,
                 "runs": {c: s.runs for ms in core.models.values() for c, s in ms.slots.items()},

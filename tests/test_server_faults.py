@@ -51,7 +51,7 @@ MODEL_SCOPE = CoreConfig(shape_scope="model")
 
 
 async def submit(server: BrokerServer, n: int, prefix: str = "i") -> list[str]:
-    producer = await Client.connect(server.cfg.socket_path, "producer")
+    producer = await Client.connect(server.state.cfg.socket_path, "producer")
     items = make_items(n, prefix=prefix)
     ack = await producer.submit(items)
     assert ack.accepted == n
@@ -60,19 +60,19 @@ async def submit(server: BrokerServer, n: int, prefix: str = "i") -> list[str]:
 
 
 async def exactly_one_each(server: BrokerServer, ids: list[str]) -> dict[str, ResultRecord]:
-    observer = await Client.connect(server.cfg.socket_path, "observer")
+    observer = await Client.connect(server.state.cfg.socket_path, "observer")
     results = await all_results(observer)
     await observer.close()
     by_id = results_by_id(results)
     assert sorted(by_id) == sorted(ids)
     assert all(len(recs) == 1 for recs in by_id.values())
     assert len(results) == len(ids)
-    assert server.core.ledger.difference() == (0, 0)
+    assert server.state.core.ledger.difference() == (0, 0)
     return {k: recs[0] for k, recs in by_id.items()}
 
 
 async def lost_reasons(server: BrokerServer) -> list[str]:
-    observer = await Client.connect(server.cfg.socket_path, "observer")
+    observer = await Client.connect(server.state.cfg.socket_path, "observer")
     events = await observer.query("events", since=0, limit=10_000)
     await observer.close()
     return [e["reason"] for e in events if e["kind"] == "consumer_lost"]
@@ -81,14 +81,14 @@ async def lost_reasons(server: BrokerServer) -> list[str]:
 async def test_killed_consumer_process_batch_goes_to_another(tmp_path: Path) -> None:
     async with running_server(tmp_path, MODEL_SCOPE) as server:  # the survivor drains all
         ids = await submit(server, 64)
-        victim = await spawn_consumer(server.cfg.socket_path, "victim", "by victim")
+        victim = await spawn_consumer(server.state.cfg.socket_path, "victim", "by victim")
         try:
             held = await victim.line()
             assert held["event"] == "holding"
-            assert server.core.consumers["victim"].batches == {held["batch"]}
+            assert server.state.core.consumers["victim"].batches == {held["batch"]}
             tally = Tally(len(ids))
             seen: list[Work] = []
-            client = await Client.connect(server.cfg.socket_path, "consumer", "survivor")
+            client = await Client.connect(server.state.cfg.socket_path, "consumer", "survivor")
             survivor = asyncio.ensure_future(
                 run_consumer(client, "survivor", "by survivor", tally.reached, tally, seen))
             # the survivor takes everything else, then long-polls for the held batch
@@ -106,7 +106,7 @@ async def test_killed_consumer_process_batch_goes_to_another(tmp_path: Path) -> 
         assert sorted(got_after_kill) == sorted(held["ids"])
         recs = await exactly_one_each(server, ids)
         assert {r.text for r in recs.values()} == {"by survivor"}
-        assert "victim" not in server.core.consumers
+        assert "victim" not in server.state.core.consumers
         assert any(r.startswith("victim: connection closed") for r in await lost_reasons(server))
 
 
@@ -114,27 +114,27 @@ async def test_stopped_consumer_is_dropped_and_its_late_completion_is_void(
     tmp_path: Path,
 ) -> None:
     async with running_server(tmp_path, MODEL_SCOPE) as server:  # the survivor drains all
-        timeout = server.cfg.heartbeat_timeout_s
+        timeout = server.state.cfg.heartbeat_timeout_s
         ids = await submit(server, 48)
-        victim = await spawn_consumer(server.cfg.socket_path, "victim", "by victim")
+        victim = await spawn_consumer(server.state.cfg.socket_path, "victim", "by victim")
         try:
             held = await victim.line()
             assert held["event"] == "holding"
             tally = Tally(len(ids))
-            client = await Client.connect(server.cfg.socket_path, "consumer", "survivor")
+            client = await Client.connect(server.state.cfg.socket_path, "consumer", "survivor")
             survivor = asyncio.ensure_future(
                 run_consumer(client, "survivor", "by survivor", tally.reached, tally))
             await asyncio.wait_for(tally.at_least(len(ids) - len(held["ids"])), 15.0)
             # while it runs it heartbeats, and outlives the timeout holding its batch
-            joined = server.core.consumers["victim"].joined
-            while server.clock() - joined < 1.5 * timeout:
-                assert server.core.consumers["victim"].batches == {held["batch"]}
+            joined = server.state.core.consumers["victim"].joined
+            while server.state.clock() - joined < 1.5 * timeout:
+                assert server.state.core.consumers["victim"].batches == {held["batch"]}
                 await asyncio.sleep(0.05)
             stopped = time.monotonic()
             os.kill(victim.proc.pid, signal.SIGSTOP)
             await asyncio.wait_for(tally.reached.wait(), timeout + 5.0)
             waited = time.monotonic() - stopped
-            assert "victim" not in server.core.consumers
+            assert "victim" not in server.state.core.consumers
             assert any(r == "victim: heartbeat timeout" for r in await lost_reasons(server))
             # dropped by the watchdog once the timeout ran out, not much after
             assert waited <= timeout + 1.0
@@ -155,7 +155,7 @@ async def test_silent_consumer_is_dropped_and_a_late_completion_stores_nothing(
     tmp_path: Path,
 ) -> None:
     async with running_server(tmp_path) as server:
-        path = server.cfg.socket_path
+        path = server.state.cfg.socket_path
         ids = await submit(server, 40)
         silent = await Client.connect(path, "consumer", "silent")
         await silent.register("silent", CONTRACT)
@@ -165,7 +165,7 @@ async def test_silent_consumer_is_dropped_and_a_late_completion_stores_nothing(
         client = await Client.connect(path, "consumer", "survivor")
         survivor = asyncio.ensure_future(
             run_consumer(client, "survivor", "by survivor", tally.reached, tally))
-        await asyncio.wait_for(silent.closed.wait(), server.cfg.heartbeat_timeout_s + 2.0)
+        await asyncio.wait_for(silent.closed.wait(), server.state.cfg.heartbeat_timeout_s + 2.0)
         await asyncio.wait_for(tally.reached.wait(), 10.0)
         await survivor
         late = [ItemResult(i.id, text="by silent") for i in held.items]
@@ -223,9 +223,9 @@ async def test_malformed_frame_closes_only_that_connection(
     tmp_path: Path, body: bytes, after_hello: bool,
 ) -> None:
     async with running_server(tmp_path) as server:
-        consumer = await Client.connect(server.cfg.socket_path, "consumer", "steady")
+        consumer = await Client.connect(server.state.cfg.socket_path, "consumer", "steady")
         await consumer.register("steady", CONTRACT)
-        reader, writer = await raw_connection(server.cfg.socket_path, after_hello)
+        reader, writer = await raw_connection(server.state.cfg.socket_path, after_hello)
         writer.write(HEADER.pack(len(body)) + body)
         await refused_and_closed(reader, "bad_frame")
         writer.close()
@@ -235,26 +235,26 @@ async def test_malformed_frame_closes_only_that_connection(
 
 async def test_oversized_frame_closes_only_that_connection(tmp_path: Path) -> None:
     async with running_server(tmp_path, max_frame=4096) as server:
-        consumer = await Client.connect(server.cfg.socket_path, "consumer", "steady")
+        consumer = await Client.connect(server.state.cfg.socket_path, "consumer", "steady")
         await consumer.register("steady", CONTRACT)
-        reader, writer = await raw_connection(server.cfg.socket_path)
+        reader, writer = await raw_connection(server.state.cfg.socket_path)
         writer.write(HEADER.pack(4097))  # only the header: the broker must not wait for more
         await refused_and_closed(reader, "frame_too_large")
         writer.close()
         # a real oversized submit from a client is refused the same way
-        big = await Client.connect(server.cfg.socket_path, "producer", "big")
+        big = await Client.connect(server.state.cfg.socket_path, "producer", "big")
         with pytest.raises(BrokerError) as err:
             await big.submit(make_items(200, prefix="big"))
         assert err.value.code == "frame_too_large"
         await big.close()
         await others_carry_on(server, consumer, "after")
-        assert "steady" in server.core.consumers
+        assert "steady" in server.state.core.consumers
         await consumer.close()
 
 
 async def test_a_completion_of_another_consumers_batch_stores_nothing(tmp_path: Path) -> None:
     async with running_server(tmp_path) as server:
-        path = server.cfg.socket_path
+        path = server.state.cfg.socket_path
         ids = await submit(server, 10)
         owner = await Client.connect(path, "consumer", "owner")
         await owner.register("owner", CONTRACT)
@@ -279,14 +279,14 @@ async def test_re_registering_under_another_name_returns_the_old_names_batches(
     tmp_path: Path,
 ) -> None:
     async with running_server(tmp_path) as server:
-        path = server.cfg.socket_path
+        path = server.state.cfg.socket_path
         ids = await submit(server, 10)
         client = await Client.connect(path, "consumer", "first")
         await client.register("first", CONTRACT)
         held = await client.pull(1.0)
         assert held is not None
         await client.register("second", CONTRACT)
-        assert "first" not in server.core.consumers
+        assert "first" not in server.state.core.consumers
         work = await client.pull(1.0)  # the batch of "first" went back to its lane
         assert work is not None
         assert {i.id for i in work.items} == {i.id for i in held.items}
@@ -302,21 +302,21 @@ async def test_a_failing_request_gets_an_error_and_the_connection_lives_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with running_server(tmp_path) as server:
-        path = server.cfg.socket_path
+        path = server.state.cfg.socket_path
         ids = await submit(server, 5)
         consumer = await Client.connect(path, "consumer", "c")
         await consumer.register("c", CONTRACT)
-        real_pull = server.store.pull
+        real_pull = server.state.store.pull
 
         def broken(name: str, now: float) -> Work | None:
             raise RuntimeError("disk on fire")
 
-        monkeypatch.setattr(server.store, "pull", broken)
+        monkeypatch.setattr(server.state.store, "pull", broken)
         with pytest.raises(BrokerError) as err:
             await asyncio.wait_for(consumer.pull(1.0), 5.0)  # answered, not left hanging
         assert err.value.code == "internal"
         assert "disk on fire" in err.value.message
-        monkeypatch.setattr(server.store, "pull", real_pull)
+        monkeypatch.setattr(server.state.store, "pull", real_pull)
         work = await consumer.pull(1.0)
         assert work is not None
         assert await consumer.complete(work.id, [ItemResult(i.id) for i in work.items]) == 5
@@ -336,8 +336,8 @@ async def test_the_shape_guard_stops_the_broker(
             guard_signature(1, 2, "segment 7")
             return None
 
-        monkeypatch.setattr(server.store, "pull", poisoned)
-        consumer = await Client.connect(server.cfg.socket_path, "consumer", "c")
+        monkeypatch.setattr(server.state.store, "pull", poisoned)
+        consumer = await Client.connect(server.state.cfg.socket_path, "consumer", "c")
         await consumer.register("c", CONTRACT)
         pull = asyncio.ensure_future(consumer.pull(1.0))
         err = await asyncio.wait_for(tripped, 5.0)

@@ -51,7 +51,7 @@ async def produce(address: Path, items: list[Item], chunk: int) -> int:
 
 async def test_many_producers_and_consumers_give_one_result_per_item(tmp_path: Path) -> None:
     async with running_server(tmp_path) as server:
-        path = server.cfg.socket_path
+        path = server.state.cfg.socket_path
         batches = [
             make_items(300, SIG_A, 100, "a"),
             make_items(300, SIG_B, 260, "b"),
@@ -80,7 +80,7 @@ async def test_many_producers_and_consumers_give_one_result_per_item(tmp_path: P
         assert len(results) == total
         ledger = await observer.query("ledger")
         assert ledger["difference"] == [0, 0]
-        assert server.store.results_stored == total
+        assert server.state.store.results_stored == total
         for c in [*clients, observer]:
             await c.close()
 
@@ -94,7 +94,7 @@ async def test_every_consumer_gets_the_prewarm_before_the_warming_shapes_batches
     # "model" scope: every consumer of the model warms; these wire consumers are no
     # simulated engine, so pre-warm is on rather than "auto"
     async with running_server(tmp_path, CoreConfig(shape_scope="model", prewarm="on")) as server:
-        path = server.cfg.socket_path
+        path = server.state.cfg.socket_path
         wires = [await WireConsumer.connect(path, f"w{k}", contract) for k in range(3)]
         items = make_items(80, SIG_A, 100, "a") + make_items(60, SIG_B, 100, "b")
         tally = Tally(len(items))
@@ -167,14 +167,14 @@ async def test_tcp_listener_checks_the_token(tmp_path: Path) -> None:
 
 async def test_unix_socket_is_private_to_its_owner(tmp_path: Path) -> None:
     async with running_server(tmp_path) as server:
-        mode = stat.S_IMODE(os.stat(server.cfg.socket_path).st_mode)
+        mode = stat.S_IMODE(os.stat(server.state.cfg.socket_path).st_mode)
         assert mode == 0o600
-        assert stat.S_ISSOCK(os.stat(server.cfg.socket_path).st_mode)
+        assert stat.S_ISSOCK(os.stat(server.state.cfg.socket_path).st_mode)
 
 
 async def test_unknown_query_is_an_error_and_the_connection_lives_on(tmp_path: Path) -> None:
     async with running_server(tmp_path) as server:
-        client = await Client.connect(server.cfg.socket_path, "observer")
+        client = await Client.connect(server.state.cfg.socket_path, "observer")
         with pytest.raises(BrokerError) as err:
             await client.query("no-such-question")
         assert err.value.code == "unknown_query"
@@ -191,7 +191,7 @@ async def test_prometheus_endpoint_serves_the_ledger(tmp_path: Path) -> None:
         port = server.metrics_port()
         assert port is not None and port > 0
         assert server.tcp_port() is None  # the metrics port is not the consumer listener
-        client = await Client.connect(server.cfg.socket_path, "producer")
+        client = await Client.connect(server.state.cfg.socket_path, "producer")
         assert (await client.submit(make_items(5, tokens=40))).accepted == 5
         await client.close()
         async with httpx.AsyncClient() as http:

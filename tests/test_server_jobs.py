@@ -12,7 +12,6 @@ from server_helpers import CONTRACT, MODEL, SIG_A, SIG_B, WireConsumer, running_
 from fabricctl.core.jobs import JobState
 from fabricctl.core.types import Item
 from fabricctl.errors import BrokerError
-from fabricctl.server.app import data_dir_socket
 from fabricctl.wire.client import Client
 
 
@@ -45,7 +44,7 @@ async def state_of(c: Client, job_id: str, want: JobState, timeout: float = 10.0
 
 async def test_open_submit_seal_results_in_line_order(tmp_path: Path) -> None:
     async with running_server(tmp_path) as server:
-        c = await Client.connect(server.cfg.data_dir, "producer", "p")
+        c = await Client.connect(server.state.cfg.data_dir, "producer", "p")
         reply = await c.open_job("submit", name="in.jsonl", sha256="aa" * 32, size=123)
         job = reply.job
         assert not reply.attached
@@ -56,7 +55,7 @@ async def test_open_submit_seal_results_in_line_order(tmp_path: Path) -> None:
         sealed = await c.seal_job(job.number, 61, errors=["line 61: not JSON"])
         assert sealed.job.sealed and sealed.job.lines == 61 and sealed.job.rejected == 1
         assert sealed.job.errors == ["line 61: not JSON"]
-        wc = await WireConsumer.connect(data_dir_socket(server.cfg.data_dir), "gpu0", CONTRACT)
+        wc = await WireConsumer.connect(server.state.cfg.socket_path, "gpu0", CONTRACT)
         assert await drain(wc, "ok", 60, reverse=True) == 60
         await state_of(c, job.id, JobState.COMPLETED)
         view = await c.job(job.id)
@@ -81,7 +80,7 @@ async def test_open_submit_seal_results_in_line_order(tmp_path: Path) -> None:
 
 async def test_same_ids_in_two_jobs_attach_and_resume(tmp_path: Path) -> None:
     async with running_server(tmp_path) as server:
-        c = await Client.connect(server.cfg.data_dir, "producer", "p")
+        c = await Client.connect(server.state.cfg.data_dir, "producer", "p")
         one = (await c.open_job("api", name="file-1", sha256="11" * 32)).job
         two = (await c.open_job("api", name="file-2", sha256="22" * 32)).job
         assert one.number != two.number
@@ -108,11 +107,11 @@ async def test_same_ids_in_two_jobs_attach_and_resume(tmp_path: Path) -> None:
 
 async def test_cancel_queued_cancelled_in_flight_finishes(tmp_path: Path) -> None:
     async with running_server(tmp_path) as server:
-        c = await Client.connect(server.cfg.data_dir, "producer", "p")
+        c = await Client.connect(server.state.cfg.data_dir, "producer", "p")
         job = (await c.open_job("submit", name="big")).job
         assert (await c.submit(job_items(60), job=job.number)).accepted == 60
         await c.seal_job(job.number, 60)
-        wc = await WireConsumer.connect(data_dir_socket(server.cfg.data_dir), "gpu0", CONTRACT)
+        wc = await WireConsumer.connect(server.state.cfg.socket_path, "gpu0", CONTRACT)
         held = await wc.pull(1.0)
         assert held is not None and 0 < len(held.items) < 60
         cancel = await c.cancel_job(job.id)
@@ -142,7 +141,7 @@ async def test_cancel_queued_cancelled_in_flight_finishes(tmp_path: Path) -> Non
 
 async def test_expiry_cancels_queued_items(tmp_path: Path) -> None:
     async with running_server(tmp_path) as server:
-        c = await Client.connect(server.cfg.data_dir, "producer", "p")
+        c = await Client.connect(server.state.cfg.data_dir, "producer", "p")
         job = (await c.open_job("api", name="f", window_s=0.3)).job
         assert job.deadline is not None
         assert (await c.submit(job_items(10), job=job.number)).accepted == 10
@@ -156,7 +155,7 @@ async def test_expiry_cancels_queued_items(tmp_path: Path) -> None:
 
 async def test_status_lists_active_jobs(tmp_path: Path) -> None:
     async with running_server(tmp_path) as server:
-        c = await Client.connect(server.cfg.data_dir, "producer", "p")
+        c = await Client.connect(server.state.cfg.data_dir, "producer", "p")
         job = (await c.open_job("run", name="w.jsonl")).job
         await c.submit(job_items(3), job=job.number)
         status = await c.query("status")
@@ -174,7 +173,7 @@ async def test_status_lists_active_jobs(tmp_path: Path) -> None:
 @pytest.mark.parametrize("call", ["job", "job_results", "cancel"])
 async def test_unknown_and_ambiguous_ids(tmp_path: Path, call: str) -> None:
     async with running_server(tmp_path) as server:
-        c = await Client.connect(server.cfg.data_dir, "producer", "p")
+        c = await Client.connect(server.state.cfg.data_dir, "producer", "p")
         a = (await c.open_job("submit", name="a")).job
         b = (await c.open_job("submit", name="b")).job
 
@@ -198,7 +197,7 @@ async def test_unknown_and_ambiguous_ids(tmp_path: Path, call: str) -> None:
 
 async def test_items_for_a_sealed_or_unknown_job_are_refused(tmp_path: Path) -> None:
     async with running_server(tmp_path) as server:
-        c = await Client.connect(server.cfg.data_dir, "producer", "p")
+        c = await Client.connect(server.state.cfg.data_dir, "producer", "p")
         job = (await c.open_job("submit")).job
         await c.submit(job_items(2), job=job.number)
         await c.seal_job(job.number, 2)
@@ -216,7 +215,7 @@ async def test_items_for_a_sealed_or_unknown_job_are_refused(tmp_path: Path) -> 
 
 async def test_open_job_validating_then_started_or_failed(tmp_path: Path) -> None:
     async with running_server(tmp_path) as server:
-        c = await Client.connect(server.cfg.data_dir, "producer", "p")
+        c = await Client.connect(server.state.cfg.data_dir, "producer", "p")
         ok = (await c.open_job("api", validating=True)).job
         assert ok.state is JobState.VALIDATING
         bad = (await c.open_job("api", validating=True)).job

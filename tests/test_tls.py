@@ -48,7 +48,7 @@ async def test_a_trusted_certificate_is_welcomed_and_the_unix_socket_stays_plain
         address = f"127.0.0.1:{server.tcp_port()}"
         status = await welcomed(address, cert)  # the self-signed certificate, pinned
         assert status["difference"] == [0, 0]
-        sock = server.cfg.socket_path
+        sock = server.state.cfg.socket_path
         assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
         plain = await Client.connect(sock.parent, "observer", "local")  # no TLS, no token
         assert (await plain.query("ledger"))["difference"] == [0, 0]

@@ -75,7 +75,7 @@ def critical_line(lines: LineList, needle: str) -> bool:
 
 async def test_state_counts_and_a_thrash_event_follow_the_broker(tmp_path: Path) -> None:
     async with running_server(tmp_path, HOLD, **SLOW_WATCHDOG) as server:
-        path = server.cfg.socket_path
+        path = server.state.cfg.socket_path
         producer = await Client.connect(path, "producer")
         app = TopApp(BrokerSource(path), interval=0.1)
         async with app.run_test(size=(100, 30)) as pilot:
@@ -123,7 +123,7 @@ async def test_state_counts_and_a_thrash_event_follow_the_broker(tmp_path: Path)
 async def test_filter_narrows_the_table_and_enter_opens_a_starving_lane(tmp_path: Path) -> None:
     cfg = CoreConfig(stage_timeout_s=3600.0, activate_when_idle=False, starve_s=0.5)
     async with running_server(tmp_path, cfg) as server:
-        path = server.cfg.socket_path
+        path = server.state.cfg.socket_path
         producer = await Client.connect(path, "producer")
         await producer.submit(items(3, SIG_A, "alpha") + items(3, SIG_B, "beta", 300))
         app = TopApp(BrokerSource(path), interval=0.1)
@@ -215,7 +215,7 @@ async def test_snapshots_are_read_and_decoded_off_the_ui_thread(
     monkeypatch.setattr(wire_client, "_snapshot_decoder", decoder)
     ui = threading.get_ident()  # run_test runs the app on the test's own loop and thread
     async with running_server(tmp_path, HOLD) as server:
-        app = TopApp(BrokerSource(server.cfg.socket_path), interval=0.1)
+        app = TopApp(BrokerSource(server.state.cfg.socket_path), interval=0.1)
         async with app.run_test(size=(80, 24)) as pilot:
             await until(pilot, lambda: app.received >= 2, "two snapshots")
             assert app.connected and app.snapshot is not None

@@ -187,14 +187,14 @@ async def test_a_refused_completion_commit_is_an_error_and_the_batch_goes_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with running_server(tmp_path) as server:
-        path = server.cfg.socket_path
+        path = server.state.cfg.socket_path
         producer = await Client.connect(path, "producer", "p")
         assert (await producer.submit(make_items(4))).accepted == 4
         first = await Client.connect(path, "consumer", "first")
         await first.register("first", CONTRACT)
         w = await first.pull(1.0)
         assert w is not None and len(w.items) == 4
-        store = server.store
+        store = server.state.store
         real = store.env.finish
 
         def refuse(staged: Any, drain: bool = False) -> bool:  # as a failed LMDB commit does

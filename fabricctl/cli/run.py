@@ -244,7 +244,7 @@ async def run_job(
         for c in daemon.fleet.consumers:  # before any pre-warm: each is a request counted
             c.on_prewarm = functools.partial(shapes.prewarmed, c.gpu)
         await daemon.fleet.wait_connected()
-        producer = await Producer.connect(daemon.server.cfg.socket_path, name="run",
+        producer = await Producer.connect(daemon.server.state.cfg.socket_path, name="run",
                                           counter=counter,
                                           max_line_bytes=cfg.producer.max_line_bytes)
         collector = None
@@ -292,7 +292,7 @@ async def run_job(
                 collector.cancel()
             await producer.close()
         wall = time.perf_counter() - t0
-        core = daemon.server.core
+        core = daemon.server.state.core
         stats = await daemon.fleet.settled_stats()
         queries = sum(s.prefix_cache_queries for s in stats)
         hits = sum(s.prefix_cache_hits for s in stats)

@@ -86,14 +86,14 @@ class Daemon:
         self.server = BrokerServer(self.store, server_config(cfg))
         await self.server.start()
         report = self._start_monitors()
-        self.server.extra["host"] = _hostname
+        self.server.state.extra["host"] = _hostname
         if not self.local_gpus:
             host = cfg.server.listen.rpartition(":")[0] or "127.0.0.1"
             reason = NO_LOCAL_GPUS + (f" on {host}:{self.server.tcp_port()}"
                                       if cfg.server.listen else " (none can join: no --listen)")
             log.info("engine: none — %s", reason)
             self.engine_reason = reason
-            self.server.extra["engine"] = lambda: {"kind": "none", "reason": reason}
+            self.server.state.extra["engine"] = lambda: {"kind": "none", "reason": reason}
             return
         if not self.with_fleet:
             return
@@ -105,8 +105,8 @@ class Daemon:
             return
         log.info("engine: %s — %s", kind, self.engine_reason)
         self.fleet = await Fleet.build(cfg, kind)
-        self.fleet.start(self.server.cfg.socket_path, host=_hostname())
-        self.server.extra["engine"] = lambda: {"kind": kind, "reason": self.engine_reason}
+        self.fleet.start(self.server.state.cfg.socket_path, host=_hostname())
+        self.server.state.extra["engine"] = lambda: {"kind": kind, "reason": self.engine_reason}
 
     async def _start_ray(self, kind: str) -> None:
         """`up --ray`: Ray places the GPU workers; they join this broker over TCP."""
@@ -122,9 +122,9 @@ class Daemon:
                             lambda: str(import_ray().util.get_node_ip_address()))
         self.ray_fleet = RayFleet(self.cfg, kind, self.ray)
         await self.ray_fleet.start(broker, self.cfg.server.token)
-        self.server.extra["engine"] = lambda: {"kind": kind, "reason": self.engine_reason,
+        self.server.state.extra["engine"] = lambda: {"kind": kind, "reason": self.engine_reason,
                                                "ray": self.ray}
-        self.server.extra["ray"] = self.ray_fleet.describe
+        self.server.state.extra["ray"] = self.ray_fleet.describe
 
     def _start_monitors(self):
         """GPU (NVML) and process (psutil) monitors feed the stats stream; never fatal."""
@@ -137,7 +137,7 @@ class Daemon:
             monitor = GpuMonitor()
             monitor.start()
             self._monitors.append(monitor)
-            self.server.extra["gpus"] = monitor.latest
+            self.server.state.extra["gpus"] = monitor.latest
         except ImportError:
             pass
         try:
@@ -146,7 +146,7 @@ class Daemon:
             procs = ProcMonitor()
             procs.watch("broker", os.getpid())
             self._monitors.append(procs)
-            self.server.extra["processes"] = procs.sample
+            self.server.state.extra["processes"] = procs.sample
         except ImportError:
             pass
         return report

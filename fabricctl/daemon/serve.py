@@ -51,9 +51,9 @@ async def start_api(cfg: AppConfig, daemon: Daemon) -> ApiService:
 
     assert daemon.server is not None
     host, port = api_address(cfg.server.api, cfg.server.token)
-    backend = ClientBackend(daemon.server.cfg.socket_path)
+    backend = ClientBackend(daemon.server.state.cfg.socket_path)
     files = FileStore(cfg.data_dir / "files")
-    socket_path = daemon.server.cfg.socket_path
+    socket_path = daemon.server.state.cfg.socket_path
     feeder = process_feeder(socket_path, cfg.producer.tokenizer, cfg.model)
     api = BatchApi(backend, files, token=cfg.server.token, feeder=feeder)
     server = ApiServer(api, host, port)

@@ -17,7 +17,7 @@ batches, then `stop()` closes the sockets, the writer and the remaining peers); 
 set once `stop()` is through.
 
 Structure: `BrokerServer` holds one `ServerState` (store, settings, clock, peers, consumers,
-wake-up, metrics, snapshot extras; its attributes of those names read it) and composes the
+wake-up, metrics, snapshot extras: `server.state.X`) and composes the
 `Listeners` (the sockets), the `Writer` (group commit) and the `Handlers` (the answers to
 producers and consumers), each given the state and what else it needs explicitly. It is the
 `Router` its connections hand frames to: `welcome` answers a `Hello` (version, and the
@@ -34,7 +34,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fabricctl import __version__
@@ -49,7 +48,6 @@ from fabricctl.server.state import ServerState
 from fabricctl.server.writer import Writer
 from fabricctl.wire.protocol import (
     PROTOCOL_VERSION,
-    SOCKET_NAME,
     CancelJob,
     Complete,
     Done,
@@ -70,9 +68,7 @@ from fabricctl.wire.protocol import (
 )
 
 if TYPE_CHECKING:
-    from fabricctl.core.broker import Broker
     from fabricctl.server.config import ServerConfig
-    from fabricctl.server.metrics import Metrics
     from fabricctl.server.peer import Peer
     from fabricctl.store.durable import DurableBroker
 
@@ -97,41 +93,6 @@ class BrokerServer:
         self.on_fatal: Callable[[BaseException], None] = _stop_process
         self._tasks: list[asyncio.Task[None]] = []
         self.handlers = Handlers(self.state, self.writer, self.drop)
-
-    # -- the shared state, by name ----------
-
-    @property
-    def store(self) -> DurableBroker:
-        return self.state.store
-
-    @property
-    def core(self) -> Broker:
-        return self.state.core
-
-    @property
-    def cfg(self) -> ServerConfig:
-        return self.state.cfg
-
-    @property
-    def clock(self) -> Callable[[], float]:
-        return self.state.clock
-
-    @property
-    def peers(self) -> set[Peer]:
-        return self.state.peers
-
-    @property
-    def consumers(self) -> dict[str, Peer]:
-        return self.state.consumers
-
-    @property
-    def metrics(self) -> Metrics:
-        return self.state.metrics
-
-    @property
-    def extra(self) -> dict[str, Callable[[], Any]]:
-        """Snapshot extras (gpus, processes, ...): name -> a callable read at snapshot time."""
-        return self.state.extra
 
     @property
     def started(self) -> float:
@@ -335,7 +296,3 @@ def _stop_process(e: BaseException) -> None:
     log.critical("%s; stopping the broker process", e)
     logging.shutdown()
     os._exit(70)
-
-
-def data_dir_socket(data_dir: Path) -> Path:
-    return Path(data_dir) / SOCKET_NAME

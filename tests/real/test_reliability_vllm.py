@@ -96,22 +96,22 @@ async def run(tmp: Path, servers: Launcher, rules: list[Rule], items: list,
                for i, p in enumerate(proxies)]
     stop = asyncio.Event()
     async with live_broker(tmp / "data") as server:
-        consumers = [Watched(server.cfg.socket_path, f"vllm{i}", MODEL, e, gpu=i,
+        consumers = [Watched(server.state.cfg.socket_path, f"vllm{i}", MODEL, e, gpu=i,
                              pull_wait_s=0.2, **consumer_kw)  # type: ignore[arg-type]
                      for i, e in enumerate(engines)]
         if setup is not None:
             setup(consumers)
         tasks = [asyncio.ensure_future(c.run(stop)) for c in consumers]
         try:
-            await submit(server.cfg.socket_path, items, hist)
+            await submit(server.state.cfg.socket_path, items, hist)
             await until(settled(server, len(items)), 180, "every item settled")
         finally:
             stop.set()
             await asyncio.wait_for(asyncio.gather(*tasks), 60)
             for e in engines:
                 await e.close()
-        res = await results(server.cfg.socket_path)
-        assert server.core.ledger.difference() == (0, 0)
+        res = await results(server.state.cfg.socket_path)
+        assert server.state.core.ledger.difference() == (0, 0)
     return hist, res, consumers, proxies
 
 

@@ -39,21 +39,22 @@ N = 64
 
 def held(server: BrokerServer, name: str) -> tuple[int, list[str]] | None:
     """The batch a consumer holds, as the broker sees it."""
-    c = server.core.consumers.get(name)
+    c = server.state.core.consumers.get(name)
     if c is None or not c.batches:
         return None
     batch = min(c.batches)
-    items = server.store.work.get(batch)
+    items = server.state.store.work.get(batch)
     return (batch, [it.id for it in items]) if items else None
 
 
 async def victim_holding(server: BrokerServer, tmp: Path, hist: History,
                          ) -> tuple[BrokerProc, int, list[str]]:
     """A `fabricctl consume` process with a slow simulated GPU, holding its first batch."""
-    victim = BrokerProc.consume(server.cfg.data_dir, write_config(tmp, SLOW), tmp, "victim", 7)
+    victim = BrokerProc.consume(server.state.cfg.data_dir, write_config(tmp, SLOW), tmp,
+                                "victim", 7)
     await victim.spawn()
-    await until(lambda: "victim" in server.consumers, 20, "the victim registered")
-    await submit(server.cfg.socket_path, [make_item(n) for n in range(N)], hist)
+    await until(lambda: "victim" in server.state.consumers, 20, "the victim registered")
+    await submit(server.state.cfg.socket_path, [make_item(n) for n in range(N)], hist)
     await until(lambda: held(server, "victim") is not None, 20, "the victim holds a batch")
     got = held(server, "victim")
     assert got is not None
@@ -65,21 +66,21 @@ async def victim_holding(server: BrokerServer, tmp: Path, hist: History,
 async def rescue(server: BrokerServer, hist: History, held_ids: list[str]) -> list:
     """Another consumer finishes everything; every result is checked against the history."""
     stop = asyncio.Event()
-    rescuer = Consumer(server.cfg.socket_path, "rescuer", MODEL, FaultyEngine("rescuer"), gpu=1,
-                       pull_wait_s=0.2)
+    rescuer = Consumer(server.state.cfg.socket_path, "rescuer", MODEL, FaultyEngine("rescuer"),
+                       gpu=1, pull_wait_s=0.2)
     task = asyncio.ensure_future(rescuer.run(stop))
     try:
         await until(settled(server, N), 30, "every item settled")
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
-    res = await results(server.cfg.socket_path)
+    res = await results(server.state.cfg.socket_path)
     report = check(hist, res)
     assert report.clean(), str(report)
     assert report.recovered >= len(held_ids)
     by_id = {rec.id: rec for _, rec in res}
     assert all(by_id[i].gpu == 1 for i in held_ids)  # the rescuer's, never the victim's
-    assert server.core.ledger.difference() == (0, 0)
+    assert server.state.core.ledger.difference() == (0, 0)
     return res
 
 
@@ -92,7 +93,7 @@ async def test_consumer_killed_holding_a_batch(tmp_path: Path) -> None:
         assert await victim.wait(10) == -signal.SIGKILL
         TOTALS.kills += 1
         hist.crash("consumer killed")
-        await until(lambda: "victim" not in server.consumers, 10, "the broker saw the death")
+        await until(lambda: "victim" not in server.state.consumers, 10, "the broker saw the death")
         await rescue(server, hist, ids)
 
 
@@ -103,19 +104,19 @@ async def test_consumer_frozen_past_heartbeat_then_resumed(tmp_path: Path) -> No
         assert victim.proc is not None
         victim.proc.send_signal(signal.SIGSTOP)
         try:
-            await until(lambda: "victim" not in server.consumers, 10,
+            await until(lambda: "victim" not in server.state.consumers, 10,
                         "the broker dropped the silent consumer")
             hist.crash("consumer frozen past the heartbeat timeout")
             await rescue(server, hist, ids)
-            before = server.store.meta.rseq
+            before = server.state.store.meta.rseq
             mark = len(victim.lines)
         finally:
             victim.proc.send_signal(signal.SIGCONT)
         # the resumed consumer finishes its batch; its completion is refused, not stored
         await victim.wait_line(f"completion of batch {batch} not confirmed", 30, mark)
-        await until(lambda: "victim" in server.consumers, 20, "the victim came back")
-        assert server.store.meta.rseq == before
-        again = await results(server.cfg.socket_path)
+        await until(lambda: "victim" in server.state.consumers, 20, "the victim came back")
+        assert server.state.store.meta.rseq == before
+        again = await results(server.state.cfg.socket_path)
         assert len(again) == N and len({rec.id for _, rec in again}) == N
         victim.proc.send_signal(signal.SIGTERM)
         assert await victim.wait(20) == 0, victim.tail()
@@ -141,21 +142,21 @@ async def test_consumer_disconnected_during_prewarm(tmp_path: Path,
         warm.prewarm_gate = asyncio.Event()
         steady = FaultyEngine("steady", time_scale=0.002)
         stop = asyncio.Event()
-        consumers = [Consumer(server.cfg.socket_path, "warm", MODEL, warm, gpu=0,
+        consumers = [Consumer(server.state.cfg.socket_path, "warm", MODEL, warm, gpu=0,
                               pull_wait_s=0.2),
-                     Consumer(server.cfg.socket_path, "steady", MODEL, steady, gpu=1,
+                     Consumer(server.state.cfg.socket_path, "steady", MODEL, steady, gpu=1,
                               pull_wait_s=0.2)]
         tasks = [asyncio.ensure_future(c.run(stop)) for c in consumers]
         try:
-            await until(lambda: {"warm", "steady"} <= set(server.consumers), 10, "registered")
+            await until(lambda: {"warm", "steady"} <= set(server.state.consumers), 10, "registered")
             # two shapes in one commit (~18k and ~12k tokens): one activates, the other is
             # staged past its threshold and warms as soon as the first falls below 4 budgets
             first = [make_item(n) for n in range(0, 3 * 90, 3)]
             second = [make_item(n) for n in range(1, 3 * 60, 3)]
-            await submit(server.cfg.socket_path, first + second, hist, chunk=150)
+            await submit(server.state.cfg.socket_path, first + second, hist, chunk=150)
             await asyncio.wait_for(warm.prewarming.wait(), 20)  # a pre-warm is under way
             await clients["warm"].close()  # ... and its connection goes
-            await until(lambda: "warm" not in server.consumers, 10, "the broker saw it go")
+            await until(lambda: "warm" not in server.state.consumers, 10, "the broker saw it go")
             hist.crash("consumer disconnected during a pre-warm")
             warm.prewarm_gate.set()
             await until(settled(server, len(first) + len(second)), 30, "every item settled")
@@ -163,9 +164,9 @@ async def test_consumer_disconnected_during_prewarm(tmp_path: Path,
             stop.set()
             warm.prewarm_gate.set()
             await asyncio.wait_for(asyncio.gather(*tasks), 10)
-        res = await results(server.cfg.socket_path)
+        res = await results(server.state.cfg.socket_path)
         report = check(hist, res)
         assert report.clean(), str(report)
-        assert server.core.ledger.difference() == (0, 0)
-        lost = [e for e in server.core.events.since(0, 10_000) if e.kind == "consumer_lost"]
+        assert server.state.core.ledger.difference() == (0, 0)
+        lost = [e for e in server.state.core.events.since(0, 10_000) if e.kind == "consumer_lost"]
         assert any("warm" in (e.reason or "") for e in lost), lost

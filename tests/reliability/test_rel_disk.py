@@ -85,7 +85,7 @@ class Filler:
 
 async def drain(server: BrokerServer, n: int) -> None:
     stop = asyncio.Event()
-    c = Consumer(server.cfg.socket_path, "drainer", MODEL, FaultyEngine("drainer"), gpu=0,
+    c = Consumer(server.state.cfg.socket_path, "drainer", MODEL, FaultyEngine("drainer"), gpu=0,
                  pull_wait_s=0.2)
     task = asyncio.ensure_future(c.run(stop))
     try:
@@ -115,20 +115,21 @@ async def test_map_ceiling_refuses_ingest_then_resumes(tmp_path: Path) -> None:
     hist = History()
     filler = Filler(hist)
     async with live_broker(data, TINY) as server:
-        await filler.fill(server.cfg.socket_path)
+        await filler.fill(server.state.cfg.socket_path)
         assert filler.error is not None and filler.error.code == "store_full"
         assert "ingest refused: the LMDB map reached its ceiling" in filler.error.message
         assert str(data) in filler.error.message
         cli = await cli_submit(data, tmp_path, [big_item(k, "cli") for k in range(40)])
         assert cli.returncode == 1, cli
         assert "fabricctl: error: ingest refused: the LMDB map reached its ceiling" in cli.stderr
-        assert server.core.ledger.items_received == filler.n  # the refused chunks stored nothing
+        # the refused chunks stored nothing
+        assert server.state.core.ledger.items_received == filler.n
         # dispatch and completion still work on a full map; completing frees whole segments
         await drain(server, filler.n)
-        assert not server.store.segs
-        await filler.resubmit(server.cfg.socket_path)  # no restart needed
+        assert not server.state.store.segs
+        await filler.resubmit(server.state.cfg.socket_path)  # no restart needed
         await drain(server, filler.n)
-        res = await results(server.cfg.socket_path)
+        res = await results(server.state.cfg.socket_path)
     report = check(hist, res)
     assert report.clean(), str(report)
     assert len(res) == filler.n
@@ -139,15 +140,15 @@ async def test_map_ceiling_then_restart_with_a_larger_one(tmp_path: Path) -> Non
     hist = History()
     filler = Filler(hist)
     async with live_broker(data, TINY) as server:
-        await filler.fill(server.cfg.socket_path)
+        await filler.fill(server.state.cfg.socket_path)
         assert filler.error is not None and filler.error.code == "store_full"
     bigger = StoreConfig(map_size=256 * KiB, map_ceiling=64 * MiB, disk_reserve=0)
     async with live_broker(data, bigger) as server:
-        rec = server.store.recovery
+        rec = server.state.store.recovery
         assert rec.items == filler.n and rec.ledger_ok, rec  # everything acked is there
-        await filler.resubmit(server.cfg.socket_path)
+        await filler.resubmit(server.state.cfg.socket_path)
         await drain(server, filler.n)
-        res = await results(server.cfg.socket_path)
+        res = await results(server.state.cfg.socket_path)
     report = check(hist, res)
     assert report.clean(), str(report)
 
@@ -178,18 +179,18 @@ async def test_full_tmpfs_refuses_ingest_until_the_ballast_goes(tmp_path: Path) 
         filler = Filler(hist)
         store = StoreConfig(map_size=32 * MiB, map_ceiling=32 * MiB, disk_reserve=0)
         async with live_broker(data, store) as server:
-            await filler.fill(server.cfg.socket_path)
+            await filler.fill(server.state.cfg.socket_path)
             assert filler.error is not None and filler.error.code == "store_full"
             assert "ingest refused: LMDB write failed" in filler.error.message
             # LMDB reports the short write as EIO; the message says where and how much is free
             assert f"data dir {data} has 0 B free" in filler.error.message, filler.error.message
-            assert server.core.ledger.items_received == filler.n
+            assert server.state.core.ledger.items_received == filler.n
             ballast.unlink()  # room again, and no restart
-            await filler.resubmit(server.cfg.socket_path)
+            await filler.resubmit(server.state.cfg.socket_path)
             await drain(server, filler.n)
-            res = await results(server.cfg.socket_path)
+            res = await results(server.state.cfg.socket_path)
         # and it starts again cleanly on the same (no longer full) disk
         async with live_broker(data, store) as server:
-            assert server.store.recovery.ledger_ok and server.store.recovery.items == 0
+            assert server.state.store.recovery.ledger_ok and server.state.store.recovery.items == 0
     report = check(hist, res)
     assert report.clean(), str(report)

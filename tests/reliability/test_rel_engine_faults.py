@@ -37,9 +37,9 @@ async def drive(server: BrokerServer, engines: list[FaultyEngine], items: int = 
     settled; returns the history, the result sequence and the consumers."""
     hist = History()
     work = [make_item(n) for n in range(items)] + list(extra or [])
-    await submit(server.cfg.socket_path, work, hist, chunk=len(work))
+    await submit(server.state.cfg.socket_path, work, hist, chunk=len(work))
     stop = asyncio.Event()
-    consumers = [Watched(server.cfg.socket_path, f"c{i}", MODEL, eng, gpu=i,
+    consumers = [Watched(server.state.cfg.socket_path, f"c{i}", MODEL, eng, gpu=i,
                          pull_wait_s=0.2, **consumer_kw)  # type: ignore[arg-type]
                  for i, eng in enumerate(engines)]
     for c, eng in zip(consumers, engines, strict=True):
@@ -50,8 +50,8 @@ async def drive(server: BrokerServer, engines: list[FaultyEngine], items: int = 
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    res = await results(server.cfg.socket_path)
-    assert server.core.ledger.difference() == (0, 0)
+    res = await results(server.state.cfg.socket_path)
+    assert server.state.core.ledger.difference() == (0, 0)
     return hist, res, consumers
 
 
@@ -107,8 +107,8 @@ async def test_poison_items_quarantined_while_their_shape_flows(server: BrokerSe
     assert errs[solo.id].startswith("quarantined after 3 deliveries without a result"), errs
     assert "engine crashed on solo-0" in errs[solo.id]
     assert sum(c.quarantined for c in consumers) >= 1  # consumer-side isolation happened
-    assert server.store.quarantined >= 1  # and the broker's bound did
-    assert sum(c.quarantined for c in consumers) + server.store.quarantined == len(errs)
+    assert server.state.store.quarantined >= 1  # and the broker's bound did
+    assert sum(c.quarantined for c in consumers) + server.state.store.quarantined == len(errs)
     # the poison items' shapes kept flowing: every other item has its engine's answer
     good = [rec for _, rec in res if rec.id not in errs]
     assert len(good) == N - len(poison)
@@ -118,26 +118,26 @@ async def test_consumer_crash_loop_is_bounded(server: BrokerServer) -> None:
     """A batch whose consumer dies every time is quarantined after max_deliveries."""
     hist = History()
     item = make_item(0, tag="crash-")
-    await submit(server.cfg.socket_path, [item], hist)
+    await submit(server.state.cfg.socket_path, [item], hist)
     contract = Contract(MODEL, 16, 4096, 4096)
     for k in range(3):
-        c = await Client.connect(server.cfg.socket_path, "consumer", f"doomed{k}")
+        c = await Client.connect(server.state.cfg.socket_path, "consumer", f"doomed{k}")
         await c.register(f"doomed{k}", contract)
         work = await c.pull(5.0)
         assert work is not None and [it.id for it in work.items] == [item.id]
         hist.dispatch(f"doomed{k}", work.id, [item.id])
         await c.close()  # the consumer "crashes" holding the batch
-        await until(lambda k=k: f"doomed{k}" not in server.consumers, 5, "disconnect seen")
+        await until(lambda k=k: f"doomed{k}" not in server.state.consumers, 5, "disconnect seen")
         hist.crash("consumer died")
-    c = await Client.connect(server.cfg.socket_path, "consumer", "survivor")
+    c = await Client.connect(server.state.cfg.socket_path, "consumer", "survivor")
     await c.register("survivor", contract)
     assert await c.pull(0.3) is None  # quarantined instead of a fourth delivery
     await c.close()
-    res = await results(server.cfg.socket_path)
+    res = await results(server.state.cfg.socket_path)
     report = check(hist, res, text_ok=lambda rec: rec.finish_reason == "error")
     assert report.clean(), str(report)
     (_, rec), = res
     assert rec.error is not None and rec.error.startswith(
         "quarantined after 3 deliveries without a result; last: consumer doomed2 lost"), rec
-    assert server.core.ledger.difference() == (0, 0)
-    assert server.core.ledger.items_completed == 1
+    assert server.state.core.ledger.difference() == (0, 0)
+    assert server.state.core.ledger.items_completed == 1
