@@ -16,6 +16,7 @@ from fabricctl.errors import BrokerError, StoreFullError
 from fabricctl.server.writer import Writer
 from fabricctl.store.durable import DurableBroker, StoreConfig
 from fabricctl.store.env import MiB
+from fabricctl.store.steps import run_steps
 from fabricctl.wire.client import Client
 
 MODEL = "m"
@@ -62,11 +63,11 @@ def test_a_disconnect_while_a_completion_commits_leaves_that_batch_to_it(
     received = store.pull("gpu", 0.0)  # its completion arrived, not yet prepared
     held = store.pull("gpu", 0.0)  # nothing came back for this one
     assert settling and received and held
-    plan = store.prepare_complete([(settling.id, answer(settling), None)], 0.0)
+    plan = run_steps(store.steps.complete([(settling.id, answer(settling), None)], 0.0))
     assert store.disconnect("gpu", 0.0, "socket closed", keep={received.id}) == 4
     store.fail(settling.id, 0.0, "late fail")  # ignored: its completion is settling
-    store.commit(complete=plan)
-    assert store.apply_complete(plan, 0.0) == [4]
+    store.steps.commit(complete=plan)
+    assert run_steps(store.steps.apply_complete(plan, 0.0)) == [4]
     assert store.complete_many([(received.id, answer(received), None)], 0.0) == [4]
     # only the batch nobody answered went back; every item ends with one result
     assert store.core.ledger.items_queued == 4
@@ -83,7 +84,7 @@ def test_a_failed_completion_commit_returns_an_orphaned_batch(
     store.ingest(items(4), 0.0)
     w = store.pull("gpu", 0.0)
     assert w is not None
-    plan = store.prepare_complete([(w.id, answer(w), None)], 0.0)
+    plan = run_steps(store.steps.complete([(w.id, answer(w), None)], 0.0))
     store.disconnect("gpu", 0.0, "gone")
     assert w.id in store.core.inflight  # settling: the disconnect left it
 
@@ -92,8 +93,8 @@ def test_a_failed_completion_commit_returns_an_orphaned_batch(
 
     monkeypatch.setattr(store, "commit", broken)
     with pytest.raises(StoreFullError):
-        store.commit(complete=plan)
-    store.abort_complete(plan, 0.0)
+        store.steps.commit(complete=plan)
+    store.steps.abort_complete(plan, 0.0)
     assert w.id not in store.core.inflight
     assert store.core.ledger.items_queued == 4  # back in its lane, nobody else would send it
     monkeypatch.undo()
@@ -103,11 +104,11 @@ def test_a_failed_completion_commit_returns_an_orphaned_batch(
 def test_placements_retired_while_their_commit_runs_join_the_open_shape(
     store: DurableBroker,
 ) -> None:
-    plan = store.prepare_ingest(items(10), 0.0)
+    plan = run_steps(store.steps.ingest(items(10), 0.0))
     store.core.tick(100.0)  # the new shape is empty and staged: the tick drops it
     assert SIG not in store.core.model(MODEL).open
-    store.commit(ingest=plan)
-    assert store.apply_ingest(plan, 100.0) == []
+    store.steps.commit(ingest=plan)
+    assert run_steps(store.steps.apply_ingest(plan, 100.0)) == []
     shape = store.core.model(MODEL).open[SIG]
     assert shape.items == 10
     assert sum(len(lane.queue) for lane in shape.lanes.lanes.values()) == 10
@@ -123,12 +124,12 @@ def test_an_ingest_into_the_segment_a_completion_empties_keeps_it(
     (seg_id,) = store.segs
     w = store.pull("gpu", 0.0)
     assert w is not None and len(w.items) == 4
-    cp = store.prepare_complete([(w.id, answer(w), None)], 0.0)
-    ip = store.prepare_ingest(items(3, prefix="late"), 0.0)  # grows the same segment
+    cp = run_steps(store.steps.complete([(w.id, answer(w), None)], 0.0))
+    ip = run_steps(store.steps.ingest(items(3, prefix="late"), 0.0))  # grows the same segment
     assert [r.seg_id for r in ip.runs] == [seg_id]
-    store.commit(ingest=ip, complete=cp)
-    store.apply_ingest(ip, 0.0)
-    store.apply_complete(cp, 0.0)
+    store.steps.commit(ingest=ip, complete=cp)
+    run_steps(store.steps.apply_ingest(ip, 0.0))
+    run_steps(store.steps.apply_complete(cp, 0.0))
     assert store.segs[seg_id].count == 7 and store.segs[seg_id].deleted == 4
     store.close()
     again = DurableBroker(store.env.data_dir, 1.0, store=StoreConfig(segment_entries=64))

@@ -9,11 +9,12 @@ records are written only in the writer's transactions, never in a second one on 
 cycle takes up to `max_items` items of waiting submits (at least one chunk) and up to
 `max_batches` waiting completions holding at most twice as many results (at least one
 batch), waiting up to `max_wait_s` for more when there are fewer and no commit is running
-(the queues and that policy: `CommitQueue`, in intake.py). It prepares both on the event loop in
-short steps (`fabricctl.store.steps`), each after the socket events that were waiting,
-stages them in one transaction, and commits it on the writer thread (`store.finish`: LMDB
-lets go of the GIL while it writes and syncs; a map that filled meanwhile is grown with
-`store.grow` here, and the cycle staged again). While that commit runs, the next cycle is
+(the queues and that policy: `CommitQueue`, in intake.py). It prepares both on the event
+loop in short steps (the store's `steps`, `fabricctl.store.writes`), each after the socket
+events that were waiting, stages them in one transaction, and commits it on the writer
+thread (`steps.finish`: LMDB lets go of the GIL while it writes and syncs; a map that filled
+meanwhile is grown with `steps.grow` here, and the cycle staged again). While that commit
+runs, the next cycle is
 taken and prepared; then the first is applied, answered and `on_commit` called (also after
 each part of its entries is made dispatchable), and only then is the next one staged: one
 transaction at a time, applied in order. A store refusal of the ingest (full map or disk)
@@ -36,6 +37,7 @@ from fabricctl.server.intake import CommitQueue
 from fabricctl.server.pauses import io_turn, run_steps_async
 from fabricctl.store.dispatch import Completed
 from fabricctl.store.jobs import JobOp
+from fabricctl.store.steps import run_steps
 from fabricctl.wire.protocol import Reject
 
 if TYPE_CHECKING:
@@ -134,17 +136,17 @@ class Writer:
         try:
             if c.chunks:
                 try:
-                    c.ip = await run_steps_async(store.ingest_steps(
+                    c.ip = await run_steps_async(store.steps.ingest(
                         [it for ch, _ in c.chunks for it in ch], now, after is not None,
                         after.ip if after is not None else None))
                 except StoreError as e:
                     c.refused = e
                 await io_turn()
             if c.done and not again:
-                c.cp = await run_steps_async(store.complete_steps([d for d, _ in c.done], now))
+                c.cp = await run_steps_async(store.steps.complete([d for d, _ in c.done], now))
                 await io_turn()
             if c.ops and not again:
-                c.jp, c.cp = store.prepare_jobs([op for op, _ in c.ops], now, c.cp)
+                c.jp, c.cp = store.steps.jobs([op for op, _ in c.ops], now, c.cp)
         except BaseException as e:
             self._fail(c, e)
             if not isinstance(e, Exception):
@@ -169,7 +171,7 @@ class Writer:
         there is nothing to commit."""
         while True:
             try:
-                staged = await run_steps_async(self.store.stage_steps(c.ip, c.cp, c.jp))
+                staged = await run_steps_async(self.store.steps.stage(c.ip, c.cp, c.jp))
             except StoreError as e:
                 if not c.refuse_ingest(e):
                     raise
@@ -179,11 +181,11 @@ class Writer:
             c.staged = staged
             if self.threaded:
                 c.commit = asyncio.get_running_loop().run_in_executor(
-                    self.thread, self.store.finish, staged)
+                    self.thread, self.store.steps.finish, staged)
             else:
                 c.commit = asyncio.get_running_loop().create_future()
                 try:
-                    c.commit.set_result(self.store.finish(staged))
+                    c.commit.set_result(self.store.steps.finish(staged))
                 except BaseException as e:
                     c.commit.set_exception(e)
             return True
@@ -197,10 +199,10 @@ class Writer:
             while c.commit is not None and c.staged is not None:
                 try:
                     if await c.commit:
-                        store.committed(c.staged)
+                        store.steps.committed(c.staged)
                         committed = True
                         break
-                    store.grow(c.staged)
+                    store.steps.grow(c.staged)
                 except StoreError as e:
                     if not c.refuse_ingest(e):
                         raise
@@ -221,27 +223,27 @@ class Writer:
             self.ingest_commits += bool(c.ip.admits)
             c.ingested = True
             # pulls waiting for work get each part of it as soon as it is dispatchable
-            admitted = store.apply_ingest_steps(c.ip, self.clock())
+            admitted = store.steps.apply_ingest(c.ip, self.clock())
             answer_chunks(c.chunks, await run_steps_async(admitted, self.on_commit),
                           c.ip.stored)
             if c.cp is not None:
                 await io_turn()
         if c.cp is not None:
             self.complete_commits += 1
-            c.answer_done(await run_steps_async(store.apply_complete_steps(c.cp, self.clock())))
+            c.answer_done(await run_steps_async(store.steps.apply_complete(c.cp, self.clock())))
         if c.jp is not None:
-            c.answer_ops(store.apply_jobs(c.jp))
+            c.answer_ops(store.steps.apply_jobs(c.jp))
         self._settled(c)
 
     def _apply(self, c: Cycle) -> None:
         """Apply a cycle that wrote nothing (every item rejected, every batch late)."""
         store, now = self.store, self.clock()
         if c.ip is not None:
-            answer_chunks(c.chunks, store.apply_ingest(c.ip, now), c.ip.stored)
+            answer_chunks(c.chunks, run_steps(store.steps.apply_ingest(c.ip, now)), c.ip.stored)
         if c.cp is not None:
-            c.answer_done(store.apply_complete(c.cp, now))
+            c.answer_done(run_steps(store.steps.apply_complete(c.cp, now)))
         if c.jp is not None:
-            c.answer_ops(store.apply_jobs(c.jp))
+            c.answer_ops(store.steps.apply_jobs(c.jp))
         self._settled(c)
 
     def _settled(self, c: Cycle) -> None:
@@ -254,9 +256,9 @@ class Writer:
         """The cycle failed: its completions are not settling any more, everyone hears why."""
         store, now = self.store, self.clock()
         if c.cp is not None:
-            store.abort_complete(c.cp, now)
+            store.steps.abort_complete(c.cp, now)
         if c.jp is not None:
-            store.abort_jobs(c.jp)
+            store.steps.abort_jobs(c.jp)
         for (batch_id, _, _), _ in c.done:  # one whose consumer left: nobody else returns it
             f = store.core.inflight.get(batch_id)
             if (f is not None and batch_id not in store.core.settling

@@ -18,16 +18,11 @@ Contract:
 - `fail(batch_id, now, reason)` puts a batch back at the front of its lane;
   `disconnect(consumer, now, why, keep)` does so for every batch a lost consumer held,
   except those whose completion is settling or was received (`keep`).
-- Each write is three steps, so a server can commit off its event loop: `prepare_ingest` /
-  `prepare_complete` (on the caller's thread), `commit(ingest, complete)` (one durable
-  transaction for either or both: `stage_commit`, then `finish`, which touches LMDB only,
-  so it may run on a writer thread, `grow` when the map filled meanwhile, `committed`),
-  then `apply_ingest` / `apply_complete` (on the caller's thread). Batches being settled
-  are in `core.settling` from prepare to apply: a fail or disconnect leaves them alone. `ingest`
-  and `complete_many` run the three steps in a row. The long ones also come as generators
-  that pause between parts (`ingest_steps`, `complete_steps`, `stage_steps`,
-  `apply_ingest_steps`, `apply_complete_steps`; see `fabricctl.store.steps`): the server's
-  writer lets its event loop serve sockets at each pause.
+- Each write has one public form here (`ingest`, `submit`, `complete`, `complete_many`, the
+  job operations), committed when it returns. A server that commits off its event loop
+  takes the same writes in their prepare/commit/apply steps from `steps`
+  (`fabricctl.store.writes.WriteSteps`). Batches being settled are in `core.settling` from
+  prepare to apply: a fail or disconnect leaves them alone.
 - Crash loops are bounded: every entry that comes back undone (failed, or held by a lost
   consumer) is counted in memory; one that was handed out `max_deliveries` times without a
   result is not handed out again: `pull` completes it with an error result ("quarantined
@@ -39,9 +34,9 @@ Contract:
   counts an id already stored in its job as skipped). A job's record is written in the same
   transaction as every count it holds: its items' ingest (total), their results (completed,
   failed: a result with an error) and a cancel (cancelled), so it is exact after kill -9.
-  `prepare_jobs(ops, now, into)` / `apply_jobs` / `abort_jobs` carry the job operations
-  (open, seal, cancel, priority, the tick's expiry and finalize) through the same commit;
-  `job_ops`, `open_job`, `seal_job`, `cancel_job`, `set_job_priority` and `tick_jobs` run
+  the job operations (open, seal, cancel, priority, the tick's expiry and finalize) go
+  through the same commit (`steps.jobs`, `apply_jobs`, `abort_jobs`); `job_ops`, `open_job`,
+  `seal_job`, `cancel_job`, `set_job_priority` and `tick_jobs` run
   them in a row (the four single operations raise `JobRefused`, with the store's reason,
   for a job that does not exist or has ended). Every live job's priority, deadline and sealed
   flag reach the core's shape choice (`Broker.set_job_terms`) from the job table: when its
@@ -55,14 +50,16 @@ Contract:
 - Reads for the server, each in one short read transaction: `entry(key)`,
   `results_since(seq)`, `results_by_key(after)`, `result(item_id)`, `finished_shapes()`,
   `usage()`, `stats()`.
-Everything but `finish` runs on the caller's thread; the server calls it from its event loop.
+Everything but `steps.finish` runs on the caller's thread; the server calls it from its
+event loop.
 
 Structure: `DurableBroker` composes parts that share one explicit `StoreState` (settings,
 env, core, meta, segments, in-flight work, delivery counts): `Ingest` (ingest.py), `Dispatch`
 (dispatch.py: pull, fail, disconnect, quarantine), `Completion` (completion.py), `Commit`
-(commit.py: the transaction that carries them) and `Reads` (reads.py); `recover`
-(recovery.py) fills the state at start. Its methods delegate to them; no part imports this
-module. Why the writes are shaped as they are (the cost model): `fabricctl.store.keys`.
+(commit.py: the transaction that carries them), `Reads` (reads.py) and the writes' steps
+over them (`WriteSteps`, writes.py); `recover` (recovery.py) fills the state at start. Its
+methods delegate to them; no part imports this module. Why the writes are shaped as they are
+(the cost model): `fabricctl.store.keys`.
 """
 
 from __future__ import annotations
@@ -80,20 +77,21 @@ from fabricctl.core.snapshot import ShapeView
 from fabricctl.core.types import Item, ItemResult, Work
 from fabricctl.errors import JobRefused
 from fabricctl.store.commit import Commit, StagedCommit
-from fabricctl.store.completion import CompletePlan, Completion
+from fabricctl.store.completion import Completion
 from fabricctl.store.config import StoreConfig
 from fabricctl.store.dispatch import Completed, Dispatch
 from fabricctl.store.env import StoreEnv
 from fabricctl.store.ingest import Ingest, IngestPlan, Refused
 from fabricctl.store.jobops import JobOps
-from fabricctl.store.jobs import CancelOp, JobOp, JobPlan, JobTable, OpenOp, PriorityOp, SealOp
+from fabricctl.store.jobs import CancelOp, JobOp, JobTable, OpenOp, PriorityOp, SealOp
 from fabricctl.store.keys import SegHeader, StoredEntry
 from fabricctl.store.meta import Meta, PersistedLedger
 from fabricctl.store.reads import Reads
 from fabricctl.store.recovery import RecoveryReport, recover
 from fabricctl.store.shapes import FinishedShapes
 from fabricctl.store.state import StoreState
-from fabricctl.store.steps import Steps, run_steps
+from fabricctl.store.steps import run_steps
+from fabricctl.store.writes import WriteSteps
 
 __all__ = ["DurableBroker", "Refused", "StagedCommit", "StoreConfig"]
 
@@ -120,6 +118,9 @@ class DurableBroker:
         self._finished = FinishedShapes(self.env, self.core, self.store_cfg.finished_shapes_kept)
         self._commit = Commit(state, self._ingest, self._completion, self._finished)
         self._jobs = JobOps(state)
+        # the writes in their prepare/commit/apply steps, for the server's writer
+        self.steps = WriteSteps(self._ingest, self._completion, self._dispatch, self._jobs,
+                                self.jobs, self._commit)
         self._reads = Reads(self.env)
         try:
             self.recovery: RecoveryReport = recover(state, now)
@@ -155,10 +156,7 @@ class DurableBroker:
 
     def ingest(self, items: list[Item], now: float) -> list[Refused]:
         """Store a chunk durably and make it dispatchable; returns the rejects."""
-        plan = self.prepare_ingest(items, now)
-        if plan.admits:
-            self.commit(ingest=plan)
-        return self.apply_ingest(plan, now)
+        return self._ingest_now(items, now)[0]
 
     def submit(self, items: list[Item], now: float, job: int = 0, resume: bool = False
                ) -> tuple[list[Refused], int]:
@@ -166,31 +164,18 @@ class DurableBroker:
         an id already stored in the job is skipped, not a reject. Returns (rejects, skipped)."""
         for it in items:
             it.job = job
-        plan = self.prepare_ingest(items, now)
-        if plan.admits:
-            self.commit(ingest=plan)
-        rejects = self.apply_ingest(plan, now)
+        rejects, plan = self._ingest_now(items, now)
         if not resume or not plan.stored:
             return rejects, 0
         keep = [r for r in rejects if r.index not in plan.stored]
         return keep, len(rejects) - len(keep)
 
-    def prepare_ingest(self, items: list[Item], now: float) -> IngestPlan:
-        """Screen, place and encode a chunk (nothing is written yet)."""
-        return run_steps(self.ingest_steps(items, now))
-
-    def ingest_steps(self, items: list[Item], now: float, landing: bool = False,
-                     after: IngestPlan | None = None) -> Steps[IngestPlan]:
-        """`prepare_ingest` in steps (`Ingest.ingest_steps`: `landing` and `after`)."""
-        return self._ingest.ingest_steps(items, now, landing, after)
-
-    def apply_ingest(self, plan: IngestPlan, now: float) -> list[Refused]:
-        """After the commit: the new entries become dispatchable; returns the rejects."""
-        return run_steps(self.apply_ingest_steps(plan, now))
-
-    def apply_ingest_steps(self, plan: IngestPlan, now: float) -> Steps[list[Refused]]:
-        """`apply_ingest` in steps (every part admitted is dispatchable at once)."""
-        return self._ingest.apply_ingest_steps(plan, now)
+    def _ingest_now(self, items: list[Item], now: float) -> tuple[list[Refused], IngestPlan]:
+        steps = self.steps
+        plan = run_steps(steps.ingest(items, now))
+        if plan.admits:
+            steps.commit(ingest=plan)
+        return run_steps(steps.apply_ingest(plan, now)), plan
 
     # -- completion ----------
 
@@ -206,71 +191,33 @@ class DurableBroker:
         Returns, per batch, the results stored, or -1 for a batch that is not in flight
         (a late or duplicate completion: dropped, it creates no second result).
         """
-        plan = self.prepare_complete(done, now)
+        steps = self.steps
+        plan = run_steps(steps.complete(done, now))
         if plan.writes:
             try:
-                self.commit(complete=plan)
+                steps.commit(complete=plan)
             except BaseException:
-                self.abort_complete(plan, now)
+                steps.abort_complete(plan, now)
                 raise
-        return self.apply_complete(plan, now)
-
-    def prepare_complete(self, done: list[Completed], now: float) -> CompletePlan:
-        """Encode the results of the batches still in flight and mark them settling (a
-        disconnect leaves them in flight); nothing is written yet."""
-        return run_steps(self.complete_steps(done, now))
-
-    def complete_steps(self, done: list[Completed], now: float) -> Steps[CompletePlan]:
-        """`prepare_complete` in steps (between batches, every `STEP_RESULTS` results)."""
-        return self._completion.complete_steps(done, now)
-
-    def abort_complete(self, plan: CompletePlan, now: float) -> None:
-        """The commit failed: the batches are no longer settling; one whose consumer left
-        meanwhile goes back to its lane (nobody else would ever return it)."""
-        self._dispatch.abort_complete(plan, now)
-
-    def apply_complete(self, plan: CompletePlan, now: float) -> list[int]:
-        """After the commit: settle the batches in the core; returns results stored per batch."""
-        return run_steps(self.apply_complete_steps(plan, now))
-
-    def apply_complete_steps(self, plan: CompletePlan, now: float) -> Steps[list[int]]:
-        """`apply_complete` in steps (every `STEP_RESULTS // 8` batches settled)."""
-        return self._completion.apply_complete_steps(plan, now)
+        return run_steps(steps.apply_complete(plan, now))
 
     # -- jobs ----------
 
-    def prepare_jobs(self, ops: list[JobOp], now: float, into: CompletePlan | None = None
-                     ) -> tuple[JobPlan, CompletePlan | None]:
-        """Prepare job operations (nothing is written yet): new records, changes, and for a
-        cancel or an expiry the job's queued entries withdrawn from their lanes with their
-        error results, added to `into` (a completion plan of the same commit) or a new
-        plan; commit both, then `apply_complete` and `apply_jobs` (or `abort_complete` and
-        `abort_jobs`)."""
-        return self._jobs.prepare(ops, now, into)
-
-    def apply_jobs(self, plan: JobPlan) -> list[JobRecord | str]:
-        """After the commit: per operation, the job's record, or why it was refused."""
-        self.jobs.release(plan)
-        return self.jobs.replies(plan)
-
-    def abort_jobs(self, plan: JobPlan) -> None:
-        """The commit failed: the plan's jobs may get tick operations again."""
-        self.jobs.release(plan)
-
     def job_ops(self, ops: list[JobOp], now: float) -> list[JobRecord | str]:
         """Prepare, commit and apply job operations in a row (a store without a writer)."""
-        plan, cp = self.prepare_jobs(ops, now)
+        steps = self.steps
+        plan, cp = steps.jobs(ops, now)
         if plan.writes() or (cp is not None and cp.writes):
             try:
-                self.commit(complete=cp, jobs=plan)
+                steps.commit(complete=cp, jobs=plan)
             except BaseException:
                 if cp is not None:
-                    self.abort_complete(cp, now)
-                self.abort_jobs(plan)
+                    steps.abort_complete(cp, now)
+                steps.abort_jobs(plan)
                 raise
         if cp is not None:
-            self.apply_complete(cp, now)
-        return self.apply_jobs(plan)
+            run_steps(steps.apply_complete(cp, now))
+        return steps.apply_jobs(plan)
 
     def _one(self, op: JobOp, now: float) -> JobRecord:
         got = self.job_ops([op], now)[0]
@@ -338,47 +285,6 @@ class DurableBroker:
                     ) -> list[ResultRecord]:
         """A job's results in input-line order, of lines after `after_line`."""
         return self._reads.job_results(job, after_line, limit)
-
-    # -- the commit ----------
-
-    def commit(self, ingest: IngestPlan | None = None,
-               complete: CompletePlan | None = None, jobs: JobPlan | None = None) -> None:
-        """One durable transaction for a prepared ingest and/or completion, with the meta
-        counters they move: `stage_commit`, then `finish` (growing a map that filled
-        while committing), then `committed`. Apply the ingest first, then the completion.
-        With an ingest in it, a full map past the ceiling is refused (`StoreFullError`); a
-        completion alone may grow the map into the drain headroom."""
-        while (staged := self.stage_commit(ingest, complete, jobs)) is not None:
-            if self.finish(staged):
-                self.committed(staged)
-                return
-            self.grow(staged)
-
-    def stage_commit(self, ingest: IngestPlan | None, complete: CompletePlan | None,
-                     jobs: JobPlan | None = None) -> StagedCommit | None:
-        """Write the plans into a new transaction, not committed yet (None: nothing to
-        write). Its `finish` may run on a writer thread, while this thread goes on
-        dispatching; nothing else may write until `committed` (or a failed finish)."""
-        return run_steps(self.stage_steps(ingest, complete, jobs))
-
-    def stage_steps(self, ingest: IngestPlan | None, complete: CompletePlan | None,
-                    jobs: JobPlan | None = None) -> Steps[StagedCommit | None]:
-        """`stage_commit` in steps: it pauses after the ingest's rows, after the results and
-        between parts of segment deletes, its transaction open meanwhile."""
-        return self._commit.stage_steps(ingest, complete, jobs)
-
-    def finish(self, staged: StagedCommit) -> bool:
-        """Commit a staged transaction (any thread: LMDB lets go of the GIL); False: the map
-        filled while committing: `grow`, then stage again."""
-        return self._commit.finish(staged)
-
-    def grow(self, staged: StagedCommit) -> None:
-        """Grow the map after a `finish` that found it full (on the thread that stages)."""
-        self._commit.grow(staged)
-
-    def committed(self, staged: StagedCommit) -> None:
-        """The staged transaction is durable: the persisted counters move."""
-        self._commit.committed(staged)
 
     # -- dispatch ----------
 
