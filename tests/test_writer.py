@@ -91,7 +91,7 @@ def test_a_failed_completion_commit_returns_an_orphaned_batch(
     def broken(*a: object, **k: object) -> None:
         raise StoreFullError("write refused: disk full")
 
-    monkeypatch.setattr(store, "commit", broken)
+    monkeypatch.setattr(store.steps, "commit", broken)
     with pytest.raises(StoreFullError):
         store.steps.commit(complete=plan)
     store.steps.abort_complete(plan, 0.0)

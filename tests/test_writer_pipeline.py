@@ -33,7 +33,7 @@ class Gate:
         self.release = threading.Event()
         self.calls = 0
         real_finish = store.env.finish
-        real_steps = store.ingest_steps
+        real_steps = store.steps.ingest
 
         def finish(staged: Any, drain: bool = False) -> bool:
             self.calls += 1
@@ -53,7 +53,7 @@ class Gate:
             return plan
 
         monkeypatch.setattr(store.env, "finish", finish)
-        monkeypatch.setattr(store, "ingest_steps", steps)
+        monkeypatch.setattr(store.steps, "ingest", steps)
 
     async def next_cycle_while_held(self, start: Callable[[], Any]) -> Any:
         """Wait for the held commit, start the next cycle's work, let the commit go."""
@@ -143,7 +143,7 @@ async def test_the_loop_runs_between_the_steps_of_a_large_ingest(
 ) -> None:
     log: list[str] = []
     loop = asyncio.get_running_loop()
-    real = store.ingest_steps
+    real = store.steps.ingest
 
     def logged(*args: Any) -> Steps[Any]:
         inner = real(*args)
@@ -159,7 +159,7 @@ async def test_the_loop_runs_between_the_steps_of_a_large_ingest(
         log.append("turn")
         handle[0] = loop.call_soon(turn)
 
-    monkeypatch.setattr(store, "ingest_steps", logged)
+    monkeypatch.setattr(store.steps, "ingest", logged)
     handle = [loop.call_soon(turn)]
     writer = Writer(store, lambda: 1.0, lambda: None, max_items=8192, max_wait_s=0.0)
     writer.start()
