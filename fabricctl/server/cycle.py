@@ -33,9 +33,9 @@ class Cycle:
     chunks: list[tuple[list[Item], asyncio.Future[list[Reject]]]]
     done: list[tuple[Completed, asyncio.Future[int]]]
     ops: list[tuple[JobOp, asyncio.Future[JobRecord | str]]] = field(default_factory=list)
-    ip: IngestPlan | None = None
-    cp: CompletePlan | None = None
-    jp: JobPlan | None = None
+    ingest_plan: IngestPlan | None = None
+    complete_plan: CompletePlan | None = None
+    jobs_plan: JobPlan | None = None
     refused: BaseException | None = None  # why the store refused the ingest
     staged: StagedCommit | None = None
     commit: asyncio.Future[bool] | None = field(default=None, repr=False)
@@ -45,11 +45,11 @@ class Cycle:
     def refuse_ingest(self, e: BaseException) -> bool:
         """The store refused the ingest: go on with the completions alone; False when there
         are none to go on with (the cycle fails)."""
-        rest = (self.cp is not None and self.cp.writes) or (
-            self.jp is not None and self.jp.writes())
-        if self.ip is None or not rest:
+        rest = (self.complete_plan is not None and self.complete_plan.writes) or (
+            self.jobs_plan is not None and self.jobs_plan.writes())
+        if self.ingest_plan is None or not rest:
             return False
-        self.refused, self.ip = e, None
+        self.refused, self.ingest_plan = e, None
         return True
 
     def answer_done(self, stored: list[int]) -> None:

@@ -116,14 +116,14 @@ class Writer:
             if landing is None:
                 await self._prepare(cycle, None)
             else:  # prepared while the commit runs; applied as soon as it returned
-                behind = landing.ip is not None and bool(landing.ip.admits)
+                behind = landing.ingest_plan is not None and bool(landing.ingest_plan.admits)
                 prepared = loop.create_task(self._prepare(cycle, landing))
                 try:
                     await self._finish(landing)
                 finally:
                     await prepared
-                if behind and not landing.ingested and cycle.ip is not None:
-                    cycle.ip = None  # screened against ids that were not stored: again
+                if behind and not landing.ingested and cycle.ingest_plan is not None:
+                    cycle.ingest_plan = None  # screened against ids that were not stored: again
                     await self._prepare(cycle, None, again=True)
                 landing = None
             if not cycle.failed:
@@ -136,17 +136,19 @@ class Writer:
         try:
             if c.chunks:
                 try:
-                    c.ip = await run_steps_async(store.steps.ingest(
+                    c.ingest_plan = await run_steps_async(store.steps.ingest(
                         [it for ch, _ in c.chunks for it in ch], now, after is not None,
-                        after.ip if after is not None else None))
+                        after.ingest_plan if after is not None else None))
                 except StoreError as e:
                     c.refused = e
                 await io_turn()
             if c.done and not again:
-                c.cp = await run_steps_async(store.steps.complete([d for d, _ in c.done], now))
+                c.complete_plan = await run_steps_async(
+                    store.steps.complete([d for d, _ in c.done], now))
                 await io_turn()
             if c.ops and not again:
-                c.jp, c.cp = store.steps.jobs([op for op, _ in c.ops], now, c.cp)
+                c.jobs_plan, c.complete_plan = store.steps.jobs(
+                    [op for op, _ in c.ops], now, c.complete_plan)
         except BaseException as e:
             self._fail(c, e)
             if not isinstance(e, Exception):
@@ -171,7 +173,8 @@ class Writer:
         there is nothing to commit."""
         while True:
             try:
-                staged = await run_steps_async(self.store.steps.stage(c.ip, c.cp, c.jp))
+                staged = await run_steps_async(
+                    self.store.steps.stage(c.ingest_plan, c.complete_plan, c.jobs_plan))
             except StoreError as e:
                 if not c.refuse_ingest(e):
                     raise
@@ -219,35 +222,37 @@ class Writer:
             return
         self.commits += 1
         await io_turn()
-        if c.ip is not None:
-            self.ingest_commits += bool(c.ip.admits)
+        if c.ingest_plan is not None:
+            self.ingest_commits += bool(c.ingest_plan.admits)
             c.ingested = True
             # pulls waiting for work get each part of it as soon as it is dispatchable
-            admitted = store.steps.apply_ingest(c.ip, self.clock())
+            admitted = store.steps.apply_ingest(c.ingest_plan, self.clock())
             answer_chunks(c.chunks, await run_steps_async(admitted, self.on_commit),
-                          c.ip.stored)
-            if c.cp is not None:
+                          c.ingest_plan.stored)
+            if c.complete_plan is not None:
                 await io_turn()
-        if c.cp is not None:
+        if c.complete_plan is not None:
             self.complete_commits += 1
-            c.answer_done(await run_steps_async(store.steps.apply_complete(c.cp, self.clock())))
-        if c.jp is not None:
-            c.answer_ops(store.steps.apply_jobs(c.jp))
+            c.answer_done(await run_steps_async(
+                store.steps.apply_complete(c.complete_plan, self.clock())))
+        if c.jobs_plan is not None:
+            c.answer_ops(store.steps.apply_jobs(c.jobs_plan))
         self._settled(c)
 
     def _apply(self, c: Cycle) -> None:
         """Apply a cycle that wrote nothing (every item rejected, every batch late)."""
         store, now = self.store, self.clock()
-        if c.ip is not None:
-            answer_chunks(c.chunks, run_steps(store.steps.apply_ingest(c.ip, now)), c.ip.stored)
-        if c.cp is not None:
-            c.answer_done(run_steps(store.steps.apply_complete(c.cp, now)))
-        if c.jp is not None:
-            c.answer_ops(store.steps.apply_jobs(c.jp))
+        if c.ingest_plan is not None:
+            answer_chunks(c.chunks, run_steps(store.steps.apply_ingest(c.ingest_plan, now)),
+                          c.ingest_plan.stored)
+        if c.complete_plan is not None:
+            c.answer_done(run_steps(store.steps.apply_complete(c.complete_plan, now)))
+        if c.jobs_plan is not None:
+            c.answer_ops(store.steps.apply_jobs(c.jobs_plan))
         self._settled(c)
 
     def _settled(self, c: Cycle) -> None:
-        if c.ip is None and c.chunks:
+        if c.ingest_plan is None and c.chunks:
             fail_all([f for _, f in c.chunks], c.refused or StoreError("ingest refused"))
         self.intake.release(c)
         self.on_commit()
@@ -255,10 +260,10 @@ class Writer:
     def _fail(self, c: Cycle, e: BaseException) -> None:
         """The cycle failed: its completions are not settling any more, everyone hears why."""
         store, now = self.store, self.clock()
-        if c.cp is not None:
-            store.steps.abort_complete(c.cp, now)
-        if c.jp is not None:
-            store.steps.abort_jobs(c.jp)
+        if c.complete_plan is not None:
+            store.steps.abort_complete(c.complete_plan, now)
+        if c.jobs_plan is not None:
+            store.steps.abort_jobs(c.jobs_plan)
         for (batch_id, _, _), _ in c.done:  # one whose consumer left: nobody else returns it
             f = store.core.inflight.get(batch_id)
             if (f is not None and batch_id not in store.core.settling
