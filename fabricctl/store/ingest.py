@@ -135,6 +135,123 @@ class _Run:
         self.rows: list[tuple[bytes, bytes]] = []
 
 
+_Good = tuple[int, Item, bytes]  # a screened item: (its index in the chunk, it, its id key)
+
+
+class _Group:
+    """Why: one (model, shape, job) group of a chunk, placed: its items with their id keys,
+    token counts, lanes and target lengths, in arrival order."""
+
+    __slots__ = ("first", "idbs", "items", "lanes", "shape", "targets", "tokens")
+
+    def __init__(self, gs: list[_Good], shape: Shape, items: list[Item],
+                 tokens: list[int]) -> None:
+        self.first = [g[0] for g in gs]  # each item's index in the chunk
+        self.idbs = [g[2] for g in gs]
+        self.shape, self.items, self.tokens = shape, items, tokens
+        self.lanes: list[Lane] = []
+        self.targets: list[int] = []
+
+
+class _Cut:
+    """Why: a group's items [start, stop) go into one segment run (the tail segment grows
+    for its own group; a run holds at most `segment_entries`)."""
+
+    __slots__ = ("group", "run", "start", "stop")
+
+    def __init__(self, run: _Run, group: _Group, start: int, stop: int) -> None:
+        self.run, self.group, self.start, self.stop = run, group, start, stop
+
+
+def _group(good: list[_Good]) -> dict[tuple[str, int, int], list[_Good]]:
+    """(model, signature, job) -> its items, keys in order of first appearance."""
+    keyed: dict[tuple[str, int, int], list[_Good]] = {}
+    for g in good:
+        item = g[1]
+        key = (item.model, item.signature, item.job)
+        same = keyed.get(key)
+        if same is None:
+            keyed[key] = [g]
+        else:
+            same.append(g)
+    return keyed
+
+
+def _cut(groups: list[_Group], tail: SegHeader | None, tail_seg: int, limit: int,
+         now: float) -> list[_Cut]:
+    """Each group's items cut into runs, the tail segment first when it is the group's own
+    and has room; new runs are numbered by `_number`. In order of arrival."""
+    cuts: list[_Cut] = []
+    for group in groups:
+        its, shape = group.items, group.shape
+        model, sig, job = its[0].model, its[0].signature, its[0].job
+        at = 0
+        if (tail is not None and tail.count < limit and tail.signature == sig
+                and tail.model == model and tail.job == job):
+            to = min(len(its), limit - tail.count)
+            cuts.append(_Cut(_Run(tail_seg, tail, False), group, 0, to))
+            tail = None
+            at = to
+        while at < len(its):
+            to = min(len(its), at + max(limit, 1))
+            hdr = SegHeader(model, sig, shape.label, 0, 0, now, job)
+            cuts.append(_Cut(_Run(0, hdr, True), group, at, to))
+            at = to
+    cuts.sort(key=lambda c: c.group.first[c.start])  # new segments in order of arrival
+    return cuts
+
+
+def _number(cuts: list[_Cut], next_seg: int) -> int:
+    """Number the new runs' segments from `next_seg`, in order; the next free number."""
+    for c in cuts:
+        if c.run.new:
+            c.run.seg_id, c.run.base = next_seg, seg_base(next_seg)
+            next_seg += 1
+    return next_seg
+
+
+def _encode(plan: IngestPlan, cuts: list[_Cut], now: float) -> Steps[None]:
+    """Each run's rows, id rows and admits, encoded in bulk; the plan's rows in key order.
+    Pauses every `STEP_ITEMS` items."""
+    id_rows, admits = plan.id_rows, plan.admits
+    encode, pack = entry_encoder.encode, _ENTRY.pack
+    every: list[_Run] = []
+    tokens = since = 0
+    for c in cuts:
+        if since >= STEP_ITEMS:
+            since = 0
+            yield
+        run, g, at, to = c.run, c.group, c.start, c.stop
+        since += to - at
+        part = g.items[at:to]
+        cnt = to - at
+        off = run.end
+        run.end = off + cnt
+        keys = list(map(pack, repeat(run.seg_id, cnt), range(off, off + cnt)))
+        part_ns = g.tokens[at:to]
+        lanes = g.lanes[at:to]
+        # each row a `StoredEntry`, encoded from the tuple of its fields (array_like, no
+        # omitted defaults: the same bytes, without building the Struct)
+        stored = [(n, it.max_tokens, now, la.id, t, it.id, it.payload, it.source, it.line)
+                  for it, n, la, t in zip(part, part_ns, lanes, g.targets[at:to], strict=True)]
+        maxes = [f[1] for f in stored]
+        run.rows = list(zip(keys, map(encode, stored), strict=True))
+        id_rows.extend(zip(g.idbs[at:to], keys, strict=True))
+        first = run.base | off
+        admits.append((g.shape, lanes, list(map(
+            Entry, range(first, first + cnt), part_ns, maxes, repeat(now, cnt),
+            repeat(None, cnt), repeat(run.hdr.job, cnt)))))
+        tokens += sum(part_ns)
+        every.append(run)
+    every.sort(key=lambda r: r.seg_id)  # then their rows are in key order
+    plan.runs = every
+    plan.data_rows = [row for r in every for row in r.rows]
+    plan.seg_rows = [(seg_key(r.seg_id), header_encoder.encode(
+        msgspec.structs.replace(r.hdr, count=r.end))) for r in every if r.new]
+    plan.received = (len(id_rows), tokens)
+    id_rows.sort(key=itemgetter(0))  # the ids are unique: the order of the rows
+
+
 class IngestPlan:
     """Why: ingest is prepared, committed and applied in three steps, so the commit can run
     off the event loop; this is what passes between them."""
@@ -245,7 +362,7 @@ class Ingest:
     def ingest_steps(self, items: list[Item], now: float, landing: bool = False,
                      after: IngestPlan | None = None) -> Steps[IngestPlan]:
         """Screen, place and encode a chunk (nothing is written yet), pausing after the
-        screen and every `STEP_ITEMS` items placed.
+        screen and every `STEP_ITEMS` items placed or encoded.
 
         `landing`: a commit is still running, to be applied before this one, and `after` is
         its ingest. Its ids count as stored, and this ingest starts new segments above its
@@ -261,29 +378,28 @@ class Ingest:
         if not good:
             return plan
         yield
-        open_shape = self.state.core.open_shape
-        limit = self.state.cfg.segment_entries
-        plan.releases = self.state.core.lane_counters.releases  # before any placement (see apply)
-        keyed: dict[tuple[str, int, int], list[tuple[int, Item, bytes]]] = {}
-        for g in good:  # (model, sig, job) -> its items, keys in order of first appearance
-            item = g[1]
-            key = (item.model, item.signature, item.job)
-            same = keyed.get(key)
-            if same is None:
-                keyed[key] = [g]
-            else:
-                same.append(g)
+        plan.releases = self.state.core.lane_counters.releases  # before any placement (apply)
         next_seg = self.state.meta.next_seg
-        tail = self.state.segs.get(self.tail_seg)
+        tail: SegHeader | None = self.state.segs.get(self.tail_seg)
         if landing:
             tail = None
             if after is not None and after.admits:
                 next_seg = after.next_seg
+        groups = yield from self._place(plan, _group(good), now)
+        cuts = _cut(groups, tail, self.tail_seg, self.state.cfg.segment_entries, now)
+        next_seg = _number(cuts, next_seg)
+        yield from _encode(plan, cuts, now)
+        plan.next_seg = next_seg
+        return plan
+
+    def _place(self, plan: IngestPlan, keyed: dict[tuple[str, int, int], list[_Good]],
+               now: float) -> Steps[list[_Group]]:
+        """Each (model, shape, job) group's items placed in the lanes of its shape (the same
+        lanes as one at a time, in arrival order), its job's counts moved; pauses every
+        `STEP_ITEMS` items."""
+        open_shape = self.state.core.open_shape
         jobs = plan.jobs
-        # place each key's items (the same lanes as one at a time, in arrival order) and cut
-        # them into runs: the tail segment grows for its own key, a run holds up to `limit`
-        placed: list[tuple[Shape, list[Item], list[bytes], list[int], list[Lane], list[int]]] = []
-        runs: list[tuple[int, _Run, int, int, int]] = []  # (first index, run, group, from, to)
+        groups: list[_Group] = []
         since = 0
         for (model, sig, job), gs in keyed.items():
             its = [g[1] for g in gs]
@@ -291,75 +407,17 @@ class Ingest:
             if job:
                 jobs[job] = jobs.get(job, 0) + len(its)
                 plan.job_shapes.setdefault(job, set()).add(JobShape(model, sig, shape.label))
-            ns = [it.input_tokens for it in its]
-            targets: list[int] = []
-            lanes: list[Lane] = []
-            for k in range(0, len(ns), STEP_ITEMS):  # pausing every `STEP_ITEMS` placed
+            group = _Group(gs, shape, its, [it.input_tokens for it in its])
+            ns, targets = group.tokens, group.targets
+            for k in range(0, len(ns), STEP_ITEMS):
                 if since >= STEP_ITEMS:
                     since = 0
                     yield
                 chunk = ns[k:k + STEP_ITEMS]
-                lanes += shape.lanes.assign_many(chunk, now, targets)
+                group.lanes += shape.lanes.assign_many(chunk, now, targets)
                 since += len(chunk)
-            gi = len(placed)
-            placed.append((shape, its, [g[2] for g in gs], ns, lanes, targets))
-            at = 0
-            if (tail is not None and tail.count < limit and tail.signature == sig
-                    and tail.model == model and tail.job == job):
-                to = min(len(its), limit - tail.count)
-                runs.append((gs[0][0], _Run(self.tail_seg, tail, False), gi, 0, to))
-                tail = None
-                at = to
-            while at < len(its):
-                to = min(len(its), at + max(limit, 1))
-                hdr = SegHeader(model, sig, shape.label, 0, 0, now, job)
-                runs.append((gs[at][0], _Run(0, hdr, True), gi, at, to))  # numbered below
-                at = to
-        runs.sort(key=lambda r: r[0])  # new segments are numbered in order of arrival
-        for _, run, _, _, _ in runs:
-            if run.new:
-                run.seg_id, run.base = next_seg, seg_base(next_seg)
-                next_seg += 1
-        id_rows = plan.id_rows
-        admits = plan.admits
-        encode, pack = entry_encoder.encode, _ENTRY.pack
-        every: list[_Run] = []
-        tokens = 0
-        for _, run, gi, at, to in runs:  # encode each run's rows and entries in bulk
-            if since >= STEP_ITEMS:
-                since = 0
-                yield
-            since += to - at
-            shape, its, idbs, ns, lanes, targets = placed[gi]
-            part = its[at:to]
-            cnt = to - at
-            off = run.end
-            run.end = off + cnt
-            keys = list(map(pack, repeat(run.seg_id, cnt), range(off, off + cnt)))
-            part_ns = ns[at:to]
-            # each row a `StoredEntry`, encoded from the tuple of its fields (array_like, no
-            # omitted defaults: the same bytes, without building the Struct)
-            stored = [(n, it.max_tokens, now, la.id, t, it.id, it.payload, it.source, it.line)
-                      for it, n, la, t in zip(part, part_ns, lanes[at:to], targets[at:to],
-                                              strict=True)]
-            maxes = [f[1] for f in stored]
-            run.rows = list(zip(keys, map(encode, stored), strict=True))
-            id_rows.extend(zip(idbs[at:to], keys, strict=True))
-            first = run.base | off
-            admits.append((shape, lanes[at:to], list(map(
-                Entry, range(first, first + cnt), part_ns, maxes, repeat(now, cnt),
-                repeat(None, cnt), repeat(run.hdr.job, cnt)))))
-            tokens += sum(part_ns)
-            every.append(run)
-        every.sort(key=lambda r: r.seg_id)  # then their rows are in key order
-        plan.runs = every
-        plan.data_rows = [row for r in every for row in r.rows]
-        plan.seg_rows = [(seg_key(r.seg_id), header_encoder.encode(
-            msgspec.structs.replace(r.hdr, count=r.end))) for r in every if r.new]
-        plan.next_seg = next_seg
-        plan.received = (len(good), tokens)
-        id_rows.sort(key=itemgetter(0))  # the ids are unique: the order of the rows
-        return plan
+            groups.append(group)
+        return groups
 
     def ingest_rows(self, txn: lmdb.Transaction, plan: IngestPlan) -> Steps[None]:
         """Write a prepared chunk inside the caller's transaction (the meta counters are the
