@@ -223,6 +223,32 @@ class _Totals:
         self.tokens_out += rec.completion_tokens
 
 
+class _Results:
+    """Why: each result of the job counts in the totals and the achievable bound, then goes
+    out in completion order, or through the input order (`--ordered`)."""
+
+    def __init__(self, out: IO[bytes], shapes: AchievableHits, ordered: bool) -> None:
+        self.out, self.shapes, self.totals = out, shapes, _Totals()
+        self.order = InputOrder(self._emit) if ordered else None
+
+    def _emit(self, rec: ResultRecord) -> None:
+        self.out.write(result_line(rec))
+
+    def write(self, rec: ResultRecord) -> None:
+        self.totals.add(rec)
+        self.shapes.completed(rec)
+        if self.order is not None:
+            self.order.add(rec)
+        else:
+            self._emit(rec)
+
+    def finish(self) -> None:
+        """Every result of the job came: what the input order holds (nothing by now) goes."""
+        if self.order is not None:
+            self.order.finish()
+        self.out.flush()
+
+
 async def run_job(
     cfg: AppConfig, input_path: Path, out: IO[bytes],
     errors: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
@@ -248,17 +274,7 @@ async def run_job(
                                           counter=counter,
                                           max_line_bytes=cfg.producer.max_line_bytes)
         collector = None
-        totals = _Totals()
-
-        def write(rec: ResultRecord) -> None:
-            totals.add(rec)
-            shapes.completed(rec)
-            if order is not None:
-                order.add(rec)
-            else:
-                out.write(result_line(rec))
-
-        order = InputOrder(lambda rec: out.write(result_line(rec))) if ordered else None
+        results = _Results(out, shapes, ordered)
         try:
             name, sha256 = "-", ""
             if str(input_path) != "-":
@@ -271,47 +287,55 @@ async def run_job(
                 j = job.record
                 log.warning("continuing job %s from %s: %d items stored, %d with an outcome",
                             j.id, cfg.data_dir, j.total, j.outcomes)
-            follower = job.follower(write)
+            follower = job.follower(results.write)
             collector = asyncio.ensure_future(follower.run())
             unserved = Unserved({c.model for c in daemon.fleet.consumers},
                                 lambda rec: out.write(result_line(rec)))
-            feed = await _submit(job, input_path, shapes, errors, order, unserved)
+            feed = await _submit(job, input_path, shapes, errors, results.order, unserved)
             for message in unserved.messages():
                 errors(f"fabricctl: error: {message}")
             out.flush()
             follower.nudge()
             await collector
             serve_s = time.perf_counter() - t_job
-            if order is not None:
-                order.finish()  # empty by now: every result of the job came
-            out.flush()
-            accepted = feed.accepted + feed.skipped  # this run's items and the earlier one's
-            rejected = feed.refusals.count
+            results.finish()
         finally:
             if collector is not None and not collector.done():
                 collector.cancel()
             await producer.close()
         wall = time.perf_counter() - t0
-        core = daemon.server.state.core
-        stats = await daemon.fleet.settled_stats()
-        queries = sum(s.prefix_cache_queries for s in stats)
-        hits = sum(s.prefix_cache_hits for s in stats)
-        block = max((s.block_size for s in stats), default=0) or 16
-        achievable = shapes.achievable(block)
-        return RunSummary(
-            items=accepted, rejected=rejected,
-            tokens_in=totals.tokens_in, tokens_out=totals.tokens_out,
-            wall_s=round(wall, 3), shapes=len(shapes.prefix),
-            shape_switches=sum(m.switches for m in core.models.values()),
-            midstream_switches=sum(m.midstream_switches for m in core.models.values()),
-            kv_hit_rate=round(hits / queries, 4) if queries else 0.0,
-            kv_hit_achievable=round(min(1.0, achievable / queries), 4) if queries else 0.0,
-            padding_waste=round(core.waste(), 4), thrash_events=core.batches_hist.thrashed,
-            engine=daemon.fleet.kind, simulated=daemon.fleet.kind == "sim",
-            gpus=len(daemon.fleet.engines), ledger_difference=core.ledger.difference(),
-            token_counter=counter.name, unserved=unserved.total, serve_s=round(serve_s, 3),
-        )
+        return await _summarise(daemon, feed, results, shapes, unserved, counter.name,
+                                wall, serve_s)
     finally:
         await daemon.stop()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def _summarise(daemon: Daemon, feed: Feed, results: _Results, shapes: AchievableHits,
+                     unserved: Unserved, counter: str, wall: float, serve_s: float
+                     ) -> RunSummary:
+    """The run's figures from the broker's and the engines' own counters (the engines'
+    once nothing more reaches them)."""
+    assert daemon.server is not None and daemon.fleet is not None
+    core = daemon.server.state.core
+    stats = await daemon.fleet.settled_stats()
+    queries = sum(s.prefix_cache_queries for s in stats)
+    hits = sum(s.prefix_cache_hits for s in stats)
+    block = max((s.block_size for s in stats), default=0) or 16
+    achievable = shapes.achievable(block)
+    totals = results.totals
+    return RunSummary(
+        items=feed.accepted + feed.skipped,  # this run's items and the earlier one's
+        rejected=feed.refusals.count,
+        tokens_in=totals.tokens_in, tokens_out=totals.tokens_out,
+        wall_s=round(wall, 3), shapes=len(shapes.prefix),
+        shape_switches=sum(m.switches for m in core.models.values()),
+        midstream_switches=sum(m.midstream_switches for m in core.models.values()),
+        kv_hit_rate=round(hits / queries, 4) if queries else 0.0,
+        kv_hit_achievable=round(min(1.0, achievable / queries), 4) if queries else 0.0,
+        padding_waste=round(core.waste(), 4), thrash_events=core.batches_hist.thrashed,
+        engine=daemon.fleet.kind, simulated=daemon.fleet.kind == "sim",
+        gpus=len(daemon.fleet.engines), ledger_difference=core.ledger.difference(),
+        token_counter=counter, unserved=unserved.total, serve_s=round(serve_s, 3),
+    )
