@@ -23,8 +23,6 @@ the broker runs them straight through.
 
 from __future__ import annotations
 
-from itertools import repeat
-from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import lmdb
@@ -37,13 +35,17 @@ from fabricctl.core.types import Entry, Item
 from fabricctl.errors import StoreFullError
 from fabricctl.store.faults import fault_point
 from fabricctl.store.keys import (
-    _ENTRY,
     SegHeader,
-    entry_encoder,
-    header_encoder,
     id_key,
-    seg_base,
-    seg_key,
+)
+from fabricctl.store.placement import (
+    Good,
+    Group,
+    Run,
+    cut_runs,
+    encode_runs,
+    group_items,
+    number_runs,
 )
 from fabricctl.store.rows import put_steps
 from fabricctl.store.steps import STEP_ADMITS, STEP_ITEMS, STEP_ROWS, Steps
@@ -120,138 +122,6 @@ def _screen_all(part: list[Item], at: int, seen: set[bytes], pending: set[bytes]
     return list(zip(range(at, at + len(part)), part, keys, strict=True))
 
 
-class _Run:
-    """Why: an ingest appends to a few segments; this is what it adds to one (one shape's
-    entries of this commit)."""
-
-    __slots__ = ("base", "end", "hdr", "new", "rows", "seg_id")
-
-    def __init__(self, seg_id: int, hdr: SegHeader, new: bool) -> None:
-        self.seg_id = seg_id
-        self.base = seg_base(seg_id)  # an entry's key is base | offset
-        self.hdr = hdr
-        self.new = new
-        self.end = hdr.count  # the next offset
-        self.rows: list[tuple[bytes, bytes]] = []
-
-
-_Good = tuple[int, Item, bytes]  # a screened item: (its index in the chunk, it, its id key)
-
-
-class _Group:
-    """Why: one (model, shape, job) group of a chunk, placed: its items with their id keys,
-    token counts, lanes and target lengths, in arrival order."""
-
-    __slots__ = ("first", "idbs", "items", "lanes", "shape", "targets", "tokens")
-
-    def __init__(self, gs: list[_Good], shape: Shape, items: list[Item],
-                 tokens: list[int]) -> None:
-        self.first = [g[0] for g in gs]  # each item's index in the chunk
-        self.idbs = [g[2] for g in gs]
-        self.shape, self.items, self.tokens = shape, items, tokens
-        self.lanes: list[Lane] = []
-        self.targets: list[int] = []
-
-
-class _Cut:
-    """Why: a group's items [start, stop) go into one segment run (the tail segment grows
-    for its own group; a run holds at most `segment_entries`)."""
-
-    __slots__ = ("group", "run", "start", "stop")
-
-    def __init__(self, run: _Run, group: _Group, start: int, stop: int) -> None:
-        self.run, self.group, self.start, self.stop = run, group, start, stop
-
-
-def _group(good: list[_Good]) -> dict[tuple[str, int, int], list[_Good]]:
-    """(model, signature, job) -> its items, keys in order of first appearance."""
-    keyed: dict[tuple[str, int, int], list[_Good]] = {}
-    for g in good:
-        item = g[1]
-        key = (item.model, item.signature, item.job)
-        same = keyed.get(key)
-        if same is None:
-            keyed[key] = [g]
-        else:
-            same.append(g)
-    return keyed
-
-
-def _cut(groups: list[_Group], tail: SegHeader | None, tail_seg: int, limit: int,
-         now: float) -> list[_Cut]:
-    """Each group's items cut into runs, the tail segment first when it is the group's own
-    and has room; new runs are numbered by `_number`. In order of arrival."""
-    cuts: list[_Cut] = []
-    for group in groups:
-        its, shape = group.items, group.shape
-        model, sig, job = its[0].model, its[0].signature, its[0].job
-        at = 0
-        if (tail is not None and tail.count < limit and tail.signature == sig
-                and tail.model == model and tail.job == job):
-            to = min(len(its), limit - tail.count)
-            cuts.append(_Cut(_Run(tail_seg, tail, False), group, 0, to))
-            tail = None
-            at = to
-        while at < len(its):
-            to = min(len(its), at + max(limit, 1))
-            hdr = SegHeader(model, sig, shape.label, 0, 0, now, job)
-            cuts.append(_Cut(_Run(0, hdr, True), group, at, to))
-            at = to
-    cuts.sort(key=lambda c: c.group.first[c.start])  # new segments in order of arrival
-    return cuts
-
-
-def _number(cuts: list[_Cut], next_seg: int) -> int:
-    """Number the new runs' segments from `next_seg`, in order; the next free number."""
-    for c in cuts:
-        if c.run.new:
-            c.run.seg_id, c.run.base = next_seg, seg_base(next_seg)
-            next_seg += 1
-    return next_seg
-
-
-def _encode(plan: IngestPlan, cuts: list[_Cut], now: float) -> Steps[None]:
-    """Each run's rows, id rows and admits, encoded in bulk; the plan's rows in key order.
-    Pauses every `STEP_ITEMS` items."""
-    id_rows, admits = plan.id_rows, plan.admits
-    encode, pack = entry_encoder.encode, _ENTRY.pack
-    every: list[_Run] = []
-    tokens = since = 0
-    for c in cuts:
-        if since >= STEP_ITEMS:
-            since = 0
-            yield
-        run, g, at, to = c.run, c.group, c.start, c.stop
-        since += to - at
-        part = g.items[at:to]
-        cnt = to - at
-        off = run.end
-        run.end = off + cnt
-        keys = list(map(pack, repeat(run.seg_id, cnt), range(off, off + cnt)))
-        part_ns = g.tokens[at:to]
-        lanes = g.lanes[at:to]
-        # each row a `StoredEntry`, encoded from the tuple of its fields (array_like, no
-        # omitted defaults: the same bytes, without building the Struct)
-        stored = [(n, it.max_tokens, now, la.id, t, it.id, it.payload, it.source, it.line)
-                  for it, n, la, t in zip(part, part_ns, lanes, g.targets[at:to], strict=True)]
-        maxes = [f[1] for f in stored]
-        run.rows = list(zip(keys, map(encode, stored), strict=True))
-        id_rows.extend(zip(g.idbs[at:to], keys, strict=True))
-        first = run.base | off
-        admits.append((g.shape, lanes, list(map(
-            Entry, range(first, first + cnt), part_ns, maxes, repeat(now, cnt),
-            repeat(None, cnt), repeat(run.hdr.job, cnt)))))
-        tokens += sum(part_ns)
-        every.append(run)
-    every.sort(key=lambda r: r.seg_id)  # then their rows are in key order
-    plan.runs = every
-    plan.data_rows = [row for r in every for row in r.rows]
-    plan.seg_rows = [(seg_key(r.seg_id), header_encoder.encode(
-        msgspec.structs.replace(r.hdr, count=r.end))) for r in every if r.new]
-    plan.received = (len(id_rows), tokens)
-    id_rows.sort(key=itemgetter(0))  # the ids are unique: the order of the rows
-
-
 class IngestPlan:
     """Why: ingest is prepared, committed and applied in three steps, so the commit can run
     off the event loop; this is what passes between them."""
@@ -271,7 +141,7 @@ class IngestPlan:
         self.id_rows: list[tuple[bytes, bytes]] = []
         self.data_rows: list[tuple[bytes, bytes]] = []
         self.seg_rows: list[tuple[bytes, bytes]] = []
-        self.runs: list[_Run] = []
+        self.runs: list[Run] = []
         self.next_seg = 0
         self.received = (0, 0)  # items, tokens
 
@@ -385,21 +255,21 @@ class Ingest:
             tail = None
             if after is not None and after.admits:
                 next_seg = after.next_seg
-        groups = yield from self._place(plan, _group(good), now)
-        cuts = _cut(groups, tail, self.tail_seg, self.state.cfg.segment_entries, now)
-        next_seg = _number(cuts, next_seg)
-        yield from _encode(plan, cuts, now)
+        groups = yield from self._place(plan, group_items(good), now)
+        cuts = cut_runs(groups, tail, self.tail_seg, self.state.cfg.segment_entries, now)
+        next_seg = number_runs(cuts, next_seg)
+        yield from encode_runs(plan, cuts, now)
         plan.next_seg = next_seg
         return plan
 
-    def _place(self, plan: IngestPlan, keyed: dict[tuple[str, int, int], list[_Good]],
-               now: float) -> Steps[list[_Group]]:
+    def _place(self, plan: IngestPlan, keyed: dict[tuple[str, int, int], list[Good]],
+               now: float) -> Steps[list[Group]]:
         """Each (model, shape, job) group's items placed in the lanes of its shape (the same
         lanes as one at a time, in arrival order), its job's counts moved; pauses every
         `STEP_ITEMS` items."""
         open_shape = self.state.core.open_shape
         jobs = plan.jobs
-        groups: list[_Group] = []
+        groups: list[Group] = []
         since = 0
         for (model, sig, job), gs in keyed.items():
             its = [g[1] for g in gs]
@@ -407,7 +277,7 @@ class Ingest:
             if job:
                 jobs[job] = jobs.get(job, 0) + len(its)
                 plan.job_shapes.setdefault(job, set()).add(JobShape(model, sig, shape.label))
-            group = _Group(gs, shape, its, [it.input_tokens for it in its])
+            group = Group(gs, shape, its, [it.input_tokens for it in its])
             ns, targets = group.tokens, group.targets
             for k in range(0, len(ns), STEP_ITEMS):
                 if since >= STEP_ITEMS:
