@@ -47,8 +47,9 @@ from fabricctl.core.forecast import JobView, job_views
 from fabricctl.core.intake import Intake
 from fabricctl.core.lanes import Lane, LaneCounters
 from fabricctl.core.ledger import Ledger
-from fabricctl.core.lifecycle import Lifecycle, ModelState, Slot
+from fabricctl.core.lifecycle import Lifecycle
 from fabricctl.core.maintenance import Maintenance, model_shapes
+from fabricctl.core.model_state import ModelState, Slot
 from fabricctl.core.packing import pack_counted
 from fabricctl.core.settlement import Settlement
 from fabricctl.core.shape import Shape, ShapeState

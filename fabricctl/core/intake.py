@@ -30,7 +30,7 @@ from itertools import repeat
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.lanes import Lane, LaneCounters
 from fabricctl.core.ledger import Ledger
-from fabricctl.core.lifecycle import ModelState
+from fabricctl.core.model_state import ModelState
 from fabricctl.core.shape import JobTally, Shape, ShapeState
 from fabricctl.core.sweep import SWEPT_LABEL, swept_signature
 from fabricctl.core.tracking import Placement

@@ -38,60 +38,29 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Container, Mapping
-from dataclasses import dataclass, field
 
 from fabricctl.core.choice import Chooser, Context, Pick, main_job, shape_terms
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.events import EventKind, EventLog
-from fabricctl.core.rate import RateMeter
+from fabricctl.core.model_state import (
+    DISPATCHING,
+    Holder,
+    ModelState,
+    Slot,
+    join_target,
+    orphaned,
+    steal_target,
+)
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.stats import BatchesHistogram
 from fabricctl.core.sweep import loose, move
 from fabricctl.core.terms import JobTerms
 from fabricctl.core.types import Prewarm
-from fabricctl.core.waiting import Waiting, candidate
+from fabricctl.core.waiting import candidate
 
 FINISHED_OUT = 10_000  # finished shapes held for the store to take; older ones are dropped
 
 OpenSwept = Callable[[str, int, float], Shape]  # (model, job, now) -> its open swept shape
-
-
-@dataclass(slots=True)
-class Slot:
-    """Why: with shape_scope "consumer", each consumer drains its own current shape."""
-
-    consumer: str
-    current: Shape | None = None  # the active or draining shape this consumer pulls from
-    warming: Shape | None = None  # the shape pre-warmed for this consumer
-    runs: int = 0  # shapes this consumer has taken (activated, adopted or joined)
-    batches: int = 0  # batches it pulled of its current shape since taking it (amortising)
-    taken_at: float = 0.0  # when it took its current shape
-
-
-@dataclass(slots=True)
-class ModelState:
-    """Why: the current shape is one field per model, so every consumer drains the same one
-    (in "consumer" scope each consumer's `Slot` holds its own)."""
-
-    name: str
-    budget: int  # B: the model's batch token budget (largest registered contract)
-    open: dict[int, Shape] = field(default_factory=dict)  # signature -> staged/warming/active
-    current: Shape | None = None  # the active or draining shape consumers pull from
-    warming: Shape | None = None
-    epoch: int = 0
-    switches: int = 0  # activations that replaced a previous shape
-    midstream_switches: int = 0  # activations while the previous shape still had work
-    slots: dict[str, Slot] = field(default_factory=dict)  # "consumer" scope: consumer -> slot
-    waiting: Waiting = field(default_factory=Waiting)  # shapes with work and no holder
-    meter: RateMeter = field(default_factory=RateMeter)  # its completed tokens per second
-    preemptions: int = 0  # consumers that left a shape with work for a waiting one
-
-    def holders(self, shape: Shape) -> list[str]:
-        """Consumers whose current shape is `shape` ("consumer" scope)."""
-        return [c for c, s in self.slots.items() if s.current is shape]
-
-
-Holder = ModelState | Slot  # what holds a current and a warming shape: a model or a consumer
 
 
 class Lifecycle:
@@ -427,12 +396,13 @@ class Lifecycle:
             if pick is not None:
                 self.take(ms, pick, now, slot)
                 return True
-            if slot is not None and (busy := self._steal_target(ms, slot)) is not None:
+            if slot is not None and (busy := steal_target(ms, slot)) is not None:
                 shape, busy.warming = busy.warming, None  # idle here, still busy there
                 assert shape is not None
                 self.activate(ms, shape, now, "taken while idle", slot)
                 return True
-            if slot is not None and (other := self._join_target(ms, slot)) is not None:
+            other = join_target(ms, slot, self.cfg.join_multiple) if slot is not None else None
+            if slot is not None and other is not None:
                 self.join(ms, slot, other, now)
                 return True
             return False
@@ -456,8 +426,8 @@ class Lifecycle:
                 h.warming = shape
                 self._prewarm(ms, shape, now, slot, signals)
         if slot is not None and exhausted and h.warming is None and (
-            self._orphaned(ms, live) or self._steal_target(ms, slot) is not None
-            or self._join_target(ms, slot) is not None
+            orphaned(ms, live) or steal_target(ms, slot) is not None
+            or join_target(ms, slot, self.cfg.join_multiple) is not None
         ):
             self._leave(ms, slot, cur, now)  # nothing staged: help elsewhere
             return True
@@ -490,17 +460,11 @@ class Lifecycle:
         cur.lanes.release_idle()
         self.finish(ms, cur, now)
 
-    def _orphaned(self, ms: ModelState, live: Container[str]) -> list[Slot]:
-        """Slots of departed consumers that still hold work."""
-        return [s for c, s in ms.slots.items() if c not in live and (
-            (s.current is not None and s.current.items and s.current.state in _DISPATCHING)
-            or s.warming is not None)]
-
     def _adopt(self, ms: ModelState, slot: Slot, now: float, live: Container[str]) -> bool:
         """Take over a departed consumer's shape: its current (with items) or its warming."""
-        for orphan in self._orphaned(ms, live):
+        for orphan in orphaned(ms, live):
             cur = orphan.current
-            if cur is not None and cur.items and cur.state in _DISPATCHING:
+            if cur is not None and cur.items and cur.state in DISPATCHING:
                 self.hold(orphan, None, now)
                 self.join(ms, slot, cur, now)
                 return True
@@ -509,32 +473,3 @@ class Lifecycle:
                 self.activate(ms, shape, now, "adopted", slot)
                 return True
         return False
-
-    def _steal_target(self, ms: ModelState, slot: Slot) -> Slot | None:
-        """Another consumer's slot whose warming shape waits while that consumer still has
-        queued work of its own (the one with the most tokens)."""
-        best: Slot | None = None
-        for s in ms.slots.values():
-            w = s.warming
-            if s is slot or w is None or s.current is None or not s.current.items:
-                continue
-            if best is None or w.tokens > best.warming.tokens:  # type: ignore[union-attr]
-                best = s
-        return best
-
-    def _join_target(self, ms: ModelState, slot: Slot) -> Shape | None:
-        """Another consumer's shape with enough queued tokens to amortise a prefill here."""
-        best: Shape | None = None
-        for s in ms.slots.values():
-            shape = s.current
-            if s is slot or shape is None or shape is slot.current:
-                continue
-            worth = shape.tokens >= self.cfg.join_multiple * ms.budget
-            more = best is None or shape.tokens > best.tokens
-            if worth and more and shape.state in _DISPATCHING:
-                best = shape
-        return best
-
-
-_DISPATCHING = (ShapeState.ACTIVE, ShapeState.DRAINING)
-

@@ -17,7 +17,8 @@ from collections.abc import Container
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.events import EventKind, EventLog
 from fabricctl.core.lanes import Lane
-from fabricctl.core.lifecycle import Lifecycle, ModelState
+from fabricctl.core.lifecycle import Lifecycle
+from fabricctl.core.model_state import ModelState
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.types import Prewarm
 

@@ -28,7 +28,7 @@ from fabricctl.core.stats import BATCH_BUCKETS
 if TYPE_CHECKING:
     from fabricctl.core.events import EventLog
     from fabricctl.core.lanes import LaneCounters
-    from fabricctl.core.lifecycle import ModelState
+    from fabricctl.core.model_state import ModelState
     from fabricctl.core.stats import BatchesHistogram
     from fabricctl.core.tracking import ConsumerState
 
