@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import attrgetter
 
 from fabricctl.core.config import CoreConfig
+from fabricctl.core.context import held_jobs
 from fabricctl.core.events import EventKind, EventLog
 from fabricctl.core.forecast import JobView, job_views
 from fabricctl.core.intake import Intake
@@ -384,7 +385,7 @@ class Broker:
         its predicted finish at the measured rate (`core.forecast`)."""
         held: dict[int, int] = {}
         for ms in self.models.values():
-            for job, n in self.lifecycle.held_jobs(ms, self.consumers).items():
+            for job, n in held_jobs(self.cfg, ms, self.consumers).items():
                 held[job] = held.get(job, 0) + n
         rates = [r for ms in self.models.values() if (r := ms.meter.rate(now)) is not None]
         return job_views(self.shapes(), held, len(self.consumers), self.terms,

@@ -36,11 +36,12 @@ that finishes also joins `finished_out` (bounded), which the store takes to keep
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Container, Mapping
 
 from fabricctl.core.choice import Chooser, Context, Pick, main_job, shape_terms
 from fabricctl.core.config import CoreConfig
+from fabricctl.core.context import choice_context, horizon
 from fabricctl.core.events import EventKind, EventLog
 from fabricctl.core.model_state import (
     DISPATCHING,
@@ -53,15 +54,12 @@ from fabricctl.core.model_state import (
 )
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.stats import BatchesHistogram
-from fabricctl.core.sweep import loose, move
+from fabricctl.core.sweep import OpenSwept, Sweeper
 from fabricctl.core.terms import JobTerms
 from fabricctl.core.types import Prewarm
 from fabricctl.core.waiting import candidate
 
 FINISHED_OUT = 10_000  # finished shapes held for the store to take; older ones are dropped
-
-OpenSwept = Callable[[str, int, float], Shape]  # (model, job, now) -> its open swept shape
-
 
 class Lifecycle:
     """Why: the thresholds that decide when a GPU pays for a shape switch, in one place."""
@@ -72,11 +70,11 @@ class Lifecycle:
                  models: Mapping[str, ModelState] | None = None,
                  open_swept: OpenSwept | None = None) -> None:
         self.cfg = cfg
-        self.open_swept = open_swept  # a job's open swept shape (the intake's), for the sweep
         self.log = log
         self.histogram = histogram
         self.terms: Mapping[int, JobTerms] = {} if terms is None else terms
         self.chooser = Chooser(cfg, self.terms)
+        self.sweeper = Sweeper(cfg, self.terms, log, open_swept, self.index)
         self.queued_tokens = queued_tokens  # queued and in-flight tokens (the horizon)
         self._models_of: Mapping[str, ModelState] = {} if models is None else models
         self.finished: list[Shape] = []  # recently finished shapes, newest last (bounded)
@@ -91,50 +89,12 @@ class Lifecycle:
             label=shape.label, src=src.value, dst=dst.value, reason=why, value=shape.epoch,
         )
 
-    def _threshold(self, ms: ModelState) -> float:
-        return self.cfg.activate_multiple * ms.budget
-
     # -- the shape choice (`core.choice`) ----------
-
-    def bound(self, ms: ModelState, now: float) -> float:
-        """Seconds a shape may wait while a GPU serves an amortised shape: the setting, else
-        `bound_batches` batch times at the model's measured rate (rotating that rarely costs
-        at most 1/`bound_batches` in switches; at least `bound_min_s`), `bound_cold_s` before
-        any batch completed. With the derived bound a shape is also never overdue before
-        arrival order would have served it (`Shape.fifo_by`, set from the drain horizon when
-        it began to wait): under a finite backlog the choice reaches every shape by then
-        anyway, so the bound forces no switch that costs the cache for nothing."""
-        cfg = self.cfg
-        if cfg.wait_bound_s > 0:
-            return cfg.wait_bound_s
-        consumers = max(1, len(ms.slots)) if cfg.shape_scope == "consumer" else 1
-        batch_s = ms.meter.batch_s(now, ms.budget, consumers)
-        if batch_s is None:
-            return cfg.bound_cold_s
-        return max(cfg.bound_min_s, cfg.bound_batches * batch_s)
-
-    def horizon(self, ms: ModelState, now: float) -> float:
-        """Seconds the model needs to finish everything queued and in flight at its measured
-        rate (inf before a rate is known): a deadline sooner than this is due."""
-        rate = ms.meter.rate(now)
-        if rate is None:
-            return float("inf")
-        return self.queued_tokens() / rate
-
-    def held_jobs(self, ms: ModelState, live: Container[str] | None = None) -> Counter[int]:
-        """Job -> live holders whose current shape holds its queued items."""
-        held: Counter[int] = Counter()
-        currents = ([ms.current] if self.cfg.shape_scope != "consumer" else
-                    [s.current for c, s in ms.slots.items() if live is None or c in live])
-        for cur in currents:
-            if cur is not None:
-                held.update(cur.jobs.keys())
-        return held
 
     def context(self, ms: ModelState, now: float, hungry: bool,
                 live: Container[str] | None = None) -> Context:
-        return Context(now, hungry, self.bound(ms, now), self.horizon(ms, now),
-                       self.held_jobs(ms, live), self._threshold(ms))
+        """What the choice sees for this model now (`core.context`)."""
+        return choice_context(self.cfg, ms, now, hungry, self.queued_tokens(), live)
 
     def choose(self, ms: ModelState, now: float, hungry: bool,
                live: Container[str] | None = None, slot: Slot | None = None) -> Pick | None:
@@ -144,8 +104,8 @@ class Lifecycle:
         pick = None
         if ms.waiting.levels:
             pick = self.chooser.choose(ms.waiting, self.context(ms, now, hungry, live))
-            if pick is not None and self._loose(ms, pick.shape):
-                pick = self._sweep(ms, pick, now)
+            if pick is not None and self.sweeper.loose(ms, pick.shape):
+                pick = self.sweeper.sweep(ms, pick, now)
         if slot is None or live is None:
             return pick
         # nothing waits: priority 0 joins only by the join rule (`_join_target`)
@@ -168,48 +128,6 @@ class Lifecycle:
                 best, best_key = s, key
         return None if best is None else Pick(best, "priority")
 
-    def _loose(self, ms: ModelState, shape: Shape) -> bool:
-        return (self.cfg.sweep and self.open_swept is not None
-                and loose(shape, self.terms, ms.budget))
-
-    def _sweep(self, ms: ModelState, pick: Pick, now: float) -> Pick:
-        """The picked shape is loose (`core.sweep`): rather than switch a GPU to it alone,
-        move it and every other loose shape of its main job at its priority into the job's
-        swept shape, and pick that instead (not while it is warming for a consumer)."""
-        assert self.open_swept is not None
-        job = main_job(pick.shape)
-        dst = self.open_swept(ms.name, job, now)
-        if dst.state not in (ShapeState.STAGED, ShapeState.ACTIVE):
-            return pick
-        prio = shape_terms(pick.shape, self.terms)[0]
-        level = ms.waiting.levels.get(prio)
-        heap = None if level is None else level.by_job.get(job)
-        # one pass over the job's candidates: it leaves none of them loose at this priority,
-        # so the next sweep of this job needs shapes that became loose since (amortised)
-        others = [] if heap is None else [
-            s for s in heap.shapes() if s is not pick.shape and self._loose(ms, s)
-            and shape_terms(s, self.terms)[0] == prio]
-        moved = 0
-        for src in (pick.shape, *others):
-            moved += move(src, dst, now)
-            self._retire(ms, src, now)
-        swept = 1 + len(others)
-        self.index(ms, dst)
-        self.log.emit(now, EventKind.SWEEP, model=ms.name, signature=dst.signature,
-                      label=dst.label, value=swept,
-                      reason=f"job {job}: {swept} loose shapes, {moved} tokens")
-        return Pick(dst, f"{pick.why}; {swept} loose shapes swept")
-
-    def _retire(self, ms: ModelState, shape: Shape, now: float) -> None:
-        """A staged shape whose items were all swept finishes without running. It leaves no
-        record and no event of its own (its items run and are counted in its job's swept
-        shape; the sweep's one event names how many shapes it took)."""
-        if ms.open.get(shape.signature) is shape:
-            del ms.open[shape.signature]
-        shape.lanes.release_idle()
-        shape.finished_at = now
-        shape.set_state(ShapeState.FINISHED, now)
-
     def index(self, ms: ModelState, shape: Shape) -> None:
         """(Re)enter a shape in the model's waiting index under its current terms (a shape
         with a holder, or nothing queued, is not a candidate and stays out)."""
@@ -218,7 +136,7 @@ class Lifecycle:
         prio, deadline = shape_terms(shape, self.terms)
         since = shape.waiting_since()
         if shape.fifo_by is None and since is not None and self.cfg.wait_bound_s <= 0:
-            shape.fifo_by = since + self.horizon(ms, since)
+            shape.fifo_by = since + horizon(ms, since, self.queued_tokens())
         ms.waiting.touch(shape, prio, deadline, since)
 
     def hold(self, h: Holder, shape: Shape | None, now: float = 0.0) -> None:
@@ -295,8 +213,8 @@ class Lifecycle:
             pick = self._higher_held(ms, shape_terms(cur, self.terms)[0], slot, live)
         if pick is None:
             pick = self._shortest(ms, cur, ctx, live)
-        if pick is not None and self._loose(ms, pick.shape):
-            pick = self._sweep(ms, pick, now)
+        if pick is not None and self.sweeper.loose(ms, pick.shape):
+            pick = self.sweeper.sweep(ms, pick, now)
             if pick.shape is cur:  # swept into the shape this consumer serves: stay
                 return False
         if pick is None:
