@@ -44,7 +44,7 @@ from operator import attrgetter
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.context import held_jobs
 from fabricctl.core.events import EventKind, EventLog
-from fabricctl.core.forecast import JobView, job_views
+from fabricctl.core.forecast import JobView, RiskWatch, job_views
 from fabricctl.core.intake import Intake
 from fabricctl.core.lanes import Lane, LaneCounters
 from fabricctl.core.ledger import Ledger
@@ -88,7 +88,7 @@ class Broker:
         self.lane_counters = LaneCounters()
         self.batches_hist = BatchesHistogram(self.cfg.thrash_batches)
         self.terms: dict[int, JobTerms] = {}  # job number -> what the shape choice knows of it
-        self.at_risk: set[int] = set()  # jobs predicted to miss their deadline (said once)
+        self.risk = RiskWatch(self.events)  # jobs predicted to miss their deadline (said once)
         self.intake = Intake(self.cfg, self.models, self.model, self.lane_counters, self.ledger,
                              self.queued)
         self.lifecycle = Lifecycle(self.cfg, self.events, self.batches_hist, self.terms,
@@ -366,19 +366,7 @@ class Broker:
         critical event for each job newly predicted to miss its deadline."""
         self.maintenance.tick(now)
         if any(t.deadline is not None for t in self.terms.values()):
-            self._warn_at_risk(self.job_views(now), now)
-
-    def _warn_at_risk(self, views: list[JobView], now: float) -> None:
-        risky = {v.job: v for v in views if v.at_risk}
-        for job, v in risky.items():
-            if job not in self.at_risk and v.deadline is not None and (
-                    v.predicted_finish is not None):
-                self.events.emit(
-                    now, EventKind.JOB_AT_RISK, value=job, critical=True,
-                    reason=f"job {job} is predicted to finish at {v.predicted_finish:.0f}, "
-                    f"{v.predicted_finish - v.deadline:.0f}s after its deadline "
-                    f"({v.queued_items} items queued)")
-        self.at_risk = set(risky)
+            self.risk.update(self.job_views(now), now)
 
     def job_views(self, now: float) -> list[JobView]:
         """Each job with queued items: its oldest wait, holders and share of the fleet, and

@@ -8,7 +8,9 @@ holders (`held`: consumers whose current shape holds its items) and share of the
 while unmeasured). The prediction follows the shape choice: every job of a higher priority,
 or of the same priority and an earlier deadline, goes first; jobs of one class share the
 fleet, so a job finishes after each peer's tokens up to its own (processor sharing). A job
-whose predicted finish is after its deadline is `at_risk`. Pure: `now` is an argument.
+whose predicted finish is after its deadline is `at_risk`; a `RiskWatch` announces each
+job that becomes at risk once (a critical `JOB_AT_RISK` event naming the predicted finish).
+Pure: `now` is an argument.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
+from fabricctl.core.events import EventKind, EventLog
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.terms import NO_TERMS, JobTerms
 
@@ -87,3 +90,24 @@ def job_views(shapes: Iterable[Shape], held: Mapping[int, int], consumers: int,
             v.predicted_finish = round(now + ahead / rate, 3)
             v.at_risk = v.deadline is not None and v.predicted_finish > v.deadline
     return [views[j] for j in sorted(views)]
+
+
+class RiskWatch:
+    """Why: a job predicted to miss its deadline says so once, with a critical event, when
+    it becomes at risk, not at every tick while it stays so."""
+
+    def __init__(self, events: EventLog) -> None:
+        self.events = events
+        self.jobs: set[int] = set()  # the jobs at risk at the last update
+
+    def update(self, views: list[JobView], now: float) -> None:
+        risky = {v.job: v for v in views if v.at_risk}
+        for job, v in risky.items():
+            if job not in self.jobs and v.deadline is not None and (
+                    v.predicted_finish is not None):
+                self.events.emit(
+                    now, EventKind.JOB_AT_RISK, value=job, critical=True,
+                    reason=f"job {job} is predicted to finish at {v.predicted_finish:.0f}, "
+                    f"{v.predicted_finish - v.deadline:.0f}s after its deadline "
+                    f"({v.queued_items} items queued)")
+        self.jobs = set(risky)
