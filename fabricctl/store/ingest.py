@@ -26,12 +26,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import lmdb
-import msgspec
 
 from fabricctl.core.jobs import JobShape
-from fabricctl.core.lanes import Lane
-from fabricctl.core.shape import Shape
-from fabricctl.core.types import Entry, Item
+from fabricctl.core.types import Item
 from fabricctl.errors import StoreFullError
 from fabricctl.store.faults import fault_point
 from fabricctl.store.keys import (
@@ -41,7 +38,8 @@ from fabricctl.store.keys import (
 from fabricctl.store.placement import (
     Good,
     Group,
-    Run,
+    IngestPlan,
+    Refused,
     cut_runs,
     encode_runs,
     group_items,
@@ -55,13 +53,6 @@ if TYPE_CHECKING:
 
 MAX_ID_CHARS = 256
 MAX_ID_BYTES = 511  # LMDB's key size limit: the id is the key of the id index
-
-
-class Refused(msgspec.Struct, array_like=True):
-    """Why: a submit is answered per item; this is one item it did not take, by its index."""
-
-    index: int
-    reason: str
 
 
 def validate(item: Item) -> str | None:
@@ -120,34 +111,6 @@ def _screen_all(part: list[Item], at: int, seen: set[bytes], pending: set[bytes]
         return None
     seen |= fresh
     return list(zip(range(at, at + len(part)), part, keys, strict=True))
-
-
-class IngestPlan:
-    """Why: ingest is prepared, committed and applied in three steps, so the commit can run
-    off the event loop; this is what passes between them."""
-
-    __slots__ = ("admits", "data_rows", "id_rows", "job_shapes", "jobs", "next_seg", "now",
-                 "received", "rejects", "releases", "runs", "seg_rows", "stored")
-
-    def __init__(self, rejects: list[Refused], now: float = 0.0) -> None:
-        self.rejects = rejects
-        self.now = now
-        self.stored: set[int] = set()  # indexes of rejects already stored in their job
-        self.jobs: dict[int, int] = {}  # job -> items of it this ingest adds
-        self.job_shapes: dict[int, set[JobShape]] = {}  # job -> the shapes they join
-        # per run, in arrival order: its shape, each entry's lane, the entries
-        self.admits: list[tuple[Shape, list[Lane], list[Entry]]] = []
-        self.releases = 0  # the core's lane releases when placing began (`Broker.admit_shape`)
-        self.id_rows: list[tuple[bytes, bytes]] = []
-        self.data_rows: list[tuple[bytes, bytes]] = []
-        self.seg_rows: list[tuple[bytes, bytes]] = []
-        self.runs: list[Run] = []
-        self.next_seg = 0
-        self.received = (0, 0)  # items, tokens
-
-    def grown(self) -> dict[int, int]:
-        """Existing segments this ingest appends to -> their new entry count."""
-        return {r.seg_id: r.end for r in self.runs if not r.new}
 
 
 class Ingest:

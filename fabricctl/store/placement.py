@@ -6,26 +6,24 @@ ingest places each group in its shape's lanes (`Group`); `cut_runs` cuts each gr
 runs of at most `segment_entries` (the tail segment first, when it is the group's own and
 has room), in order of arrival; `number_runs` gives the new runs their segment numbers in
 that order; `encode_runs` encodes each run's data rows, id rows and the entries the core
-admits once the commit is durable, into the `IngestPlan`, its rows in key order. Pure
-placement and encoding: nothing here reads or writes LMDB.
+admits once the commit is durable, into the `IngestPlan` (what passes between the ingest's
+prepare, commit and apply; `Refused` is an item it did not take), its rows in key order.
+Pure placement and encoding: nothing here reads or writes LMDB.
 """
 
 from __future__ import annotations
 
 from itertools import repeat
 from operator import itemgetter
-from typing import TYPE_CHECKING
 
 import msgspec
 
+from fabricctl.core.jobs import JobShape
 from fabricctl.core.lanes import Lane
 from fabricctl.core.shape import Shape
 from fabricctl.core.types import Entry, Item
 from fabricctl.store.keys import _ENTRY, SegHeader, entry_encoder, header_encoder, seg_base, seg_key
 from fabricctl.store.steps import STEP_ITEMS, Steps
-
-if TYPE_CHECKING:
-    from fabricctl.store.ingest import IngestPlan
 
 
 class Run:
@@ -41,6 +39,41 @@ class Run:
         self.new = new
         self.end = hdr.count  # the next offset
         self.rows: list[tuple[bytes, bytes]] = []
+
+
+class Refused(msgspec.Struct, array_like=True):
+    """Why: a submit is answered per item; this is one item it did not take, by its index."""
+
+    index: int
+    reason: str
+
+
+class IngestPlan:
+    """Why: ingest is prepared, committed and applied in three steps, so the commit can run
+    off the event loop; this is what passes between them."""
+
+    __slots__ = ("admits", "data_rows", "id_rows", "job_shapes", "jobs", "next_seg", "now",
+                 "received", "rejects", "releases", "runs", "seg_rows", "stored")
+
+    def __init__(self, rejects: list[Refused], now: float = 0.0) -> None:
+        self.rejects = rejects
+        self.now = now
+        self.stored: set[int] = set()  # indexes of rejects already stored in their job
+        self.jobs: dict[int, int] = {}  # job -> items of it this ingest adds
+        self.job_shapes: dict[int, set[JobShape]] = {}  # job -> the shapes they join
+        # per run, in arrival order: its shape, each entry's lane, the entries
+        self.admits: list[tuple[Shape, list[Lane], list[Entry]]] = []
+        self.releases = 0  # the core's lane releases when placing began (`Broker.admit_shape`)
+        self.id_rows: list[tuple[bytes, bytes]] = []
+        self.data_rows: list[tuple[bytes, bytes]] = []
+        self.seg_rows: list[tuple[bytes, bytes]] = []
+        self.runs: list[Run] = []
+        self.next_seg = 0
+        self.received = (0, 0)  # items, tokens
+
+    def grown(self) -> dict[int, int]:
+        """Existing segments this ingest appends to -> their new entry count."""
+        return {r.seg_id: r.end for r in self.runs if not r.new}
 
 
 Good = tuple[int, Item, bytes]  # a screened item: (its index in the chunk, it, its id key)
