@@ -28,12 +28,17 @@ def listed(b: Broker, *flags: str) -> list[dict]:
     return list(json.loads(out.stdout)["shapes"])
 
 
-def finished(b: Broker, label: str) -> dict:
-    """The finished record of `label`, polled for (the broker finishes it on its tick)."""
+def finished(b: Broker) -> dict:
+    """The first finished record, polled for (the broker finishes a shape on its tick).
+
+    A consumer keeps its exhausted shape until it takes another, so which of three
+    one-after-another shapes on two GPUs finishes depends on which GPU took the next one;
+    that one of the first two does is certain (the third shape displaces one of them)."""
     deadline = time.monotonic() + DEADLINE_S
     while True:
-        done = [s for s in listed(b, "--all") if s["label"] == label and s["state"] == "finished"]
+        done = [s for s in listed(b, "--all") if s["state"] == "finished"]
         if done:
+            assert done[0]["label"] in ("label-FIN-A", "label-FIN-B"), done
             return done[0]
         assert time.monotonic() < deadline, listed(b, "--all")
         time.sleep(0.2)
@@ -42,25 +47,26 @@ def finished(b: Broker, label: str) -> dict:
 def test_a_finished_shape_is_listed_inspected_and_kept_across_a_restart(tmp_path: Path) -> None:
     b = Broker(tmp_path / "broker", tmp_path)
     try:
-        for prefix in ("FIN-A", "FIN-B", "FIN-C"):  # each one's successor finishes it
+        for prefix in ("FIN-A", "FIN-B", "FIN-C"):  # a successor finishes each held shape
             items = [native(f"{prefix}-{i}", prefix) for i in range(30)]
             out = b.run("submit", "-", "--wait", input=jsonl(items))
             assert out.returncode == 0, out.stderr
-        rec = finished(b, "label-FIN-A")
+        rec = finished(b)
+        label = rec["label"]
         assert rec["shape"] == f"{rec['signature']:016x}" and isinstance(rec["signature"], int)
         assert all(s["state"] != "finished" for s in listed(b))  # the default: live only
         doc = json.loads(b.run("shapes", "inspect", rec["shape"], "--json").stdout)
         assert doc["state"] == "finished" and doc["live"] is False
         assert doc["served_items"] == 30 and doc["batches"] >= 1 and doc["served_tokens"] > 0
         assert [st for _, st in doc["history"]][-1] == "finished" and doc["consumers"]
-        text = b.run("shapes", "inspect", "label-FIN-A").stdout.decode()
+        text = b.run("shapes", "inspect", label).stdout.decode()
         for part in ("state history", "finished", "served", "30 items", rec["shape"]):
             assert part in text
     finally:
         assert b.stop() == 0
     b = Broker(tmp_path / "broker", tmp_path)
     try:
-        for arg in (rec["shape"], rec["shape"][:12], "label-FIN-A"):
+        for arg in (rec["shape"], rec["shape"][:12], label):
             out = b.run("shapes", "inspect", arg, "--json")
             assert out.returncode == 0, (arg, out.stderr)
             doc = json.loads(out.stdout)

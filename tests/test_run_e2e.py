@@ -77,7 +77,8 @@ def test_run_gives_every_item_one_result_and_counters_agree(tmp_path: Path,
     assert summary.shapes == SHAPES
     assert summary.kv_hit_rate == round(hits / queries, 4)
     assert 0 < summary.kv_hit_rate <= summary.kv_hit_achievable + 0.02
-    assert summary.shape_switches == seen["switches"] >= SHAPES - 1
+    # every shape runs somewhere; a GPU's first shape is a load, not a switch
+    assert summary.shape_switches == seen["switches"] >= SHAPES - summary.gpus
     assert summary.midstream_switches == seen["midstream"] == 0
     assert summary.padding_waste == round(seen["waste"], 4)
     assert summary.thrash_events == seen["thrash"]
