@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from fabricctl.formats.common import Invalid, as_str, need
+from fabricctl.formats.common import Fields, Invalid
 
 ASSISTANT_CUE = "<|assistant|>\n"
 _canonical = msgspec.json.Encoder(order="sorted")
@@ -43,12 +43,13 @@ def chat_components(messages: Any, tools: Any, name: str) -> tuple[list[str], st
         where = f"{name}[{i}]"
         if not isinstance(msg, dict):
             raise Invalid(f"{where} must be an object with role and content")
-        role = as_str(need(msg, "role", f"{where}.role"), f"{where}.role", nonempty=True)
+        fields = Fields(msg, f"{where}.")
+        role = fields.string("role", nonempty=True)
         content = msg.get("content")
         if content is None and msg.get("tool_calls"):
             text = ""
         else:
-            text = _content(need(msg, "content", f"{where}.content"), f"{where}.content")
+            text = _content(fields.need("content"), f"{where}.content")
         extra = {k: v for k, v in msg.items() if k not in ("role", "content")}
         rendered.append(render_message(role, text, extra))
     components = rendered[:-1]

@@ -66,46 +66,71 @@ def a_json_type(value: Any) -> str:
     return f"an {word}" if word[0] in "aeiou" else f"a {word}"
 
 
-def need(obj: dict[str, Any], key: str, name: str | None = None) -> Any:
-    """The value of a required field, or Invalid("<name> is missing")."""
-    if key not in obj:
-        raise Invalid(f"{name or key} is missing")
-    return obj[key]
+class Fields:
+    """Why: reads one JSON object's fields, each refusal naming the field by its full path."""
 
+    def __init__(self, obj: dict[str, Any], where: str = "") -> None:
+        self.obj = obj
+        self.where = where  # the object's own path with its dot ("body."); "" at top level
 
-def as_str(value: Any, name: str, *, nonempty: bool = False) -> str:
-    """`value` if it is a string (and, with `nonempty`, not empty)."""
-    if not isinstance(value, str):
-        raise Invalid(f"{name} must be a string")
-    if nonempty and not value:
-        raise Invalid(f"{name} must not be empty")
-    return value
+    def need(self, key: str) -> Any:
+        """The value of a required field, or Invalid("<path> is missing")."""
+        if key not in self.obj:
+            raise Invalid(f"{self.where}{key} is missing")
+        return self.obj[key]
 
+    def string(self, key: str, *, nonempty: bool = False) -> str:
+        """A required string (and, with `nonempty`, not empty)."""
+        return self._string(self.need(key), key, nonempty)
 
-def as_id(value: Any, name: str) -> str:
-    """An item id: a non-empty string of at most MAX_ID_CHARS characters."""
-    ident = as_str(value, name, nonempty=True)
-    if len(ident) > MAX_ID_CHARS:
-        raise Invalid(f"{name} is longer than {MAX_ID_CHARS} characters")
-    return ident
+    def optional_string(self, key: str) -> str:
+        """An optional string; absent (or null) is ""."""
+        value = self.obj.get(key)
+        return "" if value is None else self._string(value, key, False)
 
+    def item_id(self, key: str) -> str:
+        """An item id: a non-empty string of at most MAX_ID_CHARS characters."""
+        ident = self.string(key, nonempty=True)
+        if len(ident) > MAX_ID_CHARS:
+            raise Invalid(f"{self.where}{key} is longer than {MAX_ID_CHARS} characters")
+        return ident
 
-def as_count(value: Any, name: str) -> int:
-    """A positive integer; JSON booleans and floats such as 3.0 are refused."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise Invalid(f"{name} must be an integer")
-    if value < 1:
-        raise Invalid(f"{name} must be at least 1")
-    if value > MAX_COUNT:
-        raise Invalid(f"{name} must be at most {MAX_COUNT}")
-    return value
+    def count(self, key: str) -> int:
+        """A required positive integer (see `optional_count`)."""
+        return self._count(self.need(key), key)
 
+    def optional_count(self, key: str) -> int | None:
+        """A positive integer, or None when absent (or null); JSON booleans and floats such
+        as 3.0 are refused."""
+        value = self.obj.get(key)
+        return None if value is None else self._count(value, key)
 
-def as_prefix(value: Any, name: str) -> list[str]:
-    """A declared shared prefix: a list of strings; empty (or absent) means none."""
-    if not isinstance(value, list):
-        raise Invalid(f"{name} must be a list of strings")
-    for i, part in enumerate(value):
-        if not isinstance(part, str):
-            raise Invalid(f"{name}[{i}] must be a string")
-    return value
+    def prefix(self, key: str) -> list[str]:
+        """A declared shared prefix: a list of strings; empty, absent (or null) means none."""
+        value = self.obj.get(key)
+        if value is None:
+            return []
+        name = self.where + key
+        if not isinstance(value, list):
+            raise Invalid(f"{name} must be a list of strings")
+        for i, part in enumerate(value):
+            if not isinstance(part, str):
+                raise Invalid(f"{name}[{i}] must be a string")
+        return value
+
+    def _string(self, value: Any, key: str, nonempty: bool) -> str:
+        if not isinstance(value, str):
+            raise Invalid(f"{self.where}{key} must be a string")
+        if nonempty and not value:
+            raise Invalid(f"{self.where}{key} must not be empty")
+        return value
+
+    def _count(self, value: Any, key: str) -> int:
+        name = self.where + key
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise Invalid(f"{name} must be an integer")
+        if value < 1:
+            raise Invalid(f"{name} must be at least 1")
+        if value > MAX_COUNT:
+            raise Invalid(f"{name} must be at most {MAX_COUNT}")
+        return value

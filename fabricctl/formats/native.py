@@ -25,17 +25,7 @@ from typing import Any
 import msgspec
 
 from fabricctl.formats.chat import chat_components
-from fabricctl.formats.common import (
-    Draft,
-    Invalid,
-    Source,
-    a_json_type,
-    as_count,
-    as_id,
-    as_prefix,
-    as_str,
-    need,
-)
+from fabricctl.formats.common import Draft, Fields, Invalid, Source, a_json_type
 
 # Any of these keys marks a line as meant to be native (used by format detection).
 NATIVE_KEYS = ("id", "model", "prompt", "messages", "prefix", "max_tokens", "params")
@@ -47,16 +37,16 @@ _encode = msgspec.json.encode
 
 def parse_native(obj: dict[str, Any]) -> Draft:
     """The draft of one native line, or Invalid naming the first bad field."""
-    ident = as_id(need(obj, "id"), "id")
-    model = as_str(need(obj, "model"), "model", nonempty=True)
+    line = Fields(obj)
+    ident = line.item_id("id")
+    model = line.string("model", nonempty=True)
     messages = obj.get("messages")
     if messages is not None and obj.get("prompt") is not None:
         raise Invalid("give prompt or messages, not both")
     if messages is None:
-        prompt = as_str(need(obj, "prompt"), "prompt")
-    max_tokens = as_count(need(obj, "max_tokens"), "max_tokens")
-    prefix = obj.get("prefix")
-    components = [] if prefix is None else as_prefix(prefix, "prefix")
+        prompt = line.string("prompt")
+    max_tokens = line.count("max_tokens")
+    components = line.prefix("prefix")
     body = _params(obj.get("params"))
     body["max_tokens"] = max_tokens
     if messages is not None:
@@ -65,20 +55,10 @@ def parse_native(obj: dict[str, Any]) -> Draft:
                           "last is the shared prefix")
         components, prompt = chat_components(messages, body.get("tools"), "messages")
         body["messages"] = messages
-    input_tokens = obj.get("input_tokens")
-    if input_tokens is not None:
-        input_tokens = as_count(input_tokens, "input_tokens")
-    label = obj.get("label")
-    label = "" if label is None else as_str(label, "label")
     return Draft(
-        id=ident,
-        model=model,
-        components=components,
-        prompt=prompt,
-        max_tokens=max_tokens,
-        source=Source.NATIVE,
-        input_tokens=input_tokens,
-        label=label,
+        ident, model, components, prompt, max_tokens, Source.NATIVE,
+        input_tokens=line.optional_count("input_tokens"),
+        label=line.optional_string("label"),
         chat=messages is not None,
         body=_encode(body),
     )

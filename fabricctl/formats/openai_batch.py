@@ -29,14 +29,10 @@ from fabricctl.formats.common import (
     DEFAULT_OPENAI_MAX_TOKENS,
     URL_SOURCES,
     Draft,
+    Fields,
     Invalid,
     Source,
     a_json_type,
-    as_count,
-    as_id,
-    as_prefix,
-    as_str,
-    need,
 )
 
 # Any of these keys marks a line as meant to be an OpenAI batch request.
@@ -47,57 +43,50 @@ _encode = msgspec.json.encode
 
 def parse_openai(obj: dict[str, Any]) -> Draft:
     """The draft of one OpenAI batch line, or Invalid naming the first bad field."""
-    ident = as_id(need(obj, "custom_id"), "custom_id")
-    method = need(obj, "method")
-    if method != "POST":
+    line = Fields(obj)
+    ident = line.item_id("custom_id")
+    if line.need("method") != "POST":
         raise Invalid("method must be POST")
-    url = need(obj, "url")
+    url = line.need("url")
     source = URL_SOURCES.get(url) if isinstance(url, str) else None
     if source is None:
         raise Invalid("url must be /v1/completions or /v1/chat/completions")
-    body = need(obj, "body")
+    body = line.need("body")
     if not isinstance(body, dict):
         raise Invalid(f"body must be a JSON object, not {a_json_type(body)}")
-    model = as_str(need(body, "model", "body.model"), "body.model", nonempty=True)
-    max_tokens = _max_tokens(body)
+    fields = Fields(body, "body.")
+    model = fields.string("model", nonempty=True)
+    max_tokens = _max_tokens(fields)
     if body.get("stream") is True:
         raise Invalid("body.stream must be false in a batch")
     if source is Source.COMPLETIONS:
-        prompt = need(body, "prompt", "body.prompt")
+        prompt = fields.need("prompt")
         if not isinstance(prompt, str):
             raise Invalid("body.prompt must be a single string")
-        prefix = body.get("prefix")
-        components = [] if prefix is None else as_prefix(prefix, "body.prefix")
+        components = fields.prefix("prefix")
         sent = {k: v for k, v in body.items() if k not in ("model", "prompt", "prefix")}
     else:
         components, prompt = chat_components(
-            need(body, "messages", "body.messages"), body.get("tools"), "body.messages")
+            fields.need("messages"), body.get("tools"), "body.messages")
         sent = {k: v for k, v in body.items() if k != "model"}
     return Draft(
-        id=ident,
-        model=model,
-        components=components,
-        prompt=prompt,
-        max_tokens=max_tokens,
-        source=source,
+        ident, model, components, prompt, max_tokens, source,
         label=_label(body),
         chat=source is Source.CHAT,
         body=_encode(sent),
     )
 
 
-def _max_tokens(body: dict[str, Any]) -> int:
+def _max_tokens(body: Fields) -> int:
     for key in ("max_tokens", "max_completion_tokens"):
-        value = body.get(key)
-        if value is not None:
-            return as_count(value, f"body.{key}")
+        count = body.optional_count(key)
+        if count is not None:
+            return count
     return DEFAULT_OPENAI_MAX_TOKENS
 
 
 def _label(body: dict[str, Any]) -> str:
     metadata = body.get("metadata")
     if isinstance(metadata, dict):
-        label = metadata.get("label")
-        if label is not None:
-            return as_str(label, "body.metadata.label")
+        return Fields(metadata, "body.metadata.").optional_string("label")
     return ""
