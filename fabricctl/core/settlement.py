@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import msgspec
+
 from fabricctl.core.lanes import Lane
 from fabricctl.core.ledger import Ledger
 from fabricctl.core.shape import Shape, ShapeState
@@ -57,9 +59,10 @@ class Settlement:
         shape.routed_tokens += tokens
         shape.served_items += n
         shape.consumers.add(c.name)
-        batch = Batch(self.next_batch, c.name, model, shape.signature, lane.id, shape.epoch,
-                      pad_to, max_tokens, c.contract.max_input_len, entries, tokens,
-                      shape.swept)
+        batch = Batch(id=self.next_batch, model=model, signature=shape.signature, lane=lane.id,
+                      epoch=shape.epoch, pad_to=pad_to, max_tokens=max_tokens,
+                      max_input_len=c.contract.max_input_len, consumer=c.name, entries=entries,
+                      tokens=tokens, mixed=shape.swept)
         self.next_batch += 1
         self.inflight[batch.id] = InFlight(batch, shape, lane)
         c.batches.add(batch.id)
@@ -133,9 +136,8 @@ class Settlement:
         b.entries = [e for i, e in enumerate(b.entries) if i not in take]
         tokens = sum(e.tokens for e in out)
         b.tokens -= tokens
-        nb = Batch(self.next_batch, b.consumer, b.model, b.signature, b.lane, b.epoch,
-                   b.pad_to, max(e.max_tokens for e in out), b.max_input_len, out, tokens,
-                   b.mixed)
+        nb = msgspec.structs.replace(b, id=self.next_batch, entries=out, tokens=tokens,
+                                     max_tokens=max(e.max_tokens for e in out))
         self.next_batch += 1
         self.inflight[nb.id] = InFlight(nb, f.shape, f.lane)
         f.lane.inflight += 1

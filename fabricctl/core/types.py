@@ -48,11 +48,10 @@ class Contract(msgspec.Struct, frozen=True):
     max_input_len: int
 
 
-class Batch(msgspec.Struct, gc=False):
-    """Why: items from one lane of one shape, padded to a multiple of 8, one output limit."""
+class BatchHead(msgspec.Struct):
+    """Why: what a batch is, as the broker and the consumer both know it: one shape's lane."""
 
     id: int
-    consumer: str
     model: str
     signature: int
     lane: int
@@ -60,6 +59,12 @@ class Batch(msgspec.Struct, gc=False):
     pad_to: int
     max_tokens: int
     max_input_len: int
+
+
+class Batch(BatchHead, gc=False):
+    """Why: items from one lane of one shape, padded to a multiple of 8, one output limit."""
+
+    consumer: str
     entries: list[Entry]
     tokens: int  # sum of the entries' input tokens, kept for the ledger
     mixed: bool = False  # a swept shape's batch (`core.sweep`): entries of many signatures
@@ -69,17 +74,9 @@ class Batch(msgspec.Struct, gc=False):
         return [i for i, e in enumerate(self.entries) if e.tokens > self.max_input_len]
 
 
-class Work(msgspec.Struct, array_like=True):
+class Work(BatchHead, array_like=True):
     """Why: a batch as its consumer and engine need it: the items with their payloads."""
 
-    id: int
-    model: str
-    signature: int
-    lane: int
-    epoch: int
-    pad_to: int
-    max_tokens: int
-    max_input_len: int
     items: list[Item]
 
 
