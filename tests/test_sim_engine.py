@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import msgspec
@@ -46,7 +45,7 @@ def make_work(
 
 
 def counters(gpu: SimGPU) -> dict:
-    return dataclasses.asdict(gpu.counters)
+    return msgspec.structs.asdict(gpu.counters)
 
 
 # --- batch mode ---------------------------------------------------------------------------------

@@ -30,19 +30,28 @@ class EngineLimits(msgspec.Struct, frozen=True):
     max_input_len: int
 
 
-class EngineStats(msgspec.Struct):
-    """Counters an engine reports, named after vLLM's where vLLM has one."""
+class EngineCounters(msgspec.Struct, kw_only=True):
+    """Why: the counters every engine keeps, named after vLLM's where vLLM has one."""
 
-    simulated: bool
-    block_size: int = 0
-    prefix_cache_queries: int = 0  # vllm:prefix_cache_queries_total
-    prefix_cache_hits: int = 0  # vllm:prefix_cache_hits_total
+    prefix_cache_queries: int = 0  # vllm:prefix_cache_queries_total (tokens)
+    prefix_cache_hits: int = 0  # vllm:prefix_cache_hits_total (tokens)
     prompt_tokens: int = 0  # vllm:prompt_tokens_total
     generation_tokens: int = 0  # vllm:generation_tokens_total
     graph_builds: int = 0
     batches: int = 0
     items: int = 0
     busy_s: float = 0.0
+
+
+class EngineStats(EngineCounters):
+    """What an engine reports: whether it is simulated, its KV block size, its counters.
+
+    The counters are keyword-only, so the encoded form (the heartbeat's dict, `top --json`)
+    keeps `simulated` and `block_size` first.
+    """
+
+    simulated: bool
+    block_size: int = 0
 
 
 class Engine(Protocol):

@@ -18,7 +18,7 @@ import asyncio
 from fabricctl.core.defaults import MAX_BATCH_SIZE, MAX_BATCH_TOKENS, MAX_INPUT_LEN, SIM_TIME_SCALE
 from fabricctl.core.payload import Payload
 from fabricctl.core.types import ItemResult, Prewarm, Work
-from fabricctl.engines.base import EngineLimits, EngineStats
+from fabricctl.engines.base import EngineCounters, EngineLimits, EngineStats
 from fabricctl.engines.blocks import (
     BlockChain,
     achievable_cached_tokens,
@@ -105,18 +105,8 @@ class SimEngine:
 
     def stats(self) -> EngineStats:
         c = self.gpu.counters
-        return EngineStats(
-            simulated=True,
-            block_size=self.gpu.block_size,
-            prefix_cache_queries=c.prefix_cache_queries,
-            prefix_cache_hits=c.prefix_cache_hits,
-            prompt_tokens=c.prompt_tokens,
-            generation_tokens=c.generation_tokens,
-            graph_builds=c.graph_builds,
-            batches=c.batches,
-            items=c.items,
-            busy_s=c.busy_s,
-        )
+        counters = {name: getattr(c, name) for name in EngineCounters.__struct_fields__}
+        return EngineStats(simulated=True, block_size=self.gpu.block_size, **counters)
 
     async def close(self) -> None:
         self._closed = True

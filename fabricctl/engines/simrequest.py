@@ -2,7 +2,8 @@
 
 Contract: a `SimRequest` is created by `SimGPU.add` and mutated only by the SimGPU; callers
 read `finish_time`, `finish_reason`, `first_token_time`, `out`, `cached_tokens` and
-`latency`. `SimCounters` only grows; its names follow vLLM's metrics where vLLM has one.
+`latency`. `SimCounters` only grows: `EngineCounters` (named after vLLM's metrics where
+vLLM has one) plus the simulator's own.
 `item_result` turns a finished request into an ItemResult: finish_reason "length" (output
 stops at max_tokens, as vLLM reports it), a deterministic text from `sim_text` (up to 16
 words picked by the hash of the id), the tokens generated and the cached tokens.
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 
 import xxhash
 
 from fabricctl.core.types import ItemResult
+from fabricctl.engines.base import EngineCounters
 from fabricctl.engines.prefix_cache import CacheSeq
 
 LENGTH_EXCEEDED = "length_exceeded"
@@ -34,23 +35,14 @@ def sim_text(rid: str, tokens: int) -> str:
     return " ".join(_WORDS[(h >> (4 * i)) & 15] for i in range(n))
 
 
-@dataclass(slots=True)
-class SimCounters:
-    """Why: what the simulated GPU did, named like vLLM's metrics where vLLM has one."""
+class SimCounters(EngineCounters):
+    """Why: what the simulated GPU did: every engine's counters plus the simulator's own."""
 
-    prefix_cache_queries: int = 0  # vllm:prefix_cache_queries_total (tokens)
-    prefix_cache_hits: int = 0  # vllm:prefix_cache_hits_total (tokens)
-    prompt_tokens: int = 0  # vllm:prompt_tokens_total
-    generation_tokens: int = 0  # vllm:generation_tokens_total
     preemptions: int = 0  # vllm:num_preemptions_total
-    graph_builds: int = 0
-    batches: int = 0
-    items: int = 0
     requests: int = 0  # finished requests, length_exceeded included
     length_exceeded: int = 0
     prewarms: int = 0
     steps: int = 0
-    busy_s: float = 0.0  # simulated seconds spent in steps
 
 
 class SimRequest:
