@@ -33,6 +33,7 @@ The job terms `submit` and `run` take (`--priority N`, `--window DUR`) are read 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,9 @@ from fabricctl.fmt import CRITICAL, NA, age, finish_vs_deadline, pct, relative, 
 from fabricctl.wire.client import Client
 
 from .common import call, console, stdout_is_tty, write_json, write_tsv
+
+JobId = typer.Argument(..., metavar="ID", help="A job id, or a unique prefix of one.")
+JobAction = Callable[[AppConfig, str, bool], None]  # (settings, job id or prefix, --json)
 
 group = typer.Typer(help="List, show, cancel and prioritise jobs (one per submit, run or API "
                     "batch).", invoke_without_command=True)
@@ -72,29 +76,38 @@ def list_command(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
     guarded(lambda: show_list(cfg, json_out))
 
 
-@group.command("show")
-def show_command(
-    job: str = typer.Argument(..., metavar="ID", help="A job id, or a unique prefix of one."),
-    json_out: bool = JsonOut, data_dir: Path | None = DataDir, config: Path | None = ConfigFile,
-) -> None:
+def job_command(name: str) -> Callable[[JobAction], JobAction]:
+    """Declares `jobs NAME ID [--json]`: the decorated action, with its docstring as the
+    command's help, runs on the settings, the job id (or prefix) and --json."""
+
+    def declare(action: JobAction) -> JobAction:
+        def command(job: str = JobId, json_out: bool = JsonOut, data_dir: Path | None = DataDir,
+                    config: Path | None = ConfigFile) -> None:
+            cfg = settings(data_dir, config)
+            guarded(lambda: action(cfg, job, json_out))
+
+        command.__doc__ = action.__doc__
+        group.command(name)(command)
+        return action
+
+    return declare
+
+
+@job_command("show")
+def show_command(cfg: AppConfig, job: str, json_out: bool) -> None:
     """Show one job: state and times, counts, throughput and ETA, shapes, errors."""
-    cfg = settings(data_dir, config)
-    guarded(lambda: show_job(cfg, job, json_out))
+    show_job(cfg, job, json_out)
 
 
-@group.command("cancel")
-def cancel_command(
-    job: str = typer.Argument(..., metavar="ID", help="A job id, or a unique prefix of one."),
-    json_out: bool = JsonOut, data_dir: Path | None = DataDir, config: Path | None = ConfigFile,
-) -> None:
+@job_command("cancel")
+def cancel_command(cfg: AppConfig, job: str, json_out: bool) -> None:
     """Cancel a job: its queued items are removed (counted as cancelled); in-flight ones finish."""
-    cfg = settings(data_dir, config)
-    guarded(lambda: cancel_job(cfg, job, json_out))
+    cancel_job(cfg, job, json_out)
 
 
 @group.command("priority", context_settings={"ignore_unknown_options": True})  # N may be -1
 def priority_command(
-    job: str = typer.Argument(..., metavar="ID", help="A job id, or a unique prefix of one."),
+    job: str = JobId,
     priority: str = typer.Argument(..., metavar="N", help=f"The new priority: a whole number "
                                    f"from 0 to {MAX_PRIORITY}; higher goes first."),
     json_out: bool = JsonOut, data_dir: Path | None = DataDir, config: Path | None = ConfigFile,
