@@ -29,20 +29,21 @@ Withdrawal: `withdraw(pick, models)` takes queued entries out of their lanes unr
 cancelled job's), `settle_withdrawn` / `return_withdrawn` end that (`fabricctl.core.withdrawal`).
 
 Structure: the broker owns the models, consumers, ledger, event log, lifecycle and pre-warm
-outbox, decides dispatch itself (`pull`), and composes the parts that act on that state,
-each handed what it uses at construction: `Intake` (items in), `Settlement` (batches in
-flight: booked out, completed, failed back, split) and `Maintenance` (the tick, the cache
-audit, the live shapes); `snapshot` hands the pieces to `take_snapshot`. Its methods of those
-names are thin delegations, so callers see one `Broker`.
+outbox, and composes the parts that act on that state, each handed what it uses at
+construction: `Intake` (items in), `Dispatcher` (which batch a pull gets, whom a pre-warm
+signal is for), `Settlement` (batches in flight: booked out, completed, failed back, split)
+and `Maintenance` (the tick, the cache audit, the live shapes); `snapshot` hands the pieces
+to `take_snapshot`. Its methods of those names are thin delegations, so callers see one
+`Broker`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from operator import attrgetter
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.context import held_jobs
+from fabricctl.core.dispatch import Dispatcher
 from fabricctl.core.events import EventKind, EventLog
 from fabricctl.core.forecast import JobView, RiskWatch, job_views
 from fabricctl.core.intake import Intake
@@ -50,10 +51,9 @@ from fabricctl.core.lanes import Lane, LaneCounters
 from fabricctl.core.ledger import Ledger
 from fabricctl.core.lifecycle import Lifecycle
 from fabricctl.core.maintenance import Maintenance, model_shapes
-from fabricctl.core.model_state import ModelState, Slot
-from fabricctl.core.packing import pack_counted
+from fabricctl.core.model_state import ModelState
 from fabricctl.core.settlement import Settlement
-from fabricctl.core.shape import Shape, ShapeState
+from fabricctl.core.shape import Shape
 from fabricctl.core.snapshot import ShapeView, Snapshot, finished_view, take_snapshot
 from fabricctl.core.stats import BatchesHistogram
 from fabricctl.core.terms import NO_TERMS, JobTerms
@@ -67,10 +67,6 @@ from fabricctl.core.tracking import (
 )
 from fabricctl.core.types import Batch, Contract, Entry, Item, Prewarm
 from fabricctl.core.withdrawal import Withdrawn, return_withdrawn, settle_withdrawn, withdraw
-
-_max_tokens = attrgetter("max_tokens")
-_item = attrgetter("item")
-_signature = attrgetter("signature")
 
 __all__ = ["Broker", "ConsumerState", "InFlight", "Placement", "ShapeGuardError",
            "UnknownBatchError", "guard_signature"]
@@ -97,6 +93,8 @@ class Broker:
         self.settlement = Settlement(self.consumers, self.ledger, self.intake.place, self.queued)
         self.maintenance = Maintenance(self.cfg, self.models, self.consumers, self.lifecycle,
                                        self.events, self.signals)
+        self.dispatcher = Dispatcher(self.cfg, self.models, self.consumers, self.lifecycle,
+                                     self.settlement, self.signals)
 
     # -- models and consumers ------------------------------------------------------------
 
@@ -205,102 +203,15 @@ class Broker:
         return self.intake.restore_ledger(items_received, tokens_received, items_completed,
                                           tokens_completed)
 
-    # -- dispatch ----------
-
-    def slot(self, ms: ModelState, consumer: str | None) -> Slot | None:
-        """The consumer's own slot in "consumer" scope; None in "model" scope."""
-        if self.cfg.shape_scope != "consumer" or consumer is None:
-            return None
-        slot = ms.slots.get(consumer)
-        if slot is None:
-            slot = ms.slots[consumer] = Slot(consumer)
-        return slot
-
-    def current_shape(self, ms: ModelState, now: float, consumer: str | None = None
-                      ) -> Shape | None:
-        """The shape the model's consumers (in "consumer" scope: this consumer) pull from,
-        advancing the lifecycle if due."""
-        slot = self.slot(ms, consumer)
-        h = ms if slot is None else slot
-        cur = h.current
-        if not self.cfg.lifecycle:
-            if cur is None or cur.items == 0:
-                best = max((s for s in ms.open.values() if s.items), key=lambda s: s.tokens,
-                           default=None)
-                if best is not None and best is not cur:
-                    if slot is not None and ms.holders(best):
-                        self.lifecycle.join(ms, slot, best)
-                    else:
-                        self.lifecycle.activate(ms, best, now, "most tokens", slot)
-                cur = h.current
-            return cur
-        if (slot is not None and cur is not None and slot.batches >= self.cfg.amortise_batches
-                and ms.waiting.levels and cur.items
-                and self.lifecycle.preempt(ms, slot, now, self.consumers)):
-            cur = slot.current
-        if cur is None or cur.state is not ShapeState.ACTIVE or (
-            cur.tokens < self.cfg.prewarm_multiple * ms.budget
-        ):
-            hungry = cur is None or cur.items == 0
-            self.signals.extend(self.lifecycle.advance(ms, now, hungry, slot, self.consumers))
-            cur = h.current
-        return cur
-
-    def prewarm_targets(self, signal: Prewarm) -> list[str]:
-        """The consumers a pre-warm signal is for: in "consumer" scope the one whose next
-        shape it names (the signal's `consumer`, while it is registered), else every
-        consumer of the model."""
-        ms = self.models.get(signal.model)
-        if ms is None:
-            return []
-        if signal.consumer is not None:
-            return [signal.consumer] if signal.consumer in self.consumers else []
-        if self.cfg.shape_scope == "consumer":
-            return [c for c, s in ms.slots.items() if s.warming is not None
-                    and s.warming.signature == signal.signature
-                    and s.warming.epoch == signal.epoch]
-        return [c.name for c in self.consumers.values() if c.contract.model == signal.model]
+    # -- dispatch (`Dispatcher`) ----------
 
     def pull(self, consumer: str, now: float) -> Batch | None:
         """The next batch for a consumer, or None when its model has nothing dispatchable."""
-        c = self.consumers[consumer]
-        ms = self.models.get(c.contract.model)
-        if ms is None:
-            return None
-        shape = self.current_shape(ms, now, consumer)
-        if shape is None:
-            return None
-        lane = shape.pick_lane()
-        if lane is None:
-            return None
-        contract = c.contract
-        entries, pad_to, tokens = pack_counted(lane.queue, contract.max_batch_size,
-                                               contract.max_batch_tokens, self.cfg.pad_multiple)
-        max_tokens = max(0, max(map(_max_tokens, entries), default=0))
-        if not shape.swept:  # a swept shape's batch claims no one signature (`core.sweep`)
-            self._guard(shape.signature, list(map(_item, entries)))
-        slot = ms.slots.get(consumer)
-        if slot is not None and slot.current is shape:
-            slot.batches += 1
-        ms.meter.begin(now)
-        shape.served_at = now
-        return self.settlement.dispatch(c, ms.name, shape, lane, entries, pad_to, tokens,
-                                        max_tokens)
+        return self.dispatcher.pull(consumer, now)
 
-    @staticmethod
-    def _guard(sig: int, items: list[Item | None]) -> None:
-        """The hard guard over a batch's entries that carry their item (memory mode)."""
-        if items and items[0] is not None:  # memory mode: every entry carries its item
-            try:
-                sigs = set(map(_signature, items))
-            except AttributeError:  # some entry without its item: check those with one
-                sigs = {it.signature for it in items if it is not None}
-        else:  # a store's entries (their items live in the store)
-            sigs = {it.signature for it in items if it is not None}
-        if sigs and sigs != {sig}:
-            for it in items:  # the first entry of another shape, by name
-                if it is not None:
-                    guard_signature(sig, it.signature, f"item {it.id}")
+    def prewarm_targets(self, signal: Prewarm) -> list[str]:
+        """The consumers a pre-warm signal is for (`Dispatcher.prewarm_targets`)."""
+        return self.dispatcher.prewarm_targets(signal)
 
     # -- settlement (`Settlement`) ----------
 

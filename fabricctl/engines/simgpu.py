@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 
 from fabricctl.core.defaults import MAX_INPUT_LEN
 from fabricctl.core.types import ItemResult, Work
@@ -41,6 +42,20 @@ from fabricctl.engines.prefix_cache import PrefixCache
 from fabricctl.engines.simanswer import SimSpec, choice_plan, item_answer, sim_spec
 from fabricctl.engines.simrequest import LENGTH_EXCEEDED, SimCounters, SimRequest
 from fabricctl.errors import EngineError, UsageError
+
+
+@dataclass(slots=True)
+class _StepPlan:
+    """Why: what one step's scheduling passes decide, handed to its costing and compute."""
+
+    budget: int  # tokens left of max_num_batched_tokens
+    sched: list[tuple[SimRequest, int]] = field(default_factory=list)  # (request, tokens)
+    prefill: int = 0  # uncached prompt tokens computed
+    cached: int = 0  # prompt tokens admitted from the prefix cache
+    decodes: int = 0  # decode sequences
+    context: int = 0  # context tokens of the decode sequences
+    graphs: int = 0  # graph keys built
+    preempted: bool = False
 
 
 class SimGPU:
@@ -182,56 +197,86 @@ class SimGPU:
         self.waiting.appendleft(r)
 
     def _step(self, until: float, single: bool = False) -> list[SimRequest]:
+        """One scheduler step (or a fast-forwarded run of them); returns the finished."""
         finished, self._done = self._done, []
-        running, cache, costs, c = self.running, self.cache, self.costs, self.counters
-        front = self._front
-        if front:
-            if not running and not self.waiting and front[0][0] > self.now:
-                if front[0][0] > until:  # idle until after `until`
-                    self.now = until
-                    return finished
-                self.now = front[0][0]
-            while front and front[0][0] <= self.now:
-                self.waiting.append(front.popleft()[1])
-        if not running and not self.waiting:
+        if not self._take_front(until) or not (self.running or self.waiting):
             return finished
-        if self.fast_forward and not single and not front:
+        if self.fast_forward and not single and not self._front:
             k = self._fast_forward_steps()
             if k > 1:
                 return finished + self._fast_forward(k, until)
-        bs = self.block_size
-        budget = costs.max_num_batched_tokens
-        sched: list[tuple[SimRequest, int]] = []
-        prefill = cached = decodes = context = graphs = 0
-        preempted = False
+        plan = _StepPlan(self.costs.max_num_batched_tokens)
+        self._schedule_running(plan)
+        if not plan.preempted:
+            self._admit_waiting(plan)
+        if not plan.sched:
+            if not plan.preempted:
+                raise EngineError("simulated scheduler stalled: a request cannot fit")
+            return finished
+        finished.extend(self._run(plan))
+        return finished
+
+    def _take_front(self, until: float) -> bool:
+        """Queue what the front end has handed over by now; False if idle past `until`."""
+        front = self._front
+        if not front:
+            return True
+        if not self.running and not self.waiting and front[0][0] > self.now:
+            if front[0][0] > until:
+                self.now = until
+                return False
+            self.now = front[0][0]
+        while front and front[0][0] <= self.now:
+            self.waiting.append(front.popleft()[1])
+        return True
+
+    def _schedule_running(self, plan: _StepPlan) -> None:
+        """Schedule the running requests in order, each a decode token or a prefill chunk."""
+        running, bs = self.running, self.block_size
+        budget = plan.budget
+        prefill = decodes = context = 0
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
             total = r.prompt_len + r.out
-            n = total - r.num_computed
-            if n > budget:
-                n = budget
+            n = min(total - r.num_computed, budget)
             slots = r.num_computed + n
             seq = r.seq
-            if slots > len(seq.blocks) * bs or slots // bs > seq.num_hashed:
-                while not cache.allocate(seq, slots):
-                    victim = running.pop()
-                    self._preempt(victim)
-                    preempted = True
-                    if victim is r:
-                        break
-                if not seq.blocks:  # r preempted itself: nothing after it runs
-                    break
+            if (slots > len(seq.blocks) * bs or slots // bs > seq.num_hashed) and (
+                not self._make_room(r, slots, plan)
+            ):
+                break
             if n == 1 and r.out and slots == total:
                 decodes += 1
                 context += slots
             else:
                 prefill += n
-            sched.append((r, n))
+            plan.sched.append((r, n))
             budget -= n
             i += 1
-        waiting = self.waiting
-        while not preempted and waiting and budget > 0 and len(running) < costs.max_num_seqs:
+        plan.budget = budget
+        plan.prefill += prefill
+        plan.decodes += decodes
+        plan.context += context
+
+    def _make_room(self, r: SimRequest, slots: int, plan: _StepPlan) -> bool:
+        """Give `r` KV blocks for `slots`, preempting from the back; False if `r` went too."""
+        seq, running = r.seq, self.running
+        while not self.cache.allocate(seq, slots):
+            victim = running.pop()
+            self._preempt(victim)
+            plan.preempted = True
+            if victim is r:
+                break
+        return bool(seq.blocks)
+
+    def _admit_waiting(self, plan: _StepPlan) -> None:
+        """Admit waiting requests in order while seats, token budget and blocks allow."""
+        running, waiting, cache, bs = self.running, self.waiting, self.cache, self.block_size
+        max_num_seqs = self.costs.max_num_seqs
+        budget = plan.budget
+        prefill = cached = graphs = 0
+        while waiting and budget > 0 and len(running) < max_num_seqs:
             r = waiting[0]
             num_tokens = r.prompt_len + r.out
             hit = cache.match(r.seq, num_tokens)
@@ -241,30 +286,39 @@ class SimGPU:
                 break
             waiting.popleft()
             if not r.admitted:
-                r.admitted = True
-                r.cached_tokens = computed
-                cache.record(num_tokens, computed)
-                c.prefix_cache_queries += num_tokens
-                c.prefix_cache_hits += computed
+                self._first_admission(r, num_tokens, computed)
             r.num_computed = computed
             cached += computed
             prefill += n
             if r.key is not None:
                 graphs += self._use_graph(r.key)
             running.append(r)
-            sched.append((r, n))
+            plan.sched.append((r, n))
             budget -= n
-        if not sched:
-            if not preempted:
-                raise EngineError("simulated scheduler stalled: a request cannot fit")
-            return finished
-        dt = costs.step_seconds(prefill, cached, decodes, context, graphs)
+        plan.budget = budget
+        plan.prefill += prefill
+        plan.cached += cached
+        plan.graphs += graphs
+
+    def _first_admission(self, r: SimRequest, num_tokens: int, computed: int) -> None:
+        """Count a request's prefix-cache lookup, once: on its first admission only."""
+        r.admitted = True
+        r.cached_tokens = computed
+        self.cache.record(num_tokens, computed)
+        self.counters.prefix_cache_queries += num_tokens
+        self.counters.prefix_cache_hits += computed
+
+    def _run(self, plan: _StepPlan) -> list[SimRequest]:
+        """Charge the step's time, write its tokens' KV and emit tokens; returns the finished."""
+        c = self.counters
+        dt = self.costs.step_seconds(plan.prefill, plan.cached, plan.decodes, plan.context,
+                                     plan.graphs)
         self.now += dt
         c.busy_s += dt
         c.steps += 1
         now = self.now
-        ended = False
-        for r, n in sched:
+        finished: list[SimRequest] = []
+        for r, n in plan.sched:
             r.num_computed += n
             if r.num_computed == r.prompt_len + r.out:
                 if r.out == 0:
@@ -275,9 +329,8 @@ class SimGPU:
                 if r.out >= r.max_out:
                     self._finish(r, now)
                     finished.append(r)
-                    ended = True
-        if ended:
-            self.running = [r for r in running if r.finish_time is None]
+        if finished:
+            self.running = [r for r in self.running if r.finish_time is None]
         return finished
 
     def _finish(self, r: SimRequest, now: float) -> None:
