@@ -39,11 +39,14 @@ groff:
 man: $(STAMP)
 	$(PY) scripts/gen_man.py
 
+# The tests without vLLM run on two workers (each test owns its data dir, sockets and
+# ports); the real-vLLM ones run one at a time, since a CPU vLLM server takes every core.
 test-fast: $(STAMP) groff lint
-	$(PY) -m pytest -q -m "not real_vllm"
+	$(PY) -m pytest -q -n 2 -m "not real_vllm"
 
 test: $(STAMP) $(VLLM_STAMP) groff lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 -m "not real_vllm"
+	$(PY) -m pytest -q -m real_vllm
 
 bench: $(STAMP)
 	$(PY) bench/core_bench.py
