@@ -3,6 +3,8 @@
 A payload is msgpack of `Payload`: the cacheable components in order, the part that differs,
 and token counts for each, so a simulated engine can derive prompt blocks without a tokenizer;
 and the request as its producer wrote it, so a real engine sends exactly that:
+- `path`: the endpoint the request goes to (`/v1/embeddings`, `/v1/score`, `/v1/rerank`,
+  `/v1/responses`); empty for the completion endpoints, which `chat` tells apart:
 - `chat`: the request goes to `/v1/chat/completions` (else `/v1/completions`);
 - `body`: the request body as JSON, as written, less `model` (the engine sets the served
   name) and, for completions, less `prompt` (the engine sends `"".join(components) + prompt`,
@@ -24,6 +26,7 @@ class Payload(msgspec.Struct, omit_defaults=True):
     prompt_tokens: int
     chat: bool = False
     body: bytes = b""  # JSON object; see the module contract
+    path: str = ""  # the endpoint, when not a completion one; see the module contract
 
     def text(self) -> str:
         """The full prompt a real engine receives: the components then the varying part."""

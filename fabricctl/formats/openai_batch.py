@@ -49,7 +49,7 @@ def parse_openai(obj: dict[str, Any]) -> Draft:
         raise Invalid("method must be POST")
     url = line.need("url")
     source = URL_SOURCES.get(url) if isinstance(url, str) else None
-    if source is None:
+    if source not in (Source.COMPLETIONS, Source.CHAT):
         raise Invalid("url must be /v1/completions or /v1/chat/completions")
     body = line.need("body")
     if not isinstance(body, dict):
