@@ -1,10 +1,12 @@
 """Builds a tiny random Llama that vLLM's CPU build can serve, with no download.
 
 Run with the python of `.venv-vllm` (it has torch, transformers and tokenizers):
-    .venv-vllm/bin/python tests/real/make_tiny_model.py OUT_DIR
+    .venv-vllm/bin/python tests/real/make_tiny_model.py OUT_DIR [--classify]
 Writes a HF model dir (~0.5 MB): a byte-level BPE tokenizer trained in-process on a fixed
 corpus and a LlamaForCausalLM (hidden 64, 2 layers, 2 heads, 1 KV head: head_dim 32, the
 smallest vLLM's CPU attention supports), float32, random weights from seed 0. Deterministic.
+With `--classify`, the same tokenizer and sizes as a LlamaForSequenceClassification with one
+label (seed 1): what vLLM's score and rerank endpoints serve with `--runner pooling`.
 """
 
 from __future__ import annotations
@@ -33,11 +35,16 @@ def corpus() -> list[str]:
     return lines
 
 
-def build(out: Path) -> None:
+def build(out: Path, classify: bool = False) -> None:
     """Write the tokenizer and the random model into `out`."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        LlamaForSequenceClassification,
+        PreTrainedTokenizerFast,
+    )
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -57,12 +64,18 @@ def build(out: Path) -> None:
                       max_position_embeddings=2048, bos_token_id=fast.bos_token_id,
                       eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
                       dtype="float32")
+    if classify:
+        cfg.num_labels = 1
+        torch.manual_seed(1)
+        LlamaForSequenceClassification(cfg).to(torch.float32).save_pretrained(out)
+        return
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(out)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} OUT_DIR")
-    build(Path(sys.argv[1]))
-    print(sys.argv[1])
+    args = sys.argv[1:]
+    if len(args) not in (1, 2) or (len(args) == 2 and args[1] != "--classify"):
+        sys.exit(f"usage: {sys.argv[0]} OUT_DIR [--classify]")
+    build(Path(args[0]), classify=len(args) == 2)
+    print(args[0])

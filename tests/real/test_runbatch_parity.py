@@ -17,18 +17,13 @@ and seeded lines agree with run-batch's at least as often as run-batch agrees wi
 from __future__ import annotations
 
 import asyncio
-import io
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import SERVER_ARGS, VENV
+from runbatch import run_batch, through_fabricctl, write
 
-from fabricctl.cli.run import run_job
-from fabricctl.config import AppConfig, ConsumerSettings, ProducerSettings, VllmSettings
 from fabricctl.supervisor.launcher import Launcher
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.asyncio(loop_scope="session")]
@@ -84,51 +79,6 @@ def completion_lines() -> list[dict[str, Any]]:
     return lines
 
 
-def write(path: Path, lines: list[dict[str, Any]]) -> Path:
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return path
-
-
-async def run_batch(tiny_model: Path, inp: Path, out: Path, core: int) -> dict[str, Any]:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-               VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(core))
-    iomp = VENV / "lib" / "libiomp5.so"
-    if iomp.exists():
-        env["LD_PRELOAD"] = str(iomp)
-    proc = await asyncio.create_subprocess_exec(
-        str(VENV / "bin" / "python"), "-W", "ignore", "-m", "vllm.entrypoints.openai.run_batch",
-        "-i", str(inp), "-o", str(out), "--model", str(tiny_model),
-        "--served-model-name", "tiny", *SERVER_ARGS, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    log, _ = await asyncio.wait_for(proc.communicate(), 400)
-    assert proc.returncode == 0, log.decode(errors="replace")[-3000:]
-    return by_id(out.read_text().splitlines())
-
-
-def by_id(lines: list[str]) -> dict[str, Any]:
-    recs = [json.loads(line) for line in lines]
-    out = {r["custom_id"]: r for r in recs}
-    assert len(out) == len(recs)
-    return out
-
-
-async def through_fabricctl(servers: Launcher, tiny_model: Path, tmp: Path, inp: Path
-                            ) -> dict[str, Any]:
-    cfg = AppConfig(
-        data_dir=tmp / "data", engine="openai", model="tiny",
-        vllm=VllmSettings(endpoints=[s.base_url for s in servers.servers]),
-        consumer=ConsumerSettings(max_batch_size=8, max_batch_tokens=8 * 512,
-                                  max_input_len=500),
-        producer=ProducerSettings(tokenizer=str(tiny_model / "tokenizer.json")))
-    for s in servers.servers:
-        await s.wait_ready(240)
-    out = io.BytesIO()
-    errors: list[str] = []
-    await run_job(cfg, inp, out, errors=errors.append, keep_data=True)
-    assert errors == []
-    return by_id(out.getvalue().decode().splitlines())
-
-
 def facts(rec: dict[str, Any]) -> dict[str, Any]:
     """What must agree between two correct answers to one line."""
     resp = rec["response"]
@@ -182,7 +132,7 @@ async def test_chat_lines_answer_as_run_batch_does(vllm_servers: Launcher, tiny_
     ref, ref2 = await asyncio.gather(
         run_batch(tiny_model, inp, tmp_path / "rb1.jsonl", 0),
         run_batch(tiny_model, inp, tmp_path / "rb2.jsonl", 1))
-    ours = await through_fabricctl(vllm_servers, tiny_model, tmp_path, inp)
+    ours = await through_fabricctl(vllm_servers, tiny_model / "tokenizer.json", tmp_path, inp)
     agree, self_agree, checked = compare(ours, ref, ref2, lines)
     print(f"\nrun-batch parity (chat): texts agree on {agree}/{checked} temperature-0 and "
           f"seeded lines; run-batch with itself {self_agree}/{checked}")
@@ -215,7 +165,7 @@ async def test_completion_lines_answer_as_the_server_does(vllm_servers: Launcher
                 "custom_id": line["custom_id"], "error": None if resp.is_success else resp.json(),
                 "response": {"status_code": resp.status_code,
                              "body": resp.json() if resp.is_success else None}}
-    ours = await through_fabricctl(vllm_servers, tiny_model, tmp_path, inp)
+    ours = await through_fabricctl(vllm_servers, tiny_model / "tokenizer.json", tmp_path, inp)
     agree, _, checked = compare(ours, direct, None, lines)
     print(f"\nserver parity (completions): texts agree on {agree}/{checked} lines")
     assert agree >= checked - 1

@@ -1,0 +1,71 @@
+"""`vllm run-batch` and `fabricctl run` on one file, for the real-vLLM parity tests.
+
+Helpers (not a test module):
+- `run_batch(model, inp, out, core, *flags)`: vLLM's own batch runner on `inp` with the
+  session's engine flags (`conftest.SERVER_ARGS`) plus `flags`, pinned to one core; its
+  output rows by custom_id.
+- `through_fabricctl(servers, tokenizer, tmp, inp)`: `fabricctl run` (its `run_job`, engine
+  openai) on `inp` against the launched servers; its output rows by custom_id.
+- `write(path, lines)`: a JSONL file of the lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from conftest import SERVER_ARGS, VENV
+
+from fabricctl.cli.run import run_job
+from fabricctl.config import AppConfig, ConsumerSettings, ProducerSettings, VllmSettings
+from fabricctl.supervisor.launcher import Launcher
+
+
+def write(path: Path, lines: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def by_id(lines: list[str]) -> dict[str, Any]:
+    recs = [json.loads(line) for line in lines]
+    out = {r["custom_id"]: r for r in recs}
+    assert len(out) == len(recs)
+    return out
+
+
+async def run_batch(model: Path, inp: Path, out: Path, core: int, *flags: str
+                    ) -> dict[str, Any]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+               VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(core))
+    iomp = VENV / "lib" / "libiomp5.so"
+    if iomp.exists():
+        env["LD_PRELOAD"] = str(iomp)
+    proc = await asyncio.create_subprocess_exec(
+        str(VENV / "bin" / "python"), "-W", "ignore", "-m", "vllm.entrypoints.openai.run_batch",
+        "-i", str(inp), "-o", str(out), "--model", str(model),
+        "--served-model-name", "tiny", *SERVER_ARGS, *flags, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    log, _ = await asyncio.wait_for(proc.communicate(), 400)
+    assert proc.returncode == 0, log.decode(errors="replace")[-3000:]
+    return by_id(out.read_text().splitlines())
+
+
+async def through_fabricctl(servers: Launcher, tokenizer: Path, tmp: Path, inp: Path
+                            ) -> dict[str, Any]:
+    cfg = AppConfig(
+        data_dir=tmp / "data", engine="openai", model="tiny",
+        vllm=VllmSettings(endpoints=[s.base_url for s in servers.servers]),
+        consumer=ConsumerSettings(max_batch_size=8, max_batch_tokens=8 * 512,
+                                  max_input_len=500),
+        producer=ProducerSettings(tokenizer=str(tokenizer)))
+    for s in servers.servers:
+        await s.wait_ready(240)
+    out = io.BytesIO()
+    errors: list[str] = []
+    await run_job(cfg, inp, out, errors=errors.append, keep_data=True)
+    assert errors == []
+    return by_id(out.getvalue().decode().splitlines())
