@@ -26,9 +26,10 @@ Contract:
     "stop", "incomplete" (max_output_tokens reached) "length", "cancelled" "abort" (resent
     like an aborted completion), any other status as it is.
   - a 4xx: finish_reason "error", the server's message, its status and its error body. A
-    404 on an endpoint path whose body is not vLLM's error object (FastAPI's `{"detail":
-    "Not Found"}`: the served model has no such route) is "Model does not support endpoint:
-    <path>", as `vllm run-batch` words it, with that message as vLLM's error object.
+    404 whose body is not vLLM's error object (FastAPI's `{"detail": "Not Found"}`: the
+    served model has no such route, e.g. /v1/embeddings on a generative model) is "Model
+    does not support endpoint: <path>", as `vllm run-batch` words it, with that message as
+    vLLM's error object (type "NotFoundError", code 404).
   None when a 2xx body is not the endpoint's answer.
 - `prewarm_request(payload, model)` is (path, body) for a request that prefills the shape's
   shared prefix (max_tokens 1), or None when the payload shares nothing or has a `path`:
@@ -110,12 +111,22 @@ class _Error(msgspec.Struct):
     detail: Any = None
 
 
+_ABSENT = msgspec.Raw(b"")  # a field the body did not have
+
+
+class _PoolUsage(msgspec.Struct):
+    """Why: the counts vLLM made of a pooling request (its `completion_tokens` may be null)."""
+
+    prompt_tokens: int | None = None
+    prompt_tokens_details: _Details | None = None
+
+
 class _Pooled(msgspec.Struct):
     """Why: an embeddings, score or rerank body, read just as far as results need."""
 
-    data: msgspec.Raw | None = None  # embeddings and score
-    results: msgspec.Raw | None = None  # rerank
-    usage: _Usage | None = None
+    data: msgspec.Raw = _ABSENT  # embeddings and score (msgspec has no Raw | None)
+    results: msgspec.Raw = _ABSENT  # rerank
+    usage: _PoolUsage | None = None
 
 
 class _InputDetails(msgspec.Struct):
@@ -263,8 +274,7 @@ def _refusal(status: int, content: bytes, path: str) -> ItemResult:
     except msgspec.DecodeError:
         body, err = b"", None
     message = error_message(content)
-    if (status == 404 and path and path not in (COMPLETIONS_PATH, CHAT_PATH)
-            and (err is None or not isinstance(err.error, _ErrorInfo))):
+    if status == 404 and path and (err is None or not isinstance(err.error, _ErrorInfo)):
         message = f"Model does not support endpoint: {path}"
         body = _encode({"error": {"message": message, "type": "NotFoundError",
                                   "param": None, "code": status}})
@@ -277,9 +287,9 @@ def _pooling_answer(content: bytes) -> ItemResult | None:
         answer = _pooled.decode(content)
     except msgspec.DecodeError:
         return None
-    if answer.data is None and answer.results is None:
+    if not answer.data and not answer.results:
         return None
-    usage = answer.usage or _Usage()
+    usage = answer.usage or _PoolUsage()
     details = usage.prompt_tokens_details
     return ItemResult(
         id="",

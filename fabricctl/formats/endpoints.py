@@ -16,9 +16,10 @@ Shapes (the components, in order):
   <text>"), that line with its newline is the one component, so lines group by task; any other
   string has none. A declared prefix (`prefix`: a list of strings, as for completions) is the
   components instead, and the input sent is the prefix joined, then `input` (it needs one
-  string input). A list of strings, or token ids (a list of integers, or a list of such
-  lists): no shape. A chat conversation to embed (`messages`) is read as chat is: every
-  message before the last is a component.
+  string input). A list of strings whose first lines are all the same "Instruct:" line:
+  that line (counted once); any other list of strings, or token ids (a list of integers,
+  or a list of such lists): no shape. A chat conversation to embed (`messages`) is read as
+  chat is: every message before the last is a component.
 - score: the query side (`text_1`, `queries` or `data_1`, whichever pair the body gives with
   `text_2`, `documents`, `items` or `data_2`) when it is one string (or a list of one):
   that query, shared by every document; several queries: no shape. `instruction`, when
@@ -107,6 +108,11 @@ def _embeddings(fields: Fields, prefix: list[str]) -> Endpoint:
         raise Invalid(f"{where}prefix needs {where}input to be one string")
     if isinstance(value, list):
         if all(isinstance(v, str) for v in value):
+            splits = [instruction_split(v) for v in value]
+            shared = splits[0][0]
+            if shared and all(c == shared for c, _ in splits):
+                return Endpoint(body, shared, "".join(r for _, r in splits),
+                                POOLING_MAX_TOKENS)
             return Endpoint(body, [], "".join(value), POOLING_MAX_TOKENS)
         if all(_is_int(v) for v in value):
             return Endpoint(body, [], "", POOLING_MAX_TOKENS, len(value))
