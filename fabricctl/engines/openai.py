@@ -31,7 +31,8 @@ Contract (on top of `fabricctl.engines.base.Engine`):
   is simply not scraped again.
 - `prewarm(signal)` sends the sample item's shared prefix with `max_tokens 1`: its
   components joined to /v1/completions, or for a chat shape its messages but the last to
-  /v1/chat/completions (tools included); best effort.
+  /v1/chat/completions (tools included); best effort; nothing for an embeddings, score,
+  rerank or responses shape (`fabricctl.engines.request.prewarm_request`).
 """
 
 from __future__ import annotations
