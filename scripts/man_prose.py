@@ -107,7 +107,21 @@ DESCRIPTION = {
 (\fB{"id", "model", "prefix": [...], "prompt", "max_tokens"}\fR)
 or OpenAI batch requests (\fB{"custom_id", "method", "url", "body"}\fR), mixed freely;
 results come back in the form their line came in, native or OpenAI batch output.
-A bad \fB\-\-priority\fR or \fB\-\-window\fR is exit 2 before any line is sent.""",
+A bad \fB\-\-priority\fR or \fB\-\-window\fR is exit 2 before any line is sent.
+.PP
+Endpoints: an OpenAI line's \fBurl\fR is one of \fB/v1/completions\fR,
+\fB/v1/chat/completions\fR, \fB/v1/embeddings\fR, \fB/v1/score\fR (or \fB/score\fR),
+\fB/v1/rerank\fR (or \fB/rerank\fR, \fB/v2/rerank\fR) and \fB/v1/responses\fR (any other
+is a line error listing them); its body goes to vLLM as written. A native line names one in
+\fB"endpoint"\fR (\fBembeddings\fR, \fBscore\fR, \fBrerank\fR, \fBresponses\fR) with the
+request body in \fB"params"\fR and no \fBprompt\fR, \fBmessages\fR or \fBmax_tokens\fR.
+The shape per endpoint: chat and responses, the messages (or \fBinstructions\fR and input
+items) before the last; embeddings, the first line of an \fBinput\fR string that starts
+with \fBInstruct:\fR (or a declared \fBprefix\fR); score and rerank, the query, shared by
+its documents. Native results of these endpoints carry vLLM's answer whole in
+\fB"response"\fR (the vectors or scores); OpenAI output lines carry it as the body. An
+engine 4xx (an unsupported \fBdimensions\fR, a model without the endpoint: "Model does not
+support endpoint") is that line's error; the rest completes.""",
     "up": r"""With \fB\-\-api\fR, \fBPOST /v1/batches\fR takes OpenAI's
 \fBcompletion_window\fR (\fB<N>h\fR, \fB<N>m\fR or \fB<N>s\fR: the job's deadline)
 and, in its \fBmetadata\fR, a fabricctl extension: \fB"priority": "N"\fR (a string, as

@@ -158,8 +158,9 @@ def test_a_good_file_passes_in_any_chunking() -> None:
     (json.dumps({"method": "POST", "url": CHAT, "body": {}}).encode(),
      "line 2: custom_id is missing"),
     (json.dumps({**request("x"), "method": "GET"}).encode(), "line 2: method must be POST"),
-    (json.dumps({**request("x"), "url": "/v1/embeddings"}).encode(),
-     "line 2: url must be /v1/completions or /v1/chat/completions"),
+    (json.dumps({**request("x"), "url": "/v1/moderations"}).encode(),
+     "line 2: url must be one of /v1/completions, /v1/chat/completions, /v1/embeddings, "
+     "/v1/score, /v1/rerank, /v1/responses, /score, /rerank, /v2/rerank"),
     (json.dumps({**request("x"), "body": "text"}).encode(),
      "line 2: body must be a JSON object, not a string"),
     (b'{"custom_id": "' + b"x" * 5000 + b'"}', "line 2: line is longer than 4096 bytes"),

@@ -77,8 +77,9 @@ MATRIX: list[tuple[bytes, str | None]] = [
     (j(native("g1")), "id 'g1' is a duplicate of line 1"),
     (j(native("dup-broker")), None),  # the same id in another job is an item of its own
     (j(comp("c1")), None),
-    (j({**comp("x11"), "url": "/v1/embeddings"}),
-     "url must be /v1/completions or /v1/chat/completions"),
+    (j({**comp("x11"), "url": "/v1/moderations"}),
+     "url must be one of /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/score, "
+     "/v1/rerank, /v1/responses, /score, /rerank, /v2/rerank"),
     (j({**comp("x12"), "method": "GET"}), "method must be POST"),
     (j(native("x13", messages=[{"role": "user", "content": "u"}])),
      "give prompt or messages, not both"),

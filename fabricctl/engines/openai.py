@@ -7,15 +7,19 @@ Contract (on top of `fabricctl.engines.base.Engine`):
   one window per engine (`window`, FIFO, shared by every batch the consumer has in hand),
   so a later batch's requests queue behind an earlier one's. It returns one ItemResult per
   item, in order. Items with `input_tokens > work.max_input_len` are not sent and get an
-  empty result with finish_reason "length_exceeded"; an unreadable payload gets an "error"
-  result.
+  empty result with finish_reason "length_exceeded" (not embeddings, score or rerank
+  requests, whose several inputs are sequences of their own: vLLM refuses a too-long one
+  with a 400, that item's result); an unreadable payload gets an "error" result.
 - A 200 answer: text and finish_reason of choice 0 (`text`, or `message.content` for chat),
   vLLM's `usage` (prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens),
   and the body as the server sent it, kept for OpenAI-batch items (their output line
-  carries it) and for native items whose answer has several choices or logprobs.
-- A 4xx (not 408/429) is that item's error result: the server's message in `error`, its
-  status in `status`, its error body in `body`; the batch goes on.
-- Connection errors, timeouts, 408/429 and 5xx are retried with exponential backoff
+  carries it) and for native items whose answer has several choices or logprobs; an
+  embeddings, score, rerank or responses answer is read as `read_answer` says, its body
+  always kept.
+- A 4xx (not 408/429) and a 501 (vLLM's "The model does not support ... API") are that
+  item's error result: the server's message in `error`, its status in `status`, its error
+  body in `body`; the batch goes on.
+- Connection errors, timeouts, 408/429 and other 5xx are retried with exponential backoff
   (`attempts` in all), then `EngineError` for the batch. An answer whose choices have
   finish_reason "abort" (the server is shutting down) is resent; still aborted after
   `attempts`, the item's result has finish_reason "abort" (the consumer isolates it).
@@ -27,7 +31,8 @@ Contract (on top of `fabricctl.engines.base.Engine`):
   is simply not scraped again.
 - `prewarm(signal)` sends the sample item's shared prefix with `max_tokens 1`: its
   components joined to /v1/completions, or for a chat shape its messages but the last to
-  /v1/chat/completions (tools included); best effort.
+  /v1/chat/completions (tools included); best effort; nothing for an embeddings, score,
+  rerank or responses shape (`fabricctl.engines.request.prewarm_request`).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from fabricctl.core.types import ItemResult, Prewarm, Work
 from fabricctl.engines.base import WINDOW_BATCHES, EngineLimits, EngineStats
 from fabricctl.engines.request import (
     ABORT,
+    POOLING_PATHS,
     error_message,
     prewarm_request,
     read_answer,
@@ -62,6 +68,7 @@ COUNTERS = {
     "vllm:generation_tokens_total": "generation_tokens",
 }
 RETRYABLE_STATUS = frozenset({408, 429})
+NOT_IMPLEMENTED = 501  # vLLM: "The model does not support <X> API", never worth a retry
 
 
 class MetricsSample(msgspec.Struct):
@@ -170,7 +177,9 @@ class OpenAIEngine:
             else:
                 unreachable = False
                 self.requests += 1
-                if resp.status_code < 500 and resp.status_code not in RETRYABLE_STATUS:
+                status = resp.status_code
+                if status == NOT_IMPLEMENTED or (status < 500
+                                                 and status not in RETRYABLE_STATUS):
                     return resp
                 last = f"HTTP {resp.status_code}: {_error_message(resp)}"
             if attempt + 1 < self.attempts:
@@ -196,10 +205,10 @@ class OpenAIEngine:
             res: ItemResult | None = None
             for attempt in range(self.attempts):
                 resp = await self._post(path, body)
-                res = read_answer(resp.status_code, resp.content, keep_body)
+                res = read_answer(resp.status_code, resp.content, keep_body, path)
                 if res is None:
                     raise EngineError(f"{self.base_url}: HTTP {resp.status_code} with a body "
-                                      "that is not a completion")
+                                      f"that is not an answer of {path}")
                 if res.finish_reason != ABORT:
                     return res
                 if attempt + 1 < self.attempts:
@@ -248,14 +257,15 @@ class OpenAIEngine:
         send: list[int] = []
         calls = []
         for i, item in enumerate(work.items):
-            if item.input_tokens > work.max_input_len:
-                results[i] = ItemResult(id=item.id, finish_reason="length_exceeded")
-                continue
             try:
                 path, body, keep = request_of(item, decode_payload(item.payload), self.model)
             except (msgspec.MsgspecError, ValueError, WorkloadError) as e:
                 results[i] = ItemResult(id=item.id, finish_reason="error",
                                         error=f"unreadable payload: {e}")
+                continue
+            # a pooling request's inputs are sequences of their own: vLLM checks each
+            if item.input_tokens > work.max_input_len and path not in POOLING_PATHS:
+                results[i] = ItemResult(id=item.id, finish_reason="length_exceeded")
                 continue
             send.append(i)
             calls.append(self._one(path, body, keep))

@@ -1,21 +1,41 @@
 """What one item sends to an OpenAI-compatible server, and what its answer means.
 
 Contract:
-- `request_of(item, payload, model)` is (path, body, keep): `/v1/chat/completions` for a
-  chat payload, else `/v1/completions`; the body is the payload's body as the producer
-  wrote it with `model` set to the served name and, for completions, `prompt` set to
+- `request_of(item, payload, model)` is (path, body, keep): `payload.path` when set (an
+  embeddings, score, rerank or responses request), else `/v1/chat/completions` for a chat
+  payload, else `/v1/completions`; the body is the payload's body as the producer wrote it
+  with `model` set to the served name and, for completions, `prompt` set to
   `payload.text()` (an older payload without a body gets `{"prompt", "max_tokens"}`);
   nothing else is added; a body that is not a JSON object is a `WorkloadError`. `keep`
   says whether the answer's body must be kept whole: always for OpenAI-batch items, whose
-  output line carries it.
-- `read_answer(status, content, keep)` turns an HTTP answer into an ItemResult (id blank):
-  for a 2xx, choice 0's text (`text`, or `message.content` for chat) and finish_reason,
-  and vLLM's usage (completion tokens summed over the choices by vLLM itself, prompt
-  tokens, cached tokens from `prompt_tokens_details`); the body is kept when `keep`, or when
-  the answer has several choices or logprobs. For a 4xx: finish_reason "error", the server's
-  message, its status and its error body. None when a 2xx body is not a completion.
+  output line carries it, and for every item with a `path` (a native result carries its
+  vectors, scores or response).
+- `read_answer(status, content, keep, path)` turns an HTTP answer to a request on `path`
+  into an ItemResult (id blank):
+  - completions and chat, 2xx: choice 0's text (`text`, or `message.content` for chat) and
+    finish_reason, and vLLM's usage (completion tokens summed over the choices by vLLM
+    itself, prompt tokens, cached tokens from `prompt_tokens_details`); the body is kept
+    when `keep`, or when the answer has several choices or logprobs.
+  - embeddings, score, rerank (`POOLING_PATHS`), 2xx: a body with `data` (embeddings,
+    score) or `results` (rerank), kept whole; text "", finish_reason "stop", tokens_out 0,
+    prompt tokens from `usage.prompt_tokens`, cached tokens only when vLLM reports
+    `usage.prompt_tokens_details.cached_tokens` (never claimed otherwise).
+  - responses, 2xx: a body with `output`, kept whole; text the `output_text` parts of its
+    message items joined, usage from `usage.input_tokens`, `output_tokens` and
+    `input_tokens_details.cached_tokens`; finish_reason from `status`: "completed" is
+    "stop", "incomplete" (max_output_tokens reached) "length", "cancelled" "abort" (resent
+    like an aborted completion), any other status as it is.
+  - a 4xx: finish_reason "error", the server's message, its status and its error body. A
+    404 whose body is not vLLM's error object (FastAPI's `{"detail": "Not Found"}`: the
+    served model has no such route, e.g. /v1/embeddings on a generative model) is "Model
+    does not support endpoint: <path>", as `vllm run-batch` words it, with that message as
+    vLLM's error object (type "NotFoundError", code 404).
+  None when a 2xx body is not the endpoint's answer.
 - `prewarm_request(payload, model)` is (path, body) for a request that prefills the shape's
-  shared prefix (max_tokens 1), or None when the payload shares nothing.
+  shared prefix (max_tokens 1), or None when the payload shares nothing or has a `path`:
+  pooling models cache prefixes only when causal with last-token pooling, and a responses
+  request is pre-warmed by none of the completion endpoints (pre-warm is off by default on
+  real engines).
 """
 
 from __future__ import annotations
@@ -31,6 +51,8 @@ from fabricctl.errors import WorkloadError
 
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
+RESPONSES_PATH = "/v1/responses"
+POOLING_PATHS = frozenset({"/v1/embeddings", "/v1/score", "/v1/rerank"})
 ABORT = "abort"  # vLLM's finish_reason for a request it dropped (shutdown, preemption)
 NATIVE_SOURCE = int(Source.NATIVE)
 
@@ -89,9 +111,67 @@ class _Error(msgspec.Struct):
     detail: Any = None
 
 
+_ABSENT = msgspec.Raw(b"")  # a field the body did not have
+
+
+class _PoolUsage(msgspec.Struct):
+    """Why: the counts vLLM made of a pooling request (its `completion_tokens` may be null)."""
+
+    prompt_tokens: int | None = None
+    prompt_tokens_details: _Details | None = None
+
+
+class _Pooled(msgspec.Struct):
+    """Why: an embeddings, score or rerank body, read just as far as results need."""
+
+    data: msgspec.Raw = _ABSENT  # embeddings and score (msgspec has no Raw | None)
+    results: msgspec.Raw = _ABSENT  # rerank
+    usage: _PoolUsage | None = None
+
+
+class _InputDetails(msgspec.Struct):
+    """Why: `usage.input_tokens_details` of a responses body, where cache hits are."""
+
+    cached_tokens: int | None = None
+
+
+class _ResponseUsage(msgspec.Struct):
+    """Why: the counts vLLM made of a responses request."""
+
+    input_tokens: int | None = None
+    output_tokens: int = 0
+    input_tokens_details: _InputDetails | None = None
+
+
+class _Part(msgspec.Struct):
+    """Why: one content part of a responses output message; "output_text" carries text."""
+
+    type: str = ""
+    text: str | None = None
+
+
+class _OutputItem(msgspec.Struct):
+    """Why: one item of a responses `output`; message items carry the answer's text."""
+
+    type: str = ""
+    content: list[_Part] | None = None
+
+
+class _Response(msgspec.Struct):
+    """Why: a responses body, read just as far as results need."""
+
+    output: list[_OutputItem]
+    status: str = "completed"
+    usage: _ResponseUsage | None = None
+
+
 _answer = msgspec.json.Decoder(_Answer)
+_pooled = msgspec.json.Decoder(_Pooled)
+_response = msgspec.json.Decoder(_Response)
 _error = msgspec.json.Decoder(_Error)
 _NULL = b"null"
+# a responses `status` as a completion's finish_reason
+_RESPONSE_FINISH = {"completed": "stop", "incomplete": "length", "cancelled": ABORT}
 
 
 def request_of(item: Item, payload: Payload, model: str) -> tuple[str, dict[str, Any], bool]:
@@ -103,6 +183,8 @@ def request_of(item: Item, payload: Payload, model: str) -> tuple[str, dict[str,
     else:
         body = {"max_tokens": item.max_tokens}
     body["model"] = model
+    if payload.path:
+        return payload.path, body, True
     if payload.chat:
         return CHAT_PATH, body, item.source != NATIVE_SOURCE
     body["prompt"] = payload.text()
@@ -111,6 +193,8 @@ def request_of(item: Item, payload: Payload, model: str) -> tuple[str, dict[str,
 
 def prewarm_request(payload: Payload, model: str) -> tuple[str, dict[str, Any]] | None:
     """A request that prefills the shared prefix of the payload's shape, or None."""
+    if payload.path:
+        return None
     if payload.chat:
         body = _decode(payload.body) if payload.body else {}
         messages = body.get("messages") if isinstance(body, dict) else None
@@ -149,17 +233,15 @@ def _compact(content: bytes) -> bytes:
     return _encode(_decode(content)) if b"\n" in content else content
 
 
-def read_answer(status: int, content: bytes, keep: bool) -> ItemResult | None:
-    """The ItemResult (id blank) of one HTTP answer; see the module contract."""
+def read_answer(status: int, content: bytes, keep: bool, path: str = "") -> ItemResult | None:
+    """The ItemResult (id blank) of one HTTP answer to a request on `path`; see the module
+    contract."""
     if status >= 400:
-        try:
-            body = _compact(content)
-            _decode(body)
-        except msgspec.DecodeError:
-            body = b""
-        return ItemResult(id="", finish_reason="error",
-                          error=f"HTTP {status}: {error_message(content)}", status=status,
-                          body=body)
+        return _refusal(status, content, path)
+    if path in POOLING_PATHS:
+        return _pooling_answer(content)
+    if path == RESPONSES_PATH:
+        return _responses_answer(content)
     try:
         answer = _answer.decode(content)
     except msgspec.DecodeError:
@@ -182,4 +264,56 @@ def read_answer(status: int, content: bytes, keep: bool) -> ItemResult | None:
         cached_tokens=None if details is None else details.cached_tokens,
         prompt_tokens=usage.prompt_tokens,
         body=_compact(content) if keep or len(choices) > 1 or logprobs else b"",
+    )
+
+
+def _refusal(status: int, content: bytes, path: str) -> ItemResult:
+    try:
+        body = _compact(content)
+        err = _error.decode(body)
+    except msgspec.DecodeError:
+        body, err = b"", None
+    message = error_message(content)
+    if status == 404 and path and (err is None or not isinstance(err.error, _ErrorInfo)):
+        message = f"Model does not support endpoint: {path}"
+        body = _encode({"error": {"message": message, "type": "NotFoundError",
+                                  "param": None, "code": status}})
+    return ItemResult(id="", finish_reason="error", error=f"HTTP {status}: {message}",
+                      status=status, body=body)
+
+
+def _pooling_answer(content: bytes) -> ItemResult | None:
+    try:
+        answer = _pooled.decode(content)
+    except msgspec.DecodeError:
+        return None
+    if not answer.data and not answer.results:
+        return None
+    usage = answer.usage or _PoolUsage()
+    details = usage.prompt_tokens_details
+    return ItemResult(
+        id="",
+        cached_tokens=None if details is None else details.cached_tokens,
+        prompt_tokens=usage.prompt_tokens,
+        body=_compact(content),
+    )
+
+
+def _responses_answer(content: bytes) -> ItemResult | None:
+    try:
+        answer = _response.decode(content)
+    except msgspec.DecodeError:
+        return None
+    text = "".join(part.text or "" for item in answer.output if item.type == "message"
+                   for part in item.content or () if part.type == "output_text")
+    usage = answer.usage or _ResponseUsage()
+    details = usage.input_tokens_details
+    return ItemResult(
+        id="",
+        text=text,
+        finish_reason=_RESPONSE_FINISH.get(answer.status, answer.status),
+        tokens_out=usage.output_tokens,
+        cached_tokens=None if details is None else details.cached_tokens,
+        prompt_tokens=usage.input_tokens,
+        body=_compact(content),
     )

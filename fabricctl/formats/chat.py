@@ -9,10 +9,21 @@ its other fields (name, tool_calls, ...) when it has any; a request's `tools`, w
 come first, as one component of their canonical JSON. The last message is the prompt,
 rendered the same way and followed by "<|assistant|>\\n".
 
+`response_components(instructions, items, tools, name)` does the same for a `/v1/responses`
+request: its `tools` (when given and not empty) first, then `instructions` (when not empty)
+rendered as a "system" message, then every input item before the last; the last item is the
+prompt. `input` may be one string (a single "user" message: no item is shared) or a non-empty
+list of input items: an item with a `role` is a message whose content is a string or a list
+of parts (the `text` of "input_text", "output_text" and "text" parts, any other part as its
+canonical JSON), rendered as a chat message (with `"type": "message"` dropped, so the two
+spellings of one message are one component); an item without a role (a function call, its
+output, a reasoning item) is rendered as "<|type|>\\n\\n" and the canonical JSON of its other
+fields.
+
 The rendering is fabricctl's own and serves only the shape signature, the token estimate and
-the simulated engine: the request itself goes to `/v1/chat/completions` as written, so the
-served model's chat template applies. Whether that template renders the shared messages as a
-token prefix is what the cache-truth audit measures.
+the simulated engine: the request itself goes to `/v1/chat/completions` (or `/v1/responses`)
+as written, so the served model's chat template applies. Whether that template renders the
+shared messages as a token prefix is what the cache-truth audit measures.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ import msgspec
 from fabricctl.formats.common import Fields, Invalid
 
 ASSISTANT_CUE = "<|assistant|>\n"
+_TEXT_PARTS = ("input_text", "output_text", "text")  # content parts read as their text
 _canonical = msgspec.json.Encoder(order="sorted")
 
 
@@ -56,6 +68,58 @@ def chat_components(messages: Any, tools: Any, name: str) -> tuple[list[str], st
     if tools is not None:
         components.insert(0, _canonical.encode(tools).decode())
     return components, rendered[-1] + ASSISTANT_CUE
+
+
+def response_components(
+    instructions: str, items: Any, tools: Any, name: str
+) -> tuple[list[str], str]:
+    """The rendered components (tools, instructions, all input items but the last) and the
+    prompt of a responses request; see the module contract."""
+    if isinstance(items, str):
+        if not items:
+            raise Invalid(f"{name} must not be empty")
+        rendered = [render_message("user", items)]
+    elif isinstance(items, list) and items:
+        rendered = [_render_item(item, f"{name}[{i}]") for i, item in enumerate(items)]
+    else:
+        raise Invalid(f"{name} must be a string or a non-empty list of input items")
+    components = rendered[:-1]
+    if instructions:
+        components.insert(0, render_message("system", instructions))
+    if tools is not None and tools != []:
+        components.insert(0, _canonical.encode(tools).decode())
+    return components, rendered[-1] + ASSISTANT_CUE
+
+
+def _render_item(item: Any, where: str) -> str:
+    if not isinstance(item, dict):
+        raise Invalid(f"{where} must be an object")
+    if "role" not in item:
+        kind = item.get("type")
+        if not isinstance(kind, str) or not kind:
+            raise Invalid(f"{where} must have a role or a type")
+        return render_message(kind, "", {k: v for k, v in item.items() if k != "type"})
+    role = Fields(item, f"{where}.").string("role", nonempty=True)
+    text = _item_content(item.get("content"), f"{where}.content")
+    extra = {k: v for k, v in item.items()
+             if k not in ("role", "content") and not (k == "type" and v == "message")}
+    return render_message(role, text, extra)
+
+
+def _item_content(content: Any, name: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise Invalid(f"{name} must be a string or a list of content parts")
+    texts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise Invalid(f"{name}[{i}] must be an object")
+        if part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            texts.append(_canonical.encode(part).decode())
+    return "".join(texts)
 
 
 def _content(content: Any, name: str) -> str:

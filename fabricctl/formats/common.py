@@ -43,6 +43,7 @@ class Draft(msgspec.Struct, gc=False):
     label: str = ""
     chat: bool = False  # the request goes to /v1/chat/completions
     body: bytes = b""  # the request body to send (JSON), as `fabricctl.core.payload` says
+    path: str = ""  # the endpoint when not a completion one (`Payload.path`)
 
 
 def json_type(value: Any) -> str:

@@ -16,6 +16,18 @@ The request the engine receives is `params` as written plus `max_tokens` and the
 last is a component, as for OpenAI chat lines, so `prefix` cannot be given with it).
 fabricctl adds nothing else. `params` may not carry what the line says at top level (model,
 prompt, messages, max_tokens) and may not ask for streaming.
+
+`endpoint` (optional) names where the request goes: "completions" (the default with
+`prompt`), "chat" (the default with `messages`), or one of "embeddings", "score", "rerank",
+"responses" (`ENDPOINTS`). For those four, `params` (required) is the request body exactly as
+an OpenAI batch line's `body` for /v1/embeddings, /v1/score, /v1/rerank or /v1/responses
+would be, less `model` (e.g. `{"input": "..."}`, `{"query": "...", "documents": [...]}`,
+`{"input": [...], "max_output_tokens": 64}`); it goes to vLLM as written, and its shape is
+the one `fabricctl.formats.endpoints` reads. `prompt`, `messages` and `max_tokens` are then
+not given (a pooling request generates nothing; responses are sized by
+`params.max_output_tokens`); top-level `prefix` is allowed with "embeddings" only (the declared
+instruction: the input sent is the prefix joined, then `params.input`). Their results carry
+the engine's answer whole (`fabricctl.formats.results`).
 """
 
 from __future__ import annotations
@@ -26,11 +38,17 @@ import msgspec
 
 from fabricctl.formats.chat import chat_components
 from fabricctl.formats.common import Draft, Fields, Invalid, Source, a_json_type
+from fabricctl.formats.endpoints import read_endpoint
 
 # Any of these keys marks a line as meant to be native (used by format detection).
-NATIVE_KEYS = ("id", "model", "prompt", "messages", "prefix", "max_tokens", "params")
+NATIVE_KEYS = ("id", "model", "prompt", "messages", "prefix", "max_tokens", "params",
+               "endpoint")
 # Fields a native line gives at top level; in `params` they would say it twice.
 TOP_LEVEL = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens")
+# The endpoints a native line may name beside completions and chat, and their sources.
+ENDPOINTS = {"embeddings": Source.EMBEDDINGS, "score": Source.SCORE, "rerank": Source.RERANK,
+             "responses": Source.RESPONSES}
+_NAMES = ", ".join(("completions", "chat", *ENDPOINTS))
 
 _encode = msgspec.json.encode
 
@@ -40,9 +58,18 @@ def parse_native(obj: dict[str, Any]) -> Draft:
     line = Fields(obj)
     ident = line.item_id("id")
     model = line.string("model", nonempty=True)
+    endpoint = line.optional_string("endpoint")
+    if endpoint in ENDPOINTS:
+        return _endpoint_line(line, ident, model, ENDPOINTS[endpoint])
+    if endpoint not in ("", "completions", "chat"):
+        raise Invalid(f"endpoint must be one of {_NAMES}")
     messages = obj.get("messages")
     if messages is not None and obj.get("prompt") is not None:
         raise Invalid("give prompt or messages, not both")
+    if endpoint == "chat" and messages is None:
+        raise Invalid("messages is missing: endpoint chat takes messages")
+    if endpoint == "completions" and messages is not None:
+        raise Invalid("messages is not allowed with endpoint completions: give prompt")
     if messages is None:
         prompt = line.string("prompt")
     max_tokens = line.count("max_tokens")
@@ -75,3 +102,33 @@ def _params(params: Any) -> dict[str, Any]:
     if params.get("stream") is True:
         raise Invalid("params.stream must be false in a batch")
     return dict(params)
+
+
+def _endpoint_line(line: Fields, ident: str, model: str, source: Source) -> Draft:
+    """The draft of a native line naming an embeddings, score, rerank or responses endpoint."""
+    obj = line.obj
+    name = source.name.lower()
+    for key in TOP_LEVEL[1:]:
+        if obj.get(key) is not None:
+            raise Invalid(f"{key} is not allowed with endpoint {name}: the request's fields "
+                          "go in params")
+    params = line.need("params")
+    if not isinstance(params, dict):
+        raise Invalid(f"params must be a JSON object, not {a_json_type(params)}")
+    for key in ("model", "prefix"):
+        if key in params:
+            raise Invalid(f"params.{key} is not allowed: give {key} at top level")
+    if params.get("stream") is True:
+        raise Invalid("params.stream must be false in a batch")
+    prefix = line.prefix("prefix")
+    if prefix and source is not Source.EMBEDDINGS:
+        raise Invalid(f"prefix is not allowed with endpoint {name}: only with completions "
+                      "and embeddings")
+    request = read_endpoint(source, dict(params), "params.", prefix)
+    return Draft(
+        ident, model, request.components, request.prompt, request.max_tokens, Source.NATIVE,
+        input_tokens=line.optional_count("input_tokens") or request.input_tokens,
+        label=line.optional_string("label"),
+        body=_encode(request.body),
+        path=source.url or "",
+    )

@@ -15,7 +15,8 @@ Contract:
   `id`/`model`/`prompt`/`prefix`/`max_tokens` means native (`fabricctl.formats.native`),
   otherwise the line is refused as of unknown format.
 - An item's `signature` is `fabricctl.core.signature.signature(components)`, its `payload`
-  the msgpack `Payload(components, prompt, component_tokens, prompt_tokens)`, its
+  the msgpack `Payload(components, prompt, component_tokens, prompt_tokens, chat, body,
+  path)` (`path`: the endpoint of an embeddings, score, rerank or responses request), its
   `input_tokens` the sum of those counts (see `fabricctl.formats.tokens` for where the
   counts come from), its `label` the native `label` (or OpenAI `body.metadata.label`, else "").
 - `Item.source` (and `Parsed.source`, the same value as a `Source`) says which format the
@@ -174,7 +175,7 @@ def build_item(draft: Draft, counter: TokenCounter, cache: ComponentCache | None
     prompt = None if draft.input_tokens is not None else counter.count(draft.prompt)
     comp, prompt_tokens, total = split_counts(comp, prompt, draft.input_tokens)
     payload = Payload(draft.components, draft.prompt, comp, prompt_tokens, draft.chat,
-                      draft.body)
+                      draft.body, draft.path)
     return Item(
         id=draft.id,
         model=draft.model,

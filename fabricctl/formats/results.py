@@ -9,8 +9,13 @@ first one wins) and a client writes it with `result_line`, which picks the form 
   "gpu", "error"}` with `shape` the signature as 16 hex digits; the usage is the engine's
   own (vLLM's `usage`) when it gave one, else fabricctl's estimate of the prompt. When the
   engine's answer has more than one choice or logprobs, `"choices"` follows with its
-  choices exactly as the engine wrote them (text and finish_reason are choice 0's).
-- OpenAI (`Source.COMPLETIONS` / `Source.CHAT`): `{"id", "custom_id", "response":
+  choices exactly as the engine wrote them (text and finish_reason are choice 0's). A
+  native line that named an embeddings, score, rerank or responses endpoint has its
+  engine's answer (a body without `choices`) whole in `"response"` after `error`: the
+  vectors (`data[].embedding`), scores (`data[].score`, `results[].relevance_score`) or the
+  response (`output`); `text` is "" for pooling answers and the output text for responses.
+- OpenAI (`Source.COMPLETIONS`, `CHAT`, `EMBEDDINGS`, `SCORE`, `RERANK`, `RESPONSES`):
+  `{"id", "custom_id", "response":
   {"status_code", "request_id", "body"}, "error"}` as vLLM's `run_batch` writes it (its
   `BatchRequestOutput`). The body is the engine's response body byte for byte when it sent
   one (`record.response`); an engine's refusal (HTTP 4xx, `record.status`) is that status
@@ -66,10 +71,17 @@ class _NativeResultChoices(_NativeResult):
     choices: list[msgspec.Raw]
 
 
-class _Choices(msgspec.Struct):
-    """Why: reads only the choices of an engine's response body."""
+class _NativeResultResponse(_NativeResult):
+    """Why: a native result of an endpoint beyond completions: the engine's answer whole."""
 
-    choices: list[msgspec.Raw] = []
+    response: msgspec.Raw
+
+
+class _Choices(msgspec.Struct):
+    """Why: reads only the choices of an engine's response body (None: it has none, an
+    embeddings, score, rerank or responses answer)."""
+
+    choices: list[msgspec.Raw] | None = None
 
 
 class _ChoiceHead(msgspec.Struct):
@@ -91,6 +103,8 @@ def extra_choices(response: bytes) -> list[msgspec.Raw] | None:
         return None
     try:
         choices = _choices_decoder.decode(response).choices
+        if choices is None:
+            return None
         if len(choices) > 1:
             return choices
         if choices:
@@ -102,11 +116,27 @@ def extra_choices(response: bytes) -> list[msgspec.Raw] | None:
     return None
 
 
+def endpoint_answer(response: bytes) -> bool:
+    """Whether a kept response body is an answer without choices (embeddings, score,
+    rerank, responses), which a native line carries whole."""
+    if not response:
+        return False
+    try:
+        return _choices_decoder.decode(response).choices is None
+    except msgspec.DecodeError:
+        return False
+
+
 def native_line(rec: ResultRecord) -> bytes:
     """The native result line of a record."""
-    choices = extra_choices(rec.response) if rec.status == 0 else None
-    cls = _NativeResult if choices is None else _NativeResultChoices
-    extra = {} if choices is None else {"choices": choices}
+    cls: type[_NativeResult] = _NativeResult
+    extra: dict[str, object] = {}
+    if rec.status == 0 and endpoint_answer(rec.response):
+        cls, extra = _NativeResultResponse, {"response": msgspec.Raw(rec.response)}
+    elif rec.status == 0:
+        choices = extra_choices(rec.response)
+        if choices is not None:
+            cls, extra = _NativeResultChoices, {"choices": choices}
     out = cls(
         id=rec.id,
         model=rec.model,
@@ -296,5 +326,5 @@ def result_line(rec: ResultRecord) -> bytes:
     return openai_line(rec) if rec.source.is_openai else native_line(rec)
 
 
-__all__ = ["LENGTH_EXCEEDED", "ResultRecord", "Source", "extra_choices", "make_record",
-           "native_line", "openai_line", "result_line"]
+__all__ = ["LENGTH_EXCEEDED", "ResultRecord", "Source", "endpoint_answer", "extra_choices",
+           "make_record", "native_line", "openai_line", "result_line"]
