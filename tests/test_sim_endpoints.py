@@ -82,6 +82,15 @@ def test_embedding_body_is_vllms_with_prompt_tokens_and_no_completion() -> None:
     assert (res.text, res.finish_reason, res.status, res.error) == ("", "stop", 0, None)
 
 
+LITERAL_EMBEDDING = (
+    b'{"id":"embd-sim-fed336aa20e7a19d","object":"list","created":0,"model":"m","data":['
+    b'{"index":0,"object":"embedding","embedding":'
+    b'[0.7720292210578918,-0.6105435490608215,-0.1766563504934311]}],'
+    b'"usage":{"prompt_tokens":40,"total_tokens":40,"completion_tokens":0,'
+    b'"prompt_tokens_details":null,"completion_tokens_details":null}}'
+)
+
+
 def test_embedding_vectors_are_deterministic_and_literal() -> None:
     """Pinned values: a change to the vector derivation shows here."""
     first, _ = answer("/v1/embeddings", {"input": "fabric", "dimensions": 3})
@@ -107,6 +116,25 @@ def test_base64_is_the_float32_vector_little_endian() -> None:
         assert raw == f32(f["embedding"])
         assert list(struct.unpack(f"<{EMBED_DIM}f", raw)) == f["embedding"]
     assert b64["usage"] == floats["usage"]
+
+
+def test_base64_float16_and_big_endian_as_asked() -> None:
+    _, floats = answer("/v1/embeddings", {"input": "alpha"})
+    _, half = answer("/v1/embeddings", {"input": "alpha", "encoding_format": "base64",
+                                        "embed_dtype": "float16", "endianness": "big"})
+    raw = base64.b64decode(half["data"][0]["embedding"])
+    assert raw == struct.pack(f">{EMBED_DIM}e", *floats["data"][0]["embedding"])
+    res, body = answer("/v1/embeddings", {"input": "alpha", "encoding_format": "bytes"})
+    assert res.status == 400 and "bytes" in body["error"]["message"]
+
+
+def test_token_ids_and_messages_are_one_input_each() -> None:
+    _, ids = answer("/v1/embeddings", {"input": [1, 2, 3]})
+    _, batches = answer("/v1/embeddings", {"input": [[1, 2, 3], [4, 5]]})
+    _, chat = answer("/v1/embeddings", {"messages": [{"role": "user", "content": "hi"}]})
+    assert len(ids["data"]) == 1 and len(chat["data"]) == 1
+    assert [d["embedding"] for d in batches["data"]] == [embedding("[1,2,3]"), embedding("[4,5]")]
+    assert ids["data"][0]["embedding"] == batches["data"][0]["embedding"]
 
 
 def test_dimensions_cut_the_vector_then_normalise_it() -> None:
@@ -346,12 +374,3 @@ def test_fake_answers_responses_with_its_own_limit() -> None:
     assert body["output"][0]["content"][0]["text"] == "tok tok tok tok"
     assert (body["status"], body["usage"]["input_tokens"], body["usage"]["output_tokens"]) == (
         "incomplete", 2, 4)
-
-
-LITERAL_EMBEDDING = (
-    b'{"id":"embd-sim-fed336aa20e7a19d","object":"list","created":0,"model":"m","data":['
-    b'{"index":0,"object":"embedding","embedding":'
-    b'[0.7720292210578918,-0.6105435490608215,-0.1766563504934311]}],'
-    b'"usage":{"prompt_tokens":40,"total_tokens":40,"completion_tokens":0,'
-    b'"prompt_tokens_details":null,"completion_tokens_details":null}}'
-)
