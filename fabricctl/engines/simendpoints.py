@@ -30,7 +30,13 @@ Contract:
   full vectors (an embedding model's score), rounded to float32; rerank's relevance too.
 - An ask's `prompts` are the texts the server would run (one per engine request: each
   input; query + text of each pair); `body(...)` is the JSON answer given the prompt tokens
-  (and, for responses, the output and the cache counts).
+  (and, for responses, the output and the cache counts). Ids are vLLM's prefixes (`embd-`,
+  `score-` for score and rerank, `resp_`, `msg_`) then "sim-" and a hash of the seed (the
+  item id); `created` is 0. A Responses answer echoes the request's own fields as written
+  (instructions, metadata, text, reasoning, tools, ...: not re-validated as vLLM's pydantic
+  models would), with vLLM's defaults where absent (temperature and top_p 1.0, top_p 1.0
+  when greedy, penalties 0.0, tool_choice "none" without tools, as its request validator
+  sets it, truncation "disabled", service_tier "auto").
 """
 
 from __future__ import annotations
