@@ -7,10 +7,18 @@ each request's own `max_tokens` (default 16), `n` choices, `ignore_eos`, with th
 engine's drawn output lengths (`fabricctl.engines.simanswer`), vLLM's usage (a character a
 token, a token id a token), and HTTP 400 with vLLM's error body for a bad value (a negative
 temperature, n < 1, a prompt that is neither text nor token ids, no messages).
-`GET /metrics` gives zero counters with block size 16 and 64 KV blocks, `GET /v1/models`
-one model "m" (max_model_len 512), `GET /health` 200. It is the simulated engine seen
-through the HTTP path, so a test on it fails where the wire is wrong, as one on the real
-vLLM would. `delay_s` makes each completion take that long;
+It answers `/v1/embeddings`, `/v1/score` (`/score`), `/v1/rerank` (`/rerank`, `/v2/rerank`)
+and `/v1/responses` with the simulated engine's bodies (`fabricctl.engines.simendpoints`:
+vLLM 0.32's schemas, deterministic vectors and scores, its 400s), counting a character a
+token (each input; query + text of each pair; instructions + input) and no cached token;
+a Responses answer runs to `max_output_tokens` (default 16) as completions do.
+`unsupported` names endpoints its model does not serve: a POST there gets what vLLM's server
+answers a route it did not register for the model's task, 404 `{"detail": "Not Found"}`
+(run-batch's 400 "Model does not support endpoint: <url>" is a row of its output file, not
+a server answer). `GET /metrics` gives zero counters with block size 16 and 64 KV blocks,
+`GET /v1/models` one model "m" (max_model_len 512), `GET /health` 200. It is the simulated
+engine seen through the HTTP path, so a test on it fails where the wire is wrong, as one on
+the real vLLM would. `delay_s` makes each completion take that long;
 with `max_running`, at most that many run at once and the rest wait, as --max-num-seqs does.
 """
 
@@ -19,11 +27,21 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from fabricctl.core.types import Item
 from fabricctl.engines.simanswer import SimSpec, choice_plan
+from fabricctl.engines.simendpoints import (
+    CHAT,
+    GENERATION,
+    SIMULATED,
+    Refusal,
+    ResponsesAsk,
+    endpoint_of,
+    parse_ask,
+)
 
 METRICS = """# TYPE vllm:prefix_cache_queries counter
 vllm:prefix_cache_queries_total{engine="0",model_name="m"} 0
@@ -42,7 +60,9 @@ def _bad(message: str) -> tuple[int, dict[str, Any]]:
 
 def answer(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """(status, response body) of one request, as vLLM would give them."""
-    chat = path == "/v1/chat/completions"
+    if endpoint_of(path) not in GENERATION:
+        return _answer_endpoint(endpoint_of(path), body)
+    chat = path == CHAT
     temperature = body.get("temperature", 1.0)
     if isinstance(temperature, int | float) and temperature < 0:
         return _bad("temperature must be non-negative, got -1.0.")
@@ -86,6 +106,26 @@ def answer(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
                            "prompt_tokens_details": {"cached_tokens": 0}}}
 
 
+def _answer_endpoint(endpoint: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """An embeddings, score, rerank or responses answer: the simulated engine's bodies."""
+    model = str(body.get("model"))
+    ask = parse_ask(endpoint, body, model)
+    if isinstance(ask, Refusal):
+        return ask.status, json.loads(ask.body)
+    prompt_tokens = sum(len(p) for p in ask.prompts)  # a character a token
+    seed = json.dumps(body, sort_keys=True)
+    if not isinstance(ask, ResponsesAsk):
+        return 200, json.loads(ask.body(model, seed, prompt_tokens))
+    limit = ask.limit or 16
+    item = Item(id=f"{body.get('seed')}|{ask.prompt}", model=model, signature=0,
+                input_tokens=1, max_tokens=limit)
+    [(tokens, reason)] = choice_plan(item, SimSpec(ignore_eos=ask.ignore_eos), limit)
+    out = ask.body(model, seed, text=" ".join(["tok"] * tokens), finish_reason=reason,
+                   prompt_tokens=prompt_tokens, cached_tokens=0, cache_write_tokens=0,
+                   output_tokens=tokens, max_output_tokens=limit)
+    return 200, json.loads(out)
+
+
 class _Server(ThreadingHTTPServer):
     """Why: the stdlib's listen backlog of 5 drops connections past it, and a dropped SYN
     costs a client a 1 s retransmit: 32 requests opened at once would read as a slow engine."""
@@ -97,8 +137,11 @@ class _Server(ThreadingHTTPServer):
 class FakeVllm:
     """Why: the HTTP path's semantics without a 2.5 GB vLLM, for the fast suite."""
 
-    def __init__(self, delay_s: float = 0.0, max_running: int = 0) -> None:
+    def __init__(self, delay_s: float = 0.0, max_running: int = 0,
+                 unsupported: Iterable[str] = ()) -> None:
         self.delay_s = delay_s  # each completion takes this long: an engine doing work
+        # the endpoints it serves: every one the simulator answers, less `unsupported`
+        self.served = SIMULATED - {endpoint_of(p) for p in unsupported}
         # at most this many run at once, the rest wait (vLLM's --max-num-seqs); 0: no bound
         self._running = threading.BoundedSemaphore(max_running) if max_running else None
         self.requests: list[tuple[str, dict[str, Any]]] = []
@@ -130,7 +173,7 @@ class FakeVllm:
                 body = json.loads(self.rfile.read(length))
                 with fake._lock:
                     fake.requests.append((self.path, body))
-                if self.path not in ("/v1/completions", "/v1/chat/completions"):
+                if endpoint_of(self.path) not in fake.served:
                     self._send(404, b'{"detail":"Not Found"}', "application/json")
                     return
                 if fake.delay_s:

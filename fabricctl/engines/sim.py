@@ -2,12 +2,16 @@
 
 Contract: `SimEngine.run(work)` runs the batch on its SimGPU (batch mode, results in the
 batch's order, oversized items as "length_exceeded"), then sleeps `sim_seconds * time_scale`
-wall seconds so a demo feels like a GPU without taking as long (0 only yields). Batches run
-one at a time (a lock), so simulated time is a GPU's busy time. `prewarm(signal)` sends the
-shape's prefix (its sample item's components, no varying part) as one request with
-max_tokens 1, registering every full prefix block, and builds the CUDA graph of each
-(lane, epoch) in the signal. `stats()` reports vLLM-named counters with simulated=True.
-A closed engine raises `EngineError`; a negative `time_scale` is a `UsageError`.
+wall seconds so a demo feels like a GPU without taking as long (0 only yields). Each item is
+answered on its payload's endpoint as vLLM 0.32 would (completions, chat, embeddings, score,
+rerank, responses: `simanswer`, `simendpoints`); an endpoint outside `endpoints` (when given:
+those its model serves) or unknown to the simulator is refused with vLLM's 400 as that item's
+error result, never an exception. Batches run one at a time (a lock), so simulated time is
+a GPU's busy time. `prewarm(signal)` sends the shape's prefix (its sample item's
+components, no varying part) as one request with max_tokens 1, registering every full
+prefix block, and builds the CUDA graph of each (lane, epoch) in the signal. `stats()`
+reports vLLM-named counters with simulated=True. A closed engine raises `EngineError`; a
+negative `time_scale` is a `UsageError`.
 Re-exports `SimGPU`, `SimCosts` and the block helpers, the module's public face.
 """
 
@@ -60,13 +64,15 @@ class SimEngine:
         costs: SimCosts = DEFAULT_COSTS,
         max_model_len: int | None = None,
         time_scale: float = SIM_TIME_SCALE,
+        endpoints: frozenset[str] | None = None,
     ) -> None:
         if time_scale < 0:
             raise UsageError("time_scale must be >= 0")
         self.name = name
         self.time_scale = time_scale
         self._limits = EngineLimits(max_batch_size, max_batch_tokens, max_input_len)
-        self.gpu = SimGPU(costs, max_input_len=max_input_len, max_model_len=max_model_len)
+        self.gpu = SimGPU(costs, max_input_len=max_input_len, max_model_len=max_model_len,
+                          endpoints=endpoints)
         self._lock = asyncio.Lock()
         self._closed = False
 

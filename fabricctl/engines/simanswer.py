@@ -1,32 +1,60 @@
 """What the simulated engine answers to one item's request, as vLLM would. SIMULATED.
 
 Contract:
-- `sim_spec(item)` reads the item's request as a real engine receives it: `n` choices
-  (default 1) and `ignore_eos`. Each choice `j` has a natural length drawn deterministically
-  from the item id: `output_len(id, j, max_tokens)` is uniform over 1 .. max_tokens + ceil(
-  max_tokens / 4), so about four choices in five stop before max_tokens (finish_reason
-  "stop", as when a model emits its end of sequence) and the rest are cut at max_tokens
-  ("length"). With `ignore_eos` every choice runs to max_tokens ("length"). `stop` strings
-  are not simulated (the text is made up).
+- `sim_spec(item)` reads the item's request as a real engine receives it: its endpoint
+  (`simendpoints.endpoint_of` of the payload's path), `n` choices (default 1; always 1
+  beyond completions and chat) and `ignore_eos`. Each choice `j` has a natural length drawn
+  deterministically from the item id: `output_len(id, j, max_tokens)` is uniform over 1 ..
+  max_tokens + ceil(max_tokens / 4), so about four choices in five stop before max_tokens
+  (finish_reason "stop", as when a model emits its end of sequence) and the rest are cut at
+  max_tokens ("length"). With `ignore_eos` every choice runs to max_tokens ("length").
+  `stop` strings are not simulated (the text is made up).
+- `plan_item(item, payload, cap, endpoints)` is what the item runs: a `SimPlan` (one
+  request per choice, each with its tokens to generate; a pooling request, on
+  `/v1/embeddings`, `/v1/score` or `/v1/rerank`, is one request of its prompt with no
+  output token) or, for a request the server refuses, its error ItemResult: an endpoint
+  outside `endpoints` (None: every one the simulator answers) or unknown to the simulator is
+  a 400 "Model does not support endpoint: <path>", a body vLLM refuses its 400
+  (`simendpoints.parse_ask`). The output limit is the item's `max_tokens` (a Responses
+  request's own `max_output_tokens` when given), at most `cap`.
 - `sim_body(item, spec, choices, prompt_tokens, cached)` is the response body vLLM would
-  send for it (JSON): a `text_completion`, or a `chat.completion` for a chat payload, with
-  one choice per `(text, finish_reason)` and vLLM's usage (completion tokens summed over the
-  choices, `prompt_tokens_details.cached_tokens`). Ids are derived from the item id.
-- `item_answer(item, run)` is the ItemResult of an item's finished requests (one per
-  choice): choice 0's text and finish_reason, the tokens of all choices, and the body for
-  an OpenAI batch item or several choices; None stands for an item refused as too long.
+  send for a completion (JSON): a `text_completion`, or a `chat.completion` for a chat
+  payload, with one choice per `(text, finish_reason)` and vLLM's usage (completion tokens
+  summed over the choices, `prompt_tokens_details.cached_tokens`). Ids are derived from the
+  item id.
+- `item_answer(item, plan, reqs, ...)` is the ItemResult of an item's finished requests.
+  Completions and chat: choice 0's text and finish_reason, the tokens of all choices, and
+  the body for an OpenAI batch item or several choices (no `prompt_tokens`: the item's
+  estimate stands, as before). The other endpoints always carry their body
+  (`simendpoints`) and the request's `prompt_tokens` (the payload's counted tokens) and
+  `cached_tokens` (the simulated prefix cache's hit); pooling has `tokens_out` 0 and no
+  text; a Responses answer has its text, finish_reason and output tokens, and in its usage
+  `cache_write_tokens` = the prompt's full blocks less the hit, as vLLM counts them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import xxhash
 
 from fabricctl.core.payload import Payload
 from fabricctl.core.types import Item, ItemResult
-from fabricctl.engines.simrequest import SimRequest, item_result, sim_text
+from fabricctl.engines.simendpoints import (
+    CHAT,
+    COMPLETIONS,
+    GENERATION,
+    SIMULATED,
+    Ask,
+    Refusal,
+    ResponsesAsk,
+    endpoint_of,
+    parse_ask,
+    refusal,
+    unsupported,
+)
+from fabricctl.engines.simrequest import SimRequest, sim_text
 
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
@@ -38,21 +66,71 @@ class SimSpec(msgspec.Struct, frozen=True):
     n: int = 1
     ignore_eos: bool = False
     chat: bool = False
+    endpoint: str = COMPLETIONS  # canonical (`simendpoints.endpoint_of`)
 
 
 def sim_spec(payload: Payload | None) -> SimSpec:
     """The spec of an item's request; a payload without a readable body asks for defaults."""
-    if payload is None or not payload.body:
-        return SimSpec(chat=bool(payload and payload.chat))
+    if payload is None:
+        return SimSpec()
+    endpoint = endpoint_of(payload.path, payload.chat)
+    chat = endpoint == CHAT
+    if not payload.body:
+        return SimSpec(chat=chat, endpoint=endpoint)
     try:
         body: Any = _decode(payload.body)
     except msgspec.DecodeError:
-        return SimSpec(chat=payload.chat)
+        return SimSpec(chat=chat, endpoint=endpoint)
     if not isinstance(body, dict):
-        return SimSpec(chat=payload.chat)
-    n = body.get("n")
+        return SimSpec(chat=chat, endpoint=endpoint)
+    n = body.get("n") if endpoint in GENERATION else 1
     n = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
-    return SimSpec(n=n, ignore_eos=body.get("ignore_eos") is True, chat=payload.chat)
+    return SimSpec(n=n, ignore_eos=body.get("ignore_eos") is True, chat=chat, endpoint=endpoint)
+
+
+class SimPlan(NamedTuple):
+    """Why: what one item runs on the simulated GPU, and what its answer is built from."""
+
+    spec: SimSpec
+    choices: list[tuple[int, str]]  # per request: (tokens to generate, finish_reason)
+    ask: Ask | None  # the request as the server reads it, beyond completions and chat
+    limit: int  # the output limit its choices ran under
+
+    @property
+    def pooling(self) -> bool:
+        """A pooling request: its prompt's prefill and no output token."""
+        return self.ask is not None and not isinstance(self.ask, ResponsesAsk)
+
+
+def refused(item_id: str, answer: Refusal) -> ItemResult:
+    """The ItemResult of a request the server refuses, as the HTTP engine reads one."""
+    return ItemResult(id=item_id, finish_reason="error",
+                      error=f"HTTP {answer.status}: {answer.message}", status=answer.status,
+                      body=answer.body)
+
+
+def plan_item(item: Item, payload: Payload | None, cap: int | None,
+              endpoints: frozenset[str] | None) -> SimPlan | ItemResult:
+    """What the item runs, or its refusal (see the module contract)."""
+    spec = sim_spec(payload)
+    path = payload.path if payload is not None and payload.path else spec.endpoint
+    if spec.endpoint not in SIMULATED or (endpoints is not None and spec.endpoint not in endpoints):
+        return refused(item.id, unsupported(path))
+    limit = item.max_tokens if cap is None else min(item.max_tokens, cap)
+    if spec.endpoint in GENERATION:
+        return SimPlan(spec, choice_plan(item, spec, limit), None, limit)
+    try:
+        request: Any = _decode(payload.body if payload is not None else b"")
+    except msgspec.DecodeError:
+        return refused(item.id, refusal("the request body is not valid JSON"))
+    ask = parse_ask(spec.endpoint, request, item.model)
+    if isinstance(ask, Refusal):
+        return refused(item.id, ask)
+    if isinstance(ask, ResponsesAsk):
+        if ask.limit is not None:
+            limit = ask.limit if cap is None else min(ask.limit, cap)
+        return SimPlan(spec, choice_plan(item, spec, limit), ask, limit)
+    return SimPlan(spec, [(0, "stop")], ask, 0)
 
 
 def output_len(item_id: str, choice: int, max_tokens: int) -> int:
@@ -99,18 +177,31 @@ def sim_body(item: Item, spec: SimSpec, choices: list[tuple[str, str, int]],
     })
 
 
-def item_answer(item: Item, run: tuple[SimSpec, list[tuple[int, str]], list[SimRequest]] | None
-            ) -> ItemResult:
-    """The ItemResult of one item's finished requests (None: refused as too long)."""
-    if run is None:
-        return item_result(item.id, None)
-    spec, plan, reqs = run
-    choices = [(sim_text(r.rid, r.out), reason if r.out == tokens else "length", r.out)
-               for (tokens, reason), r in zip(plan, reqs, strict=True)]
+def item_answer(item: Item, plan: SimPlan, reqs: list[SimRequest], *, block_size: int,
+                max_model_len: int) -> ItemResult:
+    """The ItemResult of one item's finished requests (see the module contract)."""
     first = reqs[0]
-    body = b""
-    if item.source or spec.n > 1:  # an OpenAI batch line, or several choices
-        body = sim_body(item, spec, choices, first.prompt_len, first.cached_tokens)
-    return ItemResult(id=item.id, text=choices[0][0], finish_reason=choices[0][1],
-                      tokens_out=sum(n for *_, n in choices), cached_tokens=first.cached_tokens,
-                      body=body)
+    spec, ask = plan.spec, plan.ask
+    if ask is None:
+        choices = [(sim_text(r.rid, r.out), reason if r.out == tokens else "length", r.out)
+                   for (tokens, reason), r in zip(plan.choices, reqs, strict=True)]
+        body = b""
+        if item.source or spec.n > 1:  # an OpenAI batch line, or several choices
+            body = sim_body(item, spec, choices, first.prompt_len, first.cached_tokens)
+        return ItemResult(id=item.id, text=choices[0][0], finish_reason=choices[0][1],
+                          tokens_out=sum(n for *_, n in choices),
+                          cached_tokens=first.cached_tokens, body=body)
+    prompt, cached = first.prompt_len, first.cached_tokens
+    if isinstance(ask, ResponsesAsk):
+        tokens, reason = plan.choices[0]
+        reason = reason if first.out == tokens else "length"
+        text = sim_text(first.rid, first.out)
+        body = ask.body(item.model, item.id, text=text, finish_reason=reason,
+                        prompt_tokens=prompt, cached_tokens=cached,
+                        cache_write_tokens=max(0, prompt // block_size * block_size - cached),
+                        output_tokens=first.out,
+                        max_output_tokens=max(1, min(plan.limit, max_model_len - prompt)))
+        return ItemResult(id=item.id, text=text, finish_reason=reason, tokens_out=first.out,
+                          cached_tokens=cached, prompt_tokens=prompt, body=body)
+    return ItemResult(id=item.id, tokens_out=0, cached_tokens=cached, prompt_tokens=prompt,
+                      body=ask.body(item.model, item.id, prompt))

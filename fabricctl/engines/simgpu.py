@@ -13,15 +13,20 @@ admitted in order while there are fewer than `max_num_seqs` running, token budge
 `PrefixCache`; its lookup is counted once per request, not on re-admission. A prompt's last
 token is always computed (hits <= L-1) and yields the first output token; each later step
 yields one more, and a request finishes after `max_out` tokens (max_tokens, clipped so that
-prompt + output <= max_model_len). Step time comes from `SimCosts.step_seconds`; a request's
-(lane, epoch) key, if any, builds a CUDA graph on its first use. Runs of decode-only steps
-that neither allocate nor finish anything are fast-forwarded with identical results.
+prompt + output <= max_model_len). A pooling request (`add(..., pooling=True)`: embeddings,
+score, rerank) finishes in the step that computes its last prompt token, with no output
+token and no decode step (finish_reason "stop"). Step time comes from
+`SimCosts.step_seconds`; a request's (lane, epoch) key, if any, builds a CUDA graph on its
+first use. Runs of decode-only steps that neither allocate nor finish anything are
+fast-forwarded with identical results.
 With `SimCosts.request_s` > 0 the server's front end comes first: an added request joins the
 waiting queue `request_s` after the front end is free (one request at a time, beside the
 steps; an otherwise idle GPU's clock jumps to the next request's arrival); `queued` counts
 both.
-Two uses: batch mode (`run_work`: a whole Work, its ItemResults and simulated seconds) and
-request mode (`add`, `advance_to`, per-request `finish_time`), e.g. a replay of routers.
+Two uses: batch mode (`run_work`: a whole Work, its ItemResults and simulated seconds, each
+item answered on its own endpoint by `simanswer`; `endpoints` limits those its model serves,
+the others are refused) and request mode (`add`, `advance_to`, per-request `finish_time`),
+e.g. a replay of routers.
 Errors: a `max_model_len` that does not fit the KV pool, or a `max_input_len` not below it,
 is a `UsageError`; a step that can schedule nothing and preempted nothing (a request that
 cannot fit, `max_num_seqs` 0) is an `EngineError`.
@@ -39,8 +44,9 @@ from fabricctl.core.types import ItemResult, Work
 from fabricctl.engines.blocks import decode_item_payload, item_blocks
 from fabricctl.engines.costs import DEFAULT_COSTS, SimCosts
 from fabricctl.engines.prefix_cache import PrefixCache
-from fabricctl.engines.simanswer import SimSpec, choice_plan, item_answer, sim_spec
-from fabricctl.engines.simrequest import LENGTH_EXCEEDED, SimCounters, SimRequest
+from fabricctl.engines.simanswer import SimPlan, item_answer, plan_item
+from fabricctl.engines.simendpoints import endpoint_of
+from fabricctl.engines.simrequest import LENGTH_EXCEEDED, SimCounters, SimRequest, item_result
 from fabricctl.errors import EngineError, UsageError
 
 
@@ -68,8 +74,11 @@ class SimGPU:
         max_input_len: int = MAX_INPUT_LEN,
         max_model_len: int | None = None,
         fast_forward: bool = True,
+        endpoints: frozenset[str] | None = None,
     ) -> None:
         self.costs = costs
+        # the endpoints its model serves (canonical); None: every one the simulator answers
+        self.endpoints = None if endpoints is None else frozenset(map(endpoint_of, endpoints))
         self.block_size = costs.block_size
         self.cache = PrefixCache(costs.num_blocks, costs.block_size)
         self.max_model_len = costs.kv_tokens if max_model_len is None else max_model_len
@@ -101,10 +110,12 @@ class SimGPU:
     def add(
         self, rid: str, hashes: Sequence[int], prompt_len: int, max_tokens: int, *,
         key: Hashable | None = None, arrival: float | None = None, tag: object = None,
+        pooling: bool = False,
     ) -> SimRequest:  # fmt: skip
-        """Queue a request now (its `arrival` may be earlier: it came in mid-step)."""
+        """Queue a request now (its `arrival` may be earlier: it came in mid-step); a pooling
+        request computes its prompt and finishes, generating nothing (`max_tokens` unused)."""
         prompt_len = max(1, prompt_len)
-        max_out = max(1, min(max_tokens, self.max_model_len - prompt_len))
+        max_out = 0 if pooling else max(1, min(max_tokens, self.max_model_len - prompt_len))
         r = SimRequest(rid, hashes, prompt_len, max_out, key, self.now, tag)
         if arrival is not None:
             r.arrival = arrival
@@ -143,27 +154,34 @@ class SimGPU:
     def run_work(self, work: Work) -> tuple[list[ItemResult], float]:
         """Batch mode: run every item of `work` to completion; results in order, and seconds.
 
-        Each item runs as its request asks (`simanswer`: n choices, each a request of its
-        own with a drawn output length, unless ignore_eos)."""
+        Each item runs as its request asks (`simanswer.plan_item`: n choices, each a request
+        of its own with a drawn output length, unless ignore_eos; a pooling request's prompt
+        alone); a request the server would refuse gets its error result and runs nothing."""
         start, key, bs = self.now, (work.lane, work.epoch), self.block_size
         cap = work.max_tokens if work.max_tokens > 0 else None
-        runs: list[tuple[SimSpec, list[tuple[int, str]], list[SimRequest]] | None] = []
+        runs: list[tuple[SimPlan, list[SimRequest]] | ItemResult] = []
         for item in work.items:
             chain = item_blocks(item, bs) if item.input_tokens <= work.max_input_len else None
             if chain is None or chain.tokens > self.max_input_len:
                 self.counters.length_exceeded += 1
-                runs.append(None)
+                runs.append(item_result(item.id, None))
                 continue
-            max_tokens = item.max_tokens if cap is None else min(item.max_tokens, cap)
-            spec = sim_spec(decode_item_payload(item))
-            plan = choice_plan(item, spec, max_tokens)
+            plan = plan_item(item, decode_item_payload(item), cap, self.endpoints)
+            if isinstance(plan, ItemResult):
+                runs.append(plan)
+                continue
             reqs = [self.add(item.id if j == 0 else f"{item.id}#{j}", chain.hashes,
-                             chain.tokens, tokens, key=key) for j, (tokens, _) in enumerate(plan)]
-            runs.append((spec, plan, reqs))
-        pending = {r for run in runs if run is not None for r in run[2]}
+                             chain.tokens, tokens, key=key, pooling=plan.pooling)
+                    for j, (tokens, _) in enumerate(plan.choices)]
+            runs.append((plan, reqs))
+        pending = {r for run in runs if not isinstance(run, ItemResult) for r in run[1]}
         while pending:
             pending.difference_update(self._step(math.inf))
-        results = [item_answer(item, run) for item, run in zip(work.items, runs, strict=True)]
+        results = [
+            run if isinstance(run, ItemResult) else item_answer(
+                item, *run, block_size=bs, max_model_len=self.max_model_len)
+            for item, run in zip(work.items, runs, strict=True)
+        ]
         self.counters.batches += 1
         self.counters.items += len(work.items)
         return results, self.now - start
@@ -324,6 +342,10 @@ class SimGPU:
                 if r.out == 0:
                     r.first_token_time = now
                     c.prompt_tokens += r.prompt_len
+                    if not r.max_out:  # pooling: the prefill was the whole request
+                        self._finish(r, now, "stop")
+                        finished.append(r)
+                        continue
                 r.out += 1
                 c.generation_tokens += 1
                 if r.out >= r.max_out:
@@ -333,8 +355,8 @@ class SimGPU:
             self.running = [r for r in self.running if r.finish_time is None]
         return finished
 
-    def _finish(self, r: SimRequest, now: float) -> None:
-        r.finish_time, r.finish_reason = now, "length"
+    def _finish(self, r: SimRequest, now: float, reason: str = "length") -> None:
+        r.finish_time, r.finish_reason = now, reason
         self.cache.free(r.seq)
         r.seq.hashes = []  # a long replay keeps its requests: drop what only the cache needed
         self.counters.requests += 1
