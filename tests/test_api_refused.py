@@ -2,7 +2,7 @@
 
 Promises checked against a real `up --api` subprocess with the official `openai` SDK: a
 line that passes the upload's checks but that the broker refuses (a custom_id of 200
-characters but 800 bytes: the id index takes at most 511) is listed in the Batch's
+characters but 800 bytes: an id in a job may have 506) is listed in the Batch's
 `errors` (`{"object": "list", "data": [{"code", "line", "message", "param"}]}`) with its
 line, counts as failed in `request_counts`, and the rest of the batch runs and completes;
 a batch whose every line is refused ends `failed` with each line in `errors`, as a batch
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from test_api_e2e import ApiBroker, jsonl, request, wait_ended
 
-LONG_ID = "\U0001f600" * 200
+LONG_ID = "\U0001f600" * 200  # 800 bytes; in a job an id may have 506 (511 the key)
 
 
 def test_refused_lines_are_the_batch_errors(tmp_path: Path) -> None:
