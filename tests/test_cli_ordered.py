@@ -3,7 +3,8 @@
 Promises checked: with several shapes interleaved the completion order differs from the
 input order (the precondition: without `--ordered` output is in completion order, every
 line once); `run --ordered` and `submit --wait --ordered` give exactly the accepted lines'
-results in input order, refused lines skipped (after a `--timeout`, what came is still
+results in input order, refused native lines skipped (`run` exits 1; refused OpenAI lines'
+rows: test_run_refused.py) (after a `--timeout`, what came is still
 written, in input order); the reorder buffer writes each result the moment every earlier
 one is out and holds only the early ones; `results --ordered` lists
 every stored result once in entry-key order (commit by commit, grouped by shape within a
@@ -78,7 +79,7 @@ def test_input_order_streams_and_holds_only_early_results() -> None:
 def test_run_ordered_writes_input_order_and_unordered_completion_order(tmp_path: Path) -> None:
     items = interleaved("run")
     lines = [j(x) for x in items]
-    lines.insert(5, b"[1]\n")  # a rejected line has no result and no place
+    lines.insert(5, b"[1]\n")  # refused: in native input, no row (stderr), and exit 1
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"".join(lines))
     want = [x["id"] for x in items]
@@ -88,7 +89,7 @@ def test_run_ordered_writes_input_order_and_unordered_completion_order(tmp_path:
         out = fabricctl("run", str(path), "-o", str(out_file), "--engine", "sim", "--json",
                         *(["--ordered"] if mode == "ordered" else []),
                         env=clean_env(tmp_path), cwd=tmp_path, timeout=180)
-        assert out.returncode == 0, out.stderr
+        assert out.returncode == 1, out.stderr
         assert json.loads(out.stdout)["rejected"] == 1
         assert error_lines(out.stderr) == [
             "line 6: line must be a JSON object, not an array"]

@@ -97,7 +97,7 @@ def test_submit_and_run_report_real_line_numbers(tmp_path: Path) -> None:
     out_file = tmp_path / "out.jsonl"
     run = fabricctl("run", str(path), "-o", str(out_file), "--engine", "sim", "--json",
                     env=clean_env(tmp_path), cwd=tmp_path, timeout=120)
-    assert run.returncode == 0, run.stderr
+    assert run.returncode == 1, run.stderr  # two lines refused
     errors = [ln for ln in run.stderr.decode().splitlines() if ln.startswith("line ")]
     assert errors == ["line 6: max_tokens must be at least 1",
                       "line 9: line is not valid JSON: invalid character (byte 0)"]

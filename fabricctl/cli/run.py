@@ -34,6 +34,16 @@ form: status 404), stderr gets one `fabricctl: error: N items are for model 'M',
 consumer serves (served: ...)` per such model when the input has been read, the rest runs,
 and the command exits 1 (`RunSummary.unserved` counts them); with `ordered` an unserved
 item's error result takes its place in the input order.
+Refused lines (`RefusedRows`): every line the reader or the broker refuses is reported on
+stderr as `line N: reason` (as before), and an OpenAI batch line also gets a row in the
+output, in `vllm run-batch`'s form for a line it does not run (`formats.results.
+refused_line`: status 400, no body, the message as `error`; `custom_id` "" when the line
+has none that reads as a string). A line whose form cannot be told (not JSON, not an
+object, too long) takes the input's form: that of the input's first line whose form can be
+told (rows for such lines at the start wait until it is read; with none, they get no row).
+A native line gets no row: native output has one line per item, errors on stderr. Rows go
+out as the line is read, or with `ordered` at the line's place in the input order. The
+command then exits 1, as `submit` does (`RunSummary.rejected` counts the lines).
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import heapq
 import logging
 import shutil
 import sys
@@ -69,8 +80,14 @@ from fabricctl.config import AppConfig
 from fabricctl.core.types import Item, ItemResult
 from fabricctl.daemon import Daemon
 from fabricctl.errors import ExitCode
-from fabricctl.formats.reader import read_lines
-from fabricctl.formats.results import ResultRecord, make_record, result_line
+from fabricctl.formats.reader import LineError, read_lines
+from fabricctl.formats.results import (
+    ResultRecord,
+    Source,
+    make_record,
+    refused_line,
+    result_line,
+)
 from fabricctl.formats.tokens import choose_counter
 from fabricctl.producer import Chunk, Feed, InputOrder, Job, Producer, file_digest
 from fabricctl.wire.protocol import Ack
@@ -94,7 +111,7 @@ def command(
     ordered: bool = typer.Option(False, "--ordered", help="Write the results in input order "
                                  "(as vllm run-batch does) instead of as they complete; each "
                                  "is written once every earlier line's result has been. "
-                                 "Rejected lines have no result."),
+                                 "A refused OpenAI batch line's error row takes its place."),
     data_dir: Path | None = typer.Option(None, "--data-dir", "-d", help="Keep the job in this "
                                          "data dir (default: a temporary one, deleted): the "
                                          "same command again after a crash or Ctrl-C continues "
@@ -113,6 +130,9 @@ def command(
     DIR), else an estimate of 4 bytes a token; the --json summary names it (token_counter).
     Items for a model no engine of this run serves are not sent: each gets an error result,
     stderr names the model and what is served, the rest runs, and the exit status is 1.
+    A refused line is reported on stderr as "line N: reason" (an OpenAI batch line also
+    gets an error row in the output, as vllm run-batch writes one), the rest runs, and the
+    exit status is 1.
     --priority and --window set the job's priority and completion window (as submit's).
     """
     setup_logging(verbose) if verbose else logging.basicConfig(level=logging.WARNING)
@@ -133,18 +153,21 @@ def command(
         (sys.stdout if output else sys.stderr).write(msgspec.json.encode(summary).decode() + "\n")
     else:
         print_run_summary(summary)
-    if summary.unserved:
-        raise typer.Exit(ExitCode.RUNTIME)  # some lines got an error result, not an answer
+    if summary.unserved or summary.rejected:
+        raise typer.Exit(ExitCode.RUNTIME)  # some lines got an error, not an answer
 
 
 async def _submit(job: Job, path: Path, shapes: AchievableHits, errors: Callable[[str], None],
-                  order: InputOrder | None, unserved: Unserved) -> Feed:
+                  order: InputOrder | None, unserved: Unserved, refused: RefusedRows) -> Feed:
     """Send the input into `job` (`Job.submit`, the one pipeline) and seal it; its feed.
     `order` learns the ids in input order (and which the broker refused). Items `unserved`
     takes (no consumer of this run serves their model) are not sent: their error results go
-    out through `unserved.write`, or into `order` at their place in the input."""
+    out through `unserved.write`, or into `order` at their place in the input. `refused`
+    gets every refused line (the reader's before the chunk's items go, the broker's before
+    `order` drops them)."""
 
     def prepare(chunk: Chunk) -> None:
+        refused.chunk(chunk)
         ids = [i.id for i in chunk.items]  # in input order, the unserved ones included
         sent: list[Item] = []
         early: list[ResultRecord] = []  # with `order`: this chunk's unserved items' results
@@ -164,8 +187,9 @@ async def _submit(job: Job, path: Path, shapes: AchievableHits, errors: Callable
                 order.add(rec)
 
     def acked(items: list[Item], ack: Ack) -> None:
-        if order is not None:
-            for r in ack.rejects:
+        for r in ack.rejects:
+            refused.rejected(items[r.index], r.reason)
+            if order is not None:
                 order.drop(items[r.index].id)
 
     with path.open("rb") if str(path) != "-" else contextlib.nullcontext(stdin_binary()) as fp:
@@ -211,6 +235,70 @@ class Unserved:
         return ", ".join(self.served) or "none"
 
 
+class RefusedRows:
+    """Why: `vllm run-batch` writes a row for every line it does not run, so a refused
+    OpenAI batch line gets one too (see the module's contract): at once, or with `ordered`
+    held until every earlier line's row is out (`before`, `finish`)."""
+
+    def __init__(self, write: Callable[[bytes], object], ordered: bool) -> None:
+        self.write, self.ordered = write, ordered
+        self.openai: bool | None = None  # the input's form, once a line of known form came
+        self.rows = 0  # rows made
+        self._unknown: list[LineError] = []  # lines of unknown form before `openai` is known
+        self._held: list[tuple[int, bytes]] = []  # ordered: (line, row), a heap
+
+    def chunk(self, chunk: Chunk) -> None:
+        """A chunk read: learn the input's form from it, then row its refused lines."""
+        if self.openai is None:
+            error = next((e for e in chunk.errors if e.openai is not None), None)
+            item = chunk.items[0] if chunk.items else None
+            if item is not None and (error is None or item.line < error.line_no):
+                self._learn(item.source != Source.NATIVE)
+            elif error is not None:
+                self._learn(bool(error.openai))
+        for e in chunk.errors:
+            if e.openai is None and self.openai is None:
+                self._unknown.append(e)
+            else:
+                self._refused(e)
+
+    def rejected(self, item: Item, reason: str) -> None:
+        """An item the broker refused."""
+        if item.source != Source.NATIVE:
+            self._row(item.line, reason, item.id)
+
+    def before(self, line: int) -> None:
+        """Ordered: write the held rows of the lines before `line` (its result goes next)."""
+        held = self._held
+        while held and held[0][0] < line:
+            self.write(heapq.heappop(held)[1])
+
+    def finish(self) -> None:
+        """The input is read and every result written: the rows still held go."""
+        self._unknown.clear()  # no line of known form: native, no row
+        while self._held:
+            self.write(heapq.heappop(self._held)[1])
+
+    def _learn(self, openai: bool) -> None:
+        self.openai = openai
+        waiting, self._unknown = self._unknown, []
+        for e in waiting:
+            self._refused(e)
+
+    def _refused(self, e: LineError) -> None:
+        openai = self.openai if e.openai is None else e.openai
+        if openai:
+            self._row(e.line_no, e.reason, e.id)
+
+    def _row(self, line: int, reason: str, custom_id: str | None) -> None:
+        row = refused_line(line, reason, custom_id)
+        self.rows += 1
+        if self.ordered:
+            heapq.heappush(self._held, (line, row))
+        else:
+            self.write(row)
+
+
 class _Totals:
     """Why: the summary needs token sums and who served what, not every result record."""
 
@@ -230,8 +318,11 @@ class _Results:
     def __init__(self, out: IO[bytes], shapes: AchievableHits, ordered: bool) -> None:
         self.out, self.shapes, self.totals = out, shapes, _Totals()
         self.order = InputOrder(self._emit) if ordered else None
+        self.refused = RefusedRows(out.write, ordered)
 
     def _emit(self, rec: ResultRecord) -> None:
+        if self.order is not None:
+            self.refused.before(rec.line)
         self.out.write(result_line(rec))
 
     def write(self, rec: ResultRecord) -> None:
@@ -246,6 +337,7 @@ class _Results:
         """Every result of the job came: what the input order holds (nothing by now) goes."""
         if self.order is not None:
             self.order.finish()
+        self.refused.finish()
         self.out.flush()
 
 
@@ -291,7 +383,8 @@ async def run_job(
             collector = asyncio.ensure_future(follower.run())
             unserved = Unserved({c.model for c in daemon.fleet.consumers},
                                 lambda rec: out.write(result_line(rec)))
-            feed = await _submit(job, input_path, shapes, errors, results.order, unserved)
+            feed = await _submit(job, input_path, shapes, errors, results.order, unserved,
+                                 results.refused)
             for message in unserved.messages():
                 errors(f"fabricctl: error: {message}")
             out.flush()

@@ -14,6 +14,12 @@ Contract:
   means an OpenAI batch request (`fabricctl.formats.openai_batch`), otherwise any of
   `id`/`model`/`prompt`/`prefix`/`max_tokens` means native (`fabricctl.formats.native`),
   otherwise the line is refused as of unknown format.
+- A `LineError` says what could still be read of its line, so a caller can answer it in
+  the line's own form (`fabricctl run` writes an OpenAI line's error row,
+  `formats.results.refused_line`): `openai` is True for a refused OpenAI batch line,
+  False for a native one, None when the form cannot be told (too long, not UTF-8, not
+  JSON, not an object, neither form); `id` is the line's `custom_id` (OpenAI) or `id`
+  (native) when that field is a string, else None.
 - An item's `signature` is `fabricctl.core.signature.signature(components)`, its `payload`
   the msgpack `Payload(components, prompt, component_tokens, prompt_tokens, chat, body,
   path)` (`path`: the endpoint of an embeddings, score, rerank or responses request), its
@@ -84,6 +90,8 @@ class LineError(msgspec.Struct, frozen=True):
 
     line_no: int
     reason: str
+    openai: bool | None = None  # the line's form: OpenAI batch, native, or None: unknown
+    id: str | None = None  # its custom_id (OpenAI) or id (native), when a string
 
     def __str__(self) -> str:
         return f"line {self.line_no}: {self.reason}"
@@ -136,15 +144,16 @@ def parse_lines(
             continue
         if not line.strip():
             continue
-        try:
-            draft = _draft(line)
-        except Invalid as bad:
-            yield LineError(line_no, bad.reason)
+        draft = _draft(line, line_no)
+        if isinstance(draft, LineError):
+            yield draft
             continue
         first = seen.get(draft.id)
         if first is not None:
-            field = "custom_id" if draft.source.is_openai else "id"
-            yield LineError(line_no, f"{field} {draft.id!r} is a duplicate of line {first}")
+            openai = draft.source.is_openai
+            field = "custom_id" if openai else "id"
+            yield LineError(line_no, f"{field} {draft.id!r} is a duplicate of line {first}",
+                            openai, draft.id)
             continue
         seen[draft.id] = line_no
         item = build_item(draft, counter, cache)
@@ -188,7 +197,26 @@ def build_item(draft: Draft, counter: TokenCounter, cache: ComponentCache | None
     )
 
 
-def _draft(line: bytes) -> Draft:
+def _draft(line: bytes, line_no: int) -> Draft | LineError:
+    """The draft of a line, or its error with what could be read of it (form, id)."""
+    try:
+        obj = _object(line)
+    except Invalid as bad:
+        return LineError(line_no, bad.reason)
+    if any(k in obj for k in OPENAI_KEYS):
+        parse, openai, key = parse_openai, True, "custom_id"
+    elif any(k in obj for k in NATIVE_KEYS):
+        parse, openai, key = parse_native, False, "id"
+    else:
+        return LineError(line_no, "line is neither a native item nor an OpenAI batch request")
+    try:
+        return parse(obj)
+    except Invalid as bad:
+        ident = obj.get(key)
+        return LineError(line_no, bad.reason, openai, ident if isinstance(ident, str) else None)
+
+
+def _object(line: bytes) -> dict[str, Any]:
     try:
         obj: Any = msgspec.json.decode(line)
     except UnicodeDecodeError:
@@ -200,11 +228,7 @@ def _draft(line: bytes) -> Draft:
         raise Invalid(f"line is not valid JSON: {detail[:1].lower()}{detail[1:]}") from None
     if not isinstance(obj, dict):
         raise Invalid(f"line must be a JSON object, not {a_json_type(obj)}")
-    if any(k in obj for k in OPENAI_KEYS):
-        return parse_openai(obj)
-    if any(k in obj for k in NATIVE_KEYS):
-        return parse_native(obj)
-    raise Invalid("line is neither a native item nor an OpenAI batch request")
+    return obj
 
 
 def _is_utf8(line: bytes) -> bool:

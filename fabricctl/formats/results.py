@@ -27,6 +27,13 @@ first one wins) and a client writes it with `result_line`, which picks the form 
   `body: null` and vLLM's `ErrorResponse` shape in `error`. The ids (`fabric-…`,
   `fabric-batch-…`, and `cmpl-…`, `chatcmpl-…` for written bodies) are derived from the
   custom_id and `created`, so output is reproducible.
+- A refused input line (`refused_line`, no record: the reader or the broker refused it,
+  so it never ran) is written as `vllm run-batch` writes a line it does not run (its
+  `make_error_request_output`): `{"id", "custom_id", "response": {"status_code": 400,
+  "request_id", "body": null}, "error": "<message>"}`, the error a plain string ("line N:
+  reason"), not an error object. `custom_id` is the line's when it could be read as a
+  string, else "" (no real custom_id is empty). Its ids derive from the custom_id and the
+  line number.
 
 Every line is compact JSON (msgspec) ending in one newline.
 """
@@ -239,7 +246,7 @@ class _BatchOutput(msgspec.Struct):
     id: str
     custom_id: str
     response: _Response | None
-    error: _ErrorResponse | msgspec.Raw | None
+    error: _ErrorResponse | msgspec.Raw | str | None
 
 
 def openai_line(rec: ResultRecord) -> bytes:
@@ -326,5 +333,19 @@ def result_line(rec: ResultRecord) -> bytes:
     return openai_line(rec) if rec.source.is_openai else native_line(rec)
 
 
+def refused_line(line: int, reason: str, custom_id: str | None) -> bytes:
+    """The OpenAI batch output line of a refused input line: status 400, no body, and
+    "line N: reason" as the error, as `vllm run-batch` writes a line it does not run."""
+    cid = custom_id or ""
+    h = xxhash.xxh3_128_hexdigest(f"{cid}\x00line\x00{line}".encode())
+    out = _BatchOutput(
+        id=f"fabric-{h}",
+        custom_id=cid,
+        response=_Response(status_code=400, request_id=f"fabric-batch-{h}", body=None),
+        error=f"line {line}: {reason}",
+    )
+    return _encoder.encode(out) + b"\n"
+
+
 __all__ = ["LENGTH_EXCEEDED", "ResultRecord", "Source", "endpoint_answer", "extra_choices",
-           "make_record", "native_line", "openai_line", "result_line"]
+           "make_record", "native_line", "openai_line", "refused_line", "result_line"]

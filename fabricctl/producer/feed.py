@@ -14,8 +14,11 @@ Contract:
   `on_refused` as `line N: reason`, once. `accepted` and `skipped` (stored in the job
   before: a `resume`) sum the acks; `lines` is the last input line read.
 - Hooks, all called on the event loop, in input order: `prepare(chunk)` right before a
-  chunk goes (it may take items out of `chunk.items`: they are not sent); `on_ack(items,
-  ack)` when its ack comes; `on_progress()` after each chunk read and each ack.
+  chunk goes (it may take items out of `chunk.items`: they are not sent; `chunk.errors`
+  are the reader's refusals among its lines, each a `formats.reader.LineError` with the
+  line's form and id when they could be read); `on_ack(items, ack)` when its ack comes
+  (`ack.rejects`: the broker's refusals, by index into `items`); `on_progress()` after
+  each chunk read and each ack.
 - The reader never outlives its feed: once the feed stops reading (done, or failed when the
   broker went away), the reader stops at its next hand-off, and nothing is left on a
   closing loop (no task pending, no coroutine unawaited). A send that fails fails the feed
