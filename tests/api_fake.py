@@ -2,7 +2,8 @@
 
 It keeps jobs, their items and results in dicts and moves jobs with the same pure functions
 the store uses (`new_job`, `start`, `seal`, `request_cancel`, `settle`). `run(n)` answers the
-first n queued items (an item whose prompt says "fail" gets an error result); a cancel
+first n queued items (an item whose prompt says "fail" gets an error result; each result
+has usage, summed on its job as the store does: `usage_of`); a cancel
 withdraws every queued item, answering it as the store does (a "cancelled" record). Results
 carry their job and input line, in input order.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from fabricctl.core import jobs as J
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.payload import decode_payload
-from fabricctl.core.records import ResultRecord, Source
+from fabricctl.core.records import ResultRecord, Source, usage_of
 from fabricctl.core.types import Item
 from fabricctl.errors import BrokerError
 from fabricctl.wire.protocol import Ack, JobReply, Reject
@@ -43,11 +44,13 @@ class FakeBackend:
     async def open_job(self, kind: str, name: str = "", sha256: str = "", size: int = 0,
                        endpoint: str = "", metadata: dict[str, str] | None = None,
                        window_s: float = 0.0, attach: bool = True, job: str = "",
-                       validating: bool = False, priority: int = 0) -> JobReply:
+                       validating: bool = False, priority: int = 0,
+                       output_expires_s: int = 0) -> JobReply:
         n = len(self.jobs_by_number) + 1
         rec = J.new_job(n, J.job_id_of(n, "f00d"), kind, self.now, validating=validating,
                         window_s=window_s or None, priority=priority, name=name,
-                        sha256=sha256, size=size, endpoint=endpoint, metadata=metadata or {})
+                        sha256=sha256, size=size, endpoint=endpoint, metadata=metadata or {},
+                        output_expires_s=output_expires_s)
         self.jobs_by_number[n] = rec
         self.queued[n], self.results[n] = [], []
         return JobReply(0, rec)
@@ -62,6 +65,7 @@ class FakeBackend:
                 continue
             self.queued[job].append(item)
             rec.total += 1
+            rec.model = rec.model or item.model
         return Ack(0, len(items) - len(rejects), rejects)
 
     async def seal_job(self, job: int, lines: int, errors: list[str] | None = None,
@@ -112,10 +116,13 @@ class FakeBackend:
         for item in take:
             prompt = decode_payload(item.payload).prompt
             err = "engine said no" if "fail" in prompt else None
-            self.results[number].append(ResultRecord(
+            res = ResultRecord(
                 item.id, item.model, text=f"answer to {prompt}", error=err,
                 source=Source(item.source), created=int(self.now), job=number,
-                line=item.line))
+                line=item.line, prompt_tokens=item.input_tokens,
+                completion_tokens=3 + item.line % 5, cached_tokens=item.line % 3)
+            self.results[number].append(res)
+            J.add_usage(rec, *usage_of(res))
             if err:
                 rec.failed += 1
             else:

@@ -47,9 +47,9 @@ def error_lines(stderr: bytes) -> list[str]:
 class Broker:
     """A `fabricctl up --engine sim` subprocess in its own data dir."""
 
-    def __init__(self, data_dir: Path, home: Path) -> None:
+    def __init__(self, data_dir: Path, home: Path, env: dict[str, str] | None = None) -> None:
         self.data_dir, self.home = data_dir, home
-        self.env = clean_env(home)
+        self.env = clean_env(home, **(env or {}))
         self.log = open(home / f"broker-{data_dir.name}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [*FABRICCTL, "up", "--data-dir", str(data_dir), "--engine", "sim"],

@@ -8,6 +8,12 @@ accepts BOM, CRLF, blank lines and a last line without newline. Through the SDK 
 ASGI transport, the fake backend of `api_fake.py`, a real `FileStore`): upload, create,
 retrieve, content in input order, the error file with `batch_cancelled` lines, list paging,
 cancel, and every refusal in OpenAI's error shape with its status (400, 401, 404).
+The Batch's `model` (its first line's) and `usage` (equal to the sums over its output file's
+lines' usage, cached tokens included; reasoning 0); `output_expires_after` parsed (anchor
+`created_at`, 3600..2592000 seconds; anything else a 400 naming the field, no batch made) and
+honoured by the API's clock: at the output file's creation + seconds its output and error
+files are 404s (their cached sizes dropped) while the Batch keeps their ids; a batch without
+it keeps its files.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+import msgspec
 import openai
 import pytest
 from api_fake import FakeBackend
@@ -25,6 +32,7 @@ from api_fake import FakeBackend
 from fabricctl.api.app import build_app
 from fabricctl.api.objects import (
     batch_object,
+    parse_output_expires,
     parse_window,
     virtual_file,
     window_text,
@@ -396,3 +404,126 @@ def test_api_address_refuses_non_loopback_without_token() -> None:
         api_address("0.0.0.0:8000", "")
     with pytest.raises(UsageError, match="HOST:PORT"):
         api_address("8000", "")
+
+
+# ---- model, usage and output_expires_after ---------------------------------------------------
+
+
+def test_batch_object_has_the_jobs_model_and_usage() -> None:
+    job = J.new_job(3, "batch_3", "api", 10.0)
+    b = batch_object(job)
+    assert b.model is None
+    assert b.usage is not None and (b.usage.input_tokens, b.usage.output_tokens,
+                                    b.usage.total_tokens) == (0, 0, 0)
+    job.model = "fabric-demo"
+    J.add_usage(job, 120, 64, 30)
+    J.add_usage(job, 80, 0, 10)
+    b = batch_object(job)
+    assert b.model == "fabric-demo" and b.usage is not None
+    assert msgspec.to_builtins(b.usage) == {
+        "input_tokens": 200, "input_tokens_details": {"cached_tokens": 64},
+        "output_tokens": 40, "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 240}
+
+
+def test_output_expires_after_takes_the_created_at_anchor_and_one_hour_to_30_days() -> None:
+    assert parse_output_expires(None) == 0
+    assert parse_output_expires({"anchor": "created_at", "seconds": 3600}) == 3600
+    assert parse_output_expires({"anchor": "created_at", "seconds": 2_592_000}) == 2_592_000
+
+
+@pytest.mark.parametrize(("bad", "param", "code"), [
+    ({"anchor": "created_at", "seconds": 3599}, "output_expires_after.seconds",
+     "integer_below_min_value"),
+    ({"anchor": "created_at", "seconds": 2_592_001}, "output_expires_after.seconds",
+     "integer_above_max_value"),
+    ({"anchor": "created_at", "seconds": "3600"}, "output_expires_after.seconds",
+     "invalid_type"),
+    ({"anchor": "created_at", "seconds": 3600.5}, "output_expires_after.seconds",
+     "invalid_type"),
+    ({"anchor": "created_at", "seconds": True}, "output_expires_after.seconds",
+     "invalid_type"),
+    ({"anchor": "completed_at", "seconds": 3600}, "output_expires_after.anchor",
+     "invalid_value"),
+    ({"seconds": 3600}, "output_expires_after.anchor", "missing_required_parameter"),
+    ({"anchor": "created_at"}, "output_expires_after.seconds", "missing_required_parameter"),
+    ({"anchor": "created_at", "seconds": 3600, "days": 1}, "output_expires_after.days",
+     "unknown_parameter"),
+    (3600, "output_expires_after", "invalid_type"),
+])
+def test_output_expires_after_refuses_anything_else(bad: object, param: str,
+                                                    code: str) -> None:
+    with pytest.raises(ApiError) as e:
+        parse_output_expires(bad)
+    assert (e.value.status, e.value.param, e.value.code) == (400, param, code)
+
+
+def output_usage(lines: list[dict]) -> tuple[int, int, int]:
+    """(prompt, cached, completion) tokens summed over an output file's lines."""
+    total = [0, 0, 0]
+    for o in lines:
+        u = o["response"]["body"]["usage"]
+        total[0] += u["prompt_tokens"]
+        total[1] += (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        total[2] += u["completion_tokens"]
+    return total[0], total[1], total[2]
+
+
+async def test_usage_model_and_output_files_that_expire(h: Harness) -> None:
+    c = h.client()
+    rows = [request(f"u{i}", f"prompt number {i}") for i in range(40)]
+    rows[3] = request("u3", "please fail")
+    f = await c.files.create(file=("in.jsonl", jsonl(rows)), purpose="batch")
+    b = await c.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h",
+                               output_expires_after={"anchor": "created_at", "seconds": 3600})
+    keep = await c.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
+    await h.fed()
+    for n in h.backend.jobs_by_number:
+        h.backend.run(n)
+    h.backend.now += 5  # the batches ended at `now`: their files were created then
+    b = await c.batches.retrieve(b.id)
+    assert b.status == "completed" and b.model == "fabric-demo"
+    assert b.output_file_id and b.error_file_id and b.usage is not None
+    out = [json.loads(x) for x in (await c.files.content(b.output_file_id)).text.splitlines()]
+    assert len(out) == 39
+    prompt, cached, completion = output_usage(out)
+    assert cached > 0 and prompt > 0 and completion > 0
+    assert (b.usage.input_tokens, b.usage.input_tokens_details.cached_tokens,
+            b.usage.output_tokens, b.usage.total_tokens) == (
+        prompt, cached, completion, prompt + completion)
+    assert b.usage.output_tokens_details.reasoning_tokens == 0
+    meta = await c.files.retrieve(b.output_file_id)
+    ended = int(h.backend.now) - 5
+    assert meta.created_at == ended and meta.expires_at == ended + 3600
+    assert (await c.files.retrieve((await c.batches.retrieve(keep.id)).output_file_id or "")
+            ).expires_at is None
+
+    h.backend.now = ended + 3599.5  # not yet
+    assert (await c.files.retrieve(b.error_file_id)).expires_at == ended + 3600
+    h.backend.now = ended + 3600  # passed: both files are gone, the batch keeps their ids
+    for fid in (b.output_file_id, b.error_file_id):
+        with pytest.raises(openai.NotFoundError):
+            await c.files.retrieve(fid)
+        with pytest.raises(openai.NotFoundError):
+            await c.files.content(fid)
+        assert h.files.size_of(fid) is None
+    again = await c.batches.retrieve(b.id)
+    assert (again.output_file_id, again.error_file_id) == (b.output_file_id, b.error_file_id)
+    assert again.usage == b.usage
+    kept = await c.batches.retrieve(keep.id)  # a batch without it keeps its files
+    assert kept.output_file_id and len(
+        (await c.files.content(kept.output_file_id)).text.splitlines()) == 39
+
+
+async def test_a_bad_output_expires_after_is_a_400_and_no_batch(h: Harness) -> None:
+    c = h.client()
+    f = await c.files.create(file=("a.jsonl", jsonl([request("a")])), purpose="batch")
+    for bad, param in (({"anchor": "created_at", "seconds": 60}, "seconds"),
+                       ({"anchor": "now", "seconds": 3600}, "anchor")):
+        with pytest.raises(openai.BadRequestError) as e:
+            await c.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h",
+                                   output_expires_after=bad)  # type: ignore[arg-type]
+        err = e.value.response.json()["error"]
+        assert err["param"] == f"output_expires_after.{param}"
+        assert err["type"] == "invalid_request_error"
+    assert h.backend.jobs_by_number == {}

@@ -1,5 +1,6 @@
 """Jobs through the CLI, against a real broker (`fabricctl up --engine sim`): a submit is a
-job (its id on stderr), `jobs`/`jobs show` report it, `results --job --ordered` gives its
+job (its id on stderr), `jobs`/`jobs show` report it (with its model and its usage: the sums
+of its results' usage, `--json` in the Batch API's shape), `results --job --ordered` gives its
 results in input order, the same file submitted again attaches to its job (no duplicate
 errors, `--wait` prints every result), the same ids in another job are not duplicates, and
 `jobs cancel` cancels the queued items of a slow job with counts that add up."""
@@ -64,12 +65,23 @@ def test_a_submit_is_a_job_listed_shown_and_its_results_in_input_order(tmp_path:
         assert (rec["total"], rec["completed"], rec["rejected"]) == (60, 60, 1)
         assert rec["lines"] == 61 and rec["errors"] and "line 61" in rec["errors"][0]
         assert rec["name"] == str(src.resolve()) and len(rec["sha256"]) == 64
+        # its usage: the sums of its results' usage, in the Batch API's shape
+        used = [json.loads(ln)["usage"] for ln in out.stdout.splitlines()]
+        p_, c_, o_ = (sum(u[k] or 0 for u in used)
+                      for k in ("prompt_tokens", "cached_tokens", "completion_tokens"))
+        assert doc["usage"] == {"input_tokens": p_, "input_tokens_details": {"cached_tokens": c_},
+                                "output_tokens": o_,
+                                "output_tokens_details": {"reasoning_tokens": 0},
+                                "total_tokens": p_ + o_}
+        assert (rec["input_tokens"], rec["cached_tokens"], rec["output_tokens"]) == (p_, c_, o_)
+        assert rec["model"] == "fabric-demo" and p_ > 0 and o_ > 0
         ordered = b.run("results", "--job", job[:10], "--ordered")
         assert ordered.returncode == 0, ordered.stderr
         assert [json.loads(ln)["id"] for ln in ordered.stdout.splitlines()] == \
             [f"q{i}" for i in range(60)]
         text = b.run("jobs", "show", job).stdout.decode()
-        for part in (job, "completed", "60 completed", "1 line(s) refused"):
+        for part in (job, "completed", "60 completed", "1 line(s) refused", "fabric-demo",
+                     f"{p_:,} input tokens ({c_:,} cached), {o_:,} output"):
             assert part in text, text
 
         again = b.run("submit", str(src), "--wait", "--ordered")

@@ -1,6 +1,9 @@
 """Jobs in the durable store (issue 17): ids scoped per job, job-pure segments, results per
 job in input order, cancel and expiry (queued items get error results, in-flight ones
-finish), the tick's settling, and a restart that keeps every job and count."""
+finish), the tick's settling, and a restart that keeps every job and count; a job's usage
+(input, cached, output tokens of its successful results, each item's once: a duplicate
+completion or a result already stored adds nothing) and its model (its first line's),
+kept across a restart."""
 
 from __future__ import annotations
 
@@ -10,11 +13,13 @@ import lmdb
 import pytest
 
 from fabricctl.core.config import CoreConfig
-from fabricctl.core.jobs import JobState
+from fabricctl.core.jobs import JobState, job_usage
+from fabricctl.core.records import usage_of
 from fabricctl.core.types import Contract, Item, ItemResult, Work
 from fabricctl.errors import JobRefused
 from fabricctl.store.durable import DurableBroker, StoreConfig
 from fabricctl.store.ingest import Refused
+from fabricctl.store.keys import entry_key_of
 
 MODEL = "m"
 CORE = CoreConfig(lifecycle=False)
@@ -237,3 +242,82 @@ def test_recent_jobs_page_by_number_and_kind(tmp_path: Path) -> None:
     assert [r.number for r in s.recent_jobs(10, before=nums[0])] == []
     assert [r.number for r in s.recent_jobs(2, before=nums[-1] + 50)] == nums[::-1][:2]
     assert s.recent_jobs(5, kind="none") == []
+
+
+def usage_answer(w: Work) -> list[ItemResult]:
+    """Engine usage per item (prompt 30+n, 2+n%3 out, 16 cached on even lines); `fail-`
+    items are error results, `long-` ones were too long to send: they add no usage."""
+    out = []
+    for it in w.items:
+        n = int(it.id.rsplit("-", 1)[1])
+        if it.id.startswith("fail-"):
+            out.append(ItemResult(it.id, error="boom", finish_reason="error"))
+        elif it.id.startswith("long-"):
+            out.append(ItemResult(it.id, finish_reason="length_exceeded"))
+        else:
+            out.append(ItemResult(it.id, text="ok", tokens_out=2 + n % 3,
+                                  cached_tokens=16 if n % 2 == 0 else None,
+                                  prompt_tokens=30 + n))
+    return out
+
+
+def test_usage_is_summed_once_per_item_and_kept_across_a_restart(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    j = s.open_job("api", 100.0, name="file-u")
+    assert (j.model, j.input_tokens, j.cached_tokens, j.output_tokens) == ("", 0, 0, 0)
+    its = (items(20) + items(2, prefix="fail-", first_line=21)
+           + items(2, prefix="long-", first_line=23))
+    s.submit(its, 100.0, job=j.number)
+    s.seal_job(j.number, 24, 100.0)
+    works = pull_all(s)
+    for w in works:
+        assert s.complete(w.id, usage_answer(w), 102.0) == len(w.items)
+    assert s.complete(works[0].id, usage_answer(works[0]), 102.5) == -1  # a duplicate
+    assert s.complete_many([(works[1].id, usage_answer(works[1]), None)], 102.5) == [-1]
+    rec = s.job(j.number)
+    assert rec is not None and rec.model == MODEL
+    want = (sum(30 + n for n in range(20)), 16 * 10, sum(2 + n % 3 for n in range(20)))
+    assert (rec.input_tokens, rec.cached_tokens, rec.output_tokens) == want
+    assert (rec.completed, rec.failed) == (22, 2)  # too long: completed, without usage
+    # the sums are those of the stored results the output file is written from
+    got = [usage_of(r) for r in s.job_results(j.number, limit=100)]
+    assert tuple(map(sum, zip(*got, strict=True))) == want
+    assert job_usage(rec).total_tokens == want[0] + want[2]
+    s.close()
+
+    s = store(tmp_path, 200.0)
+    again = s.job(j.number)
+    assert again is not None
+    assert (again.model, again.input_tokens, again.cached_tokens, again.output_tokens) == (
+        MODEL, *want)
+    s.close()
+
+
+def test_a_result_already_stored_adds_no_usage_again(tmp_path: Path) -> None:
+    """The one-put-at-a-time path (an entry that somehow has a result): only the results
+    this commit stores count."""
+    s = store(tmp_path)
+    j = s.open_job("api", 100.0)
+    s.submit(items(4), 100.0, job=j.number)
+    w = s.pull("gpu0", 101.0)
+    assert w is not None and len(w.items) == 4
+    first = entry_key_of(s.core.inflight[w.id].batch.entries[0].key)  # w.items[0]'s
+    s.env.write(lambda txn: txn.put(first, b"\x90", db=s.env.dbs["results"]))
+    assert s.complete(w.id, usage_answer(w), 102.0) == 3
+    rec = s.job(j.number)
+    assert rec is not None and rec.completed == 3
+    stored = [int(it.id.rsplit("-", 1)[1]) for it in w.items[1:]]
+    assert rec.input_tokens == sum(30 + n for n in stored)
+    s.close()
+
+
+def test_the_jobs_model_is_its_first_lines(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    j = s.open_job("submit", 100.0)
+    later = [Item("b-2", MODEL, 7, 20, 4, b"x", line=2)]
+    first = [Item("a-1", "other-model", 8, 20, 4, b"y", line=1)]
+    s.submit(later + first, 100.0, job=j.number)  # line 2 arrives first in the chunk
+    assert s.job(j.number).model == "other-model"  # type: ignore[union-attr]
+    s.submit([Item("c-0", MODEL, 7, 20, 4, b"z", line=3)], 100.0, job=j.number)
+    assert s.job(j.number).model == "other-model"  # type: ignore[union-attr]
+    s.close()

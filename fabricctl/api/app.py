@@ -17,6 +17,10 @@ Contract:
   Jobs left validating by a stopped daemon are fed again (`resume`) when the API starts.
 - A batch's output and error files are virtual: `file-<batch id>-output` / `-error`, found
   once the batch ended with such lines, their content streamed from the job's results.
+  A batch created with `output_expires_after` (checked: `parse_output_expires`, a 400
+  otherwise; kept on its job) loses them when that passes: retrieving or reading either is
+  a 404 from then on, by the API's clock (`BatchApi.clock`), while the Batch keeps their
+  ids, as OpenAI's does. The Batch object carries `model` and `usage` (`batch_object`).
 - `process_feeder(...)` is how the daemon feeds: each batch from a child process
   (`fabricctl.api.feeder`), a producer on the daemon's socket, so parsing and token
   counting never hold the broker's GIL (a child that fails is a `FeedError`, its last line
@@ -59,6 +63,7 @@ from fabricctl.api.objects import (
     error_body,
     file_object,
     page,
+    parse_output_expires,
     parse_priority,
     parse_window,
     virtual_file,
@@ -166,6 +171,7 @@ class _CreateBatch(msgspec.Struct, forbid_unknown_fields=False):
     endpoint: str
     completion_window: str = "24h"
     metadata: dict[str, str] | None = None
+    output_expires_after: Any = None  # checked by `parse_output_expires`
 
 
 async def create_batch(api: BatchApi, request: Request) -> Response:
@@ -186,6 +192,7 @@ async def create_batch(api: BatchApi, request: Request) -> Response:
         raise ApiError(400, "metadata takes at most 16 pairs, keys of at most 64 characters "
                        "and values of at most 512", "metadata", "invalid_value")
     priority = parse_priority(metadata)
+    output_expires_s = parse_output_expires(body.output_expires_after)
     rec = api.files.get(body.input_file_id)
     if rec is None:
         raise ApiError(400, f"No such File object: {body.input_file_id}", "input_file_id",
@@ -197,7 +204,7 @@ async def create_batch(api: BatchApi, request: Request) -> Response:
     reply = await api.backend.open_job(
         "api", name=rec.id, sha256=rec.sha256, size=rec.bytes, endpoint=body.endpoint,
         metadata=metadata, window_s=window_s, attach=False, validating=True,
-        priority=priority)
+        priority=priority, output_expires_s=output_expires_s)
     job = reply.job
     api.start_feed(job, rec)
     log.info("batch %s: %s, %d requests for %s", job.id, rec.id, rec.requests, body.endpoint)

@@ -37,7 +37,8 @@ class BatchBackend(Protocol):
     async def open_job(self, kind: str, name: str = "", sha256: str = "", size: int = 0,
                        endpoint: str = "", metadata: dict[str, str] | None = None,
                        window_s: float = 0.0, attach: bool = True, job: str = "",
-                       validating: bool = False, priority: int = 0) -> JobReply: ...
+                       validating: bool = False, priority: int = 0,
+                       output_expires_s: int = 0) -> JobReply: ...
 
     async def submit(self, items: list[Item], job: int = 0, resume: bool = False) -> Ack: ...
 
@@ -73,11 +74,13 @@ class ClientBackend:
     async def open_job(self, kind: str, name: str = "", sha256: str = "", size: int = 0,
                        endpoint: str = "", metadata: dict[str, str] | None = None,
                        window_s: float = 0.0, attach: bool = True, job: str = "",
-                       validating: bool = False, priority: int = 0) -> JobReply:
+                       validating: bool = False, priority: int = 0,
+                       output_expires_s: int = 0) -> JobReply:
         c = await self._conn()
         return await c.open_job(kind, name=name, sha256=sha256, size=size, endpoint=endpoint,
                                 metadata=metadata, window_s=window_s, attach=attach, job=job,
-                                validating=validating, priority=priority)
+                                validating=validating, priority=priority,
+                                output_expires_s=output_expires_s)
 
     async def submit(self, items: list[Item], job: int = 0, resume: bool = False) -> Ack:
         return await (await self._conn()).submit(items, job=job, resume=resume)

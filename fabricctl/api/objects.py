@@ -16,6 +16,17 @@ Contract (pure: no I/O, no clock):
   once the batch ended. The output file id is given once the batch ended with a successful
   result, the error file id once it ended with an error line. Their ids are
   `output_file_id(batch)` / `error_file_id(batch)`, read back by `virtual_file`.
+- `batch_object` also gives `model` (the model the batch's first line named, None until a
+  line is stored) and `usage` (OpenAI's `BatchUsage`, `core.jobs.job_usage`: input tokens
+  with their cached part, output tokens, reasoning 0, total), the job's sums over its
+  successful results, which are the usage objects of the output file's lines
+  (`core.records.usage_of`).
+- `parse_output_expires(value)`: `output_expires_after` `{"anchor": "created_at", "seconds":
+  N}` with N a whole number 3600..2592000 -> N (None -> 0: never); anything else is an
+  `ApiError` 400 in OpenAI's wording, its param the field at fault. The anchor is the output
+  file's creation, which is when the batch ended (`output_created_at`): the output and error
+  files expire at `output_expires_at(job)` (their `FileObject.expires_at`), and once
+  `output_expired(job, now)` they are gone (404) while the batch keeps their ids.
 - `job_errors(job)` turns the job's "line N: reason" messages into `errors.data` entries
   with their `line`.
 - `ApiError(status, message, param, code)` (`fabricctl.errors`) is every refusal;
@@ -30,12 +41,14 @@ import msgspec
 
 from fabricctl.core import jobs as core_jobs
 from fabricctl.core.jobs import WINDOW_UNITS as _UNIT
-from fabricctl.core.jobs import JobRecord, JobState
+from fabricctl.core.jobs import JobRecord, JobState, JobUsage, job_usage
 from fabricctl.core.terms import check_priority
 from fabricctl.errors import ApiError
 from fabricctl.store.files import FileRecord
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+ANCHOR = "created_at"  # the one anchor of `output_expires_after`: the file's creation
+MIN_OUTPUT_EXPIRES_S, MAX_OUTPUT_EXPIRES_S = 3600, 2_592_000  # 1 hour .. 30 days
 PRIORITY_KEY = "priority"  # the metadata key that sets a batch's priority
 _LINE = re.compile(r"^line (\d+): (.*)$", re.S)
 OUTPUT = "output"
@@ -139,6 +152,8 @@ class BatchObject(msgspec.Struct):
     cancelled_at: int | None
     request_counts: RequestCounts
     metadata: dict[str, str] | None
+    model: str | None = None
+    usage: JobUsage | None = None
 
 
 class FileObject(msgspec.Struct):
@@ -152,6 +167,7 @@ class FileObject(msgspec.Struct):
     purpose: str
     status: str = "processed"
     status_details: str | None = None
+    expires_at: int | None = None
 
 
 class Deleted(msgspec.Struct):
@@ -237,7 +253,74 @@ def batch_object(job: JobRecord) -> BatchObject:
         cancelled_at=_at(job, JobState.CANCELLED),
         request_counts=RequestCounts(job.total + job.rejected, job.completed, failed),
         metadata=job.metadata or None,
+        model=job.model or None,
+        usage=job_usage(job),
     )
+
+
+def output_created_at(job: JobRecord) -> int:
+    """When a batch's output and error files were created: when it ended."""
+    return int(job.times.get(job.state.value, job.created))
+
+
+def output_expires_at(job: JobRecord) -> int | None:
+    """When its output and error files expire (`output_expires_after`), or None: never."""
+    if not job.output_expires_s:
+        return None
+    return output_created_at(job) + job.output_expires_s
+
+
+def output_expired(job: JobRecord, now: float) -> bool:
+    """Whether its output and error files are gone: it ended and they expired by `now`."""
+    at = output_expires_at(job)
+    return job.ended and at is not None and now >= at
+
+
+def parse_output_expires(value: object) -> int:
+    """`output_expires_after` ({"anchor": "created_at", "seconds": N}) -> N; None -> 0."""
+    if value is None:
+        return 0
+    name = "output_expires_after"
+    if not isinstance(value, dict):
+        raise ApiError(400, f"Invalid type for '{name}': expected an object, but got "
+                       f"{_kind(value)} instead.", name, "invalid_type")
+    for key in ("anchor", "seconds"):
+        if key not in value:
+            raise ApiError(400, f"Missing required parameter: '{name}.{key}'.",
+                           f"{name}.{key}", "missing_required_parameter")
+    extra = sorted(set(value) - {"anchor", "seconds"})
+    if extra:
+        raise ApiError(400, f"Unrecognized request argument supplied: {name}.{extra[0]}",
+                       f"{name}.{extra[0]}", "unknown_parameter")
+    anchor, seconds = value["anchor"], value["seconds"]
+    if anchor != ANCHOR:
+        raise ApiError(400, f"Invalid value: {anchor!r}. Supported values are: "
+                       f"'{ANCHOR}'.", f"{name}.anchor", "invalid_value")
+    if not isinstance(seconds, int) or isinstance(seconds, bool):
+        raise ApiError(400, f"Invalid type for '{name}.seconds': expected an integer, but "
+                       f"got {_kind(seconds)} instead.", f"{name}.seconds", "invalid_type")
+    if seconds < MIN_OUTPUT_EXPIRES_S:
+        raise ApiError(400, f"Invalid '{name}.seconds': integer below minimum value. "
+                       f"Expected a value >= {MIN_OUTPUT_EXPIRES_S}, but got {seconds} "
+                       "instead.", f"{name}.seconds", "integer_below_min_value")
+    if seconds > MAX_OUTPUT_EXPIRES_S:
+        raise ApiError(400, f"Invalid '{name}.seconds': integer above maximum value. "
+                       f"Expected a value <= {MAX_OUTPUT_EXPIRES_S}, but got {seconds} "
+                       "instead.", f"{name}.seconds", "integer_above_max_value")
+    return seconds
+
+
+def _kind(value: object) -> str:
+    """A JSON value's kind, as OpenAI's type errors name it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a decimal number" if isinstance(value, float) else "an integer"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
 
 
 def file_object(rec: FileRecord) -> FileObject:
@@ -247,9 +330,9 @@ def file_object(rec: FileRecord) -> FileObject:
 
 def virtual_file_object(job: JobRecord, which: str, size: int) -> FileObject:
     fid = output_file_id(job.id) if which == OUTPUT else error_file_id(job.id)
-    created = job.times.get(job.state.value, job.created)
-    return FileObject(id=fid, object="file", bytes=size, created_at=int(created),
-                      filename=f"{job.id}_{which}.jsonl", purpose="batch_output")
+    return FileObject(id=fid, object="file", bytes=size, created_at=output_created_at(job),
+                      filename=f"{job.id}_{which}.jsonl", purpose="batch_output",
+                      expires_at=output_expires_at(job))
 
 
 def page(items: list[BatchObject] | list[FileObject], ids: list[str], after: str | None,

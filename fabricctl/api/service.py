@@ -8,7 +8,11 @@ Contract:
   `resume_feeds` when the API starts next: a file that is gone fails its job). Lookups:
   `batch(id)` (404 `ApiError` unless it is an API batch), `upload(file_id)`, and `virtual` /
   `virtual_size` for a batch's output and error files, whose size is computed once the
-  batch ended and kept.
+  batch ended and kept. `virtual` is a 404 for a file whose batch's `output_expires_after`
+  passed by `clock()` (the files are derived from the job's results: nothing runs at the
+  moment of expiry, each request checks it; its kept size is dropped then). `clock` is
+  the API's time (unix seconds): `time.time` in the daemon, shifted by
+  `FABRICCTL_API_CLOCK_SKEW_S` where tests set it (`daemon.serve.api_clock`).
 - `process_feeder(...)` is how the daemon feeds: each batch from a child process
   (`fabricctl.api.feeder`), a producer on the daemon's socket, so parsing and token
   counting never hold the broker's GIL; a feeder that fails is a `FeedError` with its last
@@ -27,7 +31,7 @@ from pathlib import Path
 
 from fabricctl.api.backend import BatchBackend
 from fabricctl.api.batches import PAGE, content, feed
-from fabricctl.api.objects import OUTPUT, has_errors, has_output, virtual_file
+from fabricctl.api.objects import OUTPUT, has_errors, has_output, output_expired, virtual_file
 from fabricctl.core.jobs import JobRecord, JobState
 from fabricctl.errors import ApiError, BrokerError, FeedError
 from fabricctl.formats.tokens import EstimateCounter, TokenCounter
@@ -167,6 +171,9 @@ class BatchApi:
         except ApiError:
             raise ApiError(404, f"No such File object: {file_id}", "id", "not_found") from None
         exists = has_output(job) if which == OUTPUT else has_errors(job)
+        if exists and output_expired(job, self.clock()):
+            self.files.drop_size(file_id)  # gone: `output_expires_after` passed
+            exists = False
         if not exists:
             raise ApiError(404, f"No such File object: {file_id}", "id", "not_found")
         return job, which

@@ -15,8 +15,12 @@ Contract:
   touched, in-flight items, the first refused lines' messages, and the broker's "N items
   wait for model X: no consumer" lines; while it has queued items, its oldest wait, holders
   and share, predicted finish (a time and "in 3m12s") and "AT RISK: predicted to finish Xs
-  after its deadline". `--json`: the broker's `JobView` (`place`: every field of its place,
-  or null). Unknown id: exit 1, ambiguous: exit 1 with the broker's message.
+  after its deadline". Its model (the first line's) and usage: input tokens (of them
+  cached), output and total tokens summed over its successful results, the numbers the
+  Batch API's `usage` gives. `--json`: the broker's `JobView` (`place`: every field of its
+  place, or null) with `usage` in the Batch API's shape (`core.jobs.job_usage`; the record's
+  `input_tokens`, `cached_tokens`, `output_tokens` and `model` are in `job`). Unknown id:
+  exit 1, ambiguous: exit 1 with the broker's message.
 - `cancel ID`: queued items are removed durably (each gets a "cancelled" error result and
   is counted as cancelled); in-flight ones finish; prints the job's state after (cancelling,
   or cancelled when nothing was in flight). A job that already ended is left as it is and
@@ -43,7 +47,7 @@ import typer
 from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, fail, guarded, settings
 from fabricctl.config import AppConfig
 from fabricctl.core.forecast import JobView as JobPlace
-from fabricctl.core.jobs import JobRecord, parse_window
+from fabricctl.core.jobs import JobRecord, job_usage, parse_window
 from fabricctl.core.terms import MAX_PRIORITY, check_priority
 from fabricctl.core.unserved import Waiting, waiting_line
 from fabricctl.errors import ExitCode
@@ -244,6 +248,7 @@ def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:
     if as_json:
         doc = msgspec.to_builtins(view)
         doc["place"] = place_doc(view.place)
+        doc["usage"] = msgspec.to_builtins(job_usage(view.job))
         write_json(doc)
         return
     from rich.table import Table
@@ -256,6 +261,8 @@ def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:
     t.add_row("job", j.id)
     t.add_row("state", j.state.value)
     t.add_row("kind", j.kind)
+    if j.model:
+        t.add_row("model", j.model)
     t.add_row("priority", str(j.priority))
     t.add_row("input", f"{j.name or '-'}" + (f"  sha256 {j.sha256[:16]}…" if j.sha256 else ""))
     if j.endpoint:
@@ -266,6 +273,7 @@ def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:
     t.add_row("counts", f"{j.total:,} items: {j.completed:,} completed, {j.failed:,} failed, "
                         f"{j.cancelled:,} cancelled, {j.queued:,} to go "
                         f"({view.in_flight:,} in flight); {j.rejected:,} line(s) refused")
+    t.add_row("usage", usage_text(j))
     if view.items_per_s:
         t.add_row("throughput", f"{view.items_per_s:,.1f} items/s")
     if view.eta_s is not None:
@@ -287,6 +295,14 @@ def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:
     if j.rejected > len(j.errors):
         t.add_row("", f"... and {j.rejected - len(j.errors):,} more")
     console().print(t)
+
+
+def usage_text(j: JobRecord) -> str:
+    """The job's usage, as the Batch API's `usage` has it: input (of it cached), output,
+    total tokens, exact."""
+    u = job_usage(j)
+    return (f"{u.input_tokens:,} input tokens ({u.input_tokens_details.cached_tokens:,} "
+            f"cached), {u.output_tokens:,} output, {u.total_tokens:,} total")
 
 
 def place_rows(j: JobRecord, p: JobPlace | None, now: float) -> list[tuple[str, Any]]:

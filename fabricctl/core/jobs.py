@@ -16,6 +16,11 @@ Counts: `total` items accepted; each ends in exactly one of `completed` (a resul
 `failed` (an error result) or `cancelled` (removed unrun by a cancel or an expiry);
 `rejected` lines never became items (bad JSON, a duplicate id), with the first
 `MAX_ERRORS` of their messages in `errors`. `queued` (accepted, not yet out) is derived.
+Usage: `input_tokens`, `cached_tokens`, `output_tokens` are the sums of the engine's usage
+over the job's successful results (`add_usage`, counted in the commit that stores each
+item's one result); `job_usage(job)` gives them in OpenAI's `BatchUsage` shape (`JobUsage`:
+input tokens with their cached part, output tokens, reasoning 0, total). `model` is the
+model its first stored line named.
 Times are unix seconds passed in as `now`; nothing here reads a clock.
 
 Terms: `priority` (0..`MAX_PRIORITY`, higher first; `set_priority` changes a live job's),
@@ -101,6 +106,13 @@ class JobRecord(msgspec.Struct, kw_only=True):
     error_file_id: str = ""
     expired: bool = False  # its window passed: its queued items were cancelled for it
     shapes: list[JobShape] = []  # the shapes its items joined (the first `MAX_SHAPES`)
+    # fields below were added later: records written before them decode with these defaults
+    model: str = ""  # the model its first stored line named ("" until a line is stored)
+    input_tokens: int = 0  # usage summed over its successful results, as the engine gave it
+    cached_tokens: int = 0  # (prompt tokens, of which cached, completion tokens); an error
+    output_tokens: int = 0  # result, a refused or a cancelled request adds nothing
+    output_expires_s: int = 0  # an API batch's output files expire this long after they
+    # were created (`output_expires_after`); 0: never
 
     @property
     def outcomes(self) -> int:
@@ -115,6 +127,47 @@ class JobRecord(msgspec.Struct, kw_only=True):
     @property
     def ended(self) -> bool:
         return self.state.ended
+
+
+class InputTokensDetails(msgspec.Struct):
+    """Why: OpenAI's `BatchUsage.input_tokens_details`."""
+
+    cached_tokens: int
+
+
+class OutputTokensDetails(msgspec.Struct):
+    """Why: OpenAI's `BatchUsage.output_tokens_details` (vLLM counts no reasoning apart)."""
+
+    reasoning_tokens: int = 0
+
+
+class JobUsage(msgspec.Struct):
+    """Why: a job's usage in OpenAI's `BatchUsage` shape, which the Batch API and `jobs
+    show --json` both report."""
+
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+def job_usage(job: JobRecord) -> JobUsage:
+    """The job's usage (summed from its successful results) as OpenAI's `BatchUsage`."""
+    return JobUsage(
+        input_tokens=job.input_tokens,
+        input_tokens_details=InputTokensDetails(job.cached_tokens),
+        output_tokens=job.output_tokens,
+        output_tokens_details=OutputTokensDetails(0),
+        total_tokens=job.input_tokens + job.output_tokens)
+
+
+def add_usage(job: JobRecord, input_tokens: int, cached_tokens: int,
+              output_tokens: int) -> None:
+    """Add results' usage (`core.records.usage_of`, summed) to the job's."""
+    job.input_tokens += input_tokens
+    job.cached_tokens += cached_tokens
+    job.output_tokens += output_tokens
 
 
 def add_shapes(job: JobRecord, shapes: set[JobShape] | list[JobShape]) -> None:

@@ -4,7 +4,8 @@ Contract: `ResultRecord` is the one result kept per item id (msgpack, array_like
 fields go at the end with a default, so older records still decode); `make_record(item,
 result, ...)` builds it from the item and its engine's `ItemResult`, with the engine's own
 prompt count when it gave one, and the item's job and input line (results per job are read
-in line order). `Source` records which input form an item came in (native, or the OpenAI
+in line order); `usage_of(record)` is what a result adds to its job's token usage.
+`Source` records which input form an item came in (native, or the OpenAI
 endpoint its batch line named), because its result goes back out in the same form
 (`fabricctl.formats.results`). Pure data: the store writes these, the formats read them.
 """
@@ -72,6 +73,15 @@ class ResultRecord(msgspec.Struct, array_like=True, gc=False):
     status: int = 0  # the HTTP status of an engine's refusal (4xx), else 0
     job: int = 0  # the job its item belonged to (its number; 0: none)
     line: int = 0  # its item's input line within that job
+
+
+def usage_of(rec: ResultRecord) -> tuple[int, int, int]:
+    """(prompt, cached, completion) tokens a result adds to its job's usage: the engine's
+    counts for a successful one (the one that goes to an output file), zeros for an error
+    result, an engine's refusal, an item too long to send, or a request withdrawn unrun."""
+    if rec.error is not None or rec.status or rec.finish_reason == LENGTH_EXCEEDED:
+        return 0, 0, 0
+    return rec.prompt_tokens, rec.cached_tokens or 0, rec.completion_tokens
 
 
 def make_record(

@@ -7,6 +7,11 @@ broker), and serves until SIGINT, SIGTERM or a `Shutdown` (`fabricctl down`): th
 pulls, lets in-flight batches finish and closes LMDB; a second SIGINT exits at once (LMDB's
 durable commits mean nothing acknowledged is lost either way). It returns the exit status:
 0, or 130 after an interrupt.
+
+`api_clock()` is the API's clock: `time.time`, shifted by `FABRICCTL_API_CLOCK_SKEW_S`
+seconds when that is set (a test seam, like `FABRICCTL_FAULTS`: the end-to-end tests pass
+an hour-long `output_expires_after` without waiting an hour; the broker's own clock, which
+runs the jobs' windows, is never shifted).
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ import asyncio
 import logging
 import os
 import signal
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fabricctl.config import AppConfig
 from fabricctl.daemon.assembly import Daemon
-from fabricctl.errors import ExitCode
+from fabricctl.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
     from fabricctl.api.app import ApiServer
@@ -41,6 +48,21 @@ class ApiService:
         self.files.close()
 
 
+API_CLOCK_SKEW = "FABRICCTL_API_CLOCK_SKEW_S"
+
+
+def api_clock() -> Callable[[], float]:
+    """The Batch API's clock (see the contract)."""
+    text = os.environ.get(API_CLOCK_SKEW, "")
+    if not text:
+        return time.time
+    try:
+        skew = float(text)
+    except ValueError:
+        raise UsageError(f"{API_CLOCK_SKEW} must be a number of seconds, not {text!r}") from None
+    return lambda: time.time() + skew
+
+
 async def start_api(cfg: AppConfig, daemon: Daemon) -> ApiService:
     """The OpenAI Batch API on `server.api`, a producer on the daemon's own socket."""
     from fabricctl.api.address import api_address
@@ -51,11 +73,12 @@ async def start_api(cfg: AppConfig, daemon: Daemon) -> ApiService:
 
     assert daemon.server is not None
     host, port = api_address(cfg.server.api, cfg.server.token)
+    clock = api_clock()
     backend = ClientBackend(daemon.server.state.cfg.socket_path)
     files = FileStore(cfg.data_dir / "files")
     socket_path = daemon.server.state.cfg.socket_path
     feeder = process_feeder(socket_path, cfg.producer.tokenizer, cfg.model)
-    api = BatchApi(backend, files, token=cfg.server.token, feeder=feeder)
+    api = BatchApi(backend, files, token=cfg.server.token, feeder=feeder, clock=clock)
     server = ApiServer(api, host, port)
     try:
         await server.start()

@@ -143,7 +143,8 @@ class Handlers:
             return
         await self._job_op(peer, frame.rid, OpenOp(
             frame.kind, frame.name, frame.sha256, frame.size, frame.endpoint,
-            dict(frame.metadata), frame.window_s, frame.validating, priority=priority))
+            dict(frame.metadata), frame.window_s, frame.validating, priority=priority,
+            output_expires_s=max(0, frame.output_expires_s)))
 
     async def seal_job(self, peer: Peer, frame: SealJob) -> None:
         if self.state.store.job(frame.job) is None:

@@ -7,13 +7,14 @@ and creates no second result); `settle_steps(txn, plan, ...)` writes, inside the
 durable transaction, the results (keyed by entry: a result is what marks its entry
 completed), their result sequence numbers, for an item of a job its `jres` row (job, line,
 entry key) and its outcome counted on the job (`plan.jobs`: completed, failed when the
-result has an error, cancelled for a cancel's rows), and deletes every segment whose entries
-all have results (`fabricctl.store.rows.delete_segment_steps`); `apply_complete_steps(plan,
-now)`, after the commit, settles the batches in the core (and a cancel's withdrawn entries,
-`plan.withdrawn`, in the ledger) and returns the results stored per batch. `Completion`
-works on the shared `StoreState` (core, env, segments, in-flight work, delivery counts,
-meta) and owns its two counters, `results_stored` and `duplicate_completions`. Reading
-results back is `fabricctl.store.reads`.
+result has an error, cancelled for a cancel's rows; and the usage of a successful result,
+`core.records.usage_of`, counted only for the result actually stored), and deletes every
+segment whose entries all have results (`fabricctl.store.rows.delete_segment_steps`);
+`apply_complete_steps(plan, now)`, after the commit, settles the batches in the core (and a
+cancel's withdrawn entries, `plan.withdrawn`, in the ledger) and returns the results stored
+per batch. `Completion` works on the shared `StoreState` (core, env, segments, in-flight
+work, delivery counts, meta) and owns its two counters, `results_stored` and
+`duplicate_completions`. Reading results back is `fabricctl.store.reads`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 import lmdb
 import msgspec
 
-from fabricctl.core.records import make_record
+from fabricctl.core.records import make_record, usage_of
 from fabricctl.core.types import ItemResult
 from fabricctl.store.faults import fault_point
 from fabricctl.store.keys import entry_key_of, jres_key, seg_of
@@ -39,6 +40,7 @@ log = logging.getLogger("fabricctl.store")
 _result_encoder = msgspec.msgpack.Encoder()
 
 OUT_COMPLETED, OUT_FAILED, OUT_CANCELLED = 0, 1, 2  # a row's outcome, counted on its job
+Row = tuple[bytes, bytes, int, int, int, int, int, int, int, int]  # see `CompletePlan.rows`
 
 
 class _Conflict(Exception):
@@ -55,10 +57,12 @@ class CompletePlan:
     def __init__(self, n: int) -> None:
         self.out: list[int] = [-1] * n
         self.settled: list[tuple[int, int]] = []  # (index in the request, batch id)
-        # entry key, record, seg, tokens, job, line, outcome (OUT_*)
-        self.rows: list[tuple[bytes, bytes, int, int, int, int, int]] = []
+        # entry key, record, seg, tokens, job, line, outcome (OUT_*), and the usage the
+        # result adds to its job (`usage_of`: prompt, cached, completion tokens)
+        self.rows: list[Row] = []
         self.withdrawn: list[Withdrawn] = []  # a cancel's entries, taken from their lanes
-        self.jobs: dict[int, list[int]] = {}  # job -> [completed, failed, cancelled] stored
+        # job -> [completed, failed, cancelled, input, cached, output tokens] stored
+        self.jobs: dict[int, list[int]] = {}
         self.now = 0.0
         self.epochs: dict[str, int] = {}
         self.per_seg: dict[int, int] = {}
@@ -119,9 +123,11 @@ class Completion:
                         error="the engine returned no result for this item")
                     rec = make_record(item, r, lane=lane, epoch=epoch, gpu=gpu, created=created)
                     key = e.key
+                    used_in, used_cached, used_out = usage_of(rec)
                     rows.append((entry_key_of(key), encode(rec), seg_of(key), e.tokens,
                                  item.job, item.line,
-                                 OUT_COMPLETED if r.error is None else OUT_FAILED))
+                                 OUT_COMPLETED if r.error is None else OUT_FAILED,
+                                 used_in, used_cached, used_out))
         except BaseException:  # closed at a pause, or failed: these batches are not settling
             settling.difference_update(b for _, b in plan.settled)
             raise
@@ -147,14 +153,17 @@ class Completion:
         jobs: dict[int, list[int]] = {}
         jres: list[tuple[bytes, bytes]] = []
         if batched:
-            for k, _, seg_id, tok, job, line, outcome in rows:
+            for k, _, seg_id, tok, job, line, outcome, u_in, u_cached, u_out in rows:
                 counts[seg_id] = counts.get(seg_id, 0) + 1
                 tokens_done += tok
                 if job:
                     c = jobs.get(job)
                     if c is None:
-                        c = jobs[job] = [0, 0, 0]
+                        c = jobs[job] = [0, 0, 0, 0, 0, 0]
                     c[outcome] += 1
+                    c[3] += u_in
+                    c[4] += u_cached
+                    c[5] += u_out
                     jres.append((jres_key(job, line, k), b""))
             items_done = n = len(rows)
             if (yield from put_steps(txn, dbs["results"],
@@ -166,15 +175,20 @@ class Completion:
         else:
             res = dbs["results"]
             new: list[bytes] = []
-            for k, rec, seg_id, tok, job, line, outcome in rows:  # each entry settles once
+            for (k, rec, seg_id, tok, job, line, outcome, u_in, u_cached,
+                 u_out) in rows:  # each entry settles once
                 counts[seg_id] = counts.get(seg_id, 0) + 1  # (the core's in-flight table):
                 items_done += 1  # it completes here
                 tokens_done += tok
                 ok = txn.put(k, rec, db=res, overwrite=False)
                 if ok:
                     new.append(k)
-                    if job:
-                        jobs.setdefault(job, [0, 0, 0])[outcome] += 1
+                    if job:  # the first result kept: its usage, counted once
+                        c = jobs.setdefault(job, [0, 0, 0, 0, 0, 0])
+                        c[outcome] += 1
+                        c[3] += u_in
+                        c[4] += u_cached
+                        c[5] += u_out
                         jres.append((jres_key(job, line, k), b""))
                 stored.append(ok)
             put_sequence(txn, dbs["rseq"], seq, new)

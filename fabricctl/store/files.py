@@ -5,9 +5,10 @@ of its own (the broker's store never sees it), and keeps each file's bytes as on
 `files_dir/<id>.jsonl`. An upload is written to `part_path(id)` first; `add(record)` then
 fsyncs and renames it into place before the record is committed, so a record always has
 its blob (a crash leaves at most an orphaned `.part`, removed at the next open). `get`,
-`list` (oldest first), `delete` (record, then blob) and `sizes` (the cached sizes of the
-virtual output files the API derives from a batch) are short synchronous transactions on
-the caller's thread. Only the daemon's API uses this, from the event loop thread.
+`list` (oldest first), `delete` (record, then blob) and `size_of` / `set_size` / `drop_size`
+(the cached sizes of the virtual output files the API derives from a batch) are short
+synchronous transactions on the caller's thread. Only the daemon's API uses this, from the
+event loop thread.
 """
 
 from __future__ import annotations
@@ -120,6 +121,11 @@ class FileStore:
 
     def set_size(self, virtual_id: str, size: int) -> None:
         self._write(_SIZE + virtual_id.encode(), str(size).encode())
+
+    def drop_size(self, virtual_id: str) -> None:
+        """Forget a virtual file's size (the file expired); nothing when none is kept."""
+        if self.size_of(virtual_id) is not None:
+            self._write(_SIZE + virtual_id.encode(), None)
 
     def close(self) -> None:
         self.env.close()

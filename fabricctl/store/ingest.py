@@ -4,7 +4,8 @@ Contract: `ingest_steps(items, now)` (the broker's `prepare_ingest`) validates a
 de-duplicates a chunk (an id already stored in the item's job, or repeated within the chunk, is
 a reject, in index order; `plan.stored` names the rejects already stored, which a resumed
 submit counts as skipped; an item of a job that takes no more items is refused), counts each
-job's new items (`plan.jobs`, written on its record in the same commit), assigns each item
+job's new items (`plan.jobs`, written on its record in the same commit, with the shapes
+they join and the model of the job's first of them, `plan.job_models`), assigns each item
 to its lane and encodes its entry, id and the new segment headers (a key at a time: the
 same lanes, rows and segment numbers as item by item); `ingest_rows(txn, plan)`
 writes them inside the caller's durable transaction (every key above every stored one:
@@ -240,6 +241,8 @@ class Ingest:
             if job:
                 jobs[job] = jobs.get(job, 0) + len(its)
                 plan.job_shapes.setdefault(job, set()).add(JobShape(model, sig, shape.label))
+                first = (its[0].line, model)  # a group keeps arrival (line) order
+                plan.job_models[job] = min(plan.job_models.get(job, first), first)
             group = Group(gs, shape, its, [it.input_tokens for it in its])
             ns, targets = group.tokens, group.targets
             for k in range(0, len(ns), STEP_ITEMS):

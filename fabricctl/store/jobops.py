@@ -157,5 +157,5 @@ class JobOps:
                 ms.epoch if ms is not None else 0, None, why, Source(s.source), created,
                 b"", 0, n, s.line)
             plan_c.rows.append((k, _result_encode(rec_r), seg, tokens[k], n, s.line,
-                                OUT_CANCELLED))
+                                OUT_CANCELLED, 0, 0, 0))
         return plan_c

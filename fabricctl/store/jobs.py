@@ -5,7 +5,9 @@ every change to it, so after any crash its counts agree with the entries and res
 disk: `write(txn, plan, now, totals, shapes, outcomes)` (called by the commit, inside its
 transaction, with what its ingest and completion count per job) takes the current record of
 every job the commit touches, adds the totals of the ingest (and the shapes its items
-joined), the outcomes of the completion (completed, failed, cancelled), applies the plan's
+joined; the model of its first item becomes the job's `model` when it has none), the
+outcomes of the completion (completed, failed, cancelled, and the usage of the results it
+stores: input, cached and output tokens, each item's once), applies the plan's
 operations in order, settles it once (in_progress -> finalizing, cancelling -> cancelled, an
 expired window -> expired, once every item has an outcome; finalizing -> completed is the
 tick's `FinalizeOp`), and puts it; `committed()` makes those records current (a restaged
@@ -46,6 +48,7 @@ from fabricctl.core.jobs import (
     JobState,
     add_errors,
     add_shapes,
+    add_usage,
     expire_due,
     fail_validation,
     job_id_of,
@@ -82,6 +85,7 @@ class OpenOp:
     validating: bool = False
     salt: str = ""  # the id's salt; "" draws one
     priority: int = 0  # checked by the caller (`core.terms.check_priority`)
+    output_expires_s: int = 0  # an API batch's output files' lifetime (0: none)
 
 
 @dataclass(slots=True)
@@ -245,7 +249,7 @@ class JobTable:
         rec = new_job(number, job_id_of(number, salt), op.kind, now, validating=op.validating,
                       window_s=op.window_s or None, priority=op.priority, name=op.name,
                       sha256=op.sha256, size=op.size, endpoint=op.endpoint,
-                      metadata=dict(op.metadata))
+                      metadata=dict(op.metadata), output_expires_s=op.output_expires_s)
         plan.new[number] = rec
         return number
 
@@ -315,10 +319,13 @@ class JobTable:
     def write(self, txn: lmdb.Transaction, plan: JobPlan | None, now: float,
               totals: dict[int, int] | None = None,
               shapes: dict[int, set[JobShape]] | None = None,
-              outcomes: dict[int, list[int]] | None = None) -> int:
+              outcomes: dict[int, list[int]] | None = None,
+              models: dict[int, tuple[int, str]] | None = None) -> int:
         """Put the record of every job this transaction changes; returns how many.
-        `totals`: items an ingest adds per job (`shapes`: the shapes they joined);
-        `outcomes`: per job, [completed, failed, cancelled] a completion adds."""
+        `totals`: items an ingest adds per job (`shapes`: the shapes they joined; `models`:
+        (line, model) of its first item, kept as the job's model when it has none yet);
+        `outcomes`: per job, [completed, failed, cancelled, input tokens, cached tokens,
+        output tokens] a completion adds."""
         staged: dict[int, JobRecord] = {}
         db = self.env.dbs["jobs"]
 
@@ -341,12 +348,16 @@ class JobTable:
             if (r := rec(n)) is not None:
                 r.total += k
                 add_shapes(r, (shapes or {}).get(n, set()))
+                first = (models or {}).get(n)
+                if first is not None and not r.model:
+                    r.model = first[1]
         if outcomes:
-            for n, (done, failed, cancelled) in outcomes.items():
+            for n, (done, failed, cancelled, used_in, used_cached, used_out) in outcomes.items():
                 if (r := rec(n)) is not None:
                     r.completed += done
                     r.failed += failed
                     r.cancelled += cancelled
+                    add_usage(r, used_in, used_cached, used_out)
         if plan is not None:
             for n, change in plan.changes:
                 if (r := rec(n)) is not None:

@@ -251,13 +251,15 @@ class Client:
     async def open_job(self, kind: str, name: str = "", sha256: str = "", size: int = 0,
                        endpoint: str = "", metadata: dict[str, str] | None = None,
                        window_s: float = 0.0, attach: bool = True, job: str = "",
-                       validating: bool = False, priority: int = 0) -> JobReply:
+                       validating: bool = False, priority: int = 0,
+                       output_expires_s: int = 0) -> JobReply:
         """A new job, or the one to attach to (`job`: an id or unique prefix; else, with
         `attach`, the newest job of the same kind, name and sha256 still going or done).
-        `window_s` (0: none) and `priority` are a new job's; an attached one keeps its own."""
+        `window_s` (0: none), `priority` and `output_expires_s` (an API batch's output files'
+        lifetime, 0: none) are a new job's; an attached one keeps its own."""
         return await self.request(lambda rid: OpenJob(
             rid, kind, name, sha256, size, endpoint, dict(metadata or {}), window_s, attach,
-            job, validating, priority))
+            job, validating, priority, output_expires_s))
 
     async def seal_job(self, job: int, lines: int, errors: list[str] | None = None,
                        failed: bool = False, sha256: str = "", refused: int = 0) -> JobReply:

@@ -99,6 +99,7 @@ class OpenJob(msgspec.Struct, tag=True):
     job: str = ""
     validating: bool = False  # an API batch: `validating` until `SealJob(start=True)`
     priority: int = 0  # higher goes first (0..core.terms.MAX_PRIORITY)
+    output_expires_s: int = 0  # an API batch's `output_expires_after` seconds; 0: never
 
 
 class SealJob(msgspec.Struct, tag=True):
