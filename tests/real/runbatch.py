@@ -4,8 +4,9 @@ Helpers (not a test module):
 - `run_batch(model, inp, out, core, *flags)`: vLLM's own batch runner on `inp` with the
   session's engine flags (`conftest.SERVER_ARGS`) plus `flags`, pinned to one core; its
   output rows by custom_id.
-- `through_fabricctl(servers, tokenizer, tmp, inp)`: `fabricctl run` (its `run_job`, engine
-  openai) on `inp` against the launched servers; its output rows by custom_id.
+- `through_fabricctl(servers, tokenizer, tmp, inp, refused=0)`: `fabricctl run` (its
+  `run_job`, engine openai) on `inp` against the launched servers, with exactly `refused`
+  lines refused by its reader (each still a row); its output rows by custom_id.
 - `write(path, lines)`: a JSONL file of the lines.
 """
 
@@ -54,8 +55,8 @@ async def run_batch(model: Path, inp: Path, out: Path, core: int, *flags: str
     return by_id(out.read_text().splitlines())
 
 
-async def through_fabricctl(servers: Launcher, tokenizer: Path, tmp: Path, inp: Path
-                            ) -> dict[str, Any]:
+async def through_fabricctl(servers: Launcher, tokenizer: Path, tmp: Path, inp: Path,
+                            refused: int = 0) -> dict[str, Any]:
     cfg = AppConfig(
         data_dir=tmp / "data", engine="openai", model="tiny",
         vllm=VllmSettings(endpoints=[s.base_url for s in servers.servers]),
@@ -67,5 +68,5 @@ async def through_fabricctl(servers: Launcher, tokenizer: Path, tmp: Path, inp: 
     out = io.BytesIO()
     errors: list[str] = []
     await run_job(cfg, inp, out, errors=errors.append, keep_data=True)
-    assert errors == []
+    assert len(errors) == refused, errors
     return by_id(out.getvalue().decode().splitlines())
