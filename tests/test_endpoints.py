@@ -378,11 +378,10 @@ def test_an_engine_refusal_is_the_lines_error() -> None:
 
 def test_a_missing_route_is_model_does_not_support_endpoint() -> None:
     res = read_answer(404, b'{"detail":"Not Found"}', True, "/v1/embeddings")
-    assert res == ItemResult(
+    assert res == ItemResult(  # run-batch's row for it: 400 and the bare message
         id="", finish_reason="error",
-        error="HTTP 404: Model does not support endpoint: /v1/embeddings", status=404,
-        body=b'{"error":{"message":"Model does not support endpoint: /v1/embeddings",'
-             b'"type":"NotFoundError","param":null,"code":404}}')
+        error="HTTP 400: Model does not support endpoint: /v1/embeddings", status=400,
+        body=b'"Model does not support endpoint: /v1/embeddings"')
     unsupported = {"error": {"message": "The model does not support Score API",
                              "type": "NotImplementedError", "param": None, "code": 501}}
     res = read_answer(501, compact(unsupported), True, "/v1/score")
@@ -428,9 +427,9 @@ async def test_the_engine_sends_each_endpoint_item_to_its_path() -> None:
         ("/v1/rerank", {"query": "q", "documents": ["a"], "model": "served"}),
         ("/v1/responses", {"input": "hi", "model": "served"})]
     assert [(r.id, r.finish_reason, r.status) for r in res] == [
-        ("e", "stop", 0), ("r", "error", 501), ("s", "error", 404)]
+        ("e", "stop", 0), ("r", "error", 501), ("s", "error", 400)]
     assert res[0].body == compact(EMBEDDING) and res[0].prompt_tokens == 7
-    assert res[2].error == "HTTP 404: Model does not support endpoint: /v1/responses"
+    assert res[2].error == "HTTP 400: Model does not support endpoint: /v1/responses"
 
 
 async def test_a_too_long_responses_item_is_not_sent() -> None:
@@ -459,11 +458,9 @@ def test_the_openai_line_of_a_refused_endpoint_line() -> None:
     assert res is not None
     res.id = "emb-2"
     doc = json.loads(openai_line(make_record(it, res, created=5)))
-    assert doc["response"] == {"status_code": 404, "request_id": doc["response"]["request_id"],
+    assert doc["response"] == {"status_code": 400, "request_id": doc["response"]["request_id"],
                                "body": None}
-    assert doc["error"] == {"error": {"message": "Model does not support endpoint: "
-                                      "/v1/embeddings", "type": "NotFoundError",
-                                      "param": None, "code": 404}}
+    assert doc["error"] == "Model does not support endpoint: /v1/embeddings"  # as run-batch
 
 
 def test_a_native_endpoint_result_carries_the_engines_answer() -> None:

@@ -156,10 +156,8 @@ async def test_pooling_lines_run_end_to_end(tmp_path: Path, server: PoolingServe
     assert recs["r1"]["response"]["body"]["results"][0] == {
         "index": 1, "document": {"text": "abcd", "multi_modal": None}, "relevance_score": 0.4}
     c1 = recs["c1"]
-    assert c1["response"]["status_code"] == 404 and c1["response"]["body"] is None
-    assert c1["error"] == {"error": {"message": "Model does not support endpoint: "
-                                     "/v1/chat/completions", "type": "NotFoundError",
-                                     "param": None, "code": 404}}
+    assert c1["response"]["status_code"] == 400 and c1["response"]["body"] is None
+    assert c1["error"] == "Model does not support endpoint: /v1/chat/completions"
 
     n1 = recs["n1"]
     assert (n1["text"], n1["finish_reason"], n1["error"]) == ("", "stop", None)

@@ -27,9 +27,9 @@ Contract:
     like an aborted completion), any other status as it is.
   - a 4xx: finish_reason "error", the server's message, its status and its error body. A
     404 whose body is not vLLM's error object (FastAPI's `{"detail": "Not Found"}`: the
-    served model has no such route, e.g. /v1/embeddings on a generative model) is "Model
-    does not support endpoint: <path>", as `vllm run-batch` words it, with that message as
-    vLLM's error object (type "NotFoundError", code 404).
+    served model has no such route, e.g. /v1/embeddings on a generative model) is the row
+    `vllm run-batch` writes for that line: status 400 and the bare message "Model does not
+    support endpoint: <path>" as its error (a JSON string, not an error object).
   None when a 2xx body is not the endpoint's answer.
 - `prewarm_request(payload, model)` is (path, body) for a request that prefills the shape's
   shared prefix (max_tokens 1), or None when the payload shares nothing or has a `path`:
@@ -275,9 +275,8 @@ def _refusal(status: int, content: bytes, path: str) -> ItemResult:
         body, err = b"", None
     message = error_message(content)
     if status == 404 and path and (err is None or not isinstance(err.error, _ErrorInfo)):
-        message = f"Model does not support endpoint: {path}"
-        body = _encode({"error": {"message": message, "type": "NotFoundError",
-                                  "param": None, "code": status}})
+        status, message = 400, f"Model does not support endpoint: {path}"
+        body = _encode(message)
     return ItemResult(id="", finish_reason="error", error=f"HTTP {status}: {message}",
                       status=status, body=body)
 

@@ -20,7 +20,8 @@ Contract:
   (400 `BadRequestError`, vLLM's message where it has one) for a body vLLM refuses or a
   parameter the simulator does not model (`encoding_format` bytes, an `embed_dtype` other
   than float32/float16). `unsupported(path)` is the refusal of an endpoint the model does
-  not serve: 400, run-batch's "Model does not support endpoint: <path>".
+  not serve: 400 and the bare string "Model does not support endpoint: <path>" as its body,
+  the row run-batch writes (a real server's 404 reads the same, `engines.request`).
 - Vectors are deterministic: `embedding(key)` is `EMBED_DIM` values drawn from the xxh3
   hash of the input (its text, or the JSON of token ids or chat messages), cut to
   `dimensions` (Matryoshka: any 1..EMBED_DIM, else a 400 as vLLM's) and then unit-normalised
@@ -97,8 +98,10 @@ def refusal(message: str, status: int = 400, kind: str = "BadRequestError",
 
 
 def unsupported(path: str) -> Refusal:
-    """The answer to an endpoint the model does not serve (run-batch's message and status)."""
-    return refusal(f"Model does not support endpoint: {path}")
+    """The answer to an endpoint the model does not serve, as run-batch writes its row:
+    status 400 and the bare message as the error (a JSON string, not an error object)."""
+    message = f"Model does not support endpoint: {path}"
+    return Refusal(400, message, _encode(message))
 
 
 def endpoint_of(path: str, chat: bool = False) -> str:

@@ -9,7 +9,8 @@ which make it write nothing, only through fabricctl: each its own 400 row): per 
 same status and `usage.prompt_tokens`, vectors with cosine >= 0.9999. Score and rerank: the
 same on a tiny random one-label classifier (`--runner pooling`). Responses: `/v1/responses` lines at
 temperature 0 through `fabricctl run` on the session's generation servers equal the same
-server answering each body alone (status, usage, text); run-batch 0.32 has no responses.
+server answering each body alone (status, usage, text); run-batch 0.32 has no responses. An
+embeddings line in that file (a generative model: no such route) is run-batch's 400 row.
 """
 
 from __future__ import annotations
@@ -206,10 +207,15 @@ async def test_responses_lines_answer_as_the_server_does(vllm_servers: Launcher,
                              {"role": "user", "content": passage}]
         lines.append({"custom_id": f"resp-{i}", "method": "POST", "url": "/v1/responses",
                       "body": body})
-    inp = write(tmp_path / "responses.jsonl", lines)
+    wrong = {"custom_id": "emb-on-generator", "method": "POST", "url": "/v1/embeddings",
+             "body": {"model": "tiny", "input": "the cache keeps its blocks."}}
+    inp = write(tmp_path / "responses.jsonl", [*lines, wrong])
     server = vllm_servers.servers[0]
     await server.wait_ready(240)
     ours = await through_fabricctl(vllm_servers, tiny_model / "tokenizer.json", tmp_path, inp)
+    # a generative model has no embeddings route: the row run-batch writes for that line
+    assert ours["emb-on-generator"]["response"]["status_code"] == 400
+    assert ours["emb-on-generator"]["error"] == "Model does not support endpoint: /v1/embeddings"
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
         for line in lines:
             resp = await client.post("/v1/responses", json=line["body"])
