@@ -58,11 +58,13 @@ from fabricctl.cli.jobs import PRIORITY_HELP, WINDOW_HELP, priority_option, wind
 from fabricctl.cli.run_summary import AchievableHits, RunSummary, print_run_summary
 from fabricctl.cli.support import (
     ConfigFile,
+    Shapes,
     Verbose,
     fail,
     load,
     run_async,
     setup_logging,
+    shapes_flag,
     stdin_binary,
 )
 from fabricctl.config import AppConfig
@@ -104,6 +106,7 @@ def command(
                                         help=PRIORITY_HELP, show_default=False),
     window: str | None = typer.Option(None, "--window", metavar="DUR", help=WINDOW_HELP,
                                       show_default=False),
+    shapes: str | None = Shapes,
     verbose: bool = Verbose,
 ) -> None:
     """One-shot batch job: embedded broker and engines; submit, wait, write results, summarise.
@@ -118,7 +121,7 @@ def command(
     setup_logging(verbose) if verbose else logging.basicConfig(level=logging.WARNING)
     prio = priority_option(priority)
     window_s = window_option(window)
-    cfg = load(config, engine=engine, model=model, data_dir=data_dir)
+    cfg = load(config, engine=engine, model=model, data_dir=data_dir, **shapes_flag(shapes))
     if str(file) != "-" and not file.is_file():
         raise fail(f"{file}: no such file", ExitCode.USAGE)
     out = output.open("wb") if output else sys.stdout.buffer
@@ -272,7 +275,9 @@ async def run_job(
         await daemon.fleet.wait_connected()
         producer = await Producer.connect(daemon.server.state.cfg.socket_path, name="run",
                                           counter=counter,
-                                          max_line_bytes=cfg.producer.max_line_bytes)
+                                          max_line_bytes=cfg.producer.max_line_bytes,
+                                          shapes=cfg.producer.shapes,
+                                          block_size=cfg.producer.block_size)
         collector = None
         results = _Results(out, shapes, ordered)
         try:
