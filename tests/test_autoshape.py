@@ -130,7 +130,7 @@ def test_the_setting_and_its_checks(tmp_path: Path) -> None:
     cfg = load_config(cwd=tmp_path, env={}, overrides={"producer": {"shapes": "declared"}})
     assert cfg.producer.shapes == "declared"
     assert cfg.set_by["producer.shapes"] == "flags"
-    with pytest.raises(UsageError, match="producer.shapes must be one of auto, declared"):
+    with pytest.raises(UsageError, match=r"producer\.shapes must be one of auto, declared"):
         load_config(cwd=tmp_path, env={}, overrides={"producer": {"shapes": "x"}})
     (tmp_path / "fabric.toml").write_text("[producer]\nblock_size = 0\n")
     with pytest.raises(UsageError, match="block_size must be >= 1"):
