@@ -154,7 +154,7 @@ enc = msgspec.json.Encoder()
 
 
 def completion(i: int, prompt: str, prefix: list[str] | None = None) -> bytes:
-    body: dict[str, object] = {"model": "m", "prompt": prompt, "max_tokens": 4}
+    body: dict[str, object] = {"model": "fabric-demo", "prompt": prompt, "max_tokens": 4}
     if prefix is not None:
         body["prefix"] = prefix
     return enc.encode({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
@@ -230,3 +230,56 @@ def test_a_known_group_gets_one_signature_after_its_first_line(suffixes: list[st
     sigs = [p.item.signature for p in parsed(lines, ShapeFinder(1))]
     assert sigs[0] == 0
     assert set(sigs[1:]) == {signature([prefix])}
+
+
+# ---- end to end: `fabricctl run` on simulated GPUs ------------------------------------------
+
+GROUPS, PER_GROUP = 6, 60
+
+
+def known_shapes(path: Path, declared: bool) -> Path:
+    """GROUPS instructions of 40 blocks (distinct from their first block) before per-line
+    questions, round robin; with `declared`, the instruction as `body.prefix`."""
+    instructions = [f"<instruction {g}> " + f"rule {g}: be exact. " * 60 for g in range(GROUPS)]
+    with path.open("wb") as f:
+        for i in range(GROUPS * PER_GROUP):
+            ins = instructions[i % GROUPS]
+            question = f"\n[{i:05d}] what is {i * 7919 % 1000} squared? " * (1 + i % 5)
+            if declared:
+                f.write(completion(i, question, [ins]) + b"\n")
+            else:
+                f.write(completion(i, ins + question) + b"\n")
+    return path
+
+
+def run_sim(tmp_path: Path, workload: Path, shapes: str, tag: str) -> dict[str, object]:
+    import asyncio
+    import dataclasses
+    import io
+
+    import fabricctl.cli.run as batchjob
+
+    cfg = load_config(cwd=tmp_path, env={}, overrides={"producer": {"shapes": shapes}})
+    cfg = dataclasses.replace(cfg, data_dir=tmp_path / f"data-{tag}", engine="sim",
+                              sim=dataclasses.replace(cfg.sim, time_scale=0.0))
+    out = io.BytesIO()
+    summary = asyncio.run(batchjob.run_job(cfg, workload, out, errors=lambda m: None))
+    assert len(out.getvalue().splitlines()) == GROUPS * PER_GROUP
+    return msgspec.structs.asdict(summary)
+
+
+def test_run_finds_the_shapes_of_plain_completions_and_hits_as_declared(tmp_path: Path) -> None:
+    plain = known_shapes(tmp_path / "plain.jsonl", declared=False)
+    declared = run_sim(tmp_path, known_shapes(tmp_path / "declared.jsonl", True), "auto", "d")
+    auto = run_sim(tmp_path, plain, "auto", "a")
+    off = run_sim(tmp_path, plain, "declared", "o")
+    assert declared["shapes"] == GROUPS
+    assert auto["shapes"] == GROUPS + 1  # the groups, and their first lines (signature 0)
+    assert off["shapes"] == 1  # everything signature 0, as before
+    sigs = {p.item.signature for p in parse_lines(plain.read_bytes().splitlines())
+            if isinstance(p, Parsed)}
+    assert sigs == {0}
+    assert isinstance(auto["kv_hit_rate"], float) and isinstance(declared["kv_hit_rate"], float)
+    assert auto["kv_hit_rate"] >= declared["kv_hit_rate"] - 0.05
+    assert auto["kv_hit_rate"] > 0.5
+    assert off["kv_hit_rate"] == 0.0  # the simulated engine sees no shared text it was not told
