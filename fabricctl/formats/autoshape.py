@@ -54,7 +54,7 @@ from fabricctl.formats.tokens import ESTIMATE_BYTES_PER_TOKEN, TokenCounter
 SEED = 0x9E3779B97F4A7C15  # chain seed of block 0 (any fixed constant)
 TABLE_SLOTS = 1 << 20  # chain hashes remembered: 12 MiB
 MAX_CUTS = 1 << 16  # cuts (found shapes) remembered, least recently used dropped
-PROMOTE = 8  # lines through a deeper block before it becomes a cut of its own
+PROMOTE = 4  # lines through a deeper block before it becomes a cut (bench/autoshape_bench.py)
 MAX_BLOCKS = 1024  # blocks of a prompt looked at: 16K tokens at 16 a block
 
 
