@@ -78,14 +78,12 @@ def byte_blocks(text: str, block_tokens: int = BLOCK_TOKENS,
     data = text.encode("utf-8")
     size = ESTIMATE_BYTES_PER_TOKEN * block_tokens
     full = min(len(data) // size, max_blocks)
-    keys = [data[i * size:(i + 1) * size] for i in range(full)]
+    keys = [data[i:i + size] for i in range(0, full * size, size)]
+    if len(data) == len(text):  # ASCII: a byte is a character
+        return Blocks(keys, list(range(size, (full + 1) * size, size)))
     ends: list[int] = []
-    ascii_ = len(data) == len(text)
     for i in range(1, full + 1):
         cut = i * size
-        if ascii_:
-            ends.append(cut)
-            continue
         while cut < len(data) and (data[cut] & 0xC0) == 0x80:
             cut -= 1
         ends.append(len(data[:cut].decode("utf-8")))
@@ -174,14 +172,33 @@ class ShapeFinder:
         prefix: 0 for none. Registers the line (see the module contract)."""
         self.lines += 1
         hs = chain(keys[: self.max_blocks])
-        before = [self._touch(h) for h in hs]
+        # _touch, inlined: this loop is the finder's cost per line
+        tab, counts, mask = self._keys, self._counts, self._mask
+        before: list[int] = []
+        for h in hs:
+            a = h & mask
+            if tab[a] != h:
+                b = (h >> 32) & mask
+                if b == a:
+                    b ^= 1
+                if tab[b] != h:
+                    victim = a if counts[a] <= counts[b] else b
+                    tab[victim], counts[victim] = h, 1
+                    before.append(0)
+                    continue
+                a = b
+            n = counts[a]
+            if n < 0xFFFFFFFF:
+                counts[a] = n + 1
+            before.append(n)
         m = 0
         while m < len(before) and before[m] > 0:
             m += 1
         if m == 0:
             return 0
         self.found += 1
-        d = next((i for i in range(m, 0, -1) if hs[i - 1] in self._cuts), 0)
+        cuts = self._cuts
+        d = next((i for i in range(m, 0, -1) if hs[i - 1] in cuts), 0)
         if d == 0:
             self._cut(hs[m - 1])
             return m
