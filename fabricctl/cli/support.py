@@ -46,8 +46,8 @@ Verbose = typer.Option(False, "--verbose", "-v")
 Shapes = typer.Option(None, "--shapes", metavar="auto|declared",
                       help="Lines that declare no shape (OpenAI lines without body.prefix): "
                       "auto gives each the prefix it shares with earlier lines of the job, "
-                      "cut at [producer] block_size tokens; declared leaves them unshaped "
-                      "([producer] shapes, default auto).", show_default=False)
+                      "cut at producer.block_size tokens; declared leaves them unshaped "
+                      "(producer.shapes, default auto).", show_default=False)
 
 
 def shapes_flag(shapes: str | None) -> dict[str, object]:
