@@ -3,10 +3,12 @@ cases, its properties, its fixed memory, and how the reader and the settings tak
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import msgspec
 import pytest
+from cli_helpers import clean_env, error_lines, fabricctl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -283,3 +285,25 @@ def test_run_finds_the_shapes_of_plain_completions_and_hits_as_declared(tmp_path
     assert auto["kv_hit_rate"] >= declared["kv_hit_rate"] - 0.05
     assert auto["kv_hit_rate"] > 0.5
     assert off["kv_hit_rate"] == 0.0  # the simulated engine sees no shared text it was not told
+
+
+def test_the_run_command_takes_shapes_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    env = clean_env(tmp_path)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_bytes(b"".join(completion(i, f"{'AB' * 40}{i % 2}{'CD' * 40}?{i}") + b"\n"
+                               for i in range(12)))
+    got = {}
+    for shapes in ("auto", "declared"):
+        out = tmp_path / f"{shapes}.json"
+        r = fabricctl("run", str(plain), "--engine", "sim", "--shapes", shapes, "--json",
+                      "-o", str(tmp_path / "results.jsonl"), env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        out.write_bytes(r.stdout)
+        got[shapes] = json.loads(r.stdout.decode().strip().splitlines()[-1])["shapes"]
+    # the first line: none; a 1-block start all share; each half's 2 blocks once 4 share them
+    assert got == {"auto": 4, "declared": 1}
+    r = fabricctl("run", str(plain), "--engine", "sim", "--shapes", "always", env=env,
+                  cwd=tmp_path)
+    assert r.returncode == 2
+    assert error_lines(r.stderr) == ["fabricctl: error: flags: producer.shapes must be one of "
+                                     "auto, declared"]
