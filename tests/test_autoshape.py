@@ -307,3 +307,16 @@ def test_the_run_command_takes_shapes_and_refuses_a_bad_one(tmp_path: Path) -> N
     assert r.returncode == 2
     assert error_lines(r.stderr) == ["fabricctl: error: flags: producer.shapes must be one of "
                                      "auto, declared"]
+
+
+def test_a_real_tokenizer_cuts_at_its_tokens_with_character_offsets(tmp_path: Path) -> None:
+    from test_tokenizer_choice import model_dir
+
+    from fabricctl.formats.tokens import TokenizerCounter
+
+    counter = TokenizerCounter(str(model_dir(tmp_path) / "tokenizer.json"))
+    f = ShapeFinder(2)
+    head = "één two three  four "  # non-ASCII and a double space: offsets are characters
+    assert f.prefix(head + "five", counter) == 0
+    cut = f.prefix(head + "six", counter)
+    assert cut == len(head)  # 4 tokens, two blocks, up to the next token: in characters
