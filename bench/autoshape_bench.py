@@ -15,14 +15,22 @@ shape's prefix declared (`body.prefix`), once as plain prompts (the prefix writt
             its own longest shared run: no stable cut, no promotion) for comparison;
 - arrival:  the declared file with every signature 0 (the engine sees the same shared text,
             the broker no shape: arrival order, in length lanes), the floor.
-The table gives each run's shapes, KV hit rate (the simulated engines' own counters) and
-its achievable bound, shape switches, and auto's hit rate against declared and arrival;
+Every `--repeats`-th line asks its shape's previous question again (as eval sets do), and
+with `--openers N` questions open with one of N templates. The table gives each run's
+shapes, KV hit rate (the simulated engines' own counters) and its achievable bound (not
+meaningful for arrival: the bound reads one shape's prefix, and arrival has one shape of
+many prefixes), shape switches, and auto's hit rate against declared and arrival;
 then the finder alone: lines given a prefix, and its cost per line (parse with the finder
 minus parse without, the estimate's token counts, `--repeat` runs, the best).
 
     .venv/bin/python bench/autoshape_bench.py                # the table (about a minute)
     .venv/bin/python bench/autoshape_bench.py --json         # exactly one JSON object
     .venv/bin/python bench/autoshape_bench.py --items 2000 --shapes 12 --kv-prefixes 3
+
+Measured 2026-12-02 (defaults: 4,000 items, 12 shapes, Zipf 1.1, 2 GPUs, KV for ~2
+prefixes, batch 8, every 10th question repeated): declared 88.0%, auto 87.5% (21 shapes),
+longest 79.5% (399 shapes: each repeated question its own), arrival 73.3%; the finder
+~30 us a line of ~46 blocks on top of ~7 us parsing.
 """
 
 from __future__ import annotations
@@ -63,7 +71,7 @@ class Longest(ShapeFinder):
 
     def find(self, keys: Any) -> int:
         self.lines += 1
-        before = [self._touch(h) for h in _chain(keys[: self.max_blocks])]
+        before = self.register(_chain(keys[: self.max_blocks]))
         m = 0
         while m < len(before) and before[m] > 0:
             m += 1

@@ -140,6 +140,7 @@ def test_the_setting_and_its_checks(tmp_path: Path) -> None:
 
 
 def test_the_table_and_the_cuts_never_exceed_their_caps() -> None:
+    assert len(ShapeFinder()._keys) == 0  # nothing looked at, nothing allocated
     f = ShapeFinder(1, slots=1024, max_cuts=16)
     for i in range(20_000):
         group = f"{i % 40:04d}" * 3  # 40 groups of a 3-block prefix

@@ -26,7 +26,8 @@ Contract:
   signature 0, scheduled in arrival order as today; its chain is registered, so the next
   line of its group finds it.
 - Memory is fixed, whatever the input: the table is `slots` chain hashes with a count each
-  (12 bytes a slot, 12 MiB at the default 2^20), two candidate slots per hash, a new hash
+  (12 bytes a slot, 12 MiB at the default 2^20, allocated at the first line the finder
+  looks at), two candidate slots per hash, a new hash
   replacing the candidate with the lower count (so the hot prefix blocks stay and one-off
   suffix blocks give way); the cuts are at most `max_cuts`, least recently used dropped.
   A prefix lost from the table is found again as it was first found.
@@ -126,8 +127,9 @@ class ShapeFinder:
         self.block_tokens, self.promote, self.max_blocks = block_tokens, promote, max_blocks
         self.max_cuts = max_cuts
         self._mask = slots - 1
-        self._keys = array("Q", bytes(8 * slots))
-        self._counts = array("I", bytes(4 * slots))
+        # allocated at the first line looked at: a job of declared shapes costs nothing
+        self._keys: array[int] = array("Q")
+        self._counts: array[int] = array("I")
         self._cuts: OrderedDict[int, None] = OrderedDict()
         self.lines = 0  # lines looked at
         self.found = 0  # of them, lines given a prefix
@@ -142,40 +144,21 @@ class ShapeFinder:
         """Cuts held now (at most `max_cuts`)."""
         return len(self._cuts)
 
-    def _touch(self, h: int) -> int:
-        """Register `h`; how many lines registered it before (0: new, or forgotten)."""
-        keys, counts = self._keys, self._counts
-        a = h & self._mask
-        if keys[a] == h:
-            n = counts[a]
-            counts[a] = min(n + 1, 0xFFFFFFFF)
-            return n
-        b = (h >> 32) & self._mask
-        if b == a:
-            b ^= 1
-        if keys[b] == h:
-            n = counts[b]
-            counts[b] = min(n + 1, 0xFFFFFFFF)
-            return n
-        victim = a if counts[a] <= counts[b] else b
-        keys[victim], counts[victim] = h, 1
-        return 0
-
     def _cut(self, h: int) -> None:
         self._cuts[h] = None
         self._cuts.move_to_end(h)
         if len(self._cuts) > self.max_cuts:
             self._cuts.popitem(last=False)
 
-    def find(self, keys: Sequence[bytes]) -> int:
-        """How many leading blocks of a line (its full blocks' bytes) are its shape's
-        prefix: 0 for none. Registers the line (see the module contract)."""
-        self.lines += 1
-        hs = chain(keys[: self.max_blocks])
-        # _touch, inlined: this loop is the finder's cost per line
+    def register(self, hs: Sequence[int]) -> list[int]:
+        """Register a line's chain hashes; for each, how many lines registered it before
+        (0: new, or forgotten)."""
+        if not self._keys:
+            self._keys = array("Q", bytes(8 * (self._mask + 1)))
+            self._counts = array("I", bytes(4 * (self._mask + 1)))
         tab, counts, mask = self._keys, self._counts, self._mask
         before: list[int] = []
-        for h in hs:
+        for h in hs:  # the finder's cost per line: kept flat
             a = h & mask
             if tab[a] != h:
                 b = (h >> 32) & mask
@@ -191,6 +174,14 @@ class ShapeFinder:
             if n < 0xFFFFFFFF:
                 counts[a] = n + 1
             before.append(n)
+        return before
+
+    def find(self, keys: Sequence[bytes]) -> int:
+        """How many leading blocks of a line (its full blocks' bytes) are its shape's
+        prefix: 0 for none. Registers the line (see the module contract)."""
+        self.lines += 1
+        hs = chain(keys[: self.max_blocks])
+        before = self.register(hs)
         m = 0
         while m < len(before) and before[m] > 0:
             m += 1
