@@ -3,7 +3,8 @@
 Contract: the `run` command (`command`) writes the results on stdout (or `--output`) and the
 summary on stderr: a Rich table (`print_run_summary`, also `make demo`'s), or with `--json`
 one JSON document (on stdout with `--output`, else on stderr after the results). A missing
-input file is exit 2; errors are `support.guarded`'s.
+input file is exit 2; errors are `support.guarded`'s. Lines that declare no shape get the one
+`[producer] shapes` (`--shapes`) finds, as `submit`'s (`formats.autoshape`).
 `run_job` starts a `Daemon` in a data dir of its own (a temporary one unless given),
 streams the input through the producer reader (a bad line is reported with its line number
 and the rest still goes in; token counts from `formats.tokens.choose_counter`: `[producer]

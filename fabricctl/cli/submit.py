@@ -43,6 +43,8 @@ Contract:
   left with an exception nobody saw.
 - Token counts: `formats.tokens.choose_counter([producer] tokenizer, model)` of this
   command's configuration (the broker counts nothing; `fabricctl status` names the choice).
+- Shapes of lines that declare none: `[producer] shapes` (`--shapes auto|declared`) and
+  `block_size` of this command's configuration (`formats.autoshape`, one finder per job).
 - A progress line (Rich, `ProgressView`) is drawn on stderr only when the CLI passes one:
   stderr is a terminal and results are not streaming to a terminal. It starts on the
   first chunk, so a failed connect leaves no bar; refused lines print above it.
