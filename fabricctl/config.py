@@ -31,10 +31,13 @@ from typing import Any
 
 from fabricctl.core.config import PREWARM_MODES, SHAPE_SCOPES, CoreConfig
 from fabricctl.core.defaults import (
+    BLOCK_TOKENS,
     MAX_BATCH_SIZE,
     MAX_BATCH_TOKENS,
     MAX_INPUT_LEN,
     MAX_LINE_BYTES,
+    SHAPE_MODES,
+    SHAPES,
     SIM_TIME_SCALE,
     StoreConfig,
 )
@@ -108,6 +111,10 @@ class ProducerSettings:
 
     max_line_bytes: int = MAX_LINE_BYTES
     tokenizer: str = ""
+    # "auto": a plain prompt that declares no shape gets the prefix it shares with earlier
+    # lines of its job, cut at block_size tokens (formats/autoshape.py); "declared": none
+    shapes: str = SHAPES
+    block_size: int = BLOCK_TOKENS  # vLLM's default block size on GPUs (its CPU build: 32)
 
 
 @dataclass(frozen=True)
@@ -231,6 +238,11 @@ def _merge(cfg: AppConfig, data: dict[str, Any], where: str) -> AppConfig:
                          ">= 0 (0: derived), broker.bound_batches > 0, broker.bound_min_s >= 0")
     if broker is not None and broker.prewarm not in PREWARM_MODES:
         raise UsageError(f"{where}: broker.prewarm must be one of {', '.join(PREWARM_MODES)}")
+    producer = top.get("producer")
+    if producer is not None and producer.shapes not in SHAPE_MODES:
+        raise UsageError(f"{where}: producer.shapes must be one of {', '.join(SHAPE_MODES)}")
+    if producer is not None and producer.block_size < 1:
+        raise UsageError(f"{where}: producer.block_size must be >= 1")
     vllm = top.get("vllm")
     if vllm is not None and (
             not isinstance(vllm.restart_backoff_s, list) or not vllm.restart_backoff_s

@@ -26,6 +26,7 @@ import xxhash
 from fabricctl.api.backend import BatchBackend
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.records import LENGTH_EXCEEDED, ResultRecord
+from fabricctl.formats.autoshape import ShapeFinder
 from fabricctl.formats.reader import read_lines
 from fabricctl.formats.results import result_line
 from fabricctl.formats.tokens import TokenCounter
@@ -35,9 +36,11 @@ PAGE = 1000
 
 
 async def feed(backend: BatchBackend, path: Path, job: JobRecord, counter: TokenCounter,
-               lines: int, resume: bool = False) -> JobRecord:
-    """Feed the file at `path` (of `lines` lines) into `job`, then seal it; its record."""
-    f = Feed(backend, job.number, resume=resume)
+               lines: int, resume: bool = False, finder: ShapeFinder | None = None
+               ) -> JobRecord:
+    """Feed the file at `path` (of `lines` lines) into `job`, then seal it; its record.
+    `finder`: the job's shapes found where none is declared (None: declared only)."""
+    f = Feed(backend, job.number, resume=resume, finder=finder)
     with open(path, "rb") as fp:
         await f.run(read_lines(fp), counter=counter)
     if f.accepted + f.skipped == 0:

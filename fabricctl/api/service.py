@@ -32,8 +32,10 @@ from pathlib import Path
 from fabricctl.api.backend import BatchBackend
 from fabricctl.api.batches import PAGE, content, feed
 from fabricctl.api.objects import OUTPUT, has_errors, has_output, output_expired, virtual_file
+from fabricctl.core.defaults import BLOCK_TOKENS, SHAPES
 from fabricctl.core.jobs import JobRecord, JobState
 from fabricctl.errors import ApiError, BrokerError, FeedError
+from fabricctl.formats.autoshape import finder_for
 from fabricctl.formats.tokens import EstimateCounter, TokenCounter
 from fabricctl.store.files import FileRecord, FileStore
 
@@ -43,13 +45,15 @@ log = logging.getLogger("fabricctl.api")
 Feeder = Callable[[JobRecord, FileRecord, Path, bool], Awaitable[None]]
 
 
-def process_feeder(socket_path: Path, tokenizer: str, model: str) -> Feeder:
+def process_feeder(socket_path: Path, tokenizer: str, model: str, shapes: str = SHAPES,
+                   block_size: int = BLOCK_TOKENS) -> Feeder:
     """Feed each batch from a `fabricctl.api.feeder` child process (its own GIL)."""
 
     async def run(job: JobRecord, rec: FileRecord, path: Path, resume: bool) -> None:
         args = [sys.executable, "-m", "fabricctl.api.feeder", str(socket_path),
                 str(job.number), job.id, str(path), str(rec.lines), "--tokenizer", tokenizer,
-                "--model", model, *(["--resume"] if resume else [])]
+                "--model", model, "--shapes", shapes, "--block-size", str(block_size),
+                *(["--resume"] if resume else [])]
         # its own session: a Ctrl-C at `up`'s terminal must not kill it before the API
         # stops it (a feeder that died on its own fails its job)
         proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL,
@@ -85,7 +89,7 @@ class BatchApi:
                          resume: bool) -> None:
         """Feed in this process (tests; the daemon uses `process_feeder`)."""
         await feed(self.backend, path, job, self.counter or EstimateCounter(), rec.lines,
-                   resume=resume)
+                   resume=resume, finder=finder_for(SHAPES))
 
     # -- feeds ----------
 

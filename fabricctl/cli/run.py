@@ -3,7 +3,8 @@
 Contract: the `run` command (`command`) writes the results on stdout (or `--output`) and the
 summary on stderr: a Rich table (`print_run_summary`, also `make demo`'s), or with `--json`
 one JSON document (on stdout with `--output`, else on stderr after the results). A missing
-input file is exit 2; errors are `support.guarded`'s.
+input file is exit 2; errors are `support.guarded`'s. Lines that declare no shape get the one
+`[producer] shapes` (`--shapes`) finds, as `submit`'s (`formats.autoshape`).
 `run_job` starts a `Daemon` in a data dir of its own (a temporary one unless given),
 streams the input through the producer reader (a bad line is reported with its line number
 and the rest still goes in; token counts from `formats.tokens.choose_counter`: `[producer]
@@ -69,11 +70,13 @@ from fabricctl.cli.jobs import PRIORITY_HELP, WINDOW_HELP, priority_option, wind
 from fabricctl.cli.run_summary import AchievableHits, RunSummary, print_run_summary
 from fabricctl.cli.support import (
     ConfigFile,
+    Shapes,
     Verbose,
     fail,
     load,
     run_async,
     setup_logging,
+    shapes_flag,
     stdin_binary,
 )
 from fabricctl.config import AppConfig
@@ -121,6 +124,7 @@ def command(
                                         help=PRIORITY_HELP, show_default=False),
     window: str | None = typer.Option(None, "--window", metavar="DUR", help=WINDOW_HELP,
                                       show_default=False),
+    shapes: str | None = Shapes,
     verbose: bool = Verbose,
 ) -> None:
     """One-shot batch job: embedded broker and engines; submit, wait, write results, summarise.
@@ -138,7 +142,7 @@ def command(
     setup_logging(verbose) if verbose else logging.basicConfig(level=logging.WARNING)
     prio = priority_option(priority)
     window_s = window_option(window)
-    cfg = load(config, engine=engine, model=model, data_dir=data_dir)
+    cfg = load(config, engine=engine, model=model, data_dir=data_dir, **shapes_flag(shapes))
     if str(file) != "-" and not file.is_file():
         raise fail(f"{file}: no such file", ExitCode.USAGE)
     out = output.open("wb") if output else sys.stdout.buffer
@@ -364,7 +368,9 @@ async def run_job(
         await daemon.fleet.wait_connected()
         producer = await Producer.connect(daemon.server.state.cfg.socket_path, name="run",
                                           counter=counter,
-                                          max_line_bytes=cfg.producer.max_line_bytes)
+                                          max_line_bytes=cfg.producer.max_line_bytes,
+                                          shapes=cfg.producer.shapes,
+                                          block_size=cfg.producer.block_size)
         collector = None
         results = _Results(out, shapes, ordered)
         try:

@@ -43,6 +43,8 @@ Contract:
   left with an exception nobody saw.
 - Token counts: `formats.tokens.choose_counter([producer] tokenizer, model)` of this
   command's configuration (the broker counts nothing; `fabricctl status` names the choice).
+- Shapes of lines that declare none: `[producer] shapes` (`--shapes auto|declared`) and
+  `block_size` of this command's configuration (`formats.autoshape`, one finder per job).
 - A progress line (Rich, `ProgressView`) is drawn on stderr only when the CLI passes one:
   stderr is a terminal and results are not streaming to a terminal. It starts on the
   first chunk, so a failed connect leaves no bar; refused lines print above it.
@@ -60,7 +62,16 @@ from typing import Any, BinaryIO
 import typer
 
 from fabricctl.cli.jobs import PRIORITY_HELP, WINDOW_HELP, priority_option, window_option
-from fabricctl.cli.support import ConfigFile, DataDir, fail, guarded, settings, stdin_binary
+from fabricctl.cli.support import (
+    ConfigFile,
+    DataDir,
+    Shapes,
+    fail,
+    guarded,
+    load,
+    shapes_flag,
+    stdin_binary,
+)
 from fabricctl.config import AppConfig
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.types import Item
@@ -95,6 +106,7 @@ def command(
                                         help=PRIORITY_HELP, show_default=False),
     window: str | None = typer.Option(None, "--window", metavar="DUR", help=WINDOW_HELP,
                                       show_default=False),
+    shapes: str | None = Shapes,
     data_dir: Path | None = DataDir,
     config: Path | None = ConfigFile,
 ) -> None:
@@ -121,7 +133,7 @@ def command(
                    ExitCode.USAGE)
     prio = priority_option(priority)
     window_s = window_option(window)
-    cfg = settings(data_dir, config)
+    cfg = load(config, data_dir=data_dir, **shapes_flag(shapes))
     if file != "-" and not Path(file).is_file():
         raise fail(f"{file}: no such file", ExitCode.USAGE)
     name, sha256, size = "-", "", 0
@@ -249,7 +261,8 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
     producer = await Producer.connect(
         cfg.data_dir, name="fabricctl-submit",
         counter=choose_counter(cfg.producer.tokenizer, cfg.model),
-        max_line_bytes=cfg.producer.max_line_bytes)
+        max_line_bytes=cfg.producer.max_line_bytes, shapes=cfg.producer.shapes,
+        block_size=cfg.producer.block_size)
     try:
         the_job = await producer.open_job("submit", name=name, sha256=sha256, size=size,
                                           window_s=window_s, priority=priority, job=job,

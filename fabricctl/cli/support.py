@@ -43,6 +43,16 @@ ConfigFile = typer.Option(None, "--config", "-c", help="A fabric.toml to read (o
                           "project and user files).", show_default=False)
 JsonOut = typer.Option(False, "--json", help="Print one JSON document instead of a table.")
 Verbose = typer.Option(False, "--verbose", "-v")
+Shapes = typer.Option(None, "--shapes", metavar="auto|declared",
+                      help="Lines that declare no shape (OpenAI lines without body.prefix): "
+                      "auto gives each the prefix it shares with earlier lines of the job, "
+                      "cut at producer.block_size tokens; declared leaves them unshaped "
+                      "(producer.shapes, default auto).", show_default=False)
+
+
+def shapes_flag(shapes: str | None) -> dict[str, object]:
+    """`--shapes` as a configuration flag (`producer.shapes`), or nothing when not given."""
+    return {} if shapes is None else {"producer": {"shapes": shapes}}
 
 FABRIC_LOGGER = "fabricctl"  # every fabricctl module logs under it ("fabricctl.server", ...)
 

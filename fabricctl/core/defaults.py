@@ -14,6 +14,9 @@ and nowhere else:
 - `SIM_TIME_SCALE`: real seconds a simulated engine sleeps per modelled GPU second
   (`[sim] time_scale`).
 - `MAX_LINE_BYTES`: the longest input line a reader parses (`[producer] max_line_bytes`).
+- `SHAPES`, `SHAPE_MODES`, `BLOCK_TOKENS`: whether producers find the shared prefix of lines
+  that declare none (`[producer] shapes`) and the block size it is cut at (`[producer]
+  block_size`, vLLM's default on GPUs); see `fabricctl.formats.autoshape`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ MAX_BATCH_TOKENS = 16384
 MAX_INPUT_LEN = 8192
 SIM_TIME_SCALE = 0.001
 MAX_LINE_BYTES = 1 * MiB
+SHAPE_MODES = ("auto", "declared")
+SHAPES = "auto"
+BLOCK_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,7 +77,8 @@ async def start_api(cfg: AppConfig, daemon: Daemon) -> ApiService:
     backend = ClientBackend(daemon.server.state.cfg.socket_path)
     files = FileStore(cfg.data_dir / "files")
     socket_path = daemon.server.state.cfg.socket_path
-    feeder = process_feeder(socket_path, cfg.producer.tokenizer, cfg.model)
+    feeder = process_feeder(socket_path, cfg.producer.tokenizer, cfg.model,
+                            cfg.producer.shapes, cfg.producer.block_size)
     api = BatchApi(backend, files, token=cfg.server.token, feeder=feeder, clock=clock)
     server = ApiServer(api, host, port)
     try:

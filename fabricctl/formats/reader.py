@@ -25,6 +25,10 @@ Contract:
   path)` (`path`: the endpoint of an embeddings, score, rerank or responses request), its
   `input_tokens` the sum of those counts (see `fabricctl.formats.tokens` for where the
   counts come from), its `label` the native `label` (or OpenAI `body.metadata.label`, else "").
+- With a `finder` (`fabricctl.formats.autoshape.ShapeFinder`, one per job: `[producer]
+  shapes = "auto"`), a line that declares no shape gets the prefix the finder finds as its
+  one component (lines fed to it in input order, duplicates and bad lines never); without
+  one (`"declared"`) components are exactly what the line declares.
 - `Item.source` (and `Parsed.source`, the same value as a `Source`) says which format the
   line came in; it travels with the item through the store into its `ResultRecord`, so
   the result goes back out in the same form (`fabricctl.formats.results.result_line`).
@@ -43,6 +47,7 @@ from fabricctl.core.defaults import MAX_LINE_BYTES
 from fabricctl.core.payload import Payload, encode_payload
 from fabricctl.core.signature import signature
 from fabricctl.core.types import Item
+from fabricctl.formats.autoshape import ShapeFinder
 from fabricctl.formats.common import Draft, Invalid, Source, a_json_type
 from fabricctl.formats.native import NATIVE_KEYS, parse_native
 from fabricctl.formats.openai_batch import OPENAI_KEYS, parse_openai
@@ -130,6 +135,7 @@ def parse_lines(
     counter: TokenCounter | None = None,
     max_line_bytes: int = MAX_LINE_BYTES,
     first_line_no: int = 1,
+    finder: ShapeFinder | None = None,
 ) -> Iterator[Parsed | LineError]:
     """Parsed items and line errors for raw JSONL lines, in input order; never raises."""
     counter = counter or EstimateCounter()
@@ -156,6 +162,8 @@ def parse_lines(
                             openai, draft.id)
             continue
         seen[draft.id] = line_no
+        if finder is not None:
+            draft = finder.shape(draft, counter)
         item = build_item(draft, counter, cache)
         item.line = line_no  # results per job come back in this order
         yield Parsed(line_no, item, draft.source)
@@ -166,10 +174,12 @@ def parse_stream(
     *,
     counter: TokenCounter | None = None,
     max_line_bytes: int = MAX_LINE_BYTES,
+    finder: ShapeFinder | None = None,
 ) -> Iterator[Parsed | LineError]:
     """`parse_lines` over a binary stream read with bounded memory per line."""
     return parse_lines(
-        read_lines(fp, max_line_bytes), counter=counter, max_line_bytes=max_line_bytes
+        read_lines(fp, max_line_bytes), counter=counter, max_line_bytes=max_line_bytes,
+        finder=finder,
     )
 
 

@@ -78,6 +78,11 @@ class TokenizerCounter:
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
 
+    def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """The token ids and their character offsets (for `formats.autoshape`'s blocks)."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        return enc.ids, enc.offsets
+
 
 def load_counter(tokenizer_path: str | None = None) -> TokenCounter:
     """A tokenizer counter for a configured path, else the estimate."""

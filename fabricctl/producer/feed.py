@@ -23,6 +23,9 @@ Contract:
   broker went away), the reader stops at its next hand-off, and nothing is left on a
   closing loop (no task pending, no coroutine unawaited). A send that fails fails the feed
   with that error after the sends in flight end; the first failure is the one raised.
+- Shapes found where none is declared (`finder`, a `formats.autoshape.ShapeFinder`: one
+  per feed, so per job, kept across its `run`s and fed every line in input order on the
+  reader thread): None keeps each line's declared shape only.
 - `seal(sink)` ends the job with the line count and the refusals (an attached job that was
   sealed before keeps its counts: its refusals were counted then).
 """
@@ -39,6 +42,7 @@ from typing import Any, Protocol
 
 from fabricctl.core.jobs import MAX_ERRORS
 from fabricctl.core.types import Item
+from fabricctl.formats.autoshape import ShapeFinder
 from fabricctl.formats.reader import MAX_LINE_BYTES, LineError, parse_lines
 from fabricctl.formats.tokens import TokenCounter
 from fabricctl.wire.protocol import Ack, JobReply
@@ -117,12 +121,12 @@ def _handoff(queue: asyncio.Queue[Any], stop: threading.Event) -> Callable[[Any]
 
 def _read(lines: Iterable[bytes], counter: TokenCounter | None, max_line_bytes: int,
           first_line: int, position: Callable[[], int] | None,
-          put: Callable[[Any], None]) -> None:
+          put: Callable[[Any], None], finder: ShapeFinder | None = None) -> None:
     """Reader thread: parse `lines` and `put` chunks, then None (or the exception)."""
     try:
         chunk = Chunk()
         for p in parse_lines(lines, counter=counter, max_line_bytes=max_line_bytes,
-                             first_line_no=first_line):
+                             first_line_no=first_line, finder=finder):
             if isinstance(p, LineError):
                 chunk.errors.append(p)
                 chunk.last_line = p.line_no
@@ -152,8 +156,10 @@ class Feed:
                  on_refused: Callable[[str], object] | None = None,
                  prepare: Callable[[Chunk], object] | None = None,
                  on_ack: Callable[[list[Item], Ack], object] | None = None,
-                 on_progress: Callable[[], object] | None = None) -> None:
+                 on_progress: Callable[[], object] | None = None,
+                 finder: ShapeFinder | None = None) -> None:
         self.sink, self.job, self.resume = sink, job, resume
+        self.finder = finder
         self.on_refused, self.prepare, self.on_ack = on_refused, prepare, on_ack
         self.on_progress = on_progress
         self.refusals = Refusals()
@@ -174,7 +180,7 @@ class Feed:
         queue: asyncio.Queue[Chunk | BaseException | None] = asyncio.Queue(QUEUED)
         stop = threading.Event()  # set once this feed stops reading, failed or done
         threading.Thread(target=_read, args=(lines, counter, max_line_bytes, self.lines + 1,
-                                             position, _handoff(queue, stop)),
+                                             position, _handoff(queue, stop), self.finder),
                          daemon=True, name=f"fabricctl-feed-{self.job}").start()
         try:
             await self._send_all(queue)

@@ -10,6 +10,10 @@ Contract:
   controlled, every refused line counted and reported). It may be called more than once:
   line numbers go on from the last call. An attached job's items go with `resume`: ids it
   already stored are skipped, not refused. `submit_file(path)` does the same for a file.
+- Shapes where none is declared: `shapes="auto"` (the default, as `[producer] shapes`)
+  gives each job a `formats.autoshape.ShapeFinder` cutting at `block_size` tokens, so a
+  plain prompt gets the prefix it shares with earlier lines of its job; `"declared"`
+  keeps only the shapes lines declare.
 - `Job.seal()` says the input ended (nothing more joins the job); `Job.cancel()` withdraws
   its queued items (in-flight ones finish); both return the job's record.
 - `Job.results()` yields every result of the job once each, as the broker stores them, and
@@ -31,7 +35,9 @@ from typing import Any
 
 import msgspec
 
+from fabricctl.core.defaults import BLOCK_TOKENS, SHAPES
 from fabricctl.core.jobs import JobRecord
+from fabricctl.formats.autoshape import finder_for
 from fabricctl.formats.reader import MAX_LINE_BYTES, read_lines
 from fabricctl.formats.results import ResultRecord
 from fabricctl.formats.tokens import TokenCounter
@@ -79,7 +85,8 @@ class Job:
     def __init__(self, producer: Producer, reply: JobReply, since: int) -> None:
         self.producer, self.record, self.attached = producer, reply.job, reply.attached
         self.since = since
-        self.feed = Feed(producer.client, self.record.number, resume=reply.attached)
+        self.feed = Feed(producer.client, self.record.number, resume=reply.attached,
+                         finder=finder_for(producer.shapes, producer.block_size))
 
     @property
     def id(self) -> str:
@@ -146,17 +153,22 @@ class Producer:
     CLI's layers: this is its one entry."""
 
     def __init__(self, client: Client, counter: TokenCounter | None = None,
-                 max_line_bytes: int = MAX_LINE_BYTES) -> None:
+                 max_line_bytes: int = MAX_LINE_BYTES, shapes: str = SHAPES,
+                 block_size: int = BLOCK_TOKENS) -> None:
         self.client, self.counter, self.max_line_bytes = client, counter, max_line_bytes
+        finder_for(shapes, block_size)  # a bad value fails here, not at the first job
+        self.shapes, self.block_size = shapes, block_size
 
     @classmethod
     async def connect(cls, address: str | Path, *, name: str = "fabricctl-producer",
                       counter: TokenCounter | None = None,
-                      max_line_bytes: int = MAX_LINE_BYTES, **connect: Any) -> Producer:
+                      max_line_bytes: int = MAX_LINE_BYTES, shapes: str = SHAPES,
+                      block_size: int = BLOCK_TOKENS, **connect: Any) -> Producer:
         """A producer connected to the broker at `address` (`connect`: `Client.connect`'s
         keywords, e.g. `token`, `tls`, `timeout`)."""
+        finder_for(shapes, block_size)
         client = await Client.connect(address, "producer", name, **connect)
-        return cls(client, counter, max_line_bytes)
+        return cls(client, counter, max_line_bytes, shapes, block_size)
 
     async def open_job(self, kind: str = "producer", *, name: str = "", sha256: str = "",
                        size: int = 0, priority: int | None = None, window_s: float = 0.0,
