@@ -5,7 +5,8 @@ every change to it, so after any crash its counts agree with the entries and res
 disk: `write(txn, plan, now, totals, shapes, outcomes)` (called by the commit, inside its
 transaction, with what its ingest and completion count per job) takes the current record of
 every job the commit touches, adds the totals of the ingest (and the shapes its items
-joined; the model of its first item becomes the job's `model` when it has none), the
+joined; the model of its first item becomes the job's `model` when it has none; its items
+per endpoint are added to `endpoints`), the
 outcomes of the completion (completed, failed, cancelled, and the usage of the results it
 stores: input, cached and output tokens, each item's once), applies the plan's
 operations in order, settles it once (in_progress -> finalizing, cancelling -> cancelled, an
@@ -35,6 +36,7 @@ it ended).
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -60,6 +62,7 @@ from fabricctl.core.jobs import (
     start,
     terms_of,
 )
+from fabricctl.core.mix import add_endpoints
 from fabricctl.store.jobplan import (
     CancelOp,
     Change,
@@ -255,10 +258,12 @@ class JobTable:
               totals: dict[int, int] | None = None,
               shapes: dict[int, set[JobShape]] | None = None,
               outcomes: dict[int, list[int]] | None = None,
-              models: dict[int, tuple[int, str]] | None = None) -> int:
+              models: dict[int, tuple[int, str]] | None = None,
+              endpoints: dict[int, Counter[int]] | None = None) -> int:
         """Put the record of every job this transaction changes; returns how many.
         `totals`: items an ingest adds per job (`shapes`: the shapes they joined; `models`:
-        (line, model) of its first item, kept as the job's model when it has none yet);
+        (line, model) of its first item, kept as the job's model when it has none yet;
+        `endpoints`: how many go to each endpoint, `core.mix`);
         `outcomes`: per job, [completed, failed, cancelled, input tokens, cached tokens,
         output tokens] a completion adds."""
         staged: dict[int, JobRecord] = {}
@@ -286,6 +291,7 @@ class JobTable:
                 first = (models or {}).get(n)
                 if first is not None and not r.model:
                     r.model = first[1]
+                add_endpoints(r, (endpoints or {}).get(n, {}))
         if outcomes:
             for n, (done, failed, cancelled, used_in, used_cached, used_out) in outcomes.items():
                 if (r := rec(n)) is not None:
