@@ -111,7 +111,7 @@ def shorten(s: str, width: int) -> str:
 
 
 # The endpoints' short names in compact cells (`jobs` list, `top`); `jobs show` names them whole.
-ENDPOINT_SHORT = {"completions": "compl", "embeddings": "embed", "responses": "resp"}
+ENDPOINT_SHORT = {"embeddings": "embed"}
 
 
 def endpoint_mix(counts: dict[str, int], *, most: int = 2, short: bool = True) -> str:

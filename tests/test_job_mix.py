@@ -108,5 +108,6 @@ def test_mix_parts_and_their_text() -> None:
     three = {"chat": 60, "embeddings": 30, "rerank": 9, "score": 1}
     assert endpoint_mix(three) == "chat 60% · embed 30% · +2"
     assert endpoint_mix(three, most=4) == "chat 60% · embed 30% · rerank 9% · score 1%"
-    assert endpoint_mix({"chat": 999, "responses": 1}) == "chat >99% · resp <1%"
+    assert endpoint_mix({"chat": 999, "responses": 1}) == "chat >99% · responses <1%"
+    assert endpoint_mix({"completions": 3, "embeddings": 1}) == "completions 75% · embed 25%"
     assert endpoint_mix(three, short=False, most=2) == "chat 60% · embeddings 30% · +2"
