@@ -108,3 +108,31 @@ def sparkline(values: Sequence[float], width: int) -> str:
 def shorten(s: str, width: int) -> str:
     """`s` cut to `width` cells with an ellipsis."""
     return s if len(s) <= width else s[: max(0, width - 1)] + "…"
+
+
+# The endpoints' short names in compact cells (`jobs` list, `top`); `jobs show` names them whole.
+ENDPOINT_SHORT = {"embeddings": "embed"}
+
+
+def endpoint_mix(counts: dict[str, int], *, most: int = 2, short: bool = True) -> str:
+    """A job's endpoint mix in one cell: `chat 80% · embed 20%` (most items first, at most
+    `most` parts, then `+N` more endpoints), the endpoint alone when it is the only one, `-`
+    for none counted. Shares are whole percents (`<1%`, `>99%` at the edges)."""
+    parts = sorted(((k, n) for n, k in counts.items() if k > 0), key=lambda kn: -kn[0])
+    if not parts:
+        return "-"
+    total = sum(k for k, _ in parts)
+
+    def name(n: str) -> str:
+        return ENDPOINT_SHORT.get(n, n) if short else n
+
+    if len(parts) == 1:
+        return name(parts[0][1])
+    cells = []
+    for k, n in parts[:most]:
+        share = k / total
+        text = "<1%" if share < 0.01 else ">99%" if share > 0.99 else f"{round(share * 100)}%"
+        cells.append(f"{name(n)} {text}")
+    if len(parts) > most:
+        cells.append(f"+{len(parts) - most}")
+    return " · ".join(cells)

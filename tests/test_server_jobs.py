@@ -165,7 +165,7 @@ async def test_status_lists_active_jobs(tmp_path: Path) -> None:
                            "state": "in_progress", "total": 3, "queued": 3,
                            "completed": 0, "failed": 0, "cancelled": 0, "deadline": None,
                            "holders": 0, "share": 0.0, "predicted_finish": None,
-                           "at_risk": False}
+                           "at_risk": False, "endpoints": {"unknown": 3}}  # built by hand
         assert 0.0 <= wait < 10.0
         await c.close()
 

@@ -72,3 +72,33 @@ def test_each_gpu_line_names_the_shape_it_pulls_from_and_the_next_one() -> None:
     assert " next " in line
     others = [ln for ln in text.split("\n") if " now " in ln]
     assert len(others) == 1 + sum(c.current is not None for c in snap.consumers[1:])
+
+
+def test_job_line_names_the_endpoint_mix_in_its_colour() -> None:
+    from fabricctl.tui.palette import MIX
+
+    j = _jobs(1000.0)[1]
+    assert "chat" not in draw.job_line(j, 1000.0).plain  # none counted: no mix
+    j.endpoints = {"chat": 750, "embeddings": 250}
+    line = draw.job_line(j, 1000.0)
+    assert "(25.3%)  chat 75% · embed 25%  failed 3" in line.plain
+    at = line.plain.index("chat 75%")
+    assert any(s.style == MIX and s.start <= at < s.end for s in line.spans)
+
+
+async def test_overview_jobs_box_shows_each_jobs_mix() -> None:
+    jobs = _jobs(1000.0)
+    jobs[0].endpoints = {"rerank": 10}
+    jobs[1].endpoints = {"chat": 500, "responses": 250, "score": 250}
+    snap = msgspec.structs.replace(make_snapshot(), jobs=jobs)
+    app = TopApp(FixedSource([snap]))
+    async with app.run_test(size=(160, 50)) as pilot:
+        box = app.query_one("#jobs", TextBox)
+        deadline = time.monotonic() + 10  # the snapshot comes from the pump's thread
+        while not app.received:
+            assert time.monotonic() < deadline, "no snapshot arrived"
+            await pilot.pause(0.01)
+        await pilot.pause()
+        lines = box.text.plain.split("\n")
+        assert "chat 50% · responses 25% · +1" in lines[0]  # the live job first
+        assert "  rerank  " in lines[1]

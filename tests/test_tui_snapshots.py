@@ -78,8 +78,10 @@ def test_overview_with_jobs_one_at_risk_120x36(snap_compare: SnapCompare) -> Non
     late = new_job(7, "batch_7c0ffee", "submit", t - 300, name="/data/eval.jsonl",
                    window_s=900.0)
     late.total, late.completed = 40_000, 9_000
+    late.endpoints = {"chat": 32_000, "embeddings": 8_000}  # its endpoint mix on its line
     calm = new_job(8, "batch_8d00d1e", "run", t - 120, name="/data/synth.jsonl")
     calm.total, calm.completed, calm.failed = 5_000, 2_400, 2
+    calm.endpoints = {"completions": 5_000}
     views = [JobView(7, 0, late.deadline, 31_000, 3_100_000, 184.0, 1, 0.25, t + 1_380.0, True),
              JobView(8, 0, None, 2_598, 260_000, 12.5, 3, 0.75, t + 95.0)]
     snap = msgspec.structs.replace(make_snapshot(t=t), jobs=[late, calm], job_views=views)

@@ -5,11 +5,14 @@ Contract:
 - `group` is the `jobs` Typer group; `fabricctl jobs` alone lists (as `jobs list`).
 - `list`: the jobs the broker keeps, newest first: id, state (OpenAI's names), kind,
   priority, input, progress (items with an outcome of the total), failed, cancelled, refused
-  lines, age, and each job's place in the fleet: its oldest queued item's wait, its share of
-  the consumers (holders), its predicted finish (at risk: how late against its deadline) and
-  deadline.
-  A Rich table on a terminal, TSV with a header line when piped, `--json` one document
-  `{"jobs": [JobRecord...], "job_views": [every field of each place]}`.
+  lines, age, its endpoint mix (`chat 80% · embed 20%`: the two biggest shares, `+N` more;
+  the endpoint alone when it has one; `fmt.endpoint_mix`), and each job's place in the
+  fleet: its oldest queued item's wait, its share of the consumers (holders), its predicted
+  finish (at risk: how late against its deadline) and deadline.
+  A Rich table on a terminal, TSV with a header line when piped (its last column,
+  `endpoints`, is `chat=80,embeddings=20`: items per endpoint, most first), `--json` one
+  document `{"jobs": [JobRecord...], "job_views": [every field of each place]}` (each
+  record's `endpoints`: items per endpoint name).
 - `show ID`: one job by id or a unique prefix of it: state and the times it entered each
   state, its priority and deadline, counts, progress, throughput and ETA, the shapes it
   touched, in-flight items, the first refused lines' messages, and the broker's "N items
@@ -17,9 +20,14 @@ Contract:
   and share, predicted finish (a time and "in 3m12s") and "AT RISK: predicted to finish Xs
   after its deadline". Its model (the first line's) and usage: input tokens (of them
   cached), output and total tokens summed over its successful results, the numbers the
-  Batch API's `usage` gives. `--json`: the broker's `JobView` (`place`: every field of its
-  place, or null) with `usage` in the Batch API's shape (`core.jobs.job_usage`; the record's
-  `input_tokens`, `cached_tokens`, `output_tokens` and `model` are in `job`). Unknown id:
+  Batch API's `usage` gives. Its endpoints: items per endpoint (completions, chat,
+  embeddings, score, rerank, responses; `unknown` for items whose producer named none), with
+  their shares, counted once per item at ingest (a job stored before the counts existed
+  says so; items it took before then are named as not counted). `--json`: the broker's
+  `JobView` (`place`: every field of its place, or null) with `usage` in the Batch API's
+  shape (`core.jobs.job_usage`; the record's `input_tokens`, `cached_tokens`,
+  `output_tokens`, `model` and `endpoints` are in `job`) and `mix`: `[{endpoint, items,
+  share}]`, most items first (`core.mix.mix`). Unknown id:
   exit 1, ambiguous: exit 1 with the broker's message.
 - `cancel ID`: queued items are removed durably (each gets a "cancelled" error result and
   is counted as cancelled); in-flight ones finish; prints the job's state after (cancelling,
@@ -48,6 +56,7 @@ from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, fail, guarded, s
 from fabricctl.config import AppConfig
 from fabricctl.core.forecast import JobView as JobPlace
 from fabricctl.core.jobs import JobRecord, job_usage, parse_window
+from fabricctl.core.mix import mix
 from fabricctl.core.terms import MAX_PRIORITY, check_priority
 from fabricctl.core.unserved import Waiting, waiting_line
 from fabricctl.errors import ExitCode
@@ -55,6 +64,7 @@ from fabricctl.fmt import CRITICAL, NA, age, finish_vs_deadline, pct, relative, 
 from fabricctl.wire.client import Client
 
 from .common import call, console, stdout_is_tty, write_json, write_tsv
+from .jobmix import endpoints_text, endpoints_tsv, mix_cell
 
 JobId = typer.Argument(..., metavar="ID", help="A job id, or a unique prefix of one.")
 JobAction = Callable[[AppConfig, str, bool], None]  # (settings, job id or prefix, --json)
@@ -166,6 +176,7 @@ LIST_COLUMNS = ["id", "state", "kind", "input", "total", "completed", "failed", 
 PLACE_COLUMNS = ["oldest_wait_s", "holders", "share", "predicted_finish", "deadline", "at_risk"]
 
 
+
 def place_doc(p: JobPlace | None) -> dict[str, Any] | None:
     """Every field of a job's place (the wire omits defaults; readers of --json get all)."""
     return None if p is None else msgspec.structs.asdict(p)
@@ -206,24 +217,25 @@ def show_list(cfg: AppConfig, as_json: bool) -> None:
         write_json({"jobs": jobs, "job_views": [place_doc(v) for v in views]})
         return
     if not stdout_is_tty():
-        write_tsv(LIST_COLUMNS + PLACE_COLUMNS,
+        write_tsv([*LIST_COLUMNS, *PLACE_COLUMNS, "endpoints"],
                   [[j.id, j.state.value, j.kind, j.name, j.total, j.completed,
                     j.failed, j.cancelled, j.rejected, j.created, j.priority,
-                    *place_tsv(j, placed.get(j.number))] for j in jobs])
+                    *place_tsv(j, placed.get(j.number)), endpoints_tsv(j)] for j in jobs])
         return
     from rich.table import Table
 
     now = time.time()
     t = Table(title=f"{len(jobs)} job(s) — {cfg.data_dir}", title_justify="left")
     for name, right in [("JOB", False), ("STATE", False), ("KIND", False), ("PRIO", True),
-                        ("INPUT", False), ("PROGRESS", True), ("FAILED", True), ("CANCELLED", True),
-                        ("REFUSED", True), ("AGE", True)]:
+                        ("INPUT", False), ("PROGRESS", True), ("ENDPOINTS", False),
+                        ("FAILED", True), ("CANCELLED", True), ("REFUSED", True), ("AGE", True)]:
         t.add_column(name, justify="right" if right else "left", no_wrap=True)
     for name in ("WAIT", "SHARE", "FINISH", "DEADLINE"):
         t.add_column(name, justify="right", no_wrap=True)
     for j in jobs:
         t.add_row(j.id, j.state.value, j.kind, str(j.priority), shorten(j.name or "-", 40),
-                  progress_of(j), f"{j.failed:,}", f"{j.cancelled:,}", f"{j.rejected:,}",
+                  progress_of(j), mix_cell(j), f"{j.failed:,}",
+                  f"{j.cancelled:,}", f"{j.rejected:,}",
                   age(now - j.created), *place_cells(j, placed.get(j.number), now))
     console().print(t)
 
@@ -249,6 +261,7 @@ def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:
         doc = msgspec.to_builtins(view)
         doc["place"] = place_doc(view.place)
         doc["usage"] = msgspec.to_builtins(job_usage(view.job))
+        doc["mix"] = msgspec.to_builtins(mix(view.job.endpoints))
         write_json(doc)
         return
     from rich.table import Table
@@ -274,6 +287,8 @@ def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:
                         f"{j.cancelled:,} cancelled, {j.queued:,} to go "
                         f"({view.in_flight:,} in flight); {j.rejected:,} line(s) refused")
     t.add_row("usage", usage_text(j))
+    if (endpoints := endpoints_text(j)) is not None:
+        t.add_row("endpoints", endpoints)
     if view.items_per_s:
         t.add_row("throughput", f"{view.items_per_s:,.1f} items/s")
     if view.eta_s is not None:

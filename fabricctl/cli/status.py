@@ -5,8 +5,10 @@ Contract:
   (`--data-dir` > `FABRICCTL_DATA_DIR` > the config); no broker is exit 3.
 - `status --json` is one document: the broker's `status` answer (`version`, `ledger`,
   `difference`, `states`, `models`, `counters`, `extra` with `store`, `engine`, `gpus`,
-  `processes`, `uptime_s`, and `unserved`: `{model, items, tokens}` for each model with
-  queued items and no registered consumer) with `consumers` being the list of registered
+  `processes`, `uptime_s`, `unserved`: `{model, items, tokens}` for each model with
+  queued items and no registered consumer, `jobs`: the live jobs with their counts and
+  `endpoints`, and `mix`: `{"jobs": N, "endpoints": {name: items}}`, the live jobs' items
+  per endpoint summed) with `consumers` being the list of registered
   consumers rather than their count, and `token_counter` added: the counter a `fabricctl
   submit` (or `run`) with this command's configuration counts input tokens with,
   `choose_counter`'s name ("estimate" or "tokenizer:<path>"; "error: ..." when the
@@ -15,12 +17,13 @@ Contract:
   itself counts no tokens: producers do, before they submit, so this is the client-side
   choice, not something the broker reports. Without `--json`: the ledger and its
   difference (which must read 0), one line `N items wait for model 'X': no consumer` per
-  unserved model (under the ledger), shape states, consumers (with their current and next
-  shape), store usage, the last recovery, every host's GPUs grouped by host (the broker's
-  own, and those the agents' heartbeats report: host, GPU, consumer, engine, NVML
-  utilisation and memory or "simulated", tokens, KV hit rate; a broker started with
-  `--gpus none` says "no local GPUs: waiting for agents") and the token counter, as Rich
-  tables; figures through `fabricctl.fmt` (the formatting the dashboard shows), a
+  unserved model (under the ledger), the live jobs' endpoint mix (`cli/jobmix.fleet_line`:
+  each endpoint's share and items; absent with no live job), shape states, consumers (with
+  their current and next shape), store usage, the last recovery, every host's GPUs grouped
+  by host (the broker's own, and those the agents' heartbeats report: host, GPU, consumer,
+  engine, NVML utilisation and memory or "simulated", tokens, KV hit rate; a broker started
+  with `--gpus none` says "no local GPUs: waiting for agents") and the token counter, as
+  Rich tables; figures through `fabricctl.fmt` (the formatting the dashboard shows), a
   figure the broker did not report as "n/a".
 """
 
@@ -38,6 +41,7 @@ from fabricctl.formats.tokens import choose_counter
 from fabricctl.wire.client import Client
 
 from .common import call, console, write_json
+from .jobmix import fleet_line
 
 NO_LOCAL_GPUS = "no local GPUs: waiting for agents"  # what `up --gpus none` reports
 
@@ -116,6 +120,7 @@ def render_status(st: dict[str, Any], data_dir: str) -> list[Table | Text]:
         ("ledger difference", f"{diff[0]} items, {diff[1]} tokens ({ok})"),
     ]))
     out.extend(waiting_lines(st))
+    out.extend(mix_lines(st))
     out.append(_kv("shapes", [(k + (" (since start)" if k == "finished" else ""), f"{v:,}")
                               for k, v in st["states"].items()]))
     ct = Table(title=f"consumers ({len(st['consumers'])})", title_justify="left")
@@ -163,6 +168,18 @@ def waiting_lines(st: dict[str, Any]) -> list[Text]:
 
     return [Text(waiting_line(Waiting(w["model"], w["items"], w["tokens"])), style="bold")
             for w in st.get("unserved", [])]
+
+
+def mix_lines(st: dict[str, Any]) -> list[Text]:
+    """The live jobs' endpoint mix, one line (none without a live job)."""
+    from rich.text import Text
+
+    live = st.get("mix") or {}
+    if not live.get("jobs"):
+        return []
+    line = Text("endpoints of the live jobs: ", style="bold")
+    line.append(fleet_line(live.get("endpoints") or {}, int(live["jobs"])))
+    return [line]
 
 
 def gpu_rows(extra: dict[str, Any]) -> list[tuple[str, int | None, str, dict[str, Any],

@@ -20,7 +20,9 @@ Usage: `input_tokens`, `cached_tokens`, `output_tokens` are the sums of the engi
 over the job's successful results (`add_usage`, counted in the commit that stores each
 item's one result); `job_usage(job)` gives them in OpenAI's `BatchUsage` shape (`JobUsage`:
 input tokens with their cached part, output tokens, reasoning 0, total). `model` is the
-model its first stored line named.
+model its first stored line named. `endpoints` counts its accepted items per endpoint
+(`core.mix`: completions, chat, embeddings, score, rerank, responses, unknown), each once,
+in the commit that stores it; a job stored before the field existed has none.
 Times are unix seconds passed in as `now`; nothing here reads a clock.
 
 Terms: `priority` (0..`MAX_PRIORITY`, higher first; `set_priority` changes a live job's),
@@ -113,6 +115,7 @@ class JobRecord(msgspec.Struct, kw_only=True):
     output_tokens: int = 0  # result, a refused or a cancelled request adds nothing
     output_expires_s: int = 0  # an API batch's output files expire this long after they
     # were created (`output_expires_after`); 0: never
+    endpoints: dict[str, int] = {}  # items accepted per endpoint (`core.mix`): its mix
 
     @property
     def outcomes(self) -> int:

@@ -22,6 +22,7 @@ class Item(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     source: int = 0  # the input format (formats.common.Source): results go back in kind
     line: int = 0  # its input line number within its job (results per job come in this order)
     job: int = 0  # the job it belongs to (its number; 0: none), set by the broker
+    endpoint: int = 0  # where its request goes (a Source value; 0: not stated): `core.mix`
 
 
 class Entry(msgspec.Struct, gc=False):

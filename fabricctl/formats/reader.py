@@ -32,6 +32,10 @@ Contract:
 - `Item.source` (and `Parsed.source`, the same value as a `Source`) says which format the
   line came in; it travels with the item through the store into its `ResultRecord`, so
   the result goes back out in the same form (`fabricctl.formats.results.result_line`).
+- `Item.endpoint` names where the request goes, as a `Source` value, on every item built:
+  the url's (OpenAI), the named `endpoint`, else chat for `messages` and completions for
+  `prompt` (native). The broker counts each job's items by it (`core.mix`) without
+  reading the payload.
 
 A reason is one short sentence naming the field, e.g. "max_tokens must be at least 1".
 """
@@ -48,7 +52,7 @@ from fabricctl.core.payload import Payload, encode_payload
 from fabricctl.core.signature import signature
 from fabricctl.core.types import Item
 from fabricctl.formats.autoshape import ShapeFinder
-from fabricctl.formats.common import Draft, Invalid, Source, a_json_type
+from fabricctl.formats.common import URL_SOURCES, Draft, Invalid, Source, a_json_type
 from fabricctl.formats.native import NATIVE_KEYS, parse_native
 from fabricctl.formats.openai_batch import OPENAI_KEYS, parse_openai
 from fabricctl.formats.results import (
@@ -204,6 +208,8 @@ def build_item(draft: Draft, counter: TokenCounter, cache: ComponentCache | None
         payload=encode_payload(payload),
         label=draft.label,
         source=int(draft.source),
+        endpoint=int(URL_SOURCES.get(draft.path)
+                     or (Source.CHAT if draft.chat else Source.COMPLETIONS)),
     )
 
 

@@ -7,9 +7,12 @@ live job's place in the fleet (`core.forecast`): `fabricctl_job_queue_age_second
 `fabricctl_job_holders`, `fabricctl_job_share` and `fabricctl_job_queued_items`, labelled
 `job_id`, one label set per live job (a job that ended is in no later scrape, so the label
 cardinality is the live jobs), and `fabricctl_jobs_at_risk`, the jobs predicted to finish
-after their deadline; plus a pull-latency histogram and per-consumer batch/token counters that the
-server feeds. `serve(host, port)` answers `GET /metrics` on the event loop itself, so a scrape
-never reads broker state from another thread.
+after their deadline; with `mixes` (id -> items per endpoint of the jobs not ended),
+`fabricctl_job_items{job_id, endpoint}`: each live job's accepted items per endpoint
+(`core.mix`: completions, chat, embeddings, score, rerank, responses, unknown; only those
+with items, so at most seven label sets per live job); plus a pull-latency histogram and
+per-consumer batch/token counters that the server feeds. `serve(host, port)` answers `GET
+/metrics` on the event loop itself, so a scrape never reads broker state from another thread.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from fabricctl import __version__
+from fabricctl.core.mix import ENDPOINT_ORDER
 from fabricctl.core.signature import signature_hex
 from fabricctl.core.stats import BATCH_BUCKETS
 from fabricctl.core.types import Work
@@ -38,15 +42,30 @@ class BrokerCollector(Collector):
     """Why: scrape-time reads keep the dispatch path free of metric updates."""
 
     def __init__(self, core: Broker, live_jobs: Callable[[], dict[int, str]] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 mixes: Callable[[], dict[str, dict[str, int]]] | None = None) -> None:
         self.core = core
         self.live_jobs = live_jobs
         self.clock = clock
+        self.mixes = mixes
 
     def collect(self) -> Iterator[Metric]:
         yield from self.core_families()
         if self.live_jobs is not None:
             yield from self.job_families(self.live_jobs())
+        if self.mixes is not None:
+            yield self.mix_family(self.mixes())
+
+    @staticmethod
+    def mix_family(mixes: dict[str, dict[str, int]]) -> Metric:
+        """Each live job's accepted items per endpoint (those with items)."""
+        fam = GaugeMetricFamily("fabricctl_job_items", "per live job: items accepted, by the "
+                                "endpoint their requests go to", labels=["job_id", "endpoint"])
+        for job_id, counts in sorted(mixes.items()):
+            for endpoint in ENDPOINT_ORDER:
+                if counts.get(endpoint):
+                    fam.add_metric([job_id, endpoint], float(counts[endpoint]))
+        return fam
 
     def job_families(self, live: dict[int, str]) -> Iterator[Metric]:
         """Each live job's queue age, holders, share and queued items, and the count of jobs
@@ -153,10 +172,11 @@ class Metrics:
     """Why: one registry per broker, so several brokers in one test process don't collide."""
 
     def __init__(self, core: Broker, live_jobs: Callable[[], dict[int, str]] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 mixes: Callable[[], dict[str, dict[str, int]]] | None = None) -> None:
         self.version = __version__
         self.registry = CollectorRegistry()
-        self.registry.register(BrokerCollector(core, live_jobs, clock))
+        self.registry.register(BrokerCollector(core, live_jobs, clock, mixes))
         self.pull_latency = Histogram(
             "fabricctl_pull_latency_seconds", "time from a pull request to its batch",
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),

@@ -46,9 +46,13 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.core = self.store.core
-        self.metrics = Metrics(self.core, self.live_job_ids, self.clock)
+        self.metrics = Metrics(self.core, self.live_job_ids, self.clock, self.live_mixes)
         self.started = self.clock()
 
     def live_job_ids(self) -> dict[int, str]:
         """The jobs not ended, number -> id (the metrics' job labels)."""
         return {j.number: j.id for j in self.store.live_jobs()}
+
+    def live_mixes(self) -> dict[str, dict[str, int]]:
+        """The jobs not ended, id -> items per endpoint (`core.mix`; the metrics' mix)."""
+        return {j.id: j.endpoints for j in self.store.live_jobs()}

@@ -14,11 +14,12 @@ ResultRecord), after the key in `arg` ("" from the first): `fabricctl results --
 `jobs` lists the job records, newest first (`limit` of them); `job` is the `JobView` of the
 one job its arg names (an id or a unique prefix: none is `not_found`, several `ambiguous`);
 `job_results` the results of that job's lines after `since`, in input order, `limit` at
-most; `status` carries a small `jobs` summary (the jobs not ended, with their counts and
-their place in the fleet). A job's place (`core.forecast.JobView`: oldest wait, holders and
-share, predicted finish, at risk) rides on its `job` answer (`place`, None with nothing
-queued), in every snapshot (`job_views`), and alone in `job_views` (every job with queued
-items, by number).
+most; `status` carries a small `jobs` summary (the jobs not ended, with their counts, their
+items per endpoint and their place in the fleet) and `mix`, the endpoint mix of every live
+job summed (`{"jobs": N, "endpoints": {name: items}}`). A job's place
+(`core.forecast.JobView`: oldest wait, holders and share, predicted finish, at risk) rides
+on its `job` answer (`place`, None with nothing queued), in every snapshot (`job_views`),
+and alone in `job_views` (every job with queued items, by number).
 Each consumer in the `engines` extra carries the `host` and the GPU's NVML sample (`nvml`,
 or None) its heartbeats reported.
 Every read of the store goes through its methods (`results_since`, `results_by_key`,
@@ -171,8 +172,19 @@ def jobs_summary(state: ServerState, limit: int = 20) -> list[dict[str, Any]]:
                     "oldest_wait_s": p.oldest_wait_s if p else 0.0,
                     "holders": p.holders if p else 0, "share": p.share if p else 0.0,
                     "predicted_finish": p.predicted_finish if p else None,
-                    "at_risk": p.at_risk if p else False})
+                    "at_risk": p.at_risk if p else False, "endpoints": r.endpoints})
     return out
+
+
+def live_mix(state: ServerState) -> dict[str, Any]:
+    """The endpoint mix of every live job (`core.mix`): items per endpoint, summed, and how
+    many jobs (for `status`)."""
+    live = state.store.live_jobs()
+    counts: dict[str, int] = {}
+    for r in live:
+        for name, k in r.endpoints.items():
+            counts[name] = counts.get(name, 0) + k
+    return {"jobs": len(live), "endpoints": counts}
 
 
 def _job_answer(state: ServerState, q: Query) -> Any:
@@ -230,7 +242,7 @@ def answer(state: ServerState, q: Query) -> Answer | Error:
                 "difference": snap.difference, "states": snap.states,
                 "models": snap.models, "consumers": len(snap.consumers),
                 "counters": snap.counters, "extra": snap.extra,
-                "jobs": jobs_summary(state),
+                "jobs": jobs_summary(state), "mix": live_mix(state),
                 "unserved": unserved(snap.shapes, snap.consumers)}
     else:
         return Error("unknown_query", f"unknown query {q.what!r}", q.rid)

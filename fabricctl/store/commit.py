@@ -84,7 +84,8 @@ class Commit:
                 txn, jp, now, ing.jobs if ing is not None else None,
                 ing.job_shapes if ing is not None else None,
                 com.jobs if com is not None else None,
-                ing.job_models if ing is not None else None)
+                ing.job_models if ing is not None else None,
+                ing.job_endpoints if ing is not None else None)
             self.finished.write(txn)  # the records of shapes finished since the last commit
             ledger = meta.ledger_after(received, completed)
             meta.write(txn, dbs["meta"], ledger=ledger,

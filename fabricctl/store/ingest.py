@@ -5,7 +5,8 @@ de-duplicates a chunk (an id already stored in the item's job, or repeated withi
 a reject, in index order; `plan.stored` names the rejects already stored, which a resumed
 submit counts as skipped; an item of a job that takes no more items is refused), counts each
 job's new items (`plan.jobs`, written on its record in the same commit, with the shapes
-they join and the model of the job's first of them, `plan.job_models`), assigns each item
+they join, the model of the job's first of them, `plan.job_models`, and how many go to each
+endpoint, `plan.job_endpoints`: `core.mix.endpoint_of`, each item once), assigns each item
 to its lane and encodes its entry, id and the new segment headers (a key at a time: the
 same lanes, rows and segment numbers as item by item); `ingest_rows(txn, plan)`
 writes them inside the caller's durable transaction (every key above every stored one:
@@ -24,11 +25,13 @@ the broker runs them straight through.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import lmdb
 
 from fabricctl.core.jobs import JobShape
+from fabricctl.core.mix import count_endpoints
 from fabricctl.core.types import Item
 from fabricctl.errors import StoreFullError
 from fabricctl.store.faults import fault_point
@@ -243,6 +246,7 @@ class Ingest:
                 plan.job_shapes.setdefault(job, set()).add(JobShape(model, sig, shape.label))
                 first = (its[0].line, model)  # a group keeps arrival (line) order
                 plan.job_models[job] = min(plan.job_models.get(job, first), first)
+                plan.job_endpoints.setdefault(job, Counter()).update(count_endpoints(its))
             group = Group(gs, shape, its, [it.input_tokens for it in its])
             ns, targets = group.tokens, group.targets
             for k in range(0, len(ns), STEP_ITEMS):

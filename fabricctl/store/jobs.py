@@ -5,7 +5,8 @@ every change to it, so after any crash its counts agree with the entries and res
 disk: `write(txn, plan, now, totals, shapes, outcomes)` (called by the commit, inside its
 transaction, with what its ingest and completion count per job) takes the current record of
 every job the commit touches, adds the totals of the ingest (and the shapes its items
-joined; the model of its first item becomes the job's `model` when it has none), the
+joined; the model of its first item becomes the job's `model` when it has none; its items
+per endpoint are added to `endpoints`), the
 outcomes of the completion (completed, failed, cancelled, and the usage of the results it
 stores: input, cached and output tokens, each item's once), applies the plan's
 operations in order, settles it once (in_progress -> finalizing, cancelling -> cancelled, an
@@ -35,8 +36,8 @@ it ended).
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import lmdb
@@ -61,92 +62,29 @@ from fabricctl.core.jobs import (
     start,
     terms_of,
 )
-from fabricctl.core.terms import JobTerms
+from fabricctl.core.mix import add_endpoints
+from fabricctl.store.jobplan import (
+    CancelOp,
+    Change,
+    FinalizeOp,
+    FlushOp,
+    JobOp,
+    JobPlan,
+    OpenOp,
+    PriorityOp,
+    SealOp,
+    TermsHook,
+)
 from fabricctl.store.keys import job_key
 
 if TYPE_CHECKING:
     from fabricctl.store.env import StoreEnv
 
+__all__ = ["CancelOp", "FinalizeOp", "FlushOp", "JobOp", "JobPlan", "JobTable", "OpenOp",
+           "PriorityOp", "SealOp"]  # the operations live in jobplan.py
+
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(JobRecord).decode
-
-
-@dataclass(slots=True)
-class OpenOp:
-    """Why: a new job's fields travel from the request to the commit that makes it."""
-
-    kind: str
-    name: str = ""
-    sha256: str = ""
-    size: int = 0
-    endpoint: str = ""
-    metadata: dict[str, str] = field(default_factory=dict)
-    window_s: float = 0.0
-    validating: bool = False
-    salt: str = ""  # the id's salt; "" draws one
-    priority: int = 0  # checked by the caller (`core.terms.check_priority`)
-    output_expires_s: int = 0  # an API batch's output files' lifetime (0: none)
-
-
-@dataclass(slots=True)
-class SealOp:
-    """Why: the end of a job's input (or its refusal as a whole) is one durable change."""
-
-    job: int
-    lines: int
-    errors: list[str] = field(default_factory=list)
-    failed: bool = False
-    sha256: str = ""
-    refused: int = 0  # refused lines beyond `errors` (a submit sends only the first few)
-
-
-@dataclass(slots=True)
-class CancelOp:
-    """Why: a cancel (or a window's expiry) withdraws the queued items in the same commit."""
-
-    job: int
-    expired: bool = False  # the completion window's: the items' error is "expired"
-
-
-@dataclass(slots=True)
-class PriorityOp:
-    """Why: a live job's priority is changed by its owner; the shape choice follows it."""
-
-    job: int
-    priority: int  # checked by the caller (`core.terms.check_priority`)
-
-
-@dataclass(slots=True)
-class FinalizeOp:
-    """Why: finalizing -> completed is a settle of its own, on the tick."""
-
-    job: int
-    in_flight: int = 0
-
-
-@dataclass(slots=True)
-class FlushOp:
-    """Why: a broker gone idle right after a shape finished would keep its record in memory
-    only (until the next commit); the tick sends this to commit what is pending."""
-
-
-JobOp = OpenOp | SealOp | CancelOp | PriorityOp | FinalizeOp | FlushOp
-Change = Callable[[JobRecord], None]
-TermsHook = Callable[[int, JobTerms | None], None]  # `Broker.set_job_terms`
-
-
-@dataclass(slots=True)
-class JobPlan:
-    """Why: job operations are prepared, committed and answered like ingests."""
-
-    now: float
-    new: dict[int, JobRecord] = field(default_factory=dict)  # opened by this plan
-    changes: list[tuple[int, Change]] = field(default_factory=list)  # applied in order
-    answers: list[int | str] = field(default_factory=list)  # per op: job number, or why not
-    busy: set[int] = field(default_factory=set)  # jobs whose tick op this plan carries
-
-    def writes(self) -> bool:
-        return bool(self.new or self.changes)
 
 
 class JobTable:
@@ -320,10 +258,12 @@ class JobTable:
               totals: dict[int, int] | None = None,
               shapes: dict[int, set[JobShape]] | None = None,
               outcomes: dict[int, list[int]] | None = None,
-              models: dict[int, tuple[int, str]] | None = None) -> int:
+              models: dict[int, tuple[int, str]] | None = None,
+              endpoints: dict[int, Counter[int]] | None = None) -> int:
         """Put the record of every job this transaction changes; returns how many.
         `totals`: items an ingest adds per job (`shapes`: the shapes they joined; `models`:
-        (line, model) of its first item, kept as the job's model when it has none yet);
+        (line, model) of its first item, kept as the job's model when it has none yet;
+        `endpoints`: how many go to each endpoint, `core.mix`);
         `outcomes`: per job, [completed, failed, cancelled, input tokens, cached tokens,
         output tokens] a completion adds."""
         staged: dict[int, JobRecord] = {}
@@ -351,6 +291,7 @@ class JobTable:
                 first = (models or {}).get(n)
                 if first is not None and not r.model:
                     r.model = first[1]
+                add_endpoints(r, (endpoints or {}).get(n, {}))
         if outcomes:
             for n, (done, failed, cancelled, used_in, used_cached, used_out) in outcomes.items():
                 if (r := rec(n)) is not None:

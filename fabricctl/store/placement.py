@@ -13,6 +13,7 @@ Pure placement and encoding: nothing here reads or writes LMDB.
 
 from __future__ import annotations
 
+from collections import Counter
 from itertools import repeat
 from operator import itemgetter
 
@@ -52,9 +53,9 @@ class IngestPlan:
     """Why: ingest is prepared, committed and applied in three steps, so the commit can run
     off the event loop; this is what passes between them."""
 
-    __slots__ = ("admits", "data_rows", "id_rows", "job_models", "job_shapes", "jobs",
-                 "next_seg", "now", "received", "rejects", "releases", "runs", "seg_rows",
-                 "stored")
+    __slots__ = ("admits", "data_rows", "id_rows", "job_endpoints", "job_models", "job_shapes",
+                 "jobs", "next_seg", "now", "received", "rejects", "releases", "runs",
+                 "seg_rows", "stored")
 
     def __init__(self, rejects: list[Refused], now: float = 0.0) -> None:
         self.rejects = rejects
@@ -63,6 +64,7 @@ class IngestPlan:
         self.jobs: dict[int, int] = {}  # job -> items of it this ingest adds
         self.job_shapes: dict[int, set[JobShape]] = {}  # job -> the shapes they join
         self.job_models: dict[int, tuple[int, str]] = {}  # job -> (line, model): its first
+        self.job_endpoints: dict[int, Counter[int]] = {}  # job -> items per endpoint (core.mix)
         # per run, in arrival order: its shape, each entry's lane, the entries
         self.admits: list[tuple[Shape, list[Lane], list[Entry]]] = []
         self.releases = 0  # the core's lane releases when placing began (`Broker.admit_shape`)

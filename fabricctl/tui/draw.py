@@ -18,7 +18,7 @@ from fabricctl.core.jobs import JobRecord, eta_s
 from fabricctl.core.signature import signature_hex
 from fabricctl.core.snapshot import ModelView, Snapshot
 from fabricctl.core.unserved import unserved, waiting_line
-from fabricctl.tui.palette import CRITICAL, MUTED, OK, STATES, WARN, state_style
+from fabricctl.tui.palette import CRITICAL, MIX, MUTED, OK, STATES, WARN, state_style
 
 ARROW = " ─▶ "
 
@@ -161,13 +161,16 @@ JOBS_SHOWN = 5  # job lines in the overview: the live ones first
 
 
 def job_line(j: JobRecord, now: float, width: int = 16) -> Text:
-    """One job: id, state, a bar of outcomes against its total, counts and ETA."""
+    """One job: id, state, a bar of outcomes against its total, counts, its endpoint mix
+    (`fmt.endpoint_mix`, in `MIX`; none before any item was counted) and ETA."""
     share = j.outcomes / j.total if j.total else 0.0
     filled = round(share * width)
     t = Text(f"{j.id}  ", style="bold")
     t.append(f"{j.state.value:<11} ", style=OK if j.state.value == "completed" else "")
     t.append("█" * filled + "░" * (width - filled), style=OK)
     t.append(f" {j.outcomes:,}/{j.total:,}{'' if j.sealed else '+'} ({fmt.pct(share)})")
+    if j.endpoints:
+        t.append(f"  {fmt.endpoint_mix(j.endpoints)}", style=MIX)
     if j.failed or j.cancelled:
         t.append(f"  failed {j.failed:,}  cancelled {j.cancelled:,}", style=CRITICAL)
     eta = eta_s(j, now)

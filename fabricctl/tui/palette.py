@@ -27,6 +27,8 @@ OK = "#5fd75f"
 DIM = "dim"
 MUTED = "#8a8a8a"
 BAR = "#5f87d7"
+MIX = "#87afd7"
+"""A job's endpoint mix (`chat 80% · embed 20%`) on its line."""
 LINE = "#ff5f00"
 """Threshold lines (pressure threshold, 100-batch thrash line)."""
 
