@@ -54,17 +54,19 @@ def jsonl(rows: list[dict]) -> bytes:
 
 
 class ApiBroker(Broker):
-    """`fabricctl up --engine sim` serving the Batch API, its settings from fabric.toml."""
+    """`fabricctl up --engine sim` (or `engine`) serving the Batch API, its settings from
+    fabric.toml (`toml` after its `[server]` section)."""
 
     def __init__(self, data_dir: Path, home: Path, toml: str = "", token: str = "",
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, engine: str = "sim",
+                 consumers: int = 2) -> None:
         self.port = free_port()
         self.token = token
         server = f'[server]\napi = "127.0.0.1:{self.port}"\n'
         if token:
             server += f'token = "{token}"\n'
         (home / "fabric.toml").write_text(server + toml)
-        super().__init__(data_dir, home, env)
+        super().__init__(data_dir, home, env, engine, consumers)
         self.wait_api()
 
     def wait_api(self) -> None:
