@@ -51,17 +51,19 @@ DOCUMENTS = ["the broker packs the items.", "a lane drains the queue.", "the cac
 SYSTEM = "You answer in one word. " + "Context: the answer is always brief. " * 40
 
 
-def line(cid: str, url: str, body: dict[str, Any]) -> dict[str, Any]:
-    return {"custom_id": cid, "method": "POST", "url": url, "body": {"model": MODEL, **body}}
+def line(cid: str, url: str, body: dict[str, Any], model: str = MODEL) -> dict[str, Any]:
+    return {"custom_id": cid, "method": "POST", "url": url, "body": {"model": model, **body}}
 
 
-def embedding_lines(n: int = 12) -> list[dict[str, Any]]:
+def embedding_lines(n: int = 12, model: str = MODEL) -> list[dict[str, Any]]:
+    """`n` embeddings lines as written for run-batch: three instructions inside `input`,
+    every other line base64."""
     out = []
     for i in range(n):
         body: dict[str, Any] = {"input": INSTRUCTIONS[i % 3] + PASSAGES[i % len(PASSAGES)]}
         if i % 2:
             body["encoding_format"] = "base64"
-        out.append(line(f"emb-{i}", "/v1/embeddings", body))
+        out.append(line(f"emb-{i}", "/v1/embeddings", body, model))
     return out
 
 
@@ -95,8 +97,10 @@ def vector(data: dict[str, Any]) -> list[float]:
 
 
 def run_batch(c: openai.OpenAI, rows: list[dict[str, Any]], endpoint: str,
-              **extra: Any) -> tuple[Any, list[dict[str, Any]]]:
-    """Upload `rows`, run them as one batch for `endpoint`: the ended batch, its output rows."""
+              model: str = MODEL, **extra: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """Upload `rows`, run them as one batch for `endpoint` and check what every batch must
+    be (completed, one row a line in input order, each a 200, `model`, usage the lines'
+    sums): the ended batch and its output rows."""
     f = c.files.create(file=("in.jsonl", jsonl(rows)), purpose="batch")
     b = c.batches.create(input_file_id=f.id, endpoint=endpoint,  # type: ignore[arg-type]
                          completion_window="24h", **extra)
@@ -110,7 +114,7 @@ def run_batch(c: openai.OpenAI, rows: list[dict[str, Any]], endpoint: str,
     out = [json.loads(r) for r in text.splitlines()]
     assert [r["custom_id"] for r in out] == [r["custom_id"] for r in rows]
     assert all(r["response"]["status_code"] == 200 and r["error"] is None for r in out), out
-    assert done.model == MODEL and done.usage is not None
+    assert done.model == model and done.usage is not None
     assert done.usage.model_dump() == output_usage(text)
     return done, out
 
