@@ -20,7 +20,10 @@ Contract (pure: no I/O, no clock):
   line is stored) and `usage` (OpenAI's `BatchUsage`, `core.jobs.job_usage`: input tokens
   with their cached part, output tokens, reasoning 0, total), the job's sums over its
   successful results, which are the usage objects of the output file's lines
-  (`core.records.usage_of`).
+  (`core.records.usage_of`: a result's counts are read from its body's usage, so per
+  endpoint input is `prompt_tokens` or, for responses, `input_tokens`; output
+  `completion_tokens` or `output_tokens`, 0 for pooling; cached what the line reports in
+  `prompt_tokens_details` / `input_tokens_details`, which vLLM's pooling usage never does).
 - `parse_output_expires(value)`: `output_expires_after` `{"anchor": "created_at", "seconds":
   N}` with N a whole number 3600..2592000 -> N (None -> 0: never); anything else is an
   `ApiError` 400 in OpenAI's wording, its param the field at fault. The anchor is the output
