@@ -45,14 +45,16 @@ def error_lines(stderr: bytes) -> list[str]:
 
 
 class Broker:
-    """A `fabricctl up --engine sim` subprocess in its own data dir."""
+    """A `fabricctl up --engine sim` subprocess in its own data dir (another `engine` with
+    its `consumers`: `openai` has one per `[vllm] endpoints` entry of the config)."""
 
-    def __init__(self, data_dir: Path, home: Path, env: dict[str, str] | None = None) -> None:
-        self.data_dir, self.home = data_dir, home
+    def __init__(self, data_dir: Path, home: Path, env: dict[str, str] | None = None,
+                 engine: str = "sim", consumers: int = 2) -> None:
+        self.data_dir, self.home, self.consumers = data_dir, home, consumers
         self.env = clean_env(home, **(env or {}))
         self.log = open(home / f"broker-{data_dir.name}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [*FABRICCTL, "up", "--data-dir", str(data_dir), "--engine", "sim"],
+            [*FABRICCTL, "up", "--data-dir", str(data_dir), "--engine", engine],
             stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=home)
         self.wait_ready()
 
@@ -64,7 +66,7 @@ class Broker:
                          input=input, timeout=timeout)
 
     def wait_ready(self) -> None:
-        """Bounded polling until the socket answers a status query with both consumers."""
+        """Bounded polling until the socket answers a status query with every consumer."""
         from fabricctl.wire.client import Client
 
         async def consumers() -> int:
@@ -82,7 +84,7 @@ class Broker:
                 raise RuntimeError(f"fabricctl up exited {self.proc.returncode}: "
                                    f"{self.logs()}")
             try:
-                if asyncio.run(consumers()) >= 2:
+                if asyncio.run(consumers()) >= self.consumers:
                     return
             except Exception as e:  # not up yet
                 last = e

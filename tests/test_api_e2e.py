@@ -3,7 +3,8 @@
 Promises checked against a real `up --api 127.0.0.1:PORT` subprocess:
 - files: create, retrieve, content byte for byte, list, delete; a bad upload (not JSONL,
   wrong purpose, duplicate custom_id) and a batch for an unknown endpoint are 400s in
-  OpenAI's error shape (the SDK raises `BadRequestError`); with `server.token` set (and the
+  OpenAI's error shape (the SDK raises `BadRequestError`), and so is a batch whose endpoint
+  its file's lines are not for; with `server.token` set (and the
   API in the config's `[server] api`) a wrong key is 401 and the right one works; a
   non-loopback `--api` without a token is refused at once (exit 2, naming server.token);
   a 48 MiB upload raises the daemon's peak RSS (VmHWM) by far less than the file.
@@ -53,17 +54,19 @@ def jsonl(rows: list[dict]) -> bytes:
 
 
 class ApiBroker(Broker):
-    """`fabricctl up --engine sim` serving the Batch API, its settings from fabric.toml."""
+    """`fabricctl up --engine sim` (or `engine`) serving the Batch API, its settings from
+    fabric.toml (`toml` after its `[server]` section)."""
 
     def __init__(self, data_dir: Path, home: Path, toml: str = "", token: str = "",
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, engine: str = "sim",
+                 consumers: int = 2) -> None:
         self.port = free_port()
         self.token = token
         server = f'[server]\napi = "127.0.0.1:{self.port}"\n'
         if token:
             server += f'token = "{token}"\n'
         (home / "fabric.toml").write_text(server + toml)
-        super().__init__(data_dir, home, env)
+        super().__init__(data_dir, home, env, engine, consumers)
         self.wait_api()
 
     def wait_api(self) -> None:
@@ -152,11 +155,15 @@ def test_bad_uploads_and_endpoints_are_400s_in_openai_shape(broker: ApiBroker) -
         assert err["type"] == "invalid_request_error" and words in err["message"], err
     assert c.files.list().data == []
     f = c.files.create(file=("a.jsonl", jsonl([request("a")])), purpose="batch")
-    with pytest.raises(openai.BadRequestError) as e:
-        c.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
-                         completion_window="24h")
-    assert e.value.status_code == 400
-    assert e.value.response.json()["error"]["param"] == "endpoint"
+    for endpoint, code in (("/v1/moderations", "invalid_value"),  # no such endpoint here
+                           ("/v1/embeddings", "mismatched_url")):  # the lines are chat
+        with pytest.raises(openai.BadRequestError) as e:
+            c.batches.create(input_file_id=f.id, endpoint=endpoint,  # type: ignore[arg-type]
+                             completion_window="24h")
+        assert e.value.status_code == 400
+        err = e.value.response.json()["error"]
+        assert (err["param"], err["code"]) == ("endpoint", code), err
+    assert c.batches.list().data == []
 
 
 def test_a_token_is_the_bearer_key(tmp_path: Path) -> None:

@@ -7,7 +7,10 @@ line checker refuses each kind of bad line naming its line, whatever the chunkin
 accepts BOM, CRLF, blank lines and a last line without newline. Through the SDK (httpx's
 ASGI transport, the fake backend of `api_fake.py`, a real `FileStore`): upload, create,
 retrieve, content in input order, the error file with `batch_cancelled` lines, list paging,
-cancel, and every refusal in OpenAI's error shape with its status (400, 401, 404).
+cancel, and every refusal in OpenAI's error shape with its status (400, 401, 404). A batch
+takes every endpoint the reader takes (embeddings, score, rerank, responses beside
+completions and chat; vLLM's short forms are their endpoints) and echoes it; an unknown one
+is a 400 listing them, a file with a line for another endpoint a 400 naming that line.
 The Batch's `model` (its first line's) and `usage` (equal to the sums over its output file's
 lines' usage, cached tokens included; reasoning 0); `output_expires_after` parsed (anchor
 `created_at`, 3600..2592000 seconds; anything else a 400 naming the field, no batch made) and
@@ -31,7 +34,10 @@ from api_fake import FakeBackend
 
 from fabricctl.api.app import build_app
 from fabricctl.api.objects import (
+    ENDPOINTS,
     batch_object,
+    check_endpoint,
+    check_urls,
     parse_output_expires,
     parse_window,
     virtual_file,
@@ -335,9 +341,15 @@ async def test_bad_batches_get_openai_errors(h: Harness) -> None:
     f = await c.files.create(file=("a.jsonl", jsonl([request("a"), request(
         "b", url="/v1/completions")])), purpose="batch")
     with pytest.raises(openai.BadRequestError) as e:
-        await c.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
+        await c.batches.create(input_file_id=f.id, endpoint="/v1/moderations",
                                completion_window="24h")
     assert e.value.response.json()["error"]["param"] == "endpoint"
+    assert e.value.response.json()["error"]["code"] == "invalid_value"
+    with pytest.raises(openai.BadRequestError) as e:
+        await c.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
+                               completion_window="24h")
+    assert e.value.response.json()["error"]["code"] == "mismatched_url"
+    assert "line 1: url " + CHAT in e.value.response.json()["error"]["message"]
     with pytest.raises(openai.BadRequestError) as e:
         await c.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
     assert "line 2: url /v1/completions" in e.value.response.json()["error"]["message"]
@@ -404,6 +416,37 @@ def test_api_address_refuses_non_loopback_without_token() -> None:
         api_address("0.0.0.0:8000", "")
     with pytest.raises(UsageError, match="HOST:PORT"):
         api_address("8000", "")
+
+
+# ---- endpoints ------------------------------------------------------------------------------
+
+
+def test_every_endpoint_the_reader_takes_makes_a_batch_and_no_other() -> None:
+    assert ENDPOINTS == ("/v1/completions", CHAT, "/v1/embeddings", "/v1/score", "/v1/rerank",
+                         "/v1/responses", "/score", "/rerank", "/v2/rerank")
+    for endpoint in ENDPOINTS:
+        check_endpoint(endpoint)
+    for bad in ("/v1/moderations", "/v1/embeddings/", "v1/embeddings", ""):
+        with pytest.raises(ApiError) as e:
+            check_endpoint(bad)
+        err = e.value
+        assert (err.status, err.param, err.code) == (400, "endpoint", "invalid_value")
+        assert "/v1/embeddings, /v1/score, /v1/rerank, /v1/responses" in err.message
+
+
+def test_every_line_must_be_for_the_batchs_endpoint_aliases_included() -> None:
+    check_urls("/v1/embeddings", {"/v1/embeddings": 1})
+    check_urls("/v1/rerank", {"/rerank": 1, "/v2/rerank": 4, "/v1/rerank": 9})
+    check_urls("/score", {"/v1/score": 2})
+    for endpoint, urls, line in (
+            ("/v1/embeddings", {"/v1/embeddings": 1, CHAT: 3}, "line 3: url " + CHAT),
+            ("/v1/score", {"/v1/score": 1, "/rerank": 2}, "line 2: url /rerank"),
+            (CHAT, {"/v1/completions": 1, CHAT: 2}, "line 1: url /v1/completions")):
+        with pytest.raises(ApiError) as e:
+            check_urls(endpoint, urls)
+        err = e.value
+        assert (err.status, err.param, err.code) == (400, "endpoint", "mismatched_url")
+        assert err.message.startswith(f"{line} does not match the batch's endpoint {endpoint}")
 
 
 # ---- model, usage and output_expires_after ---------------------------------------------------

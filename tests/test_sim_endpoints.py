@@ -3,7 +3,8 @@ rerank and responses bodies in vLLM 0.32's schema, and the fake server answering
 
 Bodies are checked literally: their keys in vLLM's order, the usage, the vectors and scores
 (deterministic), base64 against the float vectors, `dimensions`, no completion tokens for
-pooling, and the cached tokens the simulated prefix cache gives a second input of a prefix.
+pooling, and the cached tokens the simulated prefix cache gives a second input of a prefix
+(counted by the GPU; a pooling result, like vLLM's pooling usage, reports none).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def test_embedding_body_is_vllms_with_prompt_tokens_and_no_completion() -> None:
     assert body["usage"] == {"prompt_tokens": 40, "total_tokens": 40, "completion_tokens": 0,
                              "prompt_tokens_details": None, "completion_tokens_details": None}
     assert list(body["usage"]) == POOLING_USAGE_KEYS
-    assert (res.tokens_out, res.prompt_tokens, res.cached_tokens) == (0, 40, 0)
+    assert (res.tokens_out, res.prompt_tokens, res.cached_tokens) == (0, 40, None)
     assert (res.text, res.finish_reason, res.status, res.error) == ("", "stop", 0, None)
 
 
@@ -157,12 +158,13 @@ def test_dimensions_out_of_range_is_vllms_400() -> None:
 
 def test_two_inputs_of_one_prefix_hit_the_cache_without_decoding() -> None:
     """Pooling is a prefill alone: no generated token, no decode step; a second input of the
-    same instruction (2 blocks of 16) hits them, and vLLM's body still carries no details."""
+    same instruction (2 blocks of 16) hits them (the GPU counts the hit), and vLLM's body
+    still carries no details, so the result claims none either (its usage is its body's)."""
     gpu = SimGPU(SMALL, max_input_len=200)
     [a] = run(gpu, item("e1", "/v1/embeddings", {"input": "Query: one"}))
     assert gpu.counters.steps == 1
     [b] = run(gpu, item("e2", "/v1/embeddings", {"input": "Query: two"}))
-    assert (a.cached_tokens, b.cached_tokens) == (0, 32)
+    assert (a.cached_tokens, b.cached_tokens) == (None, None)
     assert (a.prompt_tokens, b.prompt_tokens, a.tokens_out, b.tokens_out) == (40, 40, 0, 0)
     c = gpu.counters
     assert (c.generation_tokens, c.prompt_tokens, c.prefix_cache_hits, c.steps) == (0, 80, 32, 2)

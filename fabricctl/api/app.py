@@ -10,7 +10,11 @@ Contract:
   `server_error`) what failed here or in the broker. Cancelling a batch still being fed
   stops its feed first.
 - An upload streams (`fabricctl.api.upload`) into the files dir and is kept only when every
-  line passed; then its record is in the `FileStore`. A batch is created by
+  line passed; then its record is in the `FileStore`. A batch names one endpoint, any an
+  OpenAI batch line may name (`objects.check_endpoint`: completions, chat, embeddings,
+  score, rerank, responses, and vLLM's short forms; else a 400 listing them), and every line
+  of its file must be for that endpoint (`objects.check_urls`: else a 400 naming the first
+  line that is not; nothing is created). A batch is created by
   `open_job(kind="api", validating=True, ...)` and answered at once (`validating`); its file
   is fed in by a task of the `BatchApi` (`api.service`; a feed that fails fails the job
   with its error).
@@ -53,13 +57,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fabricctl.api.batches import content
 from fabricctl.api.objects import (
-    ENDPOINTS,
     Deleted,
     ErrorBody,
     ErrorInfo,
     FileObject,
     ListPage,
     batch_object,
+    check_endpoint,
+    check_urls,
     error_body,
     file_object,
     page,
@@ -182,9 +187,7 @@ async def create_batch(api: BatchApi, request: Request) -> Response:
     except msgspec.DecodeError:
         raise ApiError(400, "the request body must be a JSON object", None,
                        "invalid_request") from None
-    if body.endpoint not in ENDPOINTS:
-        raise ApiError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}, not "
-                       f"{body.endpoint!r}", "endpoint", "invalid_value")
+    check_endpoint(body.endpoint)
     window_s = parse_window(body.completion_window)
     metadata = body.metadata or {}
     if len(metadata) > MAX_METADATA or any(
@@ -197,10 +200,7 @@ async def create_batch(api: BatchApi, request: Request) -> Response:
     if rec is None:
         raise ApiError(400, f"No such File object: {body.input_file_id}", "input_file_id",
                        "invalid_value")
-    for url, line in sorted(rec.urls.items(), key=lambda u: u[1]):
-        if url != body.endpoint:
-            raise ApiError(400, f"line {line}: url {url} does not match the batch's endpoint "
-                           f"{body.endpoint}", "endpoint", "mismatched_url")
+    check_urls(body.endpoint, rec.urls)
     reply = await api.backend.open_job(
         "api", name=rec.id, sha256=rec.sha256, size=rec.bytes, endpoint=body.endpoint,
         metadata=metadata, window_s=window_s, attach=False, validating=True,

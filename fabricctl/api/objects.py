@@ -20,13 +20,25 @@ Contract (pure: no I/O, no clock):
   line is stored) and `usage` (OpenAI's `BatchUsage`, `core.jobs.job_usage`: input tokens
   with their cached part, output tokens, reasoning 0, total), the job's sums over its
   successful results, which are the usage objects of the output file's lines
-  (`core.records.usage_of`).
+  (`core.records.usage_of`: a result's counts are read from its body's usage, so per
+  endpoint input is `prompt_tokens` or, for responses, `input_tokens`; output
+  `completion_tokens` or `output_tokens`, 0 for pooling; cached what the line reports in
+  `prompt_tokens_details` / `input_tokens_details`, which vLLM's pooling usage never does).
 - `parse_output_expires(value)`: `output_expires_after` `{"anchor": "created_at", "seconds":
   N}` with N a whole number 3600..2592000 -> N (None -> 0: never); anything else is an
   `ApiError` 400 in OpenAI's wording, its param the field at fault. The anchor is the output
   file's creation, which is when the batch ended (`output_created_at`): the output and error
   files expire at `output_expires_at(job)` (their `FileObject.expires_at`), and once
   `output_expired(job, now)` they are gone (404) while the batch keeps their ids.
+- `check_endpoint(endpoint)`: a batch's `endpoint` must be one of `ENDPOINTS` (every url
+  the reader takes: /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/score,
+  /v1/rerank, /v1/responses, and vLLM's /score, /rerank, /v2/rerank), else a 400 (param
+  `endpoint`, code `invalid_value`) naming them. `check_urls(endpoint, urls)`: every line's
+  url (`urls`: each url of the file with its first line) must name the same endpoint (an
+  alias names its canonical one: `/rerank` and `/v2/rerank` are `/v1/rerank`, `/score` is
+  `/v1/score`), else a 400 (param `endpoint`, code `mismatched_url`) naming the first line
+  that does not, as OpenAI's Batch API requires one endpoint per batch. The Batch's
+  `endpoint` is the one given.
 - `job_errors(job)` turns the job's "line N: reason" messages into `errors.data` entries
   with their `line`.
 - `ApiError(status, message, param, code)` (`fabricctl.errors`) is every refusal;
@@ -42,11 +54,14 @@ import msgspec
 from fabricctl.core import jobs as core_jobs
 from fabricctl.core.jobs import WINDOW_UNITS as _UNIT
 from fabricctl.core.jobs import JobRecord, JobState, JobUsage, job_usage
+from fabricctl.core.records import URL_SOURCES
 from fabricctl.core.terms import check_priority
 from fabricctl.errors import ApiError
 from fabricctl.store.files import FileRecord
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+# Every endpoint a batch may name: the urls an OpenAI batch line may name (the reader's),
+# canonical ones first, then vLLM's short and v2 forms of score and rerank.
+ENDPOINTS = tuple(URL_SOURCES)
 ANCHOR = "created_at"  # the one anchor of `output_expires_after`: the file's creation
 MIN_OUTPUT_EXPIRES_S, MAX_OUTPUT_EXPIRES_S = 3600, 2_592_000  # 1 hour .. 30 days
 PRIORITY_KEY = "priority"  # the metadata key that sets a batch's priority
@@ -93,6 +108,23 @@ def parse_priority(metadata: dict[str, str]) -> int:
     except ValueError as e:
         raise ApiError(400, f"metadata.priority: {e}", f"metadata.{PRIORITY_KEY}",
                        "invalid_value") from None
+
+
+def check_endpoint(endpoint: str) -> None:
+    """Refuse an endpoint no batch line may name (see the contract)."""
+    if endpoint not in URL_SOURCES:
+        raise ApiError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}, not "
+                       f"{endpoint!r}", "endpoint", "invalid_value")
+
+
+def check_urls(endpoint: str, urls: dict[str, int]) -> None:
+    """Refuse a file with a line for another endpoint than the batch's (see the contract)."""
+    want = URL_SOURCES[endpoint]
+    for url, line in sorted(urls.items(), key=lambda u: u[1]):
+        if URL_SOURCES.get(url) is not want:
+            raise ApiError(400, f"line {line}: url {url} does not match the batch's endpoint "
+                           f"{endpoint}: every line of a batch must be for its endpoint",
+                           "endpoint", "mismatched_url")
 
 
 def window_text(job: JobRecord) -> str:

@@ -3,15 +3,17 @@
 Contract:
 - `LineChecker` takes the file's bytes in chunks of any size (`feed`, then `end`) and checks
   every line as an OpenAI batch request (`fabricctl.formats.openai_batch.parse_openai`, the
-  same rules `submit` applies): a JSON object with `custom_id`, `method` POST, `url` one of
-  /v1/chat/completions or /v1/completions, `body` an object with a `model`; `custom_id`
-  unique in the file. Lines are numbered from 1, blank ones included and skipped; CRLF and a
-  BOM on the first line are accepted. It holds at most one line (a line longer than
-  `max_line_bytes` is refused without being held) plus one 8-byte hash (xxh3-64) per
-  custom_id: `duplicate(path)`, once the file is whole, finds the hashes seen twice and
-  only then reads the file again for those ids, comparing them exactly (a hash collision
-  is no duplicate), to name the line and the line it repeats. `error` is the first
-  refusal ("line N: reason") of the streaming checks.
+  same rules `submit` applies): a JSON object with `custom_id`, `method` POST, `url` one the
+  reader takes (completions, chat, embeddings, score, rerank, responses, and vLLM's short
+  forms), `body` that endpoint's request with a `model`; `custom_id` unique in the file.
+  `urls` maps each url the file names to its first line (a batch's endpoint must match them
+  all). Lines are numbered from 1, blank ones included and skipped; CRLF and a BOM on the
+  first line are accepted. It holds at most one line (a line longer than `max_line_bytes`
+  is refused without being held) plus one 8-byte hash (xxh3-64) per custom_id:
+  `duplicate(path)`, once the file is whole, finds the hashes seen twice and only then reads
+  the file again for those ids, comparing them exactly (a hash collision is no duplicate),
+  to name the line and the line it repeats. `error` is the first refusal ("line N: reason")
+  of the streaming checks.
 - `receive_upload(stream, content_type, sink_path)` reads a multipart/form-data body
   from an async byte stream through python-multipart's streaming parser: the `file` part
   goes through a `LineChecker`, a sha256 and into `sink_path` as it arrives (memory: one

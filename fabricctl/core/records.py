@@ -78,7 +78,11 @@ class ResultRecord(msgspec.Struct, array_like=True, gc=False):
 def usage_of(rec: ResultRecord) -> tuple[int, int, int]:
     """(prompt, cached, completion) tokens a result adds to its job's usage: the engine's
     counts for a successful one (the one that goes to an output file), zeros for an error
-    result, an engine's refusal, an item too long to send, or a request withdrawn unrun."""
+    result, an engine's refusal, an item too long to send, or a request withdrawn unrun.
+    For an OpenAI line the engine's counts are its body's usage (`prompt_tokens` or
+    `input_tokens`, the cached tokens its details report, `completion_tokens` or
+    `output_tokens`; a pooling body reports no output and, from vLLM, no cached tokens), so
+    a job's sums are its output lines' sums."""
     if rec.error is not None or rec.status or rec.finish_reason == LENGTH_EXCEEDED:
         return 0, 0, 0
     return rec.prompt_tokens, rec.cached_tokens or 0, rec.completion_tokens

@@ -26,10 +26,14 @@ Contract:
   Completions and chat: choice 0's text and finish_reason, the tokens of all choices, and
   the body for an OpenAI batch item or several choices (no `prompt_tokens`: the item's
   estimate stands, as before). The other endpoints always carry their body
-  (`simendpoints`) and the request's `prompt_tokens` (the payload's counted tokens) and
-  `cached_tokens` (the simulated prefix cache's hit); pooling has `tokens_out` 0 and no
-  text; a Responses answer has its text, finish_reason and output tokens, and in its usage
-  `cache_write_tokens` = the prompt's full blocks less the hit, as vLLM counts them.
+  (`simendpoints`) and the request's `prompt_tokens` (the payload's counted tokens); the
+  result's counts are its body's usage, as a real engine reads them (`engines.request`).
+  Pooling has `tokens_out` 0, no text and `cached_tokens` None: vLLM's pooling usage has
+  no `prompt_tokens_details`, so the result claims no hit (the simulated prefix cache still
+  has it: the GPU's `prefix_cache_hits` count it). A Responses answer has its text,
+  finish_reason, output tokens and `cached_tokens` the simulated hit, as in its usage
+  (`input_tokens_details`), with `cache_write_tokens` = the prompt's full blocks less the
+  hit, as vLLM counts them.
 """
 
 from __future__ import annotations
@@ -203,5 +207,6 @@ def item_answer(item: Item, plan: SimPlan, reqs: list[SimRequest], *, block_size
                         max_output_tokens=max(1, min(plan.limit, max_model_len - prompt)))
         return ItemResult(id=item.id, text=text, finish_reason=reason, tokens_out=first.out,
                           cached_tokens=cached, prompt_tokens=prompt, body=body)
-    return ItemResult(id=item.id, tokens_out=0, cached_tokens=cached, prompt_tokens=prompt,
+    # vLLM's pooling usage reports no cached tokens: neither does the result (its body's)
+    return ItemResult(id=item.id, tokens_out=0, cached_tokens=None, prompt_tokens=prompt,
                       body=ask.body(item.model, item.id, prompt))

@@ -3,7 +3,9 @@
 The venv is `.venv-vllm` at the repo root (override: FABRICCTL_VLLM_VENV); `make test`
 creates it with scripts/vllm_env.sh. Missing venv = test failure, unless
 FABRICCTL_ALLOW_SKIP_VLLM=1, then a skip. Two servers stand in for two GPUs, one core each,
-started once per run through fabricctl's own launcher.
+started once per run through fabricctl's own launcher. `embed_server` (per test) serves the
+tiny model as an embedding model (`--runner pooling --convert embed`: `EMBED`), started by
+`serve_pooling`, which other pooling servers use too.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ SERVER_ARGS = ("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
                "--max-num-seqs", "16", "--enforce-eager", "--enable-prefix-caching",
                "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(NUM_BLOCKS),
                "--enable-prompt-tokens-details")
+
+
+EMBED = ("--runner", "pooling", "--convert", "embed")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -93,5 +98,29 @@ async def vllm_servers(tiny_model: Path,
                           for s in launcher.servers if s.log_path.exists())
         pytest.fail(f"{e}\n{tails}", pytrace=False)
     print(f"\nvLLM: two servers ready in {time.monotonic() - t0:.1f} s")
+    yield launcher
+    await launcher.stop()
+
+
+async def serve_pooling(model: Path, flags: tuple[str, ...], logs: Path) -> Launcher:
+    """One server of `model` with the session's flags plus `flags` (a pooling runner), ready;
+    its log tail in the failure when it does not start."""
+    spec = vllm_cpu_spec(VENV, str(model), "tiny", logs, port_base=free_port_pair(),
+                         extra_args=(*SERVER_ARGS, *flags), ready_timeout_s=240.0,
+                         stop_timeout_s=20.0, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    launcher = Launcher(spec, [0])
+    try:
+        await launcher.start()
+    except LaunchError as e:
+        tails = "\n".join(f"--- {s.log_path}\n" + s.log_path.read_text()[-3000:]
+                          for s in launcher.servers if s.log_path.exists())
+        pytest.fail(f"{e}\n{tails}", pytrace=False)
+    return launcher
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def embed_server(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Launcher]:
+    """The tiny Llama as an embedding model (`EMBED`), for one test."""
+    launcher = await serve_pooling(tiny_model, EMBED, tmp_path / "logs")
     yield launcher
     await launcher.stop()

@@ -29,16 +29,13 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from conftest import MAKE_MODEL, SERVER_ARGS, VENV
-from realtext import free_port_pair
+from conftest import EMBED, MAKE_MODEL, serve_pooling
 from runbatch import run_batch, through_fabricctl, write
 
-from fabricctl.errors import LaunchError
-from fabricctl.supervisor.launcher import Launcher, vllm_cpu_spec
+from fabricctl.supervisor.launcher import Launcher
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.asyncio(loop_scope="session")]
 
-EMBED = ("--runner", "pooling", "--convert", "embed")
 CLASSIFY = ("--runner", "pooling")
 INSTRUCTIONS = [
     "Instruct: Given a web search query, retrieve relevant passages that answer it\nQuery: ",
@@ -52,20 +49,6 @@ QUERY = "which part packs the items?"
 DOCUMENTS = ["the broker packs the items.", "a lane drains the queue.", "the cache evicts."]
 
 
-async def _serve(model: Path, flags: tuple[str, ...], logs: Path) -> Launcher:
-    spec = vllm_cpu_spec(VENV, str(model), "tiny", logs, port_base=free_port_pair(),
-                         extra_args=(*SERVER_ARGS, *flags), ready_timeout_s=240.0,
-                         stop_timeout_s=20.0, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
-    launcher = Launcher(spec, [0])
-    try:
-        await launcher.start()
-    except LaunchError as e:
-        tails = "\n".join(f"--- {s.log_path}\n" + s.log_path.read_text()[-3000:]
-                          for s in launcher.servers if s.log_path.exists())
-        pytest.fail(f"{e}\n{tails}", pytrace=False)
-    return launcher
-
-
 @pytest.fixture(scope="session")
 def tiny_classifier(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-classifier")
@@ -76,15 +59,8 @@ def tiny_classifier(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def embed_server(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Launcher]:
-    launcher = await _serve(tiny_model, EMBED, tmp_path / "logs")
-    yield launcher
-    await launcher.stop()
-
-
-@pytest_asyncio.fixture(loop_scope="session")
 async def score_server(tiny_classifier: Path, tmp_path: Path) -> AsyncIterator[Launcher]:
-    launcher = await _serve(tiny_classifier, CLASSIFY, tmp_path / "logs")
+    launcher = await serve_pooling(tiny_classifier, CLASSIFY, tmp_path / "logs")
     yield launcher
     await launcher.stop()
 
