@@ -3,9 +3,9 @@
 The venv is `.venv-vllm` at the repo root (override: FABRICCTL_VLLM_VENV); `make test`
 creates it with scripts/vllm_env.sh. Missing venv = test failure, unless
 FABRICCTL_ALLOW_SKIP_VLLM=1, then a skip. Two servers stand in for two GPUs, one core each,
-started once per run through fabricctl's own launcher. `embed_server` (per test) serves the
-tiny model as an embedding model (`--runner pooling --convert embed`: `EMBED`), started by
-`serve_pooling`, which other pooling servers use too.
+started once per run through fabricctl's own launcher. `embed_server` (also started once, by
+the first test that needs it) serves the tiny model as an embedding model (`--runner pooling
+--convert embed`: `EMBED`), started by `serve_pooling`, which other pooling servers use too.
 """
 
 from __future__ import annotations
@@ -118,9 +118,11 @@ async def serve_pooling(model: Path, flags: tuple[str, ...], logs: Path) -> Laun
     return launcher
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def embed_server(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Launcher]:
-    """The tiny Llama as an embedding model (`EMBED`), for one test."""
-    launcher = await serve_pooling(tiny_model, EMBED, tmp_path / "logs")
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def embed_server(tiny_model: Path,
+                       tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Launcher]:
+    """The tiny Llama as an embedding model (`EMBED`), started once for the tests that use it
+    (an idle CPU vLLM server takes no CPU time, measured)."""
+    launcher = await serve_pooling(tiny_model, EMBED, tmp_path_factory.mktemp("embed-logs"))
     yield launcher
     await launcher.stop()
