@@ -33,11 +33,11 @@ from typing import Any
 
 from fabricctl.core.types import Item
 from fabricctl.engines.simanswer import SimSpec, choice_plan
+from fabricctl.engines.simbodies import Refusal
 from fabricctl.engines.simendpoints import (
     CHAT,
     GENERATION,
     SIMULATED,
-    Refusal,
     ResponsesAsk,
     endpoint_of,
     parse_ask,

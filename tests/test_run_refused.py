@@ -10,7 +10,7 @@ as a string `error`, `custom_id` the line's or ""), at the line's place with --o
 A file whose every line is refused exits 1 with a row for each. The pure parts: what the
 reader keeps of a refused line (`LineError.openai`, `.id`), the row's shape
 (`formats.results.refused_line`, field for field vLLM's `BatchRequestOutput`), and
-`cli.run.RefusedRows` (the input's form decides lines of unknown form, native lines get no
+`cli.run_rows.RefusedRows` (the input's form decides lines of unknown form, native lines get no
 row, rows held for their place in order).
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 from cli_helpers import clean_env, fabricctl
 
-from fabricctl.cli.run import RefusedRows
+from fabricctl.cli.run_rows import RefusedRows
 from fabricctl.formats.reader import LineError, Parsed, parse_lines
 from fabricctl.formats.results import refused_line
 from fabricctl.producer import Chunk

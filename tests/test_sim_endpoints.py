@@ -26,6 +26,7 @@ from fabricctl.core.signature import signature
 from fabricctl.core.types import Item, ItemResult, Work
 from fabricctl.engines.sim import SimCosts, SimEngine, SimGPU
 from fabricctl.engines.simanswer import output_len
+from fabricctl.engines.simbatch import run_work
 from fabricctl.engines.simendpoints import EMBED_DIM, embedding, similarity
 
 SMALL = SimCosts(block_size=16, num_blocks=40, max_num_seqs=8, max_num_batched_tokens=256)
@@ -49,7 +50,7 @@ def item(iid: str, path: str, body: dict[str, Any], *, prefix: int = 32, rest: i
 
 def run(gpu: SimGPU, *items: Item) -> list[ItemResult]:
     work = Work(1, "m", items[0].signature, 0, 1, 0, 0, 8192, list(items))
-    results, _ = gpu.run_work(work)
+    results, _ = run_work(gpu, work)
     return results
 
 

@@ -15,6 +15,7 @@ from fabricctl.core.types import Item, Prewarm, Work
 from fabricctl.engines.base import Engine, EngineLimits
 from fabricctl.engines.prefix_cache import PrefixCache
 from fabricctl.engines.sim import SimCosts, SimEngine, SimGPU, item_blocks
+from fabricctl.engines.simbatch import run_work
 from fabricctl.errors import EngineError, UsageError
 
 SMALL = SimCosts(block_size=16, num_blocks=40, max_num_seqs=8, max_num_batched_tokens=256)
@@ -55,7 +56,7 @@ def test_batch_results_in_order_with_length_exceeded() -> None:
     gpu = SimGPU(SMALL, max_input_len=200)
     items = [make_item(f"i{k}", ["S"], [48], 20 + 10 * k, max_tokens=3 + k) for k in range(5)]
     items.insert(2, make_item("big", ["S"], [48], 500))  # input 548 > work limit 300
-    results, seconds = gpu.run_work(make_work(items, max_input_len=300))
+    results, seconds = run_work(gpu, make_work(items, max_input_len=300))
     assert [r.id for r in results] == ["i0", "i1", "big", "i2", "i3", "i4"]
     big = results[2]
     assert (big.text, big.finish_reason, big.tokens_out, big.cached_tokens) == (
@@ -72,14 +73,14 @@ def test_batch_results_in_order_with_length_exceeded() -> None:
     assert (c.items, c.batches, c.length_exceeded, c.generation_tokens) == (6, 1, 1, 25)
     assert seconds == pytest.approx(c.busy_s) and seconds > 0
     # the engine's own max_input_len applies too
-    results, _ = gpu.run_work(make_work([make_item("x", ["S"], [48], 160)]))
+    results, _ = run_work(gpu, make_work([make_item("x", ["S"], [48], 160)]))
     assert results[0].finish_reason == "length_exceeded"
 
 
 def test_batch_output_limit_clips_tokens() -> None:
     gpu = SimGPU(SMALL, max_input_len=200)
     items = [make_item("a", [], [], 30, max_tokens=50), make_item("b", [], [], 30, max_tokens=2)]
-    results, _ = gpu.run_work(make_work(items, max_tokens=5))
+    results, _ = run_work(gpu, make_work(items, max_tokens=5))
     assert [r.tokens_out for r in results] == [5, 2]
 
 
@@ -91,7 +92,7 @@ def test_batch_is_deterministic() -> None:
     runs = []
     for _ in range(2):
         gpu = SimGPU(SMALL, max_input_len=300)
-        out = [gpu.run_work(make_work(items)), gpu.run_work(make_work(items[::-1], lane=3))]
+        out = [run_work(gpu, make_work(items)), run_work(gpu, make_work(items[::-1], lane=3))]
         runs.append((out, counters(gpu), gpu.now))
     assert runs[0] == runs[1]
     assert runs[0][1]["preemptions"] > 0  # 30 requests in 39 blocks: pressure was real
@@ -101,7 +102,7 @@ def test_cold_batch_shares_prefix_within_the_batch() -> None:
     gpu = SimGPU(SimCosts(), max_input_len=8192)
     n = 12
     items = [make_item(f"p{k}", ["system prompt"], [48], 30 + k) for k in range(n)]  # 3 blocks
-    results, _ = gpu.run_work(make_work(items))
+    results, _ = run_work(gpu, make_work(items))
     assert [r.cached_tokens for r in results] == [0] + [48] * (n - 1)
     assert gpu.counters.prefix_cache_hits == (n - 1) * 3 * 16
     assert gpu.counters.steps == 4  # one prefill step for all, then 3 decode steps
@@ -111,12 +112,12 @@ def test_shape_switch_evicts_older_shape_deepest_blocks_first() -> None:
     """Capacity 19 blocks of 16; shape A (4 prefix blocks) runs once, then shape B repeatedly."""
     gpu = SimGPU(SimCosts(block_size=16, num_blocks=20), max_input_len=100)
     a = make_item("a0", ["A"], [64], 16, max_tokens=1)  # 80 tokens: 5 full blocks
-    gpu.run_work(make_work([a]))
+    run_work(gpu, make_work([a]))
     probe = gpu.cache
     a_seq_hashes = item_blocks(make_item("a1", ["A"], [64], 16), 16).hashes
     depths = []
     for k in range(17):
-        gpu.run_work(make_work([make_item(f"b{k}", ["B"], [64], 16, max_tokens=1)]))
+        run_work(gpu, make_work([make_item(f"b{k}", ["B"], [64], 16, max_tokens=1)]))
         depth = 0
         for h in a_seq_hashes[:4]:
             if not probe.cached(h):
@@ -127,7 +128,7 @@ def test_shape_switch_evicts_older_shape_deepest_blocks_first() -> None:
         assert all(probe.cached(h) for h in b_prefix)  # the shape in use stays warm
     # 14 never-used blocks and A's unique block go first, then A's prefix, deepest first
     assert depths == [4] * 11 + [3, 2, 1, 0, 0, 0]
-    results, _ = gpu.run_work(make_work([make_item("a2", ["A"], [64], 16, max_tokens=1)]))
+    results, _ = run_work(gpu, make_work([make_item("a2", ["A"], [64], 16, max_tokens=1)]))
     assert results[0].cached_tokens == 0
 
 
@@ -137,7 +138,7 @@ def test_graph_cache_builds_once_per_lane_epoch() -> None:
     keys = [(1, 1), (1, 1), (2, 1), (1, 2), (2, 1), (1, 2)]
     builds = []
     for lane, epoch in keys:
-        gpu.run_work(make_work([item], lane=lane, epoch=epoch))
+        run_work(gpu, make_work([item], lane=lane, epoch=epoch))
         builds.append(gpu.counters.graph_builds)
     assert builds == [1, 1, 2, 3, 3, 3]
     assert gpu.build_graph((7, 3)) and not gpu.build_graph((7, 3))
@@ -163,10 +164,10 @@ def test_step_costs_literal() -> None:
     )
     gpu = SimGPU(costs, max_input_len=100)
     # prefill: 0.5 + max(1, 40 * 0.125) + graph 10 = 15.5; two decodes: 0.5 + 1 + 0.25 each
-    results, seconds = gpu.run_work(make_work([make_item("c", [], [], 40, max_tokens=3)]))
+    results, seconds = run_work(gpu, make_work([make_item("c", [], [], 40, max_tokens=3)]))
     assert seconds == 19.0 and results[0].tokens_out == 3
     # same prompt again: 32 tokens cached (2 blocks), 8 computed: 0.5 + 1 + 2 * 0.0625 + ...
-    again, seconds = gpu.run_work(make_work([make_item("c", [], [], 40, max_tokens=1)]))
+    again, seconds = run_work(gpu, make_work([make_item("c", [], [], 40, max_tokens=1)]))
     assert again[0].cached_tokens == 32 and seconds == 0.5 + 1.0 + 32 * 0.0625
 
 
@@ -367,7 +368,7 @@ def test_each_item_runs_to_its_own_max_tokens_or_stops_early() -> None:
     gpu = SimGPU(SMALL, max_input_len=200)
     short = make_item("short", ["S"], [16], 8, max_tokens=5)
     long = make_item("long0", ["S"], [16], 8, max_tokens=40, ignore_eos=False)
-    results, _ = gpu.run_work(make_work([short, long], max_tokens=40))
+    results, _ = run_work(gpu, make_work([short, long], max_tokens=40))
     assert (results[0].tokens_out, results[0].finish_reason) == (5, "length")
     assert results[1].tokens_out < 40 and results[1].finish_reason == "stop"
 
@@ -376,19 +377,19 @@ def test_drawn_output_lengths_mostly_stop_before_max_tokens() -> None:
     gpu = SimGPU(SMALL, max_input_len=200)
     items = [make_item(f"d{k}", ["S"], [16], 4, max_tokens=20, ignore_eos=False)
              for k in range(200)]
-    results, _ = gpu.run_work(make_work(items))
+    results, _ = run_work(gpu, make_work(items))
     assert all(1 <= r.tokens_out <= 20 for r in results)
     stopped = sum(r.finish_reason == "stop" for r in results)
     assert all((r.finish_reason == "length") == (r.tokens_out == 20) for r in results)
     assert 0.65 * 200 <= stopped <= 0.95 * 200  # about 4 in 5 by construction
-    again, _ = SimGPU(SMALL, max_input_len=200).run_work(make_work(items))
+    again, _ = run_work(SimGPU(SMALL, max_input_len=200), make_work(items))
     assert [r.tokens_out for r in again] == [r.tokens_out for r in results]
 
 
 def test_n_choices_run_and_come_back_as_a_body() -> None:
     gpu = SimGPU(SMALL, max_input_len=200)
     item = make_item("n2", ["S"], [16], 8, max_tokens=6, n=2)
-    [res], _ = gpu.run_work(make_work([item]))
+    [res], _ = run_work(gpu, make_work([item]))
     body = msgspec.json.decode(res.body)
     assert [c["index"] for c in body["choices"]] == [0, 1]
     assert all(c["finish_reason"] == "length" for c in body["choices"])

@@ -57,6 +57,7 @@ from fabricctl.core.jobs import JobRecord, JobState, JobUsage, job_usage
 from fabricctl.core.records import URL_SOURCES
 from fabricctl.core.terms import check_priority
 from fabricctl.errors import ApiError
+from fabricctl.formats.common import a_json_type
 from fabricctl.store.files import FileRecord
 
 # Every endpoint a batch may name: the urls an OpenAI batch line may name (the reader's),
@@ -343,16 +344,14 @@ def parse_output_expires(value: object) -> int:
 
 
 def _kind(value: object) -> str:
-    """A JSON value's kind, as OpenAI's type errors name it."""
+    """A JSON value's kind, as OpenAI's type errors name it (numbers told apart)."""
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a decimal number" if isinstance(value, float) else "an integer"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else "an object"
+    if isinstance(value, float):
+        return "a decimal number"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "an integer"
+    return a_json_type(value)
 
 
 def file_object(rec: FileRecord) -> FileObject:

@@ -61,7 +61,8 @@ _encode = msgspec.json.encode
 
 
 class _Details(msgspec.Struct):
-    """Why: `usage.prompt_tokens_details`, where vLLM reports prefix-cache hits."""
+    """Why: `usage.prompt_tokens_details` (`input_tokens_details` of a responses body), where
+    vLLM reports prefix-cache hits."""
 
     cached_tokens: int | None = None
 
@@ -129,18 +130,12 @@ class _Pooled(msgspec.Struct):
     usage: _PoolUsage | None = None
 
 
-class _InputDetails(msgspec.Struct):
-    """Why: `usage.input_tokens_details` of a responses body, where cache hits are."""
-
-    cached_tokens: int | None = None
-
-
 class _ResponseUsage(msgspec.Struct):
     """Why: the counts vLLM made of a responses request."""
 
     input_tokens: int | None = None
     output_tokens: int = 0
-    input_tokens_details: _InputDetails | None = None
+    input_tokens_details: _Details | None = None  # the same `cached_tokens`
 
 
 class _Part(msgspec.Struct):

@@ -31,6 +31,7 @@ from fabricctl.engines.blocks import (
     payload_blocks,
 )
 from fabricctl.engines.costs import DEFAULT_COSTS, SimCosts
+from fabricctl.engines.simbatch import run_work
 from fabricctl.engines.simgpu import SimGPU
 from fabricctl.engines.simrequest import LENGTH_EXCEEDED, SimCounters, SimRequest
 from fabricctl.errors import EngineError, UsageError
@@ -83,7 +84,7 @@ class SimEngine:
         if self._closed:
             raise EngineError(f"{self.name}: engine closed")
         async with self._lock:
-            results, seconds = self.gpu.run_work(work)
+            results, seconds = run_work(self.gpu, work)
             await self._sleep(seconds)
         return results
 

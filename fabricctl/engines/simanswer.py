@@ -45,18 +45,16 @@ import xxhash
 
 from fabricctl.core.payload import Payload
 from fabricctl.core.types import Item, ItemResult
+from fabricctl.engines.simbodies import Refusal, refusal, unsupported
 from fabricctl.engines.simendpoints import (
     CHAT,
     COMPLETIONS,
     GENERATION,
     SIMULATED,
     Ask,
-    Refusal,
     ResponsesAsk,
     endpoint_of,
     parse_ask,
-    refusal,
-    unsupported,
 )
 from fabricctl.engines.simrequest import SimRequest, sim_text
 

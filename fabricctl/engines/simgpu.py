@@ -23,10 +23,9 @@ With `SimCosts.request_s` > 0 the server's front end comes first: an added reque
 waiting queue `request_s` after the front end is free (one request at a time, beside the
 steps; an otherwise idle GPU's clock jumps to the next request's arrival); `queued` counts
 both.
-Two uses: batch mode (`run_work`: a whole Work, its ItemResults and simulated seconds, each
-item answered on its own endpoint by `simanswer`; `endpoints` limits those its model serves,
-the others are refused) and request mode (`add`, `advance_to`, per-request `finish_time`),
-e.g. a replay of routers.
+Two uses: batch mode (`simbatch.run_work`: a whole Work on it, `finish` running it out;
+`endpoints` limits those its model serves, the others are refused) and request mode (`add`,
+`advance_to`, per-request `finish_time`), e.g. a replay of routers.
 Errors: a `max_model_len` that does not fit the KV pool, or a `max_input_len` not below it,
 is a `UsageError`; a step that can schedule nothing and preempted nothing (a request that
 cannot fit, `max_num_seqs` 0) is an `EngineError`.
@@ -40,13 +39,10 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from fabricctl.core.defaults import MAX_INPUT_LEN
-from fabricctl.core.types import ItemResult, Work
-from fabricctl.engines.blocks import decode_item_payload, item_blocks
 from fabricctl.engines.costs import DEFAULT_COSTS, SimCosts
 from fabricctl.engines.prefix_cache import PrefixCache
-from fabricctl.engines.simanswer import SimPlan, item_answer, plan_item
 from fabricctl.engines.simendpoints import endpoint_of
-from fabricctl.engines.simrequest import LENGTH_EXCEEDED, SimCounters, SimRequest, item_result
+from fabricctl.engines.simrequest import LENGTH_EXCEEDED, SimCounters, SimRequest
 from fabricctl.errors import EngineError, UsageError
 
 
@@ -151,40 +147,10 @@ class SimGPU:
             finished.extend(self._step(math.inf))
         return finished
 
-    def run_work(self, work: Work) -> tuple[list[ItemResult], float]:
-        """Batch mode: run every item of `work` to completion; results in order, and seconds.
-
-        Each item runs as its request asks (`simanswer.plan_item`: n choices, each a request
-        of its own with a drawn output length, unless ignore_eos; a pooling request's prompt
-        alone); a request the server would refuse gets its error result and runs nothing."""
-        start, key, bs = self.now, (work.lane, work.epoch), self.block_size
-        cap = work.max_tokens if work.max_tokens > 0 else None
-        runs: list[tuple[SimPlan, list[SimRequest]] | ItemResult] = []
-        for item in work.items:
-            chain = item_blocks(item, bs) if item.input_tokens <= work.max_input_len else None
-            if chain is None or chain.tokens > self.max_input_len:
-                self.counters.length_exceeded += 1
-                runs.append(item_result(item.id, None))
-                continue
-            plan = plan_item(item, decode_item_payload(item), cap, self.endpoints)
-            if isinstance(plan, ItemResult):
-                runs.append(plan)
-                continue
-            reqs = [self.add(item.id if j == 0 else f"{item.id}#{j}", chain.hashes,
-                             chain.tokens, tokens, key=key, pooling=plan.pooling)
-                    for j, (tokens, _) in enumerate(plan.choices)]
-            runs.append((plan, reqs))
-        pending = {r for run in runs if not isinstance(run, ItemResult) for r in run[1]}
+    def finish(self, pending: set[SimRequest]) -> None:
+        """Run steps until every request of `pending` has finished (it is emptied)."""
         while pending:
             pending.difference_update(self._step(math.inf))
-        results = [
-            run if isinstance(run, ItemResult) else item_answer(
-                item, *run, block_size=bs, max_model_len=self.max_model_len)
-            for item, run in zip(work.items, runs, strict=True)
-        ]
-        self.counters.batches += 1
-        self.counters.items += len(work.items)
-        return results, self.now - start
 
     def build_graph(self, key: Hashable) -> bool:
         """Capture the graph for `key` now if it is not cached (a pre-warm); True if built."""

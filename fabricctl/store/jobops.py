@@ -28,17 +28,8 @@ from fabricctl.core.jobs import (
 )
 from fabricctl.core.records import ResultRecord, Source
 from fabricctl.core.types import Entry
+from fabricctl.store import jobplan
 from fabricctl.store.completion import OUT_CANCELLED, CompletePlan
-from fabricctl.store.jobs import (
-    CancelOp,
-    FinalizeOp,
-    FlushOp,
-    JobOp,
-    JobPlan,
-    OpenOp,
-    PriorityOp,
-    SealOp,
-)
 from fabricctl.store.keys import entry_decoder, entry_key_of, ref_of, seg_of
 
 if TYPE_CHECKING:
@@ -78,34 +69,34 @@ class JobOps:
                     out[job] = out.get(job, 0) + 1
         return out
 
-    def prepare(self, ops: list[JobOp], now: float, into: CompletePlan | None
-                ) -> tuple[JobPlan, CompletePlan | None]:
+    def prepare(self, ops: list[jobplan.JobOp], now: float, into: CompletePlan | None
+                ) -> tuple[jobplan.JobPlan, CompletePlan | None]:
         """Prepare `ops` (nothing is written yet): new records, changes, and for a cancel the
         error results of the job's queued entries (withdrawn from their lanes), added to
         `into` (the cycle's completion; a new plan when None and there are any)."""
-        plan = JobPlan(now)
+        plan = jobplan.JobPlan(now)
         table = self.table
         for op in ops:
-            if isinstance(op, FlushOp):  # no job changes: the commit writes what is pending
+            if isinstance(op, jobplan.FlushOp):  # no job changes: the commit writes what is pending
                 plan.answers.append("flushed")
                 continue
-            if isinstance(op, OpenOp):
+            if isinstance(op, jobplan.OpenOp):
                 plan.answers.append(table.open(op, now, plan))
                 continue
             n = op.job
             if n not in table.live and n not in plan.new:
-                if isinstance(op, PriorityOp):
+                if isinstance(op, jobplan.PriorityOp):
                     plan.answers.append(ended_message(table.get(n), n))
                     continue
-                if isinstance(op, FinalizeOp | CancelOp):
+                if isinstance(op, jobplan.FinalizeOp | jobplan.CancelOp):
                     plan.busy.add(n)
                 plan.answers.append(n if table.get(n) is not None else f"no job {n}")
                 continue
-            if isinstance(op, SealOp):
+            if isinstance(op, jobplan.SealOp):
                 plan.changes.append((n, table.seal_change(op, now)))
-            elif isinstance(op, PriorityOp):
+            elif isinstance(op, jobplan.PriorityOp):
                 plan.changes.append((n, table.priority_change(op.priority)))
-            elif isinstance(op, FinalizeOp):
+            elif isinstance(op, jobplan.FinalizeOp):
                 plan.busy.add(n)
                 plan.changes.append((n, table.finalize_change(op.in_flight, now)))
             else:
@@ -114,7 +105,7 @@ class JobOps:
             plan.answers.append(n)
         return plan, into
 
-    def _cancel(self, n: int, expired: bool, now: float, plan: JobPlan,
+    def _cancel(self, n: int, expired: bool, now: float, plan: jobplan.JobPlan,
                 into: CompletePlan | None) -> CompletePlan | None:
         rec = self.table.live[n]
         probe = msgspec.structs.replace(rec)
