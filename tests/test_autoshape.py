@@ -125,7 +125,7 @@ def test_the_setting_and_its_checks(tmp_path: Path) -> None:
     assert finder_for("declared") is None
     assert isinstance(finder_for("auto", 32), ShapeFinder)
     assert finder_for("auto", 32).block_tokens == 32  # type: ignore[union-attr]
-    with pytest.raises(ValueError):
+    with pytest.raises(UsageError, match="shapes must be one of auto, declared, not 'always'"):
         finder_for("always")
     assert load_config(cwd=tmp_path, env={}).producer.shapes == "auto"
     assert load_config(cwd=tmp_path, env={}).producer.block_size == 16

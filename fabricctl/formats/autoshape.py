@@ -49,6 +49,7 @@ import msgspec
 import xxhash
 
 from fabricctl.core.defaults import BLOCK_TOKENS, SHAPE_MODES
+from fabricctl.errors import UsageError
 from fabricctl.formats.common import Draft, Source
 from fabricctl.formats.tokens import ESTIMATE_BYTES_PER_TOKEN, TokenCounter
 
@@ -121,9 +122,9 @@ class ShapeFinder:
                  max_cuts: int = MAX_CUTS, promote: int = PROMOTE,
                  max_blocks: int = MAX_BLOCKS) -> None:
         if slots < 2 or slots & (slots - 1):
-            raise ValueError("slots must be a power of two >= 2")
+            raise UsageError("slots must be a power of two >= 2")
         if block_tokens < 1 or promote < 2 or max_cuts < 1 or max_blocks < 1:
-            raise ValueError("block_tokens, max_cuts and max_blocks must be >= 1, promote >= 2")
+            raise UsageError("block_tokens, max_cuts and max_blocks must be >= 1, promote >= 2")
         self.block_tokens, self.promote, self.max_blocks = block_tokens, promote, max_blocks
         self.max_cuts = max_cuts
         self._mask = slots - 1
@@ -232,5 +233,5 @@ def applies(draft: Draft) -> bool:
 def finder_for(shapes: str, block_tokens: int = BLOCK_TOKENS) -> ShapeFinder | None:
     """A job's finder for `[producer] shapes`: "auto" finds, "declared" (None) does not."""
     if shapes not in SHAPE_MODES:
-        raise ValueError(f"shapes must be one of {', '.join(SHAPE_MODES)}, not {shapes!r}")
+        raise UsageError(f"shapes must be one of {', '.join(SHAPE_MODES)}, not {shapes!r}")
     return ShapeFinder(block_tokens) if shapes == "auto" else None
