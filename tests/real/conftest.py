@@ -4,19 +4,21 @@ The venv is `.venv-vllm` at the repo root (override: FABRICCTL_VLLM_VENV); `make
 creates it with scripts/vllm_env.sh. Missing venv = test failure, unless
 FABRICCTL_ALLOW_SKIP_VLLM=1, then a skip. Two servers stand in for two GPUs, one core each,
 started once per run through fabricctl's own launcher. `embed_server` (also started once, by
-the first test that needs it) serves the tiny model as an embedding model (`--runner pooling
---convert embed`: `EMBED`), started by `serve_pooling`, which other pooling servers use too.
+the first test that needs it, in the background: `starting`) serves the tiny model as an
+embedding model (`--runner pooling --convert embed`: `EMBED`), started by `serve_pooling`,
+which other pooling servers use too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import os
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
 import pytest
@@ -118,11 +120,26 @@ async def serve_pooling(model: Path, flags: tuple[str, ...], logs: Path) -> Laun
     return launcher
 
 
+@contextlib.asynccontextmanager
+async def starting(start: Awaitable[Launcher]) -> AsyncIterator[asyncio.Task[Launcher]]:
+    """A server starting in the background: a test awaits it beside what it does meanwhile
+    (run-batch, on the other core); stopped at the end if it started."""
+    task = asyncio.ensure_future(start)
+    try:
+        yield task
+    finally:
+        launcher = None
+        with contextlib.suppress(BaseException):
+            launcher = await task
+        if launcher is not None:
+            await launcher.stop()
+
+
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def embed_server(tiny_model: Path,
-                       tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Launcher]:
-    """The tiny Llama as an embedding model (`EMBED`), started once for the tests that use it
-    (an idle CPU vLLM server takes no CPU time, measured)."""
-    launcher = await serve_pooling(tiny_model, EMBED, tmp_path_factory.mktemp("embed-logs"))
-    yield launcher
-    await launcher.stop()
+async def embed_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+                       ) -> AsyncIterator[asyncio.Task[Launcher]]:
+    """The tiny Llama as an embedding model (`EMBED`), starting once for the tests that await
+    it (an idle CPU vLLM server takes no CPU time, measured)."""
+    async with starting(serve_pooling(tiny_model, EMBED,
+                                      tmp_path_factory.mktemp("embed-logs"))) as task:
+        yield task

@@ -66,12 +66,12 @@ def _embeddings_batch(endpoint: str, tokenizer: Path, tmp: Path) -> None:
         assert b.stop() == 0, b.logs()
 
 
-async def test_an_embeddings_batch_through_the_api_on_real_vllm(embed_server: Launcher,
-                                                                 tiny_model: Path,
-                                                                 tmp_path: Path) -> None:
+async def test_an_embeddings_batch_through_the_api_on_real_vllm(
+        embed_server: asyncio.Task[Launcher], tiny_model: Path, tmp_path: Path) -> None:
     t0 = time.monotonic()
     # the SDK, `up` and its polling block: off this loop, which the server's launcher runs on
-    await asyncio.to_thread(_embeddings_batch, embed_server.servers[0].base_url,
+    server = await embed_server
+    await asyncio.to_thread(_embeddings_batch, server.servers[0].base_url,
                             tiny_model / "tokenizer.json", tmp_path)
     print(f"\nembeddings batch through `up --api --engine openai` in "
           f"{time.monotonic() - t0:.1f} s")

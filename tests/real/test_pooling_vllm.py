@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from conftest import EMBED, MAKE_MODEL, serve_pooling
+from conftest import EMBED, MAKE_MODEL, serve_pooling, starting
 from runbatch import run_batch, through_fabricctl, write
 
 from fabricctl.supervisor.launcher import Launcher
@@ -59,10 +59,10 @@ def tiny_classifier(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def score_server(tiny_classifier: Path, tmp_path: Path) -> AsyncIterator[Launcher]:
-    launcher = await serve_pooling(tiny_classifier, CLASSIFY, tmp_path / "logs")
-    yield launcher
-    await launcher.stop()
+async def score_server(tiny_classifier: Path,
+                       tmp_path: Path) -> AsyncIterator[asyncio.Task[Launcher]]:
+    async with starting(serve_pooling(tiny_classifier, CLASSIFY, tmp_path / "logs")) as task:
+        yield task
 
 
 def embedding_lines() -> list[dict[str, Any]]:
@@ -110,17 +110,16 @@ def status_and_usage(rec: dict[str, Any]) -> tuple[int, int | None]:
     return status, None if body is None else body["usage"]["prompt_tokens"]
 
 
-async def test_embedding_lines_answer_as_run_batch_does(embed_server: Launcher,
-                                                        tiny_model: Path,
-                                                        tmp_path: Path) -> None:
+async def test_embedding_lines_answer_as_run_batch_does(
+        embed_server: asyncio.Task[Launcher], tiny_model: Path, tmp_path: Path) -> None:
     lines = embedding_lines()
     inp = write(tmp_path / "emb.jsonl", lines)
     ours_inp = write(tmp_path / "ours.jsonl", [*lines, *UNREADABLE])
     t0 = time.monotonic()
-    ref, ours = await asyncio.gather(
-        run_batch(tiny_model, inp, tmp_path / "rb.jsonl", 1, *EMBED),
-        through_fabricctl(embed_server, tiny_model / "tokenizer.json", tmp_path, ours_inp,
-                          refused=len(UNREADABLE)))
+    ref, server = await asyncio.gather(  # run-batch on core 1 while the server starts on 0
+        run_batch(tiny_model, inp, tmp_path / "rb.jsonl", 1, *EMBED), embed_server)
+    ours = await through_fabricctl(server, tiny_model / "tokenizer.json", tmp_path, ours_inp,
+                                   refused=len(UNREADABLE))
     print(f"\nembeddings: run-batch and fabricctl run in {time.monotonic() - t0:.1f} s")
     assert set(ours) == set(ref) | {line["custom_id"] for line in UNREADABLE}
     assert set(ref) == {line["custom_id"] for line in lines}
@@ -140,9 +139,8 @@ async def test_embedding_lines_answer_as_run_batch_does(embed_server: Launcher,
         assert "input" in row["error"], row
 
 
-async def test_score_and_rerank_lines_answer_as_run_batch_does(score_server: Launcher,
-                                                               tiny_classifier: Path,
-                                                               tmp_path: Path) -> None:
+async def test_score_and_rerank_lines_answer_as_run_batch_does(
+        score_server: asyncio.Task[Launcher], tiny_classifier: Path, tmp_path: Path) -> None:
     lines: list[dict[str, Any]] = []
     for i in range(4):
         docs = [f"{DOCUMENTS[0][:-1]} {i}.", *DOCUMENTS[1:]]
@@ -151,9 +149,9 @@ async def test_score_and_rerank_lines_answer_as_run_batch_does(score_server: Lau
         lines.append({"custom_id": f"rerank-{i}", "method": "POST", "url": "/rerank",
                       "body": {"model": "tiny", "query": QUERY, "documents": docs}})
     inp = write(tmp_path / "score.jsonl", lines)
-    ref, ours = await asyncio.gather(
-        run_batch(tiny_classifier, inp, tmp_path / "rb.jsonl", 1, *CLASSIFY),
-        through_fabricctl(score_server, tiny_classifier / "tokenizer.json", tmp_path, inp))
+    ref, server = await asyncio.gather(
+        run_batch(tiny_classifier, inp, tmp_path / "rb.jsonl", 1, *CLASSIFY), score_server)
+    ours = await through_fabricctl(server, tiny_classifier / "tokenizer.json", tmp_path, inp)
     assert set(ours) == set(ref) == {line["custom_id"] for line in lines}
     for line in lines:
         cid = line["custom_id"]
