@@ -8,7 +8,9 @@ line, each vLLM's own embedding body with one vector (all of one size); `batch.m
 lines' model; `batch.usage` equals the sum of the output lines' usage
 (`test_api_pooling_e2e.line_usage`: their `prompt_tokens`; vLLM's pooling usage has no output
 tokens, and `prompt_tokens_details` is null even with `--enable-prompt-tokens-details` and a
-prefix cache hit: no cached tokens, so the batch reports none either).
+prefix cache hit: no cached tokens, so the batch reports none either); and with
+`output_expires_after`, `up` restarted an hour on (`FABRICCTL_API_CLOCK_SKEW_S`) serves the
+batch with its ids and usage and answers its output file 404.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import sys
 import time
 from pathlib import Path
 
+import openai
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the API test helpers
 
 from test_api_e2e import ApiBroker
-from test_api_pooling_e2e import embedding_lines, run_batch, vector
+from test_api_pooling_e2e import EXPIRES, embedding_lines, run_batch, vector
 
 from fabricctl.supervisor.launcher import Launcher
 
@@ -42,7 +45,8 @@ def _embeddings_batch(endpoint: str, tokenizer: Path, tmp: Path) -> None:
     try:
         c = b.client()
         rows = embedding_lines(12, model="tiny")
-        done, out = run_batch(c, rows, "/v1/embeddings", model="tiny")
+        done, out = run_batch(c, rows, "/v1/embeddings", model="tiny",
+                              output_expires_after=EXPIRES)
         for row, given in zip(out, rows, strict=True):
             body = row["response"]["body"]
             assert (body["object"], body["model"]) == ("list", "tiny"), body
@@ -64,6 +68,18 @@ def _embeddings_batch(endpoint: str, tokenizer: Path, tmp: Path) -> None:
         assert json.loads(shown.stdout)["usage"] == done.usage.model_dump()
     finally:
         assert b.stop() == 0, b.logs()
+    # an hour and a minute on (the API's clock only): the output file is gone, the batch kept
+    later = ApiBroker(tmp / "d", tmp, toml=toml, env={"FABRICCTL_MODEL": "tiny",
+                                                      "FABRICCTL_API_CLOCK_SKEW_S": "3660"},
+                      engine="openai", consumers=1)
+    try:
+        c = later.client()
+        again = c.batches.retrieve(done.id)
+        assert again.output_file_id == done.output_file_id and again.usage == done.usage
+        with pytest.raises(openai.NotFoundError):
+            c.files.content(done.output_file_id)
+    finally:
+        assert later.stop() == 0, later.logs()
 
 
 async def test_an_embeddings_batch_through_the_api_on_real_vllm(
