@@ -82,6 +82,16 @@ def tiny_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return out
 
 
+async def start_or_fail(launcher: Launcher) -> None:
+    """Start the launcher's servers; a test failure with their log tails when they do not."""
+    try:
+        await launcher.start()
+    except LaunchError as e:
+        tails = "\n".join(f"--- {s.log_path}\n" + s.log_path.read_text()[-3000:]
+                          for s in launcher.servers if s.log_path.exists())
+        pytest.fail(f"{e}\n{tails}", pytrace=False)
+
+
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def vllm_servers(tiny_model: Path,
                        tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Launcher]:
@@ -93,12 +103,7 @@ async def vllm_servers(tiny_model: Path,
     launcher = Launcher(spec, [0, 1])
     atexit.register(_kill_leftovers, launcher)  # if the session dies before teardown
     t0 = time.monotonic()
-    try:
-        await launcher.start()
-    except LaunchError as e:
-        tails = "\n".join(f"--- {s.log_path}\n" + s.log_path.read_text()[-3000:]
-                          for s in launcher.servers if s.log_path.exists())
-        pytest.fail(f"{e}\n{tails}", pytrace=False)
+    await start_or_fail(launcher)
     print(f"\nvLLM: two servers ready in {time.monotonic() - t0:.1f} s")
     yield launcher
     await launcher.stop()
@@ -111,12 +116,7 @@ async def serve_pooling(model: Path, flags: tuple[str, ...], logs: Path) -> Laun
                          extra_args=(*SERVER_ARGS, *flags), ready_timeout_s=240.0,
                          stop_timeout_s=20.0, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     launcher = Launcher(spec, [0])
-    try:
-        await launcher.start()
-    except LaunchError as e:
-        tails = "\n".join(f"--- {s.log_path}\n" + s.log_path.read_text()[-3000:]
-                          for s in launcher.servers if s.log_path.exists())
-        pytest.fail(f"{e}\n{tails}", pytrace=False)
+    await start_or_fail(launcher)
     return launcher
 
 
