@@ -123,6 +123,80 @@ def test_small_job_behind_big_one_gets_a_gpu_after_amortising() -> None:
     assert any("fair share" in r for r in reasons)
 
 
+def switches(b: Broker) -> list[str]:
+    return [e.reason for e in b.events.since(0, limit=10_000) if e.kind is EventKind.SWITCH]
+
+
+def big_job_of_short_shapes(b: Broker) -> None:
+    """Job 1: 6 shapes of 5 batches each, sealed: no run on one of them reaches the 8 batches
+    that amortise a switch, so only the new-jobs rule can take the consumer mid-shape."""
+    for sig in range(1, 7):
+        b.ingest(items(sig, 50, job=1), 0.0)
+    b.set_job_terms(1, JobTerms(sealed=True))
+
+
+def test_a_new_job_takes_the_consumer_at_its_next_batch_boundary() -> None:
+    b = fleet(1)
+    big_job_of_short_shapes(b)
+    run(b, 0.0, 0.12)
+    b.ingest(items(99, 30, job=2), 0.12)
+    b.set_job_terms(2, JobTerms(sealed=True))
+    last = run(b, 0.12, 1.0)
+    assert last[99] == 0.16  # its 3 batches right away: pulls at 0.12 (the big one's), .14-.16
+    assert any("new job" in r and "after 1 batches" in r for r in switches(b))
+    assert len(last) == 5  # and the big job's shapes all finished after it
+    assert b.lifecycle.chooser.served == {1, 2}
+
+
+def test_a_new_job_pre_warmed_as_the_next_shape_does_not_wait_for_the_current_one() -> None:
+    """Shapes of 2.5 batches sit below the pre-warm threshold as soon as they activate, so the
+    new job is chosen as the consumer's *next* shape (warming) at once; it then activates
+    at the next batch boundary instead of after the current shape drains."""
+    b = fleet(1)
+    for sig in range(1, 7):
+        b.ingest(items(sig, 25, job=1), 0.0)
+    b.set_job_terms(1, JobTerms(sealed=True))
+    run(b, 0.0, 0.03)
+    b.ingest(items(99, 30, job=2), 0.03)
+    b.set_job_terms(2, JobTerms(sealed=True))
+    last = run(b, 0.03, 1.0)
+    assert last[99] == 0.07
+    moves = [(e.signature, e.src, e.dst, e.reason) for e in b.events.since(0, limit=1000)
+             if e.kind is EventKind.TRANSITION and e.signature == 99]
+    assert moves[:2] == [(99, "staged", "warming", "fair share"),
+                         (99, "warming", "active", "new job")]
+    assert "c0 left after 1 batches: new job" in switches(b)
+
+
+def test_a_new_job_waits_when_the_served_one_is_short_or_due_earlier() -> None:
+    for terms in (JobTerms(sealed=True), JobTerms(sealed=True, deadline=5.0)):
+        b = fleet(1)
+        b.ingest(items(1, 50, job=1), 0.0)  # 5 batches
+        b.set_job_terms(1, terms)
+        run(b, 0.0, 0.02)
+        n = 50 * 4 if terms.deadline is None else 60  # 4x longer: job 1 is "short"
+        b.ingest(items(2, n, job=2), 0.02)
+        b.set_job_terms(2, JobTerms(sealed=True, deadline=None if n == 200 else 9.0))
+        last = run(b, 0.02, 0.2)
+        assert last[1] < min(t for s, t in last.items() if s != 1)
+        assert not any("new job" in r for r in switches(b)), terms
+
+
+def test_a_served_job_does_not_cut_in_again_until_amortised() -> None:
+    """Two jobs submitted together: the one not taken first cuts in once (a switch per job at
+    most), and from then on both are served: they take turns only as runs amortise (fair
+    share), not every batch."""
+    b = fleet(1, amortise_batches=8)
+    b.ingest(items(1, 400, job=1), 0.0)
+    b.set_job_terms(1, JobTerms(sealed=True))
+    b.ingest(items(2, 400, job=2), 0.0)
+    b.set_job_terms(2, JobTerms(sealed=True))
+    run(b, 0.0, 0.5)
+    first, *taken = switches(b)
+    assert first == "c0 left after 1 batches: new job"
+    assert len(taken) >= 4 and all(r == "c0 left after 8 batches: fair share" for r in taken)
+
+
 def test_without_fair_share_the_small_job_waits_for_the_bound() -> None:
     b = fleet(2, amortise_batches=4, fair_share=False, wait_bound_s=0.3)
     for sig in (1, 2):  # one big shape for each consumer: only the small one waits

@@ -138,6 +138,8 @@ class Broker:
     def set_job_terms(self, job: int, terms: JobTerms | None) -> None:
         """A job's priority, deadline and sealed flag as the shape choice should see them
         (None: the job ended, forget it); its waiting shapes are indexed again."""
+        if terms is None:
+            self.lifecycle.chooser.forget(job)
         if terms is None or terms == NO_TERMS:
             if self.terms.pop(job, None) is None:
                 return

@@ -23,7 +23,15 @@ current shape, which still has work and whose run has amortised its switch), it 
 shape worth leaving for, or None: a shape of a higher level (due, eligible or past the bound);
 at its own level, a due deadline earlier than its own, a job with fewer holders than its own
 shape's main job unless that job is `short_ratio` times shorter (fair share, shortest
-first), or a shape past the bound. Pure: no clock, no I/O.
+first), or a shape past the bound.
+
+**New jobs** (fair share on): a job no consumer has served yet (`served`: the jobs whose
+items some consumer's current shape has held) goes before served jobs of equal holders, and
+it takes a consumer at its next batch boundary even before that consumer's run has
+amortised (`choose(..., amortised=False)`, which answers this rule alone), unless the
+consumer's own job is `short_ratio` times shorter or of a higher priority. It costs at most
+one switch per job, and a small job's wait stops depending on where the big job's run
+stands. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -86,6 +94,23 @@ class Chooser:
     def __init__(self, cfg: CoreConfig, terms: Mapping[int, JobTerms]) -> None:
         self.cfg = cfg
         self.terms = terms  # the broker's job terms, read live
+        self.served: set[int] = set()  # jobs some consumer has taken a shape of (not job 0)
+
+    def taken(self, shape: Shape) -> None:
+        """A consumer (or the model) took `shape`: its jobs are served from now on."""
+        self.served.update(shape.jobs)
+
+    def forget(self, job: int) -> None:
+        """A job ended: nothing of it waits any more."""
+        self.served.discard(job)
+
+    def _fresh(self, job: int) -> bool:
+        return job != 0 and job not in self.served
+
+    def fresh_waiting(self, waiting: Waiting) -> bool:
+        """Some level holds a job no consumer has served yet (cheap: dictionary keys)."""
+        return self.cfg.fair_share and any(
+            self._fresh(job) for level in waiting.levels.values() for job in level.by_job)
 
     def eligible(self, shape: Shape, ctx: Context) -> str | None:
         """Why a candidate may be taken without a bound or a deadline forcing it, or None."""
@@ -125,12 +150,13 @@ class Chooser:
         """Each job's biggest eligible shape at a level, the job with the fewest holders
         first, then the most tokens: (shape, its job, why)."""
         best: tuple[Shape, int, str] | None = None
-        best_key: tuple[int, int] | None = None
+        best_key: tuple[int, bool, int] | None = None
         for job, s in level.job_tops():
             why = self.eligible(s, ctx)
             if why is None:
                 continue
-            key = (ctx.held.get(job, 0) if self.cfg.fair_share else 0, -s.tokens)
+            key = ((ctx.held.get(job, 0), not self._fresh(job), -s.tokens)
+                   if self.cfg.fair_share else (0, False, -s.tokens))
             if best_key is None or key < best_key:
                 best, best_key = (s, job, why), key
         return best
@@ -158,8 +184,42 @@ class Chooser:
                 best, best_since = s, since
         return best
 
-    def choose(self, waiting: Waiting, ctx: Context, against: Shape | None = None
-               ) -> Pick | None:
+    def cuts_in(self, shape: Shape, against: Shape) -> bool:
+        """`shape` holds a job nobody has served that may take a consumer from `against`
+        before its run amortised: at a higher priority; at the same, unless `against`'s own
+        job is `short_ratio` times shorter or has an earlier deadline (the new-jobs rule)."""
+        if not self.cfg.fair_share:
+            return False
+        prio, deadline = shape_terms(shape, self.terms)
+        a_prio, a_deadline = shape_terms(against, self.terms)
+        if prio < a_prio:
+            return False
+        own = main_job(against)
+        for job in shape.jobs:
+            if not self._fresh(job) or job in against.jobs:
+                continue
+            if prio > a_prio:
+                return True
+            if self._short(against, own, job) or (a_deadline is not None and (
+                    deadline is None or a_deadline <= deadline)):
+                continue
+            return True
+        return False
+
+    def _new_job(self, waiting: Waiting, ctx: Context, against: Shape, a_prio: int
+                 ) -> Pick | None:
+        """An eligible candidate that `cuts_in` before `against` (the new-jobs rule)."""
+        for prio, level in waiting.ordered():
+            if prio < a_prio:
+                return None
+            for job, s in level.job_tops():
+                if (self._fresh(job) and self.eligible(s, ctx) is not None
+                        and self.cuts_in(s, against)):
+                    return Pick(s, "new job")
+        return None
+
+    def choose(self, waiting: Waiting, ctx: Context, against: Shape | None = None,
+               amortised: bool = True) -> Pick | None:
         """The next shape for a consumer (see the module's contract)."""
         aged = self._aged(waiting, ctx)
         if aged is not None:
@@ -167,6 +227,8 @@ class Chooser:
         if against is None:
             return self._free(waiting, ctx)
         a_prio, a_deadline = shape_terms(against, self.terms)
+        if not amortised:
+            return self._new_job(waiting, ctx, against, a_prio) if self.cfg.fair_share else None
         a_held = ctx.held.get(main_job(against), 0)
         for prio, level in waiting.ordered():
             if prio < a_prio:

@@ -75,8 +75,8 @@ class Dispatcher:
                         self.lifecycle.activate(ms, best, now, "most tokens", slot)
                 cur = h.current
             return cur
-        if (slot is not None and cur is not None and slot.batches >= self.cfg.amortise_batches
-                and ms.waiting.levels and cur.items
+        if (slot is not None and cur is not None and slot.batches >= 1
+                and (ms.waiting.levels or slot.warming is not None) and cur.items
                 and self.lifecycle.preempt(ms, slot, now, self.consumers)):
             cur = slot.current
         if cur is None or cur.state is not ShapeState.ACTIVE or (

@@ -147,6 +147,7 @@ class Lifecycle:
         h.current = shape
         if shape is not None:
             shape.held += 1
+            self.chooser.taken(shape)
             shape.fifo_by = None  # served: its next wait is measured afresh
         if isinstance(h, Slot):
             h.batches = 0
@@ -201,17 +202,29 @@ class Lifecycle:
     def preempt(self, ms: ModelState, slot: Slot, now: float, live: Container[str]) -> bool:
         """At a batch boundary: a consumer whose run has amortised its switch leaves a shape
         that still has work when the choice finds a waiting shape worth more (a higher
-        priority, one past the bound, a due deadline, a job with fewer holders). True when it
-        switched."""
+        priority, one past the bound, a due deadline, a job with fewer holders); before it
+        amortised, only for a job nobody has served yet (`core.choice`, new jobs). True when
+        it switched."""
         cur = slot.current
         if (cur is None or cur.state is not ShapeState.ACTIVE or not cur.items
-                or slot.batches < self.cfg.amortise_batches or not ms.waiting.levels):
+                or slot.batches < 1):
+            return False
+        amortised = slot.batches >= self.cfg.amortise_batches
+        warming = slot.warming
+        if warming is not None and self.chooser.cuts_in(warming, cur):
+            # the next shape it pre-warmed is a new job's: it need not wait for this one
+            self._switch_event(ms, slot, cur, warming, now, "new job")
+            self.hold(slot, None, now)
+            self.activate(ms, warming, now, "new job", slot)
+            return True
+        if not ms.waiting.levels or (
+                not amortised and not self.chooser.fresh_waiting(ms.waiting)):
             return False
         ctx = self.context(ms, now, False, live)
-        pick = self.chooser.choose(ms.waiting, ctx, against=cur)
-        if pick is None:
+        pick = self.chooser.choose(ms.waiting, ctx, against=cur, amortised=amortised)
+        if pick is None and amortised:
             pick = self._higher_held(ms, shape_terms(cur, self.terms)[0], slot, live)
-        if pick is None:
+        if pick is None and amortised:
             pick = self._shortest(ms, cur, ctx, live)
         if pick is not None and self.sweeper.loose(ms, pick.shape):
             pick = self.sweeper.sweep(ms, pick, now)
@@ -219,13 +232,17 @@ class Lifecycle:
                 return False
         if pick is None:
             return False
-        ms.preemptions += 1
-        self.log.emit(now, EventKind.SWITCH, model=ms.name, signature=cur.signature,
-                      label=cur.label, value=pick.shape.signature,
-                      reason=f"{slot.consumer} left after {slot.batches} batches: {pick.why}")
+        self._switch_event(ms, slot, cur, pick.shape, now, pick.why)
         self.hold(slot, None, now)
         self.take(ms, pick, now, slot)
         return True
+
+    def _switch_event(self, ms: ModelState, slot: Slot, cur: Shape, to: Shape, now: float,
+                      why: str) -> None:
+        ms.preemptions += 1
+        self.log.emit(now, EventKind.SWITCH, model=ms.name, signature=cur.signature,
+                      label=cur.label, value=to.signature,
+                      reason=f"{slot.consumer} left after {slot.batches} batches: {why}")
 
     def activate(self, ms: ModelState, shape: Shape, now: float, why: str,
                  slot: Slot | None = None) -> None:
