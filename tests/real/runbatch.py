@@ -4,9 +4,11 @@ Helpers (not a test module):
 - `run_batch(model, inp, out, core, *flags)`: vLLM's own batch runner on `inp` with the
   session's engine flags (`conftest.SERVER_ARGS`) plus `flags`, pinned to one core; its
   output rows by custom_id.
-- `through_fabricctl(servers, tokenizer, tmp, inp, refused=0)`: `fabricctl run` (its
-  `run_job`, engine openai) on `inp` against the launched servers, with exactly `refused`
-  lines refused by its reader (each still a row); its output rows by custom_id.
+- `through_fabricctl(servers, tokenizer, tmp, inp, refused=0, group_pooling=True)`:
+  `fabricctl run` (its `run_job`, engine openai) on `inp` against the launched servers,
+  with exactly `refused` lines refused by its reader (each still a row), embeddings items
+  grouped into one request or not (`[consumer] group_pooling`); its output rows by
+  custom_id.
 - `write(path, lines)`: a JSONL file of the lines.
 """
 
@@ -56,12 +58,12 @@ async def run_batch(model: Path, inp: Path, out: Path, core: int, *flags: str
 
 
 async def through_fabricctl(servers: Launcher, tokenizer: Path, tmp: Path, inp: Path,
-                            refused: int = 0) -> dict[str, Any]:
+                            refused: int = 0, group_pooling: bool = True) -> dict[str, Any]:
     cfg = AppConfig(
         data_dir=tmp / "data", engine="openai", model="tiny",
         vllm=VllmSettings(endpoints=[s.base_url for s in servers.servers]),
         consumer=ConsumerSettings(max_batch_size=8, max_batch_tokens=8 * 512,
-                                  max_input_len=500),
+                                  max_input_len=500, group_pooling=group_pooling),
         producer=ProducerSettings(tokenizer=str(tokenizer)))
     for s in servers.servers:
         await s.wait_ready(240)
