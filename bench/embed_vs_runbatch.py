@@ -30,20 +30,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
-import contextlib
 import io
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+from pooling_bench import bench_main
 from vllm_bench import ROOT, VENV, _kill_leftovers, free_port
 
 from fabricctl.cli.run import run_job
@@ -204,16 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="print exactly one JSON object")
-    args = ap.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="embed-vs-runbatch-"))
-    try:
-        out = asyncio.run(drive(args, work))
-    finally:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(work)
-    print(json.dumps(out) if args.json else table(out))
-    ok = all(p.get("mismatched", 0) == 0 for p in out["phases"].values())
-    return 0 if ok else 1
+    out = bench_main(ap.parse_args(argv), "embed-vs-runbatch-", drive, table)
+    return 0 if all(p.get("mismatched", 0) == 0 for p in out["phases"].values()) else 1
 
 
 if __name__ == "__main__":

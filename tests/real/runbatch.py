@@ -10,14 +10,19 @@ Helpers (not a test module):
   grouped into one request or not (`[consumer] group_pooling`); its output rows by
   custom_id.
 - `write(path, lines)`: a JSONL file of the lines.
+- `vectors(body)`: an embeddings body's vectors as floats (base64 ones decoded);
+  `cosine(a, b)`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
+import math
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +36,22 @@ from fabricctl.supervisor.launcher import Launcher
 def write(path: Path, lines: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
+
+
+def vectors(body: dict[str, Any]) -> list[list[float]]:
+    out = []
+    for d in body["data"]:
+        e = d["embedding"]
+        if isinstance(e, str):
+            raw = base64.b64decode(e)
+            e = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+        out.append(e)
+    return out
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
 
 
 def by_id(lines: list[str]) -> dict[str, Any]:

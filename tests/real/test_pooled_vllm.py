@@ -15,16 +15,13 @@ path by default.
 from __future__ import annotations
 
 import asyncio
-import base64
-import math
-import struct
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from runbatch import through_fabricctl, write
+from runbatch import cosine, through_fabricctl, vectors, write
 
 from fabricctl.supervisor.launcher import Launcher
 
@@ -59,22 +56,6 @@ async def embed_requests(client: httpx.AsyncClient) -> float:
     text = (await client.get("/metrics")).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("http_requests_total{") and '"/v1/embeddings"' in line)
-
-
-def vectors(body: dict[str, Any]) -> list[list[float]]:
-    out = []
-    for d in body["data"]:
-        e = d["embedding"]
-        if isinstance(e, str):
-            raw = base64.b64decode(e)
-            e = list(struct.unpack(f"<{len(raw) // 4}f", raw))
-        out.append(e)
-    return out
-
-
-def cosine(a: list[float], b: list[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b, strict=True))
-    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
 
 
 def rest(row: dict[str, Any]) -> dict[str, Any]:
