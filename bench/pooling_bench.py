@@ -20,10 +20,13 @@ scraped before and after:
                 size: fabricctl finds the prefixes itself;
   d. declared:  phase c with each line's prefix declared (`body.prefix`, the fabricctl
                 extension), the shapes auto should find.
+  e. auto-single: phase c with `[consumer] group_pooling = false`: one request per item
+                (c, d group the items of a batch that differ only in their input into one
+                request, `fabricctl.engines.pooled`).
 Per phase: wall seconds, items/s, vLLM's hit rate (Δhits / Δqueries of
 `vllm:prefix_cache_{hits,queries}_total`) and the achievable one (every full prefix block of
 every request a hit but one cold prefill per prefix: F x (requests - shapes) / Δqueries).
-Ratios: items/s of c over a and over b, d over a (wall: `run_job` whole, its start-up
+Ratios: items/s of c over a and over b, d over a, c over e (wall: `run_job` whole, its start-up
 included), and of c and d over a on `serve_s` (the run summary's job open to last result,
 start-up left out); c's and d's hit rate minus the achievable.
 `--json` prints one JSON object of these figures.
@@ -41,6 +44,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +123,10 @@ def batch_lines(wl: Workload, declared: bool) -> str:
 
 
 async def fabricctl_phase(client: httpx.AsyncClient, wl: Workload, base_url: str,
-                          model_dir: Path, work: Path, name: str, declared: bool) -> Phase:
-    """The batch file through `run_job`, engine "openai", shapes found ("auto")."""
+                          model_dir: Path, work: Path, name: str, declared: bool,
+                          group: bool = True) -> Phase:
+    """The batch file through `run_job`, engine "openai", shapes found ("auto"); `group`:
+    `[consumer] group_pooling`."""
     phase = Phase(name)
     sink = io.BytesIO()
     errors: list[str] = []
@@ -131,7 +137,8 @@ async def fabricctl_phase(client: httpx.AsyncClient, wl: Workload, base_url: str
         vllm=VllmSettings(endpoints=[base_url]),
         consumer=ConsumerSettings(max_batch_size=IN_FLIGHT,
                                   max_batch_tokens=IN_FLIGHT * wl.max_len,
-                                  max_input_len=wl.max_len, window=2 * IN_FLIGHT),
+                                  max_input_len=wl.max_len, window=2 * IN_FLIGHT,
+                                  group_pooling=group),
         producer=ProducerSettings(tokenizer=str(model_dir / "tokenizer.json"),
                                   shapes="auto", block_size=BLOCK))
     before = await scrape(client)
@@ -190,6 +197,7 @@ def ratios(ph: dict[str, dict[str, Any]]) -> dict[str, float | None]:
 
     return {"auto_over_arrival": r("auto", "arrival"), "auto_over_grouped": r("auto", "grouped"),
             "declared_over_arrival": r("declared", "arrival"),
+            "auto_over_auto_single": r("auto", "auto-single"),
             "auto_serve_over_arrival": r("auto", "arrival", "serve_items_per_s"),
             "declared_serve_over_arrival": r("declared", "arrival", "serve_items_per_s"),
             "auto_points_below_achievable": below("auto"),
@@ -227,14 +235,15 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             grouped = sorted(wl.items, key=lambda i: i.shape)
             phases: dict[str, Phase] = {}
             await client_phase(client, "warm-up", wl, wl.items[:IN_FLIGHT])
-            for name in ("arrival", "grouped", "auto", "declared"):
+            for name in ("arrival", "grouped", "auto", "declared", "auto-single"):
                 await reset_prefix_cache(client)
                 if name in ("arrival", "grouped"):
                     order = list(wl.items) if name == "arrival" else grouped
                     phases[name] = await client_phase(client, name, wl, order)
                 else:
                     phases[name] = await fabricctl_phase(client, wl, base_url, model_dir,
-                                                         work, name, name == "declared")
+                                                         work, name, name == "declared",
+                                                         group=name != "auto-single")
     finally:
         await launcher.stop()
         atexit.unregister(_kill_leftovers)
@@ -257,20 +266,28 @@ def table(out: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def bench_main(args: argparse.Namespace, prefix: str,
+               drive_fn: Callable[[argparse.Namespace, Path], Awaitable[dict[str, Any]]],
+               table_fn: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
+    """`drive_fn(args, work)` in a work dir removed after; prints its table, or its JSON
+    with `--json`; its figures."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        out = asyncio.run(drive_fn(args, work))
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(work)
+    print(json.dumps(out) if args.json else table_fn(out))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--items", type=int, default=480)
     ap.add_argument("--shapes", type=int, default=12)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="print exactly one JSON object")
-    args = ap.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="pooling-bench-"))
-    try:
-        out = asyncio.run(drive(args, work))
-    finally:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(work)
-    print(json.dumps(out) if args.json else table(out))
+    out = bench_main(ap.parse_args(argv), "pooling-bench-", drive, table)
     return 0 if all(p["error"] is None for p in out["phases"].values()) else 1
 
 

@@ -95,6 +95,9 @@ class ConsumerSettings:
     max_input_len: int = MAX_INPUT_LEN
     window: int = 0  # requests a consumer keeps in a real engine at once; 0: WINDOW_BATCHES
     # (fabricctl.engines.base) x max_batch_size
+    # embeddings items whose bodies differ only in their input go as one request with an
+    # input list (fabricctl.engines.pooled), texts counted by the served model's tokenizer
+    group_pooling: bool = True
 
 
 @dataclass(frozen=True)

@@ -106,11 +106,14 @@ def build_engine(cfg: AppConfig, engine: str, endpoint: str | None) -> Engine:
         if not endpoint:
             raise UsageError("--engine openai needs --endpoint URL")
         from fabricctl.engines.openai import OpenAIEngine
+        from fabricctl.engines.pooled import served_counter
 
         c = cfg.consumer
+        counter = served_counter(cfg.producer.tokenizer, cfg.model) if c.group_pooling else None
         return OpenAIEngine(endpoint, cfg.model_name, max_batch_size=c.max_batch_size,
                             max_batch_tokens=c.max_batch_tokens, max_input_len=c.max_input_len,
-                            window=consumer_window(cfg, "openai") or 0)
+                            window=consumer_window(cfg, "openai") or 0,
+                            group_pooling=c.group_pooling, counter=counter)
     raise UsageError(f"--engine must be sim or openai, not {engine!r}")
 
 

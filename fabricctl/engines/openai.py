@@ -10,6 +10,13 @@ Contract (on top of `fabricctl.engines.base.Engine`):
   empty result with finish_reason "length_exceeded" (not embeddings, score or rerank
   requests, whose several inputs are sequences of their own: vLLM refuses a too-long one
   with a 400, that item's result); an unreadable payload gets an "error" result.
+- Grouped embeddings (`group_pooling`, on by default; `fabricctl.engines.pooled`): items of
+  the batch whose `/v1/embeddings` bodies differ only in their one input (a text counted by
+  `counter`, the served model's tokenizer, or token ids) travel as one request with an
+  input list, one window slot, and each gets the body its own request would have got
+  (`split_answer`). A refusal of the group (4xx, 501: one bad input refuses the list) or an
+  answer that does not split (its usage is not the counted sum; texts then travel alone for
+  the engine's life) sends the group's items one by one, each with its own outcome.
 - A 200 answer: text and finish_reason of choice 0 (`text`, or `message.content` for chat),
   vLLM's `usage` (prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens),
   and the body as the server sent it, kept for OpenAI-batch items (their output line
@@ -40,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -49,6 +57,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from fabricctl.core.payload import decode_payload
 from fabricctl.core.types import ItemResult, Prewarm, Work
 from fabricctl.engines.base import WINDOW_BATCHES, EngineLimits, EngineStats
+from fabricctl.engines.pooled import (
+    GROUP_INPUTS,
+    GROUP_TOKENS,
+    InputCounter,
+    plan_groups,
+    pool_input,
+    pool_key,
+    special_tokens,
+    split_answer,
+)
 from fabricctl.engines.request import (
     ABORT,
     POOLING_PATHS,
@@ -113,6 +131,16 @@ def _error_message(resp: httpx.Response) -> str:
     return error_message(resp.content)
 
 
+class _Send(msgspec.Struct):
+    """Why: an item's request, its place in the batch, and its input's tokens when grouped."""
+
+    index: int
+    path: str
+    body: dict[str, Any]
+    keep: bool
+    count: int | None = None
+
+
 class OpenAIEngine:
     """Why: one client for vLLM and any other OpenAI-compatible server a fleet may run."""
 
@@ -123,7 +151,8 @@ class OpenAIEngine:
                  transport: httpx.AsyncBaseTransport | None = None, timeout_s: float = 120.0,
                  attempts: int = 4, backoff_s: float = 0.5, backoff_max_s: float = 8.0,
                  scrape_metrics: bool = True, api_key: str | None = None,
-                 window: int = 0) -> None:
+                 window: int = 0, group_pooling: bool = True,
+                 counter: InputCounter | None = None) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -147,6 +176,9 @@ class OpenAIEngine:
         # higher would read as a restart and count everything again
         self._scraping = asyncio.Lock()
         self._start_time: float | None = None
+        self.group_pooling = group_pooling
+        self._counter = counter  # None: texts are not grouped (token ids still are)
+        self.grouped = 0  # items answered through a grouped request, for tests and benches
 
     def limits(self) -> EngineLimits:
         return self._limits
@@ -254,8 +286,7 @@ class OpenAIEngine:
     async def run(self, work: Work) -> list[ItemResult]:
         t0 = time.monotonic()
         results: list[ItemResult | None] = [None] * len(work.items)
-        send: list[int] = []
-        calls = []
+        sends: list[_Send] = []
         for i, item in enumerate(work.items):
             try:
                 path, body, keep = request_of(item, decode_payload(item.payload), self.model)
@@ -267,24 +298,77 @@ class OpenAIEngine:
             if item.input_tokens > work.max_input_len and path not in POOLING_PATHS:
                 results[i] = ItemResult(id=item.id, finish_reason="length_exceeded")
                 continue
-            send.append(i)
-            calls.append(self._one(path, body, keep))
-        if send:
+            sends.append(_Send(i, path, body, keep))
+        if sends:
             if not self._last:  # no baseline yet: without one this batch goes uncounted
                 await self.scrape()
+            groups, alone = self._plan(sends)
+            order = alone + [s for g in groups for s in g]
+            calls = [self._single(s) for s in alone] + [self._group(g) for g in groups]
             done = await asyncio.gather(*calls, return_exceptions=True)
             failed = next((r for r in done if isinstance(r, BaseException)), None)
             if failed is not None:  # the server is down or broken: the batch goes back
                 raise failed
             await self.scrape()
-            for i, res in zip(send, done, strict=True):
-                assert isinstance(res, ItemResult)
-                res.id = work.items[i].id
-                results[i] = res
+            answers = [res for batch in done for res in batch]  # type: ignore[union-attr]
+            for s, res in zip(order, answers, strict=True):
+                res.id = work.items[s.index].id
+                results[s.index] = res
         self._stats.batches += 1
         self._stats.items += len(work.items)
         self._stats.busy_s += time.monotonic() - t0
         return [r for r in results if r is not None]
+
+    def _plan(self, sends: list[_Send]) -> tuple[list[list[_Send]], list[_Send]]:
+        """(groups that travel as one request, the items that travel alone)."""
+        if not self.group_pooling:
+            return [], sends
+        keys = [pool_key(s.path, s.body) for s in sends]
+        seen = Counter(k for k in keys if k is not None)
+        texts: dict[bool, list[_Send]] = {}
+        for s, key in zip(sends, keys, strict=True):
+            if key is None or seen[key] < 2:
+                continue
+            value = pool_input(s.path, s.body)
+            if isinstance(value, list):
+                s.count = len(value)
+            elif self._counter is not None:
+                texts.setdefault(special_tokens(s.body), []).append(s)
+        for special, some in texts.items():
+            assert self._counter is not None
+            counts = self._counter.counts([s.body["input"] for s in some], special)
+            for s, n in zip(some, counts, strict=True):
+                s.count = n
+        groups, alone = plan_groups(keys, [s.count for s in sends], GROUP_INPUTS,
+                                    GROUP_TOKENS)
+        return [[sends[i] for i in g] for g in groups], [sends[i] for i in alone]
+
+    async def _single(self, s: _Send) -> list[ItemResult]:
+        return [await self._one(s.path, s.body, s.keep)]
+
+    async def _group(self, group: list[_Send]) -> list[ItemResult]:
+        """The group's inputs as one request, its answer split back; item by item when the
+        server refuses the list or its answer does not split (see the module contract)."""
+        first = group[0]
+        body = dict(first.body, input=[s.body["input"] for s in group])
+        counts = [s.count or 0 for s in group]
+        async with self._slots:
+            resp = await self._post(first.path, body)
+        if resp.status_code < 400:
+            split = split_answer(resp.content, counts)
+            out = [r for b in split.bodies
+                   if (r := read_answer(200, b, True, first.path)) is not None]
+            if not split.why and len(out) == len(group):
+                self.grouped += len(out)
+                return out
+            log.warning("%s: a grouped embeddings answer does not split (%s): its %d items "
+                        "go one by one%s", self.base_url, split.why or "unreadable",
+                        len(group), "; texts from now on too"
+                        if isinstance(first.body["input"], str) else "")
+            if isinstance(first.body["input"], str):
+                self._counter = None  # its counts are not the server's
+        answers = await asyncio.gather(*(self._one(s.path, s.body, s.keep) for s in group))
+        return list(answers)
 
     async def prewarm(self, signal: Prewarm) -> None:
         if signal.sample is None:

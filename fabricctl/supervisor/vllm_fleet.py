@@ -13,6 +13,7 @@ from typing import Any
 
 from fabricctl.config import AppConfig
 from fabricctl.engines.base import Engine
+from fabricctl.engines.pooled import served_counter
 from fabricctl.errors import BackendMissing, LaunchError, UsageError
 from fabricctl.supervisor.launcher import Launcher, LaunchSpec
 
@@ -33,7 +34,10 @@ async def build_real_engines(cfg: AppConfig, kind: str) -> tuple[list[Engine], l
     c = cfg.consumer
     limits: dict[str, Any] = {"max_batch_size": c.max_batch_size,
                               "max_batch_tokens": c.max_batch_tokens,
-                              "max_input_len": c.max_input_len, "window": c.window}
+                              "max_input_len": c.max_input_len, "window": c.window,
+                              "group_pooling": c.group_pooling}
+    if c.group_pooling:
+        limits["counter"] = served_counter(cfg.producer.tokenizer, cfg.model)
     if kind == "openai":
         from fabricctl.engines.openai import OpenAIEngine
 

@@ -4,18 +4,25 @@ Helpers (not a test module):
 - `run_batch(model, inp, out, core, *flags)`: vLLM's own batch runner on `inp` with the
   session's engine flags (`conftest.SERVER_ARGS`) plus `flags`, pinned to one core; its
   output rows by custom_id.
-- `through_fabricctl(servers, tokenizer, tmp, inp, refused=0)`: `fabricctl run` (its
-  `run_job`, engine openai) on `inp` against the launched servers, with exactly `refused`
-  lines refused by its reader (each still a row); its output rows by custom_id.
+- `through_fabricctl(servers, tokenizer, tmp, inp, refused=0, group_pooling=True)`:
+  `fabricctl run` (its `run_job`, engine openai) on `inp` against the launched servers,
+  with exactly `refused` lines refused by its reader (each still a row), embeddings items
+  grouped into one request or not (`[consumer] group_pooling`); its output rows by
+  custom_id.
 - `write(path, lines)`: a JSONL file of the lines.
+- `vectors(body)`: an embeddings body's vectors as floats (base64 ones decoded);
+  `cosine(a, b)`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
+import math
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +36,22 @@ from fabricctl.supervisor.launcher import Launcher
 def write(path: Path, lines: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
+
+
+def vectors(body: dict[str, Any]) -> list[list[float]]:
+    out = []
+    for d in body["data"]:
+        e = d["embedding"]
+        if isinstance(e, str):
+            raw = base64.b64decode(e)
+            e = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+        out.append(e)
+    return out
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
 
 
 def by_id(lines: list[str]) -> dict[str, Any]:
@@ -56,12 +79,12 @@ async def run_batch(model: Path, inp: Path, out: Path, core: int, *flags: str
 
 
 async def through_fabricctl(servers: Launcher, tokenizer: Path, tmp: Path, inp: Path,
-                            refused: int = 0) -> dict[str, Any]:
+                            refused: int = 0, group_pooling: bool = True) -> dict[str, Any]:
     cfg = AppConfig(
         data_dir=tmp / "data", engine="openai", model="tiny",
         vllm=VllmSettings(endpoints=[s.base_url for s in servers.servers]),
         consumer=ConsumerSettings(max_batch_size=8, max_batch_tokens=8 * 512,
-                                  max_input_len=500),
+                                  max_input_len=500, group_pooling=group_pooling),
         producer=ProducerSettings(tokenizer=str(tokenizer)))
     for s in servers.servers:
         await s.wait_ready(240)

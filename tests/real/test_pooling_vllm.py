@@ -16,10 +16,7 @@ embeddings line in that file (a generative model: no such route) is run-batch's 
 from __future__ import annotations
 
 import asyncio
-import base64
-import math
 import os
-import struct
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -30,7 +27,7 @@ import httpx
 import pytest
 import pytest_asyncio
 from conftest import EMBED, MAKE_MODEL, serve_pooling, starting
-from runbatch import run_batch, through_fabricctl, write
+from runbatch import cosine, run_batch, through_fabricctl, vectors, write
 
 from fabricctl.supervisor.launcher import Launcher
 
@@ -88,22 +85,6 @@ UNREADABLE = [{"custom_id": "bad-empty", "method": "POST", "url": "/v1/embedding
                "body": {"model": "tiny", "input": [7, "x"]}}]
 
 
-def vectors(rec: dict[str, Any]) -> list[list[float]]:
-    out = []
-    for d in rec["response"]["body"]["data"]:
-        e = d["embedding"]
-        if isinstance(e, str):
-            raw = base64.b64decode(e)
-            e = list(struct.unpack(f"<{len(raw) // 4}f", raw))
-        out.append(e)
-    return out
-
-
-def cosine(a: list[float], b: list[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b, strict=True))
-    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
-
-
 def status_and_usage(rec: dict[str, Any]) -> tuple[int, int | None]:
     body = rec["response"]["body"] if rec["response"] else None
     status = rec["response"]["status_code"] if rec["response"] else 0
@@ -127,7 +108,8 @@ async def test_embedding_lines_answer_as_run_batch_does(
         cid = line["custom_id"]
         assert status_and_usage(ours[cid]) == status_and_usage(ref[cid]), (ours[cid], ref[cid])
         if ref[cid]["response"]["status_code"] == 200:
-            for a, b in zip(vectors(ours[cid]), vectors(ref[cid]), strict=True):
+            for a, b in zip(vectors(ours[cid]["response"]["body"]),
+                            vectors(ref[cid]["response"]["body"]), strict=True):
                 assert cosine(a, b) >= 0.9999, cid
         else:
             assert ours[cid]["error"] is not None, ours[cid]
