@@ -22,12 +22,19 @@ is the same ratio per CPU second (steadier on a busy host).
     .venv/bin/python bench/core_bench.py --json          # exactly one JSON object
     .venv/bin/python bench/core_bench.py --repeat 3      # the best of three runs
     .venv/bin/python bench/core_bench.py --profile       # cProfile hot spots on stderr
+    .venv/bin/python bench/core_bench.py --hash --json   # + sha256 of every batch handed out
+
+`--hash` is the same-results check of a change to the core's hot paths: `batches_sha256`
+digests every batch as it is handed out (msgpack of the `Batch`: id, consumer, shape, lane,
+pad, entries with their items, in order) and the ledger and lane counters at the end; two
+trees that dispatch alike print the same digest (the hashing is inside the timed loop).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import json
 import math
 import pstats
@@ -39,13 +46,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fabricctl.core.broker import Broker
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.signature import signature
-from fabricctl.core.types import Contract, Item
+from fabricctl.core.types import Batch, Contract, Item
 
 TARGET = 300_000  # items/s
 TARGET_VS_FIFO = 0.5  # the core's items/s / the plain FIFO's on the same workload
@@ -69,6 +78,7 @@ class Params:
     rounds: int = 4
     seed: int = 1
     stream: bool = False
+    hash: bool = False  # digest every batch handed out (`batches_sha256`)
 
 
 @dataclass
@@ -89,6 +99,7 @@ class Result:
     ledger_difference: tuple[int, int]
     fifo_items_per_s: float = 0.0  # the plain FIFO floor on the same workload (`fifo_floor`)
     fifo_items_per_cpu_s: float = 0.0  # the same, per CPU second
+    batches_sha256: str = ""  # with --hash: every batch handed out, then the counters
 
     def as_dict(self) -> dict[str, object]:
         s = self.seconds or 1e-9
@@ -115,7 +126,7 @@ class Result:
             "thrash_events": self.thrash_events,
             "switches": self.switches,
             "ledger_difference": list(self.ledger_difference),
-        }
+        } | ({"batches_sha256": self.batches_sha256} if self.batches_sha256 else {})
 
 
 def chunks(p: Params) -> Iterator[list[Item]]:
@@ -182,6 +193,8 @@ def run_core(p: Params) -> Result:
         broker.register(name, contract, 0.0)
     ledger = broker.ledger
     pull, complete, ingest, tick = broker.pull, broker.complete, broker.ingest, broker.tick
+    digest = hashlib.sha256() if p.hash else None
+    encode = msgspec.msgpack.Encoder().encode
     clock, cpu = time.perf_counter, time.process_time
     now, next_tick, spent, spent_cpu = 0.0, 1.0, 0.0, 0.0
     fresh: list[Item] | None = []
@@ -194,8 +207,10 @@ def run_core(p: Params) -> Result:
             fresh = []
         for _ in range(p.rounds):
             for name in names:
-                batch = pull(name, now)
+                batch: Batch | None = pull(name, now)
                 if batch is not None:
+                    if digest is not None:
+                        digest.update(encode(batch))
                     complete(batch.id, now)
         now += 0.01
         if now >= next_tick:
@@ -204,6 +219,8 @@ def run_core(p: Params) -> Result:
         spent += clock() - t0
         spent_cpu += cpu() - c0
     lc = broker.lane_counters
+    if digest is not None:
+        digest.update(encode([ledger, lc.reuses, lc.new_lanes, lc.releases, lc.force_fits]))
     return Result(
         items=ledger.items_completed, seconds=spent, cpu_seconds=spent_cpu,
         wall_seconds=time.perf_counter() - wall0, batches=broker.batches_total,
@@ -211,6 +228,7 @@ def run_core(p: Params) -> Result:
         shapes_finished=broker.batches_hist.total, thrash_events=broker.batches_hist.thrashed,
         switches=sum(ms.switches for ms in broker.models.values()),
         waste=broker.waste(), ledger_difference=ledger.difference(),
+        batches_sha256=digest.hexdigest() if digest is not None else "",
     )
 
 
@@ -242,9 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="report the fastest of N runs")
     ap.add_argument("--json", action="store_true", help="print exactly one JSON object")
     ap.add_argument("--profile", action="store_true", help="cProfile the run (stderr)")
+    ap.add_argument("--hash", action="store_true",
+                    help="sha256 of every batch handed out (the same-results check)")
     args = ap.parse_args(argv)
     p = Params(args.items, args.consumers, args.shapes, args.chunk, args.backlog, args.rounds,
-               args.seed, args.stream)
+               args.seed, args.stream, args.hash)
     if args.profile:
         prof = cProfile.Profile()
         result = prof.runcall(run_core, p)

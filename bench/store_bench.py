@@ -32,6 +32,14 @@ median round, `ingest_vs_lmdb_floor` the median of the rounds' ratios ingest / f
     .venv/bin/python bench/store_bench.py --json                    # exactly one JSON object
     .venv/bin/python bench/store_bench.py --recovery-items 100000   # a quicker run
     .venv/bin/python bench/store_bench.py --profile throughput      # cProfile phases 1-2
+    .venv/bin/python bench/store_bench.py --hash --json --recovery-items 0  # same results?
+
+`--hash` is the same-results check of a change to the store's hot paths: `batches_sha256`
+digests every `Work` handed out (msgpack: the batch and its items, payloads included) and
+what each `complete_many` returned; `sha256.ingested.<table>` and `sha256.end.<table>` every
+key and value of each LMDB table after the ingest phase and at the end, in key order. Two trees
+that store and dispatch alike print the same digests (the hashing is inside the timed loop
+for the batches, outside it for the tables).
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import hashlib
 import json
 import math
 import pstats
@@ -55,6 +64,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import lmdb
+import msgspec
 
 from fabricctl.core.signature import signature
 from fabricctl.core.types import Contract, Item, ItemResult
@@ -119,10 +129,11 @@ def phase_ingest(store: DurableBroker, args: argparse.Namespace, now: float,
     return n, spent, cpu
 
 
-def phase_complete(store: DurableBroker, args: argparse.Namespace,
-                   now: float) -> tuple[int, float, float, int, int]:
+def phase_complete(store: DurableBroker, args: argparse.Namespace, now: float,
+                   digest: hashlib._Hash | None = None) -> tuple[int, float, float, int, int]:
     """Drain everything; returns (items, wall and CPU seconds in pull + complete_many,
-    batches, commits)."""
+    batches, commits). With `digest`, every `Work` and every commit's answer go into it."""
+    encode = msgspec.msgpack.Encoder().encode
     names = [f"gpu{k}" for k in range(args.consumers)]
     for name, contract in zip(names, CONTRACTS, strict=False):
         store.core.register(name, contract, now)
@@ -138,6 +149,8 @@ def phase_complete(store: DurableBroker, args: argparse.Namespace,
                 w = pull(name, now)
                 if w is not None:
                     group.append(w)
+                    if digest is not None:
+                        digest.update(encode(w))
         spent += time.perf_counter() - t0
         cpu += time.process_time() - c0
         if not group:
@@ -149,6 +162,8 @@ def phase_complete(store: DurableBroker, args: argparse.Namespace,
         stored = complete_many(done, now)
         spent += time.perf_counter() - t0
         cpu += time.process_time() - c0
+        if digest is not None:
+            digest.update(encode(stored))
         items += sum(stored)
         batches += len(group)
         commits += 1
@@ -192,14 +207,33 @@ class LmdbFloor:
         self.env.close()
 
 
+def table_hashes(store: DurableBroker, prefix: str) -> dict[str, str]:
+    """sha256 of every key and value of each of the store's LMDB tables, in key order."""
+    out = {}
+    env = store.state.env
+    with env.read() as txn:
+        for name, db in env.dbs.items():
+            digest = hashlib.sha256()
+            for k, v in txn.cursor(db=db):
+                digest.update(len(k).to_bytes(4, "big") + k + len(v).to_bytes(4, "big") + v)
+            out[f"sha256.{prefix}.{name}"] = digest.hexdigest()
+    return out
+
+
 def run_throughput(args: argparse.Namespace, data_dir: Path) -> dict[str, object]:
     """One round in a fresh data dir."""
     store = DurableBroker(data_dir, 0.0, store=store_cfg())
     raw = LmdbFloor(data_dir.parent / f"{data_dir.name}-floor")
+    digest = hashlib.sha256() if args.hash else None
+    tables: dict[str, str] = {}
     try:
         n_in, t_in, c_in = phase_ingest(store, args, 0.0, raw)
         raw.close()
-        n_out, t_out, c_out, batches, commits = phase_complete(store, args, 1.0)
+        if digest is not None:
+            tables |= table_hashes(store, "ingested")
+        n_out, t_out, c_out, batches, commits = phase_complete(store, args, 1.0, digest)
+        if digest is not None:
+            tables |= table_hashes(store, "end")
         lg = store.core.ledger
         floor = raw.rows / (raw.seconds or 1e-9)
         return {
@@ -223,7 +257,7 @@ def run_throughput(args: argparse.Namespace, data_dir: Path) -> dict[str, object
             "items_per_commit": round(n_out / max(commits, 1)),
             "ledger_difference": list(lg.difference()),
             "segments_left": len(store.segs),
-        }
+        } | ({"batches_sha256": digest.hexdigest(), **tables} if digest is not None else {})
     finally:
         raw.close()
         store.close()
@@ -344,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3,
                     help="throughput rounds (fresh data dirs); the median is reported")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--hash", action="store_true",
+                    help="sha256 of every batch handed out and of every table (same results)")
     ap.add_argument("--dir", type=Path, default=None, help="parent of the temporary data dirs")
     ap.add_argument("--json", action="store_true", help="print exactly one JSON object")
     ap.add_argument("--profile", choices=("throughput", "recovery"), default=None,

@@ -19,7 +19,6 @@ settlement and signal outbox.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from operator import attrgetter
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.lifecycle import Lifecycle
@@ -29,10 +28,6 @@ from fabricctl.core.settlement import Settlement
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.tracking import ConsumerState, guard_signature
 from fabricctl.core.types import Batch, Item, Prewarm
-
-_max_tokens = attrgetter("max_tokens")
-_item = attrgetter("item")
-_signature = attrgetter("signature")
 
 
 class Dispatcher:
@@ -117,9 +112,9 @@ class Dispatcher:
         contract = c.contract
         entries, pad_to, tokens = pack_counted(lane.queue, contract.max_batch_size,
                                                contract.max_batch_tokens, self.cfg.pad_multiple)
-        max_tokens = max(0, max(map(_max_tokens, entries), default=0))
+        max_tokens = max(0, max([e.max_tokens for e in entries], default=0))
         if not shape.swept:  # a swept shape's batch claims no one signature (`core.sweep`)
-            _guard(shape.signature, list(map(_item, entries)))
+            _guard(shape.signature, [e.item for e in entries])
         slot = ms.slots.get(consumer)
         if slot is not None and slot.current is shape:
             slot.batches += 1
@@ -133,7 +128,7 @@ def _guard(sig: int, items: list[Item | None]) -> None:
     """The hard guard over a batch's entries that carry their item (memory mode)."""
     if items and items[0] is not None:  # memory mode: every entry carries its item
         try:
-            sigs = set(map(_signature, items))
+            sigs = {it.signature for it in items}  # type: ignore[union-attr]
         except AttributeError:  # some entry without its item: check those with one
             sigs = {it.signature for it in items if it is not None}
     else:  # a store's entries (their items live in the store)

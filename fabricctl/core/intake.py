@@ -60,12 +60,7 @@ def _by_key(chunk: list[Item]) -> list[tuple[str, int, list[int]]]:
 
 def _count_jobs(shape: Shape, entries: list[Entry]) -> None:
     """Count a group of entries into their shape's jobs (one job: one update)."""
-    if not entries:
-        return
-    job = entries[0].job
-    if entries[-1].job == job and all(e.job == job for e in entries):
-        shape.count_job(job, len(entries), sum(e.tokens for e in entries))
-    else:
+    if entries:
         shape.count_jobs(entries, 1)
 
 
@@ -222,7 +217,7 @@ class Intake:
                 shape = self.open_shape(model, sig, label, now)
                 ns = [it.input_tokens for it in its]
                 lanes = shape.lanes.assign_many(ns, now)
-                entries = list(map(Entry, map(key.__add__, idx), ns,
+                entries = list(map(Entry, [key + i for i in idx], ns,
                                    [it.max_tokens for it in its], repeat(now), its,
                                    [it.job for it in its]))
                 for lane, e, t in zip(lanes, entries, ns, strict=True):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from operator import attrgetter
 
 import msgspec
 
@@ -33,7 +32,6 @@ ENDPOINT_NAMES: dict[int, str] = {
     Source.EMBEDDINGS: "embeddings", Source.SCORE: "score", Source.RERANK: "rerank",
     Source.RESPONSES: "responses"}
 ENDPOINT_ORDER = [*list(ENDPOINT_NAMES.values())[1:], "unknown"]  # how listings order them
-_endpoint = attrgetter("endpoint")
 
 
 class MixPart(msgspec.Struct, frozen=True):
@@ -52,7 +50,7 @@ def endpoint_of(item: Item) -> int:
 def count_endpoints(items: Iterable[Item]) -> Counter[int]:
     """Items per endpoint number (`endpoint_of`); runs at ingest, once per item."""
     items = list(items)
-    counts = Counter(map(_endpoint, items))  # the reader sets it on every item it builds
+    counts = Counter([it.endpoint for it in items])  # the reader sets it on every item it builds
     unstated = counts.pop(UNKNOWN, 0)
     if unstated:  # hand-built items: an OpenAI source still names the endpoint
         counts.update(it.source for it in items if not it.endpoint)

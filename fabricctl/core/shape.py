@@ -175,7 +175,14 @@ class Shape:
         return best
 
     def count_jobs(self, entries: Iterable[Entry], sign: int) -> None:
-        """Queued entries joined (`sign` 1) or left (-1) this shape: their jobs' counts."""
+        """Queued entries joined (`sign` 1) or left (-1) this shape: their jobs' counts
+        (one `count_job` per job, in order of first appearance)."""
+        if isinstance(entries, list) and entries:
+            jobs = {e.job for e in entries}
+            if len(jobs) == 1:  # the common batch: one job, one update
+                tokens = sum([e.tokens for e in entries])
+                self.count_job(jobs.pop(), sign * len(entries), sign * tokens)
+                return
         by_job: dict[int, list[int]] = {}
         for e in entries:
             c = by_job.get(e.job)
@@ -201,7 +208,7 @@ class Shape:
     def oldest_t(self) -> float | None:
         """Arrival of its oldest queued item (lanes queue in arrival order, failed-back
         items in front), None when nothing is queued."""
-        return min((la.queue[0].t for la in self.lanes.lanes.values() if la.queue),
+        return min([la.queue[0].t for la in self.lanes.lanes.values() if la.queue],
                    default=None)
 
     def waiting_since(self) -> float | None:
