@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+import types
 from collections.abc import Iterator, Sequence
 from functools import cache
 from pathlib import Path
@@ -50,24 +51,12 @@ def tokenizer() -> TokenizerCounter:
     return TokenizerCounter(_tokenizer_path())
 
 
-class OneAtATime:
-    """Why: the same tokenizer without `count_batch`, so the reader counts line by line."""
-
-    def __init__(self, inner: TokenizerCounter) -> None:
-        self.inner, self.name = inner, inner.name
-
-    def count(self, text: str) -> int:
-        return self.inner.count(text)
-
-    def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        return self.inner.encode(text)
-
-
 class CountingBatches:
     """Why: the tokenizer's batch counter, recording every batch it was asked to count."""
 
     def __init__(self, inner: TokenizerCounter) -> None:
         self.inner, self.name = inner, inner.name
+        self.batched = True
         self.batches: list[list[str]] = []
 
     def count(self, text: str) -> int:
@@ -136,13 +125,14 @@ def files(draw: st.DrawFn) -> list[bytes]:
 def test_batch_counts_are_the_one_at_a_time_counts(lines: list[bytes], group: int,
                                                    auto: bool) -> None:
     tok = tokenizer()
-    assert batches(tok) is tok and batches(OneAtATime(tok)) is None
+    one = TokenizerCounter(_tokenizer_path(), batched=False)
+    assert batches(tok) is tok and batches(one) is None
 
     def parse(counter: TokenCounter) -> list[Parsed | LineError]:
         finder = ShapeFinder(2) if auto else None
         return list(parse_lines(lines, counter=counter, max_line_bytes=200, finder=finder))
 
-    single = parse(OneAtATime(tok))
+    single = parse(one)
     with mock.patch.object(reader, "BATCH_LINES", group):  # groups end inside the file
         batched = parse(tok)
     assert batched == single  # items (counts, signatures, payloads), errors, order
@@ -184,6 +174,7 @@ def test_reading_is_streaming_two_groups_ahead_at_most() -> None:
     assert len(first) == 3 * reader.BATCH_LINES + 1
     # the group being yielded and the next one, read while the worker counted: not the file
     assert read[0] <= len(first) + 2 * reader.BATCH_LINES
+    assert isinstance(got, types.GeneratorType)
     got.close()  # the worker thread ends with the reading
     assert not [t for t in threading.enumerate() if t.name.startswith("fabricctl-tokens")]
 

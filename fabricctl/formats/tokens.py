@@ -63,6 +63,8 @@ class TokenCounter(Protocol):
 class BatchCounter(TokenCounter, Protocol):
     """Why: a counter that counts a chunk's texts in one call, on every core."""
 
+    batched: bool  # False: the reader counts one text at a time all the same
+
     def count_batch(self, texts: Sequence[str]) -> list[int]: ...
 
     def encode_batch(self, texts: Sequence[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
@@ -70,8 +72,8 @@ class BatchCounter(TokenCounter, Protocol):
 
 
 def batches(counter: TokenCounter) -> BatchCounter | None:
-    """`counter` when it counts in batches (`count_batch`), else None."""
-    return counter if isinstance(counter, BatchCounter) else None
+    """`counter` when it counts in batches (`count_batch`, and `batched`), else None."""
+    return counter if isinstance(counter, BatchCounter) and counter.batched else None
 
 
 class KnownCounts:
@@ -98,7 +100,7 @@ class EstimateCounter:
 class TokenizerCounter:
     """Why: exact counts when the operator points fabricctl at the model's tokenizer.json."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, batched: bool = True) -> None:
         try:
             from tokenizers import Tokenizer
         except ImportError as exc:  # the optional extra is not installed
@@ -108,6 +110,7 @@ class TokenizerCounter:
             ) from exc
         self._tok = Tokenizer.from_file(path)
         self.name = f"tokenizer:{path}"
+        self.batched = batched  # False: one text at a time (the reference, in tests and bench)
 
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
