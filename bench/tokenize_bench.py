@@ -223,7 +223,7 @@ def table(out: dict[str, Any]) -> str:
         got = out["submit"]
         est = got["lines_per_s"]["estimate"]
         for arm, v in got["lines_per_s"].items():
-            rows.append(f"{'submit':<8} {arm:<15} {v:>10,}   {v / est:.3f}x")
+            rows.append(f"{'submit':<8} {arm:<16} {v:>9,}   {v / est:>20.3f}x")
     return "\n".join(rows)
 
 
