@@ -33,6 +33,9 @@ Contract:
   A prefix lost from the table is found again as it was first found.
 - Deterministic: the same lines in the same order give the same prefixes, whatever the
   chunking, timing or process (no randomness; xxh3 is seedless). No I/O, no clock.
+- `shape_all(drafts, counter)` is `shape` of each draft in order; with a batch counter
+  (`formats.tokens.batches`) it encodes the prompts it looks at in one `encode_batch` (on
+  every core), and gives the same drafts.
 - `shape(draft, counter)` returns the draft with `components = [prefix]` and `prompt` the
   rest (their concatenation is the prompt as written, so what is sent never changes), or
   the draft as it was.
@@ -51,7 +54,7 @@ import xxhash
 from fabricctl.core.defaults import BLOCK_TOKENS, SHAPE_MODES
 from fabricctl.errors import UsageError
 from fabricctl.formats.common import Draft, Source
-from fabricctl.formats.tokens import ESTIMATE_BYTES_PER_TOKEN, TokenCounter
+from fabricctl.formats.tokens import ESTIMATE_BYTES_PER_TOKEN, TokenCounter, batches
 
 SEED = 0x9E3779B97F4A7C15  # chain seed of block 0 (any fixed constant)
 TABLE_SLOTS = 1 << 20  # chain hashes remembered: 12 MiB
@@ -209,7 +212,9 @@ class ShapeFinder:
 
     def prefix(self, text: str, counter: TokenCounter | None = None) -> int:
         """The character length of `text`'s found prefix (0: none); registers the line."""
-        b = self.blocks(text, counter)
+        return self._prefix(self.blocks(text, counter))
+
+    def _prefix(self, b: Blocks) -> int:
         k = self.find(b.keys)
         return b.ends[k - 1] if k else 0
 
@@ -217,11 +222,30 @@ class ShapeFinder:
         """The draft with its found prefix as its one component, or as it was."""
         if not applies(draft):
             return draft
-        cut = self.prefix(draft.prompt, counter)
-        if cut == 0:
-            return draft
-        return msgspec.structs.replace(draft, components=[draft.prompt[:cut]],
-                                       prompt=draft.prompt[cut:])
+        return _split(draft, self.prefix(draft.prompt, counter))
+
+    def shape_all(self, drafts: list[Draft], counter: TokenCounter | None = None) -> list[Draft]:
+        """`shape` of each draft, in order; with a batch counter (`tokens.batches`) the
+        prompts looked at are encoded in one call, on every core. Same drafts either way."""
+        batch = batches(counter) if counter is not None else None
+        if batch is None:
+            return [self.shape(d, counter) for d in drafts]
+        todo = [i for i, d in enumerate(drafts) if applies(d)]
+        out = list(drafts)
+        encoded = batch.encode_batch([drafts[i].prompt for i in todo])
+        for i, (ids, offsets) in zip(todo, encoded, strict=True):
+            text = drafts[i].prompt
+            b = token_blocks(ids, offsets, len(text), self.block_tokens, self.max_blocks)
+            out[i] = _split(drafts[i], self._prefix(b))
+        return out
+
+
+def _split(draft: Draft, cut: int) -> Draft:
+    """The draft with its first `cut` characters as its one component (0: as it was)."""
+    if cut == 0:
+        return draft
+    return msgspec.structs.replace(draft, components=[draft.prompt[:cut]],
+                                   prompt=draft.prompt[cut:])
 
 
 def applies(draft: Draft) -> bool:

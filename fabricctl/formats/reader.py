@@ -37,12 +37,21 @@ Contract:
   `prompt` (native). The broker counts each job's items by it (`core.mix`) without
   reading the payload.
 
+- With a counter that counts in batches (`formats.tokens.batches`: a tokenizer), lines
+  are read in groups of at most `BATCH_LINES` lines (fewer once their text reaches
+  `BATCH_CHARS` characters), and each group's texts are shaped and counted in one batch
+  on every core (on a worker thread, while the next group is parsed) before its results
+  are yielded: results, counts and errors are the same, in the same order, as one line
+  at a time, and memory is bounded by a few groups, never the input. With the estimate
+  lines go one at a time, on the caller's thread.
+
 A reason is one short sentence naming the field, e.g. "max_tokens must be at least 1".
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 import msgspec
@@ -63,9 +72,12 @@ from fabricctl.formats.results import (
     result_line,
 )
 from fabricctl.formats.tokens import (
+    BatchCounter,
     ComponentCache,
     EstimateCounter,
+    KnownCounts,
     TokenCounter,
+    batches,
     estimate_tokens,
     load_counter,
     split_counts,
@@ -92,6 +104,8 @@ __all__ = [
 
 _BOM = b"\xef\xbb\xbf"
 _SKIP_CHUNK = 1 << 16
+BATCH_LINES = 2048  # lines counted in one batch, with a batch counter (bench/tokenize_bench.py)
+BATCH_CHARS = 1 << 23  # ...or fewer, once their text is 8M characters (memory stays flat)
 
 
 class LineError(msgspec.Struct, frozen=True):
@@ -143,7 +157,34 @@ def parse_lines(
 ) -> Iterator[Parsed | LineError]:
     """Parsed items and line errors for raw JSONL lines, in input order; never raises."""
     counter = counter or EstimateCounter()
+    drafts = _drafts(lines, max_line_bytes, first_line_no)
+    batch = batches(counter)
+    if batch is not None:
+        yield from _batched(drafts, batch, finder)
+        return
     cache = ComponentCache(counter)
+    for got in drafts:
+        if isinstance(got, LineError):
+            yield got
+            continue
+        draft = got.draft
+        if finder is not None:
+            draft = finder.shape(draft, counter)
+        item = build_item(draft, counter, cache)
+        item.line = got.line_no  # results per job come back in this order
+        yield Parsed(got.line_no, item, draft.source)
+
+
+class _Good(msgspec.Struct, gc=False):
+    """Why: a valid line's draft keeps its line number until its item is built."""
+
+    line_no: int
+    draft: Draft
+
+
+def _drafts(lines: Iterable[bytes], max_line_bytes: int,
+            first_line_no: int) -> Iterator[_Good | LineError]:
+    """Each line's draft or error, in input order (duplicate ids refused)."""
     seen: dict[str, int] = {}
     for line_no, raw in enumerate(lines, first_line_no):
         line = raw.rstrip(b"\r\n")
@@ -166,11 +207,92 @@ def parse_lines(
                             openai, draft.id)
             continue
         seen[draft.id] = line_no
+        yield _Good(line_no, draft)
+
+
+def _batched(drafts: Iterator[_Good | LineError], counter: BatchCounter,
+             finder: ShapeFinder | None) -> Iterator[Parsed | LineError]:
+    """`parse_lines` with a batch counter: each group's lines (`_groups`) shaped and counted
+    in one batch on a worker thread, while this thread parses the next group (the batch
+    releases the GIL); then built and yielded in order. Same results; at most two groups
+    are held besides the one being yielded.
+
+    The worker runs one group at a time, in order, and is the only one to touch `finder`
+    and the component cache, so the finder sees the lines in input order.
+    """
+    cache = ComponentCache(counter)
+
+    def count(shaped: list[Draft]) -> tuple[list[Draft], KnownCounts]:
         if finder is not None:
-            draft = finder.shape(draft, counter)
-        item = build_item(draft, counter, cache)
-        item.line = line_no  # results per job come back in this order
-        yield Parsed(line_no, item, draft.source)
+            shaped = finder.shape_all(shaped, counter)
+        return shaped, _counted(shaped, counter, cache)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="fabricctl-tokens") as worker:
+        ahead: tuple[list[_Good | LineError], Future[tuple[list[Draft], KnownCounts]]] | None
+        ahead = None
+        for group in _groups(drafts):
+            shaped = [g.draft for g in group if not isinstance(g, LineError)]
+            job = worker.submit(count, shaped)
+            if ahead is not None:
+                yield from _built(*ahead)
+            ahead = group, job
+        if ahead is not None:
+            yield from _built(*ahead)
+
+
+def _built(group: list[_Good | LineError],
+           job: Future[tuple[list[Draft], KnownCounts]]) -> Iterator[Parsed | LineError]:
+    """A group's items (from its shaped drafts and counts) and errors, in line order."""
+    shaped, known = job.result()
+    todo = iter(shaped)
+    for got in group:
+        if isinstance(got, LineError):
+            yield got
+            continue
+        draft = next(todo)
+        item = build_item(draft, known)
+        item.line = got.line_no
+        yield Parsed(got.line_no, item, draft.source)
+
+
+def _groups(drafts: Iterator[_Good | LineError]) -> Iterator[list[_Good | LineError]]:
+    """`drafts` in groups of at most `BATCH_LINES` lines or about `BATCH_CHARS` characters
+    of text, so memory stays bounded whatever the input."""
+    group: list[_Good | LineError] = []
+    chars = 0
+    for got in drafts:
+        group.append(got)
+        if not isinstance(got, LineError):
+            d = got.draft
+            chars += len(d.prompt) + len(d.body) + sum(map(len, d.components))
+        if len(group) >= BATCH_LINES or chars >= BATCH_CHARS:
+            yield group
+            group, chars = [], 0
+    if group:
+        yield group
+
+
+def _counted(drafts: list[Draft], counter: BatchCounter, cache: ComponentCache) -> KnownCounts:
+    """The counts of every text `build_item` will count for `drafts`: cached components
+    looked up, the rest counted in one `count_batch` (new components then cached)."""
+    counts: dict[str, int] = {}
+    todo: dict[str, bool] = {}  # text -> is a component (to be cached)
+    for d in drafts:
+        for c in d.components:
+            if c not in counts:
+                n = cache.known(c)
+                if n is None:
+                    todo[c] = True
+                else:
+                    counts[c] = n
+        if d.input_tokens is None and d.prompt not in counts:
+            todo.setdefault(d.prompt, False)
+    texts = list(todo)
+    for text, n in zip(texts, counter.count_batch(texts), strict=True):
+        counts[text] = n
+        if todo[text]:
+            cache.remember(text, n)
+    return KnownCounts(counter.name, counts)
 
 
 def parse_stream(

@@ -13,6 +13,12 @@ Contract:
   `<model>/tokenizer.json` when the configured `model` is a local directory holding one and
   `tokenizers` imports (a file that does not load falls back, with a warning); else the
   estimate. The counter's `name` says which: "estimate" or "tokenizer:<path>".
+- Batches: a counter that has `count_batch(texts)` (and `encode_batch`, for
+  `formats.autoshape`) counts many texts in one call; `TokenizerCounter`'s is the
+  library's `encode_batch`, which releases the GIL and encodes on every core. A batch's
+  counts are exactly the counts `count` gives one text at a time, and its ids and offsets
+  exactly `encode`'s. The reader batches only with such a counter (`batches`); the
+  estimate is counted one text at a time, where batching would only add work.
 - Otherwise the **estimate**: `max(1, ceil(len(text.encode("utf-8")) / 4))` per component
   and for the prompt, i.e. four UTF-8 bytes a token, at least one. It is exact for no
   model, but deterministic, cheap, and in the usual range for English text with BPE
@@ -27,8 +33,9 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from fabricctl.errors import BackendMissing
 
@@ -52,6 +59,35 @@ class TokenCounter(Protocol):
     def count(self, text: str) -> int: ...
 
 
+@runtime_checkable
+class BatchCounter(TokenCounter, Protocol):
+    """Why: a counter that counts a chunk's texts in one call, on every core."""
+
+    batched: bool  # False: the reader counts one text at a time all the same
+
+    def count_batch(self, texts: Sequence[str]) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        ...
+
+
+def batches(counter: TokenCounter) -> BatchCounter | None:
+    """`counter` when it counts in batches (`count_batch`, and `batched`), else None."""
+    return counter if isinstance(counter, BatchCounter) and counter.batched else None
+
+
+class KnownCounts:
+    """Why: a chunk's texts are counted in one batch first; its items are then built from
+    those counts with the same code as one text at a time."""
+
+    def __init__(self, name: str, counts: dict[str, int]) -> None:
+        self.name = name
+        self.counts = counts
+
+    def count(self, text: str) -> int:
+        return self.counts[text]
+
+
 class EstimateCounter:
     """Why: a tokenizer-free count for producers that give no `input_tokens`."""
 
@@ -64,7 +100,7 @@ class EstimateCounter:
 class TokenizerCounter:
     """Why: exact counts when the operator points fabricctl at the model's tokenizer.json."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, batched: bool = True) -> None:
         try:
             from tokenizers import Tokenizer
         except ImportError as exc:  # the optional extra is not installed
@@ -74,6 +110,7 @@ class TokenizerCounter:
             ) from exc
         self._tok = Tokenizer.from_file(path)
         self.name = f"tokenizer:{path}"
+        self.batched = batched  # False: one text at a time (the reference, in tests and bench)
 
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
@@ -82,6 +119,16 @@ class TokenizerCounter:
         """The token ids and their character offsets (for `formats.autoshape`'s blocks)."""
         enc = self._tok.encode(text, add_special_tokens=False)
         return enc.ids, enc.offsets
+
+    def count_batch(self, texts: Sequence[str]) -> list[int]:
+        """`count` of each text, encoded in one call on every core (no offsets kept)."""
+        encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+        return [len(e) for e in encode(list(texts), add_special_tokens=False)]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """`encode` of each text, in one call on every core."""
+        return [(e.ids, e.offsets)
+                for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
 
 def load_counter(tokenizer_path: str | None = None) -> TokenCounter:
@@ -124,15 +171,24 @@ class ComponentCache:
         self._counts: OrderedDict[str, int] = OrderedDict()
 
     def count(self, text: str) -> int:
-        n = self._counts.get(text)
+        n = self.known(text)
         if n is None:
             n = self.counter.count(text)
-            self._counts[text] = n
-            if len(self._counts) > self.size:
-                self._counts.popitem(last=False)
-        else:
+            self.remember(text, n)
+        return n
+
+    def known(self, text: str) -> int | None:
+        """The cached count of `text` (now the most recently used), or None."""
+        n = self._counts.get(text)
+        if n is not None:
             self._counts.move_to_end(text)
         return n
+
+    def remember(self, text: str, n: int) -> None:
+        """Cache `n` as the count of `text`, the least recently used dropped past `size`."""
+        self._counts[text] = n
+        if len(self._counts) > self.size:
+            self._counts.popitem(last=False)
 
 
 def split_counts(
