@@ -142,30 +142,50 @@ def test_a_new_job_takes_the_consumer_at_its_next_batch_boundary() -> None:
     b.ingest(items(99, 30, job=2), 0.12)
     b.set_job_terms(2, JobTerms(sealed=True))
     last = run(b, 0.12, 1.0)
-    assert last[99] == 0.16  # its 3 batches right away: pulls at 0.12 (the big one's), .14-.16
-    assert any("new job" in r and "after 1 batches" in r for r in switches(b))
+    assert last[99] == 0.15  # its 3 batches from the next pull on (0.13-0.15)
+    moves = [(e.src, e.dst, e.reason) for e in b.events.since(0, limit=1000)
+             if e.kind is EventKind.TRANSITION and e.signature == 99]
+    assert moves[0] == ("staged", "active", "new job")  # before shape 3, warming since 0.08
     assert len(last) == 5  # and the big job's shapes all finished after it
     assert b.lifecycle.chooser.served == {1, 2}
 
 
-def test_a_new_job_pre_warmed_as_the_next_shape_does_not_wait_for_the_current_one() -> None:
-    """Shapes of 2.5 batches sit below the pre-warm threshold as soon as they activate, so the
-    new job is chosen as the consumer's *next* shape (warming) at once; it then activates
-    at the next batch boundary instead of after the current shape drains."""
+def test_a_new_job_leaves_the_current_shape_after_one_batch_not_after_amortising() -> None:
+    """Shapes of 2.5 batches: the consumer has just taken shape 2 (shape 3 warming to follow)
+    when the new job comes; it leaves shape 2 after one batch, and shape 2 waits."""
     b = fleet(1)
     for sig in range(1, 7):
         b.ingest(items(sig, 25, job=1), 0.0)
     b.set_job_terms(1, JobTerms(sealed=True))
-    run(b, 0.0, 0.03)
-    b.ingest(items(99, 30, job=2), 0.03)
+    run(b, 0.0, 0.04)
+    b.ingest(items(99, 30, job=2), 0.04)
     b.set_job_terms(2, JobTerms(sealed=True))
-    last = run(b, 0.03, 1.0)
+    last = run(b, 0.04, 1.0)
     assert last[99] == 0.07
+    assert switches(b) == ["c0 left after 1 batches: new job"]
+    assert last[2] == max(last.values())  # the shape it left is served last
+
+
+def test_a_new_job_goes_before_the_shape_pre_warmed_to_follow_a_drained_one() -> None:
+    """Shapes of one batch: the consumer's shape drains with its first batch while the next
+    is warming; a new job queued then takes the consumer before the warmed shape, which
+    stays its next."""
+    b = fleet(1)
+    for sig in range(1, 7):
+        b.ingest(items(sig, 9, job=1), 0.0)
+    b.set_job_terms(1, JobTerms(sealed=True))
+    run(b, 0.0, 0.005)
+    slot = b.models["m"].slots["c0"]
+    assert slot.current is not None and slot.current.state.value == "draining"
+    assert slot.warming is not None and slot.warming.signature == 2
+    b.ingest(items(99, 30, job=2), 0.005)
+    b.set_job_terms(2, JobTerms(sealed=True))
+    last = run(b, 0.01, 1.0)
+    assert last[99] == 0.04 and last[2] == 0.05  # 99's four batches, then the warmed one
     moves = [(e.signature, e.src, e.dst, e.reason) for e in b.events.since(0, limit=1000)
-             if e.kind is EventKind.TRANSITION and e.signature == 99]
-    assert moves[:2] == [(99, "staged", "warming", "fair share"),
-                         (99, "warming", "active", "new job")]
-    assert "c0 left after 1 batches: new job" in switches(b)
+             if e.kind is EventKind.TRANSITION and e.signature in (2, 99)]
+    assert moves[1:3] == [(99, "staged", "active", "new job"),
+                          (99, "active", "draining", "below drain threshold")]
 
 
 def test_a_new_job_waits_when_the_served_one_is_short_or_due_earlier() -> None:

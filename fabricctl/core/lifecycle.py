@@ -244,6 +244,18 @@ class Lifecycle:
                       label=cur.label, value=to.signature,
                       reason=f"{slot.consumer} left after {slot.batches} batches: {why}")
 
+    def _cut_in(self, ms: ModelState, against: Shape, now: float, live: Container[str]
+                ) -> Pick | None:
+        """A waiting shape of a job nobody has served that goes before `against`, the shape
+        a consumer is about to take (`core.choice`, new jobs), swept if loose."""
+        if not ms.waiting.levels or not self.chooser.fresh_waiting(ms.waiting):
+            return None
+        ctx = self.context(ms, now, False, live)
+        pick = self.chooser.choose(ms.waiting, ctx, against=against, amortised=False)
+        if pick is not None and self.sweeper.loose(ms, pick.shape):
+            pick = self.sweeper.sweep(ms, pick, now)
+        return pick
+
     def activate(self, ms: ModelState, shape: Shape, now: float, why: str,
                  slot: Slot | None = None) -> None:
         h: Holder = ms if slot is None else slot
@@ -323,6 +335,10 @@ class Lifecycle:
             cur = None
         if cur is None:
             if h.warming is not None:
+                cut = None if slot is None else self._cut_in(ms, h.warming, now, live)
+                if cut is not None:  # the warmed shape stays next, after the new job's
+                    self.take(ms, cut, now, slot)
+                    return True
                 self.activate(ms, h.warming, now, "warmed", slot)
                 return True
             if slot is not None and self._adopt(ms, slot, now, live):
