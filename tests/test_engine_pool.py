@@ -14,10 +14,13 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fabricctl.core.payload import Payload, encode_payload
 from fabricctl.core.types import Item, Work
-from fabricctl.engines.openai import POOL_SHARD, OpenAIEngine
+from fabricctl.engines.openai import OpenAIEngine
+from fabricctl.engines.pool import POOL_SHARD, shard_sizes
 
 GUARD_S = 30.0  # a round that never fills fails the test instead of hanging it
 ANSWER = json.dumps({"id": "c", "object": "text_completion", "created": 0, "model": "m",
@@ -136,3 +139,11 @@ async def test_the_window_is_not_exceeded_by_a_batch_larger_than_it(
     eng = make(server, engines, 5)
     res = await asyncio.wait_for(eng.run(batch(25)), GUARD_S)
     assert len(res) == 25 and server.peak <= 5 and server.connections == 5
+
+
+@given(st.integers(min_value=1, max_value=20_000))
+def test_shards_hold_the_window_and_none_is_larger_than_a_shard(window: int) -> None:
+    sizes = shard_sizes(window)
+    assert sum(sizes) == window
+    assert all(0 < n <= POOL_SHARD for n in sizes)
+    assert sizes.count(POOL_SHARD) == window // POOL_SHARD  # only the last is partial

@@ -5,12 +5,9 @@ Contract (on top of `fabricctl.engines.base.Engine`):
   endpoint with the body its producer wrote (`fabricctl.engines.request.request_of`): the
   engine sets `model` to the served name and adds nothing. Requests in flight are bounded by
   one window per engine (`window`, FIFO, shared by every batch the consumer has in hand),
-  so a later batch's requests queue behind an earlier one's. Its HTTP/1.1 connections are
-  sized to that window: one kept-alive connection per request in flight (idle ones closed
-  after `KEEPALIVE_S`), spread over clients of at most `POOL_SHARD` connections each, a
-  request waiting for a free connection in FIFO order and taking the one freed last (so a
-  trickle reuses one connection); `/metrics` and pre-warms go on a small client of their
-  own, never taking an item's connection. It returns one ItemResult per
+  so a later batch's requests queue behind an earlier one's: each holds one of the window's
+  kept-alive HTTP/1.1 connections while it is sent (`fabricctl.engines.pool.Connections`);
+  /metrics and pre-warms go on a small client of their own. It returns one ItemResult per
   item, in order. Items with `input_tokens > work.max_input_len` are not sent and get an
   empty result with finish_reason "length_exceeded" (not embeddings, score or rerank
   requests, whose several inputs are sequences of their own: vLLM refuses a too-long one
@@ -54,6 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fabricctl.core.payload import decode_payload
 from fabricctl.core.types import ItemResult, Prewarm, Work
 from fabricctl.engines.base import WINDOW_BATCHES, EngineLimits, EngineStats
+from fabricctl.engines.pool import Connections
 from fabricctl.engines.request import (
     ABORT,
     POOLING_PATHS,
@@ -73,16 +71,6 @@ COUNTERS = {
     "vllm:generation_tokens_total": "generation_tokens",
 }
 RETRYABLE_STATUS = frozenset({408, 429})
-# Connections per httpx client of the items' pool. httpcore walks every connection of a
-# client on each request and on each answer (its idle check is quadratic in them), so one
-# client of a window's connections costs O(window) per item: at max_batch_size 256 (a
-# window of 768) a plain client spent 2.75 ms of CPU per request where clients of 16 spent
-# 1.45 ms (same box, same server; bench/path_bench.py measures the whole path).
-POOL_SHARD = 16
-# An idle connection is closed after this long: under vLLM's own keep-alive timeout
-# (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s), so the client never reuses one the server is closing.
-KEEPALIVE_S = 4.0
-SIDE_CONNECTIONS = 2  # the side client's: one scrape at a time, and a pre-warm
 NOT_IMPLEMENTED = 501  # vLLM: "The model does not support <X> API", never worth a retry
 
 
@@ -151,26 +139,9 @@ class OpenAIEngine:
         self.window = window if window > 0 else WINDOW_BATCHES * max(1, max_batch_size)
         self.requests = 0  # requests answered (any status), for tests and benches
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-        def client(connections: int) -> httpx.AsyncClient:
-            limits = httpx.Limits(max_connections=connections,
-                                  max_keepalive_connections=connections,
-                                  keepalive_expiry=KEEPALIVE_S)
-            return httpx.AsyncClient(base_url=self.base_url, transport=transport,
-                                     timeout=timeout_s, headers=headers, limits=limits)
-
-        self._client = client(SIDE_CONNECTIONS)  # /metrics and pre-warms
-        whole, rest = divmod(self.window, POOL_SHARD)
-        sizes = [POOL_SHARD] * whole + ([rest] if rest else [])
-        self._pool = [client(n) for n in sizes]
-        # One entry per connection of the pool, naming its client: a request holds one while
-        # it is sent, so no client is ever asked for more than its connections. Waiting
-        # requests are served in turn (asyncio wakes a queue's getters FIFO); the entry put
-        # back last is taken first, so a trickle of requests keeps to one connection.
-        self._slots: asyncio.LifoQueue[httpx.AsyncClient] = asyncio.LifoQueue()
-        for pool, n in reversed(list(zip(self._pool, sizes, strict=True))):
-            for _ in range(n):
-                self._slots.put_nowait(pool)
+        self._conns = Connections(self.base_url, self.window, timeout_s=timeout_s,
+                                  headers=headers, transport=transport)
+        self._client = self._conns.side  # /metrics and pre-warms
         self._stats = EngineStats(simulated=False)
         self._scrape_ok = scrape_metrics
         self._last: dict[str, float] = {}
@@ -187,8 +158,7 @@ class OpenAIEngine:
         return msgspec.structs.replace(self._stats)
 
     async def close(self) -> None:
-        for client in (self._client, *self._pool):
-            await client.aclose()
+        await self._conns.aclose()
 
     # -- HTTP ---------------------------------------------------------------------------
 
@@ -237,8 +207,7 @@ class OpenAIEngine:
 
     async def _one(self, path: str, body: dict[str, Any], keep_body: bool) -> ItemResult:
         """One item's request, resent while its answer is aborted; result id left blank."""
-        client = await self._slots.get()
-        try:
+        async with self._conns.slot() as client:
             res: ItemResult | None = None
             for attempt in range(self.attempts):
                 resp = await self._post(path, body, client)
@@ -252,8 +221,6 @@ class OpenAIEngine:
                     await asyncio.sleep(self._backoff(attempt))
             assert res is not None  # attempts >= 1
             return res
-        finally:
-            self._slots.put_nowait(client)
 
     # -- metrics ------------------------------------------------------------------------
 
