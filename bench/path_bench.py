@@ -7,7 +7,7 @@ a `--dims`-float vector back), each contract size (`max_batch_size` in `--sizes`
 number of consumers (`--consumers`, each its own engine against the same server, as GPUs
 behind one address would be), the same N items (OpenAI batch lines; N at least `--items`
 and `--windows` windows of every consumer) go through, in turn (`--repeat` rounds, the
-fastest of each phase counts):
+fastest of each phase counts; `--phases` picks some):
   plain:  a plain async httpx client, one request per item, as many in flight as the
           consumers' windows together (`WINDOW_BATCHES` x max_batch_size each), its one
           pool sized to them (a request resent on a connection error, as the engine does);
@@ -32,6 +32,7 @@ in microseconds.
     .venv/bin/python bench/path_bench.py              # a table (sizes 16 64 256 1024)
     .venv/bin/python bench/path_bench.py --quick      # sizes 16 64 256, fewer items
     .venv/bin/python bench/path_bench.py --json       # exactly one JSON object
+    .venv/bin/python bench/path_bench.py --sizes 64 1024 --items 12288 --phases engine run
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from fabricctl.formats.reader import Parsed, parse_lines
 
 KINDS = {"gen": "/v1/completions", "emb": "/v1/embeddings"}
 MAX_LEN = 64  # tokens: every input here is short
+PHASES = ("plain", "floor", "engine", "run")
 RETRIES = 3  # the plain client's tries of a request on a connection error (as the engine's)
 
 
@@ -213,8 +215,9 @@ def server_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def measure(server: Server, case: Case, work: Path, repeat: int) -> dict[str, Any]:
-    """Each phase `repeat` times in turn; per phase the fastest run's wall and CPU figures."""
+async def measure(server: Server, case: Case, work: Path, repeat: int,
+                  only: list[str]) -> dict[str, Any]:
+    """The phases in `only`, `repeat` times in turn; per phase the fastest run's figures."""
     raw = lines(case.kind, case.items)
     url = server.url
     phases = {"plain": lambda: plain(url, case, raw),
@@ -222,9 +225,9 @@ async def measure(server: Server, case: Case, work: Path, repeat: int) -> dict[s
               "engine": lambda: engine(url, case, raw), "run": lambda: run(url, case, raw, work)}
     best: dict[str, tuple[float, float, float]] = {}
     for _ in range(repeat):
-        for name, phase in phases.items():
+        for name in only:
             cpu0, srv0 = time.process_time(), server_cpu_s(server.proc.pid)
-            took = await phase()
+            took = await phases[name]()
             cpu, srv = time.process_time() - cpu0, server_cpu_s(server.proc.pid) - srv0
             if name not in best or took < best[name][0]:
                 best[name] = (took, cpu, srv)
@@ -235,16 +238,20 @@ async def measure(server: Server, case: Case, work: Path, repeat: int) -> dict[s
     row: dict[str, Any] = {"kind": case.kind, "max_batch_size": case.size,
                            "consumers": case.consumers, "items": n,
                            "in_flight": case.in_flight}
-    for k in phases:
+    for k in best:
         row[f"{k}_items_per_s"] = round(rate[k], 1)
         row[f"{k}_cpu_us_per_item"] = round(cpu[k], 1)
         row[f"{k}_server_cpu_us_per_item"] = round(1e6 * best[k][2] / n, 1)
-    row["run_items_per_s_per_gpu"] = round(rate["run"] / case.consumers, 1)
+    if "run" in best:
+        row["run_items_per_s_per_gpu"] = round(rate["run"] / case.consumers, 1)
     for a, b in (("run", "plain"), ("engine", "plain"), ("run", "floor"), ("engine", "floor")):
-        row[f"{a}_over_{b}"] = round(rate[a] / rate[b], 3)
-        row[f"{a}_cpu_over_{b}"] = round(cpu[b] / cpu[a], 3)  # >1: fewer CPU us per item
-    row.update(http_us=round(us["floor"], 1), engine_us=round(us["engine"] - us["floor"], 1),
-               path_us=round(us["run"] - us["engine"], 1))
+        if a in best and b in best:
+            row[f"{a}_over_{b}"] = round(rate[a] / rate[b], 3)
+            row[f"{a}_cpu_over_{b}"] = round(cpu[b] / cpu[a], 3)  # >1: less CPU per item
+    if {"floor", "engine", "run"} <= best.keys():
+        row.update(http_us=round(us["floor"], 1),
+                   engine_us=round(us["engine"] - us["floor"], 1),
+                   path_us=round(us["run"] - us["engine"], 1))
     return row
 
 
@@ -255,6 +262,8 @@ def size_ratios(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         b = base.get((r["kind"], r["consumers"]))
         for phase in ("run", "engine"):
+            if f"{phase}_items_per_s" not in r:
+                continue
             r[f"{phase}_over_64"] = (round(r[f"{phase}_items_per_s"]
                                            / b[f"{phase}_items_per_s"], 3) if b else None)
             r[f"{phase}_cpu_over_64"] = (round(b[f"{phase}_cpu_us_per_item"]
@@ -293,7 +302,8 @@ async def drive(args: argparse.Namespace) -> list[dict[str, Any]]:
                     for size in args.sizes:
                         n = max(args.items, args.windows * consumers * WINDOW_BATCHES * size)
                         case = Case(kind, size, consumers, n)
-                        rows.append(await measure(server, case, Path(tmp), args.repeat))
+                        rows.append(await measure(server, case, Path(tmp), args.repeat,
+                                                  args.phases))
                         print(table(rows[-1:]).splitlines()[1], file=sys.stderr)  # progress
     finally:
         server.stop()
@@ -308,6 +318,7 @@ def main() -> None:
     ap.add_argument("--kinds", nargs="+", choices=sorted(KINDS), default=["gen", "emb"])
     ap.add_argument("--items", type=int, default=4000)
     ap.add_argument("--dims", type=int, default=384)
+    ap.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
     ap.add_argument("--windows", type=int, default=3,
                     help="items: at least this many windows of every consumer")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each phase, in turn; "
