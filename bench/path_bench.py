@@ -54,7 +54,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
-from path_server import MODEL, Server
+from path_server import KEEP_ALIVE_S, MODEL, Server
 
 from fabricctl.cli.run import run_job
 from fabricctl.config import AppConfig, ConsumerSettings, VllmSettings
@@ -293,7 +293,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 async def drive(args: argparse.Namespace) -> list[dict[str, Any]]:
-    server = Server.start(args.dims)
+    server = Server.start(args.dims, args.keep_alive)
     rows = []
     try:
         with tempfile.TemporaryDirectory(prefix="path-bench-") as tmp:
@@ -319,6 +319,8 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=4000)
     ap.add_argument("--dims", type=int, default=384)
     ap.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+    ap.add_argument("--keep-alive", type=int, default=KEEP_ALIVE_S, help="the server's "
+                    "keep-alive timeout, seconds from an answer sent (vLLM's: 5)")
     ap.add_argument("--windows", type=int, default=3,
                     help="items: at least this many windows of every consumer")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each phase, in turn; "
@@ -333,6 +335,7 @@ def main() -> None:
     rows = asyncio.run(drive(args))
     if args.json:
         print(json.dumps({"server": "uvicorn (bench/path_server.py)", "dims": args.dims,
+                          "keep_alive_s": args.keep_alive,
                           "window_batches": WINDOW_BATCHES, "rows": rows}))
     else:
         print(table(rows))

@@ -1,7 +1,8 @@
 """An OpenAI-compatible server that answers at once: the far end of `bench/path_bench.py`.
 
-Contract: `python bench/path_server.py --port N [--dims D]` serves on 127.0.0.1:N with
-uvicorn (uvloop when installed; its own HTTP/1.1 parser, keep-alive 5 s as vLLM's
+Contract: `python bench/path_server.py --port N [--dims D] [--keep-alive S]` serves on
+127.0.0.1:N with uvicorn (uvloop when installed; its own HTTP/1.1 parser; an idle connection
+closed S seconds after its last answer was sent, default 5 as vLLM's
 `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`) a bare ASGI app that answers, without waiting for anything:
 `POST /v1/completions` and `/v1/chat/completions` with one fixed vLLM-shaped body of one
 token; `POST /v1/embeddings` with vLLM's `EmbeddingResponse` (`fabricctl.engines.simbodies`)
@@ -9,8 +10,8 @@ of one `D`-float vector (default 384, a small embedder's); `GET /metrics` the fe
 counters the engine reads (zeros); `GET /health` 200; anything else 404. Bodies are
 encoded once, at start: the server costs as little per request as uvicorn lets it, so what
 a client's rate shows is the client. The request body is read (as a server must) and not
-parsed. `Server.start(dims)` runs it as a child process and waits for /health; `stop()`
-ends it. It prints nothing but uvicorn's errors.
+parsed. `Server.start(dims, keep_alive_s)` runs it as a child process and waits for
+/health; `stop()` ends it. It prints nothing but uvicorn's errors.
 """
 
 from __future__ import annotations
@@ -105,10 +106,11 @@ class Server:
         self.url = url
 
     @classmethod
-    def start(cls, dims: int = 384, timeout_s: float = 30.0) -> Server:
+    def start(cls, dims: int = 384, keep_alive_s: int = KEEP_ALIVE_S,
+              timeout_s: float = 30.0) -> Server:
         port = free_port()
         proc = subprocess.Popen([sys.executable, __file__, "--port", str(port),
-                                 "--dims", str(dims)])
+                                 "--dims", str(dims), "--keep-alive", str(keep_alive_s)])
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -137,6 +139,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--dims", type=int, default=384)
+    ap.add_argument("--keep-alive", type=int, default=KEEP_ALIVE_S)
     args = ap.parse_args()
     try:
         import uvloop  # noqa: F401
@@ -146,7 +149,7 @@ def main() -> None:
         loop = "asyncio"
     uvicorn.run(app_of(args.dims), host="127.0.0.1", port=args.port, loop=loop,
                 log_level="warning", access_log=False, backlog=4096,
-                timeout_keep_alive=KEEP_ALIVE_S, lifespan="off")
+                timeout_keep_alive=args.keep_alive, lifespan="off")
 
 
 if __name__ == "__main__":
