@@ -53,6 +53,7 @@ test: groff
 
 bench: $(STAMP)
 	$(PY) bench/core_bench.py
+	$(PY) bench/path_bench.py --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info

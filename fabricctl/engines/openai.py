@@ -5,7 +5,9 @@ Contract (on top of `fabricctl.engines.base.Engine`):
   endpoint with the body its producer wrote (`fabricctl.engines.request.request_of`): the
   engine sets `model` to the served name and adds nothing. Requests in flight are bounded by
   one window per engine (`window`, FIFO, shared by every batch the consumer has in hand),
-  so a later batch's requests queue behind an earlier one's. It returns one ItemResult per
+  so a later batch's requests queue behind an earlier one's: each holds one of the window's
+  kept-alive HTTP/1.1 connections while it is sent (`fabricctl.engines.pool.Connections`);
+  /metrics and pre-warms go on a small client of their own. It returns one ItemResult per
   item, in order. Items with `input_tokens > work.max_input_len` are not sent and get an
   empty result with finish_reason "length_exceeded" (not embeddings, score or rerank
   requests, whose several inputs are sequences of their own: vLLM refuses a too-long one
@@ -47,7 +49,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from typing import Any
 
 import httpx
@@ -57,16 +58,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from fabricctl.core.payload import decode_payload
 from fabricctl.core.types import ItemResult, Prewarm, Work
 from fabricctl.engines.base import WINDOW_BATCHES, EngineLimits, EngineStats
-from fabricctl.engines.pooled import (
-    GROUP_INPUTS,
-    GROUP_TOKENS,
-    InputCounter,
-    plan_groups,
-    pool_input,
-    pool_key,
-    special_tokens,
-    split_answer,
-)
+from fabricctl.engines.pool import Connections
+from fabricctl.engines.pooled import InputCounter, Send, plan_sends, split_answer
 from fabricctl.engines.request import (
     ABORT,
     POOLING_PATHS,
@@ -131,16 +124,6 @@ def _error_message(resp: httpx.Response) -> str:
     return error_message(resp.content)
 
 
-class _Send(msgspec.Struct):
-    """Why: an item's request, its place in the batch, and its input's tokens when grouped."""
-
-    index: int
-    path: str
-    body: dict[str, Any]
-    keep: bool
-    count: int | None = None
-
-
 class OpenAIEngine:
     """Why: one client for vLLM and any other OpenAI-compatible server a fleet may run."""
 
@@ -163,11 +146,11 @@ class OpenAIEngine:
         self.backoff_max_s = backoff_max_s
         # requests in flight at once; 0: the consumer's default window
         self.window = window if window > 0 else WINDOW_BATCHES * max(1, max_batch_size)
-        self._slots = asyncio.Semaphore(self.window)
         self.requests = 0  # requests answered (any status), for tests and benches
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(base_url=self.base_url, transport=transport,
-                                         timeout=timeout_s, headers=headers)
+        self._conns = Connections(self.base_url, self.window, timeout_s=timeout_s,
+                                  headers=headers, transport=transport)
+        self._client = self._conns.side  # /metrics and pre-warms
         self._stats = EngineStats(simulated=False)
         self._scrape_ok = scrape_metrics
         self._last: dict[str, float] = {}
@@ -187,21 +170,24 @@ class OpenAIEngine:
         return msgspec.structs.replace(self._stats)
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._conns.aclose()
 
     # -- HTTP ---------------------------------------------------------------------------
 
     def _backoff(self, attempt: int) -> float:
         return min(self.backoff_s * (2**attempt), self.backoff_max_s)
 
-    async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        """POST, retrying transient failures; any answer that is not one comes back."""
+    async def _post(self, path: str, body: dict[str, Any],
+                    client: httpx.AsyncClient | None = None) -> httpx.Response:
+        """POST on `client` (default: the side client), retrying transient failures; any
+        answer that is not one comes back."""
         last = ""
         unreachable = False
+        client = client or self._client
         for attempt in range(self.attempts):
             unreachable = True
             try:
-                resp = await self._client.post(path, json=body)
+                resp = await client.post(path, json=body)
             except httpx.TimeoutException:
                 last = f"timed out after {self.timeout_s} s"
             except httpx.TransportError as e:
@@ -233,10 +219,10 @@ class OpenAIEngine:
 
     async def _one(self, path: str, body: dict[str, Any], keep_body: bool) -> ItemResult:
         """One item's request, resent while its answer is aborted; result id left blank."""
-        async with self._slots:
+        async with self._conns.slot() as client:
             res: ItemResult | None = None
             for attempt in range(self.attempts):
-                resp = await self._post(path, body)
+                resp = await self._post(path, body, client)
                 res = read_answer(resp.status_code, resp.content, keep_body, path)
                 if res is None:
                     raise EngineError(f"{self.base_url}: HTTP {resp.status_code} with a body "
@@ -286,7 +272,7 @@ class OpenAIEngine:
     async def run(self, work: Work) -> list[ItemResult]:
         t0 = time.monotonic()
         results: list[ItemResult | None] = [None] * len(work.items)
-        sends: list[_Send] = []
+        sends: list[Send] = []
         for i, item in enumerate(work.items):
             try:
                 path, body, keep = request_of(item, decode_payload(item.payload), self.model)
@@ -298,7 +284,7 @@ class OpenAIEngine:
             if item.input_tokens > work.max_input_len and path not in POOLING_PATHS:
                 results[i] = ItemResult(id=item.id, finish_reason="length_exceeded")
                 continue
-            sends.append(_Send(i, path, body, keep))
+            sends.append(Send(i, path, body, keep))
         if sends:
             if not self._last:  # no baseline yet: without one this batch goes uncounted
                 await self.scrape()
@@ -319,41 +305,21 @@ class OpenAIEngine:
         self._stats.busy_s += time.monotonic() - t0
         return [r for r in results if r is not None]
 
-    def _plan(self, sends: list[_Send]) -> tuple[list[list[_Send]], list[_Send]]:
+    def _plan(self, sends: list[Send]) -> tuple[list[list[Send]], list[Send]]:
         """(groups that travel as one request, the items that travel alone)."""
-        if not self.group_pooling:
-            return [], sends
-        keys = [pool_key(s.path, s.body) for s in sends]
-        seen = Counter(k for k in keys if k is not None)
-        texts: dict[bool, list[_Send]] = {}
-        for s, key in zip(sends, keys, strict=True):
-            if key is None or seen[key] < 2:
-                continue
-            value = pool_input(s.path, s.body)
-            if isinstance(value, list):
-                s.count = len(value)
-            elif self._counter is not None:
-                texts.setdefault(special_tokens(s.body), []).append(s)
-        for special, some in texts.items():
-            assert self._counter is not None
-            counts = self._counter.counts([s.body["input"] for s in some], special)
-            for s, n in zip(some, counts, strict=True):
-                s.count = n
-        groups, alone = plan_groups(keys, [s.count for s in sends], GROUP_INPUTS,
-                                    GROUP_TOKENS)
-        return [[sends[i] for i in g] for g in groups], [sends[i] for i in alone]
+        return plan_sends(sends, self._counter) if self.group_pooling else ([], sends)
 
-    async def _single(self, s: _Send) -> list[ItemResult]:
+    async def _single(self, s: Send) -> list[ItemResult]:
         return [await self._one(s.path, s.body, s.keep)]
 
-    async def _group(self, group: list[_Send]) -> list[ItemResult]:
+    async def _group(self, group: list[Send]) -> list[ItemResult]:
         """The group's inputs as one request, its answer split back; item by item when the
         server refuses the list or its answer does not split (see the module contract)."""
         first = group[0]
         body = dict(first.body, input=[s.body["input"] for s in group])
         counts = [s.count or 0 for s in group]
-        async with self._slots:
-            resp = await self._post(first.path, body)
+        async with self._conns.slot() as client:
+            resp = await self._post(first.path, body, client)
         if resp.status_code < 400:
             split = split_answer(resp.content, counts)
             out = [r for b in split.bodies

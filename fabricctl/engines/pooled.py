@@ -35,6 +35,7 @@ Contract:
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -194,3 +195,37 @@ def split_answer(content: bytes, counts: list[int]) -> Split:
         one = dict(top, id=msgspec.Raw(_encode(f"{ident}-{i}")), data=[entry], usage=own)
         bodies.append(_encode(one))
     return Split(bodies)
+
+
+class Send(msgspec.Struct):
+    """Why: an item's request, its place in the batch, and its input's tokens when grouped."""
+
+    index: int
+    path: str
+    body: dict[str, Any]
+    keep: bool
+    count: int | None = None
+
+
+def plan_sends(sends: list[Send], counter: InputCounter | None
+               ) -> tuple[list[list[Send]], list[Send]]:
+    """(groups that travel as one request, the items that travel alone): each grouped
+    item's `count` set, texts counted by `counter` (none: texts travel alone)."""
+    keys = [pool_key(s.path, s.body) for s in sends]
+    seen = Counter(k for k in keys if k is not None)
+    texts: dict[bool, list[Send]] = {}
+    for s, key in zip(sends, keys, strict=True):
+        if key is None or seen[key] < 2:
+            continue
+        value = pool_input(s.path, s.body)
+        if isinstance(value, list):
+            s.count = len(value)
+        elif counter is not None:
+            texts.setdefault(special_tokens(s.body), []).append(s)
+    for special, some in texts.items():
+        assert counter is not None
+        counts = counter.counts([s.body["input"] for s in some], special)
+        for s, n in zip(some, counts, strict=True):
+            s.count = n
+    groups, alone = plan_groups(keys, [s.count for s in sends], GROUP_INPUTS, GROUP_TOKENS)
+    return [[sends[i] for i in g] for g in groups], [sends[i] for i in alone]
