@@ -109,13 +109,7 @@ def test_waiting_orders_and_drops_stale_entries() -> None:
 
 def test_small_job_behind_big_one_gets_a_gpu_after_amortising() -> None:
     b = fleet(2, amortise_batches=4)
-    for sig in range(1, 7):  # the big job: 6 shapes, 300 items each
-        b.ingest(items(sig, 300, job=1), 0.0)
-    b.set_job_terms(1, JobTerms(sealed=True))
-    run(b, 0.0, 0.5)
-    b.ingest(items(99, 30, job=2), 0.5)
-    b.set_job_terms(2, JobTerms(sealed=True))
-    last = run(b, 0.5, 1.0)
+    last = big_then_small(b, 300, 0.5)  # the big job: 6 shapes, 300 items each
     # 30 items = 3 batches; a consumer leaves after amortising (<= 4 batches), so it is done
     # within a few ticks, long before the big job (1,500 items left) ends
     assert last[99] <= 0.5 + 0.01 * 8
@@ -127,21 +121,22 @@ def switches(b: Broker) -> list[str]:
     return [e.reason for e in b.events.since(0, limit=10_000) if e.kind is EventKind.SWITCH]
 
 
-def big_job_of_short_shapes(b: Broker) -> None:
-    """Job 1: 6 shapes of 5 batches each, sealed: no run on one of them reaches the 8 batches
-    that amortise a switch, so only the new-jobs rule can take the consumer mid-shape."""
+def big_then_small(b: Broker, per_shape: int, at: float, until: float = 1.0
+                   ) -> dict[int, float]:
+    """Job 1 (6 sealed shapes of `per_shape` items) from 0, job 2 (one sealed shape, 99, of
+    30 items) from `at`: when each signature's last item was served."""
     for sig in range(1, 7):
-        b.ingest(items(sig, 50, job=1), 0.0)
+        b.ingest(items(sig, per_shape, job=1), 0.0)
     b.set_job_terms(1, JobTerms(sealed=True))
+    run(b, 0.0, at)
+    b.ingest(items(99, 30, job=2), at)
+    b.set_job_terms(2, JobTerms(sealed=True))
+    return run(b, at, until)
 
 
 def test_a_new_job_takes_the_consumer_at_its_next_batch_boundary() -> None:
-    b = fleet(1)
-    big_job_of_short_shapes(b)
-    run(b, 0.0, 0.12)
-    b.ingest(items(99, 30, job=2), 0.12)
-    b.set_job_terms(2, JobTerms(sealed=True))
-    last = run(b, 0.12, 1.0)
+    b = fleet(1)  # 6 shapes of 5 batches: no run on one reaches the 8 that amortise a switch
+    last = big_then_small(b, 50, 0.12)
     assert last[99] == 0.15  # its 3 batches from the next pull on (0.13-0.15)
     moves = [(e.src, e.dst, e.reason) for e in b.events.since(0, limit=1000)
              if e.kind is EventKind.TRANSITION and e.signature == 99]
@@ -154,13 +149,7 @@ def test_a_new_job_leaves_the_current_shape_after_one_batch_not_after_amortising
     """Shapes of 2.5 batches: the consumer has just taken shape 2 (shape 3 warming to follow)
     when the new job comes; it leaves shape 2 after one batch, and shape 2 waits."""
     b = fleet(1)
-    for sig in range(1, 7):
-        b.ingest(items(sig, 25, job=1), 0.0)
-    b.set_job_terms(1, JobTerms(sealed=True))
-    run(b, 0.0, 0.04)
-    b.ingest(items(99, 30, job=2), 0.04)
-    b.set_job_terms(2, JobTerms(sealed=True))
-    last = run(b, 0.04, 1.0)
+    last = big_then_small(b, 25, 0.04)
     assert last[99] == 0.07
     assert switches(b) == ["c0 left after 1 batches: new job"]
     assert last[2] == max(last.values())  # the shape it left is served last
