@@ -134,8 +134,9 @@ def wire(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str], int]]:
     log: list[tuple[str, list[str], int]] = []
     orig = OpenAIEngine._post
 
-    async def recorded(self: OpenAIEngine, path: str, body: dict[str, Any]) -> Any:
-        resp = await orig(self, path, body)
+    async def recorded(self: OpenAIEngine, path: str, body: dict[str, Any],
+                       client: Any = None) -> Any:
+        resp = await orig(self, path, body, client)
         if path == "/v1/completions" and resp.status_code == 200:
             prompt = body["prompt"]
             log.append((self.base_url, [prompt] if isinstance(prompt, str) else list(prompt),

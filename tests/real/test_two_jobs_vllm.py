@@ -186,8 +186,9 @@ async def test_a_small_job_behind_a_big_one_on_real_vllm(
     spans: list[tuple[str, float, float]] = []  # (first item's label, start, end)
     post, run = OpenAIEngine._post, OpenAIEngine.run
 
-    async def recorded(self: OpenAIEngine, path: str, body: dict[str, Any]) -> Any:
-        resp = await post(self, path, body)
+    async def recorded(self: OpenAIEngine, path: str, body: dict[str, Any],
+                       client: Any = None) -> Any:
+        resp = await post(self, path, body, client)
         if path == "/v1/completions" and resp.status_code == 200:
             prompt = body["prompt"]
             wire.extend((self.base_url, p) for p in
