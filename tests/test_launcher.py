@@ -72,6 +72,9 @@ def test_command_and_env() -> None:
     env = srv.environ()
     assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["X"] == "gpu3"
+    assert env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "60"  # not vLLM's 5 s
+    own = msgspec.structs.replace(s, env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "7"})
+    assert ServerProcess(own, 3, 1).environ()["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "7"
     assert srv.base_url == "http://127.0.0.1:9001"
     bad = msgspec.structs.replace(s, extra_args=("--disable-log-stats",))
     with pytest.raises(LaunchError, match="disable-log-stats"):

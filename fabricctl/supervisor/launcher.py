@@ -3,7 +3,10 @@
 Contract:
 - `Launcher(spec, gpus)` owns one `ServerProcess` per GPU; server i listens on
   `spec.port_base + i` and sees only its GPU (`CUDA_VISIBLE_DEVICES=<gpu>`,
-  `CUDA_DEVICE_ORDER=PCI_BUS_ID`, so NVML and CUDA agree), plus `spec.env`.
+  `CUDA_DEVICE_ORDER=PCI_BUS_ID`, so NVML and CUDA agree), plus `spec.env`; unless our
+  environment or `spec.env` sets it, `VLLM_HTTP_TIMEOUT_KEEP_ALIVE` is `SERVER_KEEP_ALIVE_S`
+  (vLLM's 5 s closes a connection whose answer a busy consumer read late: at 1,024 requests
+  in flight most requests paid a new connection, `bench/path_bench.py --keep-alive`).
 - The command is `spec.command` + the model (positional, or after `spec.model_flag`) +
   `--served-model-name --host --port` + `spec.extra_args` + `--enable-prompt-tokens-details`;
   `--disable-log-stats` is refused (it turns off the `vllm:*` metrics the engine scrapes).
@@ -51,6 +54,8 @@ log = logging.getLogger(__name__)
 
 FORBIDDEN_ARGS = ("--disable-log-stats",)
 ALWAYS_ARGS = ("--enable-prompt-tokens-details",)
+KEEP_ALIVE_VAR = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
+SERVER_KEEP_ALIVE_S = 60  # a kept connection outlives a consumer's slowest read of an answer
 _VLLM = VllmSettings()  # the defaults of the knobs [vllm] shares with the launcher
 
 
@@ -166,6 +171,7 @@ class ServerProcess:
     def environ(self) -> dict[str, str]:
         """The child's environment: ours, the GPU pinning, then the spec's extra env."""
         env = dict(os.environ)
+        env.setdefault(KEEP_ALIVE_VAR, str(SERVER_KEEP_ALIVE_S))
         env["CUDA_VISIBLE_DEVICES"] = self.gpu
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         for k, v in self.spec.env.items():
