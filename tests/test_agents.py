@@ -58,6 +58,7 @@ heartbeat_s = 0.3
 heartbeat_timeout_s = 2.0
 """
 READY = "broker listening on"
+BIG = 4000  # items of the workloads an agent is cut off in (they must outlast the tries)
 
 
 class Site:
@@ -155,11 +156,11 @@ async def test_two_agents_over_tls_exactly_once_and_one_agent_cut_off(tmp_path: 
         assert_exactly_once([r for r in await results(site.data) if r.id.startswith("x")],
                             first)
 
-        second = agent_items(1200, "y")
+        second = agent_items(BIG, "y")
         await submit(site.data, second)
         await wait_until(lambda: _at_least(done_items(site.data), 240 + 150), 120, "under way")
         mark = len(broker.lines)
-        held = await _stop_holding(site, a, "a-gpu")  # cut off: sockets open, no heartbeats
+        held = await _stop_holding(site, a, "a-gpu", 240 + BIG)  # cut off: no heartbeats
         for g in (0, 1):
             await broker.wait_line(f"consumer a-gpu{g} silent for", 30, start=mark)
         gone = await _departures(broker, "a-gpu", mark)
@@ -167,7 +168,7 @@ async def test_two_agents_over_tls_exactly_once_and_one_agent_cut_off(tmp_path: 
         _assert_went_back(held, gone)
         a.kill()
         assert await a.wait(30) == -signal.SIGKILL
-        await wait_until(lambda: _at_least(done_items(site.data), 240 + 1200), 120,
+        await wait_until(lambda: _at_least(done_items(site.data), 240 + BIG), 120,
                          "second workload, on agent b")
         assert_exactly_once([r for r in await results(site.data) if r.id.startswith("y")],
                             second)
@@ -179,18 +180,18 @@ async def test_two_agents_over_tls_exactly_once_and_one_agent_cut_off(tmp_path: 
         c = await site.agent("c").start()
         await wait_until(lambda: _is(consumers(site.data), ["b-gpu0", "b-gpu1", "c-gpu0",
                                                             "c-gpu1"]), 60, "agent c")
-        third = agent_items(1200, "q")
+        third = agent_items(BIG, "q")
         await submit(site.data, third)
-        done = 240 + 1200
+        done = 240 + BIG
         await wait_until(lambda: _at_least(done_items(site.data), done + 150), 120, "under way")
         mark = len(broker.lines)
-        held = await _stop_holding(site, b, "b-gpu")
+        held = await _stop_holding(site, b, "b-gpu", done + BIG)
         b.kill()
         assert await b.wait(30) == -signal.SIGKILL
         gone = await _departures(broker, "b-gpu", mark)  # at once: no heartbeat timeout
         assert all("(connection closed)" in ln for ln in gone), gone
         _assert_went_back(held, gone)
-        await wait_until(lambda: _at_least(done_items(site.data), done + 1200), 120,
+        await wait_until(lambda: _at_least(done_items(site.data), done + BIG), 120,
                          "third workload, on agent c")
         assert_exactly_once([r for r in await results(site.data) if r.id.startswith("q")],
                             third)
@@ -233,7 +234,7 @@ async def test_the_broker_killed_and_restarted_the_agents_rejoin(tmp_path: Path)
         await site.cleanup()
 
 
-async def _stop_holding(site: Site, agent: Child, prefix: str,
+async def _stop_holding(site: Site, agent: Child, prefix: str, total: int,
                         timeout: float = 60) -> dict[str, int]:
     """SIGSTOP `agent` at a moment its consumers hold batches they can no longer answer;
     consumer -> the batches it holds (some held).
@@ -244,7 +245,10 @@ async def _stop_holding(site: Site, agent: Child, prefix: str,
     an agent stopped with nothing but completions on their way: it left holding none.)
     A sim batch lasts milliseconds, so an agent stopped at a random moment may hold none
     (its shapes may also all be served elsewhere just then): it is let go again until the
-    broker counts more items done, then stopped again."""
+    broker counts more items done, then stopped again. The workloads it runs in are `BIG`
+    items, so that they outlast the tries (a clean clone's run under load once saw the agent
+    hold nothing until the 1,200 items of the time were all done, and wait for progress
+    that could not come); a workload that ends first fails saying so."""
     assert agent.proc is not None
     pid = agent.proc.pid
     loop = asyncio.get_running_loop()
@@ -259,6 +263,7 @@ async def _stop_holding(site: Site, agent: Child, prefix: str,
         assert loop.time() < deadline, f"{prefix}* held no batch within {timeout} s"
         agent.signal(signal.SIGCONT)
         done = await done_items(site.data)
+        assert done < total, f"the workload ended before {prefix}* was stopped holding a batch"
         await wait_until(lambda n=done + 1: _at_least(done_items(site.data), n), 60, "progress")
 
 
