@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import atexit
 import contextlib
-import io
 import json
 import shutil
 import sys
@@ -67,14 +66,14 @@ from vllm_bench import (
     free_port,
     kv_blocks,
     make_workload,
+    measured_run,
     reset_prefix_cache,
     scrape,
     scrape_all,
+    start_or_raise,
 )
 
-from fabricctl.cli.run import run_job
 from fabricctl.config import AppConfig, ConsumerSettings, ProducerSettings, VllmSettings
-from fabricctl.errors import LaunchError
 from fabricctl.supervisor.launcher import Launcher, vllm_cpu_spec
 
 POOLING = ("--runner", "pooling", "--convert", "embed")
@@ -128,8 +127,6 @@ async def fabricctl_phase(client: httpx.AsyncClient, wl: Workload, base_url: str
     """The batch file through `run_job`, engine "openai", shapes found ("auto"); `group`:
     `[consumer] group_pooling`."""
     phase = Phase(name)
-    sink = io.BytesIO()
-    errors: list[str] = []
     path = work / f"{name}.jsonl"
     path.write_text(batch_lines(wl, declared))
     cfg = AppConfig(
@@ -141,28 +138,14 @@ async def fabricctl_phase(client: httpx.AsyncClient, wl: Workload, base_url: str
                                   group_pooling=group),
         producer=ProducerSettings(tokenizer=str(model_dir / "tokenizer.json"),
                                   shapes="auto", block_size=BLOCK))
-    before = await scrape(client)
-    occupancy = Occupancy([client])
-    occupancy.start()
-    t0 = time.perf_counter()
-    summary = None
-    try:
-        summary = await asyncio.wait_for(
-            run_job(cfg, path, sink, errors=errors.append, keep_data=True), 1800.0)
-    except Exception as e:
-        phase.error = f"run_job failed: {e!r}"
-    phase.wall_s = time.perf_counter() - t0
-    phase.extra["occupancy"] = await occupancy.stop()
-    phase.deltas = (await scrape(client)).minus(before)
-    rows = [json.loads(line) for line in sink.getvalue().splitlines() if line.strip()]
+    summary, results = await measured_run(phase, [client], cfg, path)
+    rows = [json.loads(line) for line in results.splitlines() if line.strip()]
     phase.items_done = sum(r["response"] is not None and r["response"]["status_code"] == 200
                            for r in rows)
     if summary is not None:
         s = msgspec.structs.asdict(summary)
         phase.extra.update(shapes_found=s.get("shapes"), shape_switches=s.get("shape_switches"),
                            serve_s=s.get("serve_s"))
-    if errors:
-        phase.extra["input_errors"] = errors[:3]
     if phase.error is None and phase.items_done != len(wl.items):
         phase.error = f"{phase.items_done} of {len(wl.items)} items answered"
     return phase
@@ -220,12 +203,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     launcher = Launcher(spec, [0])
     atexit.register(_kill_leftovers, launcher)
     try:
-        try:
-            await launcher.start()
-        except LaunchError as e:
-            tail = "\n".join(s.log_path.read_text(errors="replace")[-3000:]
-                             for s in launcher.servers if s.log_path.exists())
-            raise RuntimeError(f"{e}\n{tail}") from None
+        await start_or_raise(launcher)
         base_url = launcher.servers[0].base_url
         async with httpx.AsyncClient(base_url=base_url, timeout=300.0) as client:
             cfg = await scrape_all([client])

@@ -531,6 +531,16 @@ class Occupancy:
         }
 
 
+async def start_or_raise(launcher: Launcher) -> None:
+    """Start the servers; one that does not come up fails the bench with its log's tail."""
+    try:
+        await launcher.start()
+    except LaunchError as e:
+        tail = "\n".join(s.log_path.read_text(errors="replace")[-3000:]
+                         for s in launcher.servers if s.log_path.exists())
+        raise RuntimeError(f"{e}\n{tail}") from None
+
+
 async def scrape_all(clients: list[httpx.AsyncClient]) -> Scrape:
     """Every server's counters, summed (the first server's cache config)."""
     parts = [await scrape(c) for c in clients]
@@ -622,6 +632,32 @@ async def fabricctl_phase(clients: list[httpx.AsyncClient], wl: Workload,
     """The items as native JSONL through `run_job`, engine "openai" on the same servers
     (one consumer each)."""
     phase = Phase(name)
+    path = work / "items.jsonl"
+    path.write_text(native_lines(wl))
+    cfg = AppConfig(
+        data_dir=work / f"fabric-data-{name}", engine="openai", model=SERVED,
+        broker=CoreConfig(prewarm=prewarm),
+        vllm=VllmSettings(endpoints=base_urls),
+        # two batches in the server, the window the replay's prediction was validated
+        # with (its fabric feeds about a step's admit ahead); phase g runs the default
+        consumer=ConsumerSettings(max_batch_size=IN_FLIGHT,
+                                  max_batch_tokens=IN_FLIGHT * wl.max_len,
+                                  max_input_len=wl.max_len, window=2 * IN_FLIGHT),
+        producer=ProducerSettings(tokenizer=str(model_dir / "tokenizer.json")),
+    )
+    phase.extra["consumer"] = dataclasses.asdict(cfg.consumer)
+    summary, results = await measured_run(phase, clients, cfg, path)
+    check_results(phase, wl, results,
+                  None if summary is None else msgspec.structs.asdict(summary))
+    return phase
+
+
+async def measured_run(phase: Phase, clients: list[httpx.AsyncClient], cfg: AppConfig,
+                       path: Path) -> tuple[RunSummary | None, bytes]:
+    """`run_job` of `path` under `cfg` into `phase`: its wall time, the servers' occupancy and
+    counter deltas, its input errors (the first 3) and any failure as the phase's error
+    (the tree may be mid-change: it is this phase's, not the bench's); (its summary, or None
+    when it failed, and its result lines)."""
     sink = io.BytesIO()
     errors: list[str] = []
     before = await scrape_all(clients)
@@ -629,21 +665,7 @@ async def fabricctl_phase(clients: list[httpx.AsyncClient], wl: Workload,
     occupancy.start()
     t0 = time.perf_counter()
     summary: RunSummary | None = None
-    try:  # the tree may be mid-change: any failure is this phase's error, not the bench's
-        path = work / "items.jsonl"
-        path.write_text(native_lines(wl))
-        cfg = AppConfig(
-            data_dir=work / f"fabric-data-{name}", engine="openai", model=SERVED,
-            broker=CoreConfig(prewarm=prewarm),
-            vllm=VllmSettings(endpoints=base_urls),
-            # two batches in the server, the window the replay's prediction was validated
-            # with (its fabric feeds about a step's admit ahead); phase g runs the default
-            consumer=ConsumerSettings(max_batch_size=IN_FLIGHT,
-                                      max_batch_tokens=IN_FLIGHT * wl.max_len,
-                                      max_input_len=wl.max_len, window=2 * IN_FLIGHT),
-            producer=ProducerSettings(tokenizer=str(model_dir / "tokenizer.json")),
-        )
-        phase.extra["consumer"] = dataclasses.asdict(cfg.consumer)
+    try:
         summary = await asyncio.wait_for(
             run_job(cfg, path, sink, errors=errors.append, keep_data=True), 1800.0)
     except Exception as e:
@@ -653,9 +675,7 @@ async def fabricctl_phase(clients: list[httpx.AsyncClient], wl: Workload,
     phase.deltas = (await scrape_all(clients)).minus(before)
     if errors:
         phase.extra["input_errors"] = errors[:3]
-    check_results(phase, wl, sink.getvalue(),
-                  None if summary is None else msgspec.structs.asdict(summary))
-    return phase
+    return summary, sink.getvalue()
 
 
 def check_results(phase: Phase, wl: Workload, results: bytes,
@@ -1027,12 +1047,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
-        try:
-            await launcher.start()
-        except LaunchError as e:
-            tail = "\n".join(s.log_path.read_text(errors="replace")[-3000:]
-                             for s in launcher.servers if s.log_path.exists())
-            raise RuntimeError(f"{e}\n{tail}") from None
+        await start_or_raise(launcher)
         started_s = time.perf_counter() - t0
         SERVER_PIDS[:] = [pid for pid in launcher.pids().values() if pid is not None]
         pinned = [] if args.unpinned else keep_off_the_engine_core(SERVER_PIDS,

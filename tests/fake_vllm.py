@@ -24,13 +24,17 @@ with `max_running`, at most that many run at once and the rest wait, as --max-nu
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
 from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+from fabricctl.cli.run import run_job
+from fabricctl.config import AppConfig, ConsumerSettings, VllmSettings
 from fabricctl.core.types import Item
 from fabricctl.engines.simanswer import SimSpec, choice_plan
 from fabricctl.engines.simbodies import Refusal
@@ -200,3 +204,20 @@ class FakeVllm:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+async def run_through(tmp_path: Path, url: str, lines: list[dict[str, Any]]
+                      ) -> list[dict[str, Any]]:
+    """`fabricctl run` (in-process, engine "openai") of `lines` against the server at `url`,
+    batches of 8: its output records, in output order (no run error allowed)."""
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    cfg = AppConfig(data_dir=tmp_path / "data", engine="openai", model="m",
+                    vllm=VllmSettings(endpoints=[url]),
+                    consumer=ConsumerSettings(max_batch_size=8, max_batch_tokens=8 * 512,
+                                              max_input_len=500))
+    out = io.BytesIO()
+    errors: list[str] = []
+    await run_job(cfg, path, out, errors=errors.append, keep_data=True)
+    assert errors == []
+    return [json.loads(line) for line in out.getvalue().splitlines()]

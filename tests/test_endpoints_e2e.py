@@ -6,7 +6,6 @@ completes."""
 
 from __future__ import annotations
 
-import io
 import json
 import threading
 from collections.abc import Iterator
@@ -15,9 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from fabricctl.cli.run import run_job
-from fabricctl.config import AppConfig, ConsumerSettings, VllmSettings
+from fake_vllm import run_through
 
 
 def _compact(obj: object) -> bytes:
@@ -117,18 +114,8 @@ LINES: list[dict[str, Any]] = [
 
 
 async def test_pooling_lines_run_end_to_end(tmp_path: Path, server: PoolingServer) -> None:
-    path = tmp_path / "in.jsonl"
-    path.write_text("".join(json.dumps(line) + "\n" for line in LINES))
-    cfg = AppConfig(data_dir=tmp_path / "data", engine="openai", model="m",
-                    vllm=VllmSettings(endpoints=[server.url]),
-                    consumer=ConsumerSettings(max_batch_size=8, max_batch_tokens=8 * 512,
-                                              max_input_len=500))
-    out = io.BytesIO()
-    errors: list[str] = []
-    await run_job(cfg, path, out, errors=errors.append, keep_data=True)
-    assert errors == []
     recs = {r.get("custom_id") or r["id"]: r
-            for r in map(json.loads, out.getvalue().splitlines())}
+            for r in await run_through(tmp_path, server.url, LINES)}
     assert sorted(recs) == ["c1", "e1", "e2", "n1", "n2", "r1"]
 
     sent = sorted((p, json.dumps(b, sort_keys=True)) for p, b in server.requests)

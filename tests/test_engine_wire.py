@@ -8,17 +8,12 @@ and its answer must come back as the server gave it.
 
 from __future__ import annotations
 
-import io
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_vllm import FakeVllm
-
-from fabricctl.cli.run import run_job
-from fabricctl.config import AppConfig, ConsumerSettings, VllmSettings
+from fake_vllm import FakeVllm, run_through
 
 
 @pytest.fixture
@@ -30,17 +25,7 @@ def fake() -> Iterator[FakeVllm]:
 
 async def run_lines(tmp_path: Path, fake: FakeVllm, lines: list[dict[str, Any]]
                     ) -> dict[str, dict[str, Any]]:
-    path = tmp_path / "in.jsonl"
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    cfg = AppConfig(data_dir=tmp_path / "data", engine="openai", model="m",
-                    vllm=VllmSettings(endpoints=[fake.url]),
-                    consumer=ConsumerSettings(max_batch_size=8, max_batch_tokens=8 * 512,
-                                              max_input_len=500))
-    out = io.BytesIO()
-    errors: list[str] = []
-    await run_job(cfg, path, out, errors=errors.append, keep_data=True)
-    assert errors == []
-    recs = [json.loads(line) for line in out.getvalue().splitlines()]
+    recs = await run_through(tmp_path, fake.url, lines)
     by_id = {r.get("custom_id") or r["id"]: r for r in recs}
     assert len(by_id) == len(recs) == len(lines)
     return by_id

@@ -6,24 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+from store_helpers import MODEL, store
 
-from fabricctl.core.config import CoreConfig
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.mix import count_endpoints, endpoint_of, mix
 from fabricctl.core.records import Source
-from fabricctl.core.types import Contract, Item
+from fabricctl.core.types import Item
 from fabricctl.fmt import endpoint_mix
 from fabricctl.formats.reader import parse_lines
-from fabricctl.store.durable import DurableBroker, StoreConfig
-
-MODEL = "m"
-CORE = CoreConfig(lifecycle=False)
-
-
-def store(path: Path, now: float = 100.0) -> DurableBroker:
-    s = DurableBroker(path / "data", now, CORE, StoreConfig(segment_entries=16))
-    s.core.register("gpu0", Contract(MODEL, 8, 100_000, 4096), now)
-    return s
 
 
 def mixed(n: int, first_line: int = 1) -> list[Item]:

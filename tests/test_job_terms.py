@@ -14,25 +14,16 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from store_helpers import MODEL, store
 
 from fabricctl.api.objects import parse_priority
 from fabricctl.core import jobs as J
 from fabricctl.core.broker import Broker
-from fabricctl.core.config import CoreConfig
 from fabricctl.core.jobs import JobRecord, JobState
 from fabricctl.core.terms import MAX_PRIORITY, JobTerms
-from fabricctl.core.types import Contract, Item, ItemResult
+from fabricctl.core.types import Item, ItemResult
 from fabricctl.errors import ApiError, JobRefused
-from fabricctl.store.durable import DurableBroker, StoreConfig
-
-MODEL = "m"
-CORE = CoreConfig(lifecycle=False)
-
-
-def store(path: Path, now: float = 100.0) -> DurableBroker:
-    s = DurableBroker(path / "data", now, CORE, StoreConfig(segment_entries=16))
-    s.core.register("gpu0", Contract(MODEL, 8, 100_000, 4096), now)
-    return s
+from fabricctl.store.durable import DurableBroker
 
 
 def items(n: int, prefix: str = "r") -> list[Item]:

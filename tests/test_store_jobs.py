@@ -11,24 +11,15 @@ from pathlib import Path
 
 import lmdb
 import pytest
+from store_helpers import MODEL, store
 
-from fabricctl.core.config import CoreConfig
 from fabricctl.core.jobs import JobState, job_usage
 from fabricctl.core.records import usage_of
-from fabricctl.core.types import Contract, Item, ItemResult, Work
+from fabricctl.core.types import Item, ItemResult, Work
 from fabricctl.errors import JobRefused
-from fabricctl.store.durable import DurableBroker, StoreConfig
+from fabricctl.store.durable import DurableBroker
 from fabricctl.store.ingest import Refused
 from fabricctl.store.keys import entry_key_of
-
-MODEL = "m"
-CORE = CoreConfig(lifecycle=False)
-
-
-def store(path: Path, now: float = 100.0) -> DurableBroker:
-    s = DurableBroker(path / "data", now, CORE, StoreConfig(segment_entries=16))
-    s.core.register("gpu0", Contract(MODEL, 8, 100_000, 4096), now)
-    return s
 
 
 def items(n: int, prefix: str = "request-", sig: int = 7, first_line: int = 1) -> list[Item]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import msgspec
+from textual.pilot import Pilot
 from tui_synthetic import make_snapshot
 
 from fabricctl.core.jobs import JobState, new_job, seal
@@ -14,6 +15,15 @@ from fabricctl.tui import draw
 from fabricctl.tui.app import TopApp
 from fabricctl.tui.sources import FixedSource
 from fabricctl.tui.widgets.lines import TextBox
+
+
+async def first_snapshot(app: TopApp, pilot: Pilot) -> None:
+    """Until the app drew its first snapshot (it comes from the pump's thread), 10 s at most."""
+    deadline = time.monotonic() + 10
+    while not app.received:
+        assert time.monotonic() < deadline, "no snapshot arrived"
+        await pilot.pause(0.01)
+    await pilot.pause()
 
 
 def _jobs(t: float) -> list:
@@ -49,11 +59,7 @@ async def test_overview_shows_jobs_only_when_there_are_some() -> None:
         app = TopApp(FixedSource([snap]))
         async with app.run_test(size=(140, 50)) as pilot:
             box = app.query_one("#jobs", TextBox)
-            deadline = time.monotonic() + 10  # the snapshot comes from the pump's thread
-            while not app.received:
-                assert time.monotonic() < deadline, "no snapshot arrived"
-                await pilot.pause(0.01)
-            await pilot.pause()
+            await first_snapshot(app, pilot)
             assert box.has_class("-shown") is shown
             assert ("batch_2aa" in box.text.plain) is shown
 
@@ -94,11 +100,7 @@ async def test_overview_jobs_box_shows_each_jobs_mix() -> None:
     app = TopApp(FixedSource([snap]))
     async with app.run_test(size=(160, 50)) as pilot:
         box = app.query_one("#jobs", TextBox)
-        deadline = time.monotonic() + 10  # the snapshot comes from the pump's thread
-        while not app.received:
-            assert time.monotonic() < deadline, "no snapshot arrived"
-            await pilot.pause(0.01)
-        await pilot.pause()
+        await first_snapshot(app, pilot)
         lines = box.text.plain.split("\n")
         assert "chat 50% · responses 25% · +1" in lines[0]  # the live job first
         assert "  rerank  " in lines[1]

@@ -29,7 +29,8 @@ first), or a shape past the bound.
 items some consumer's current shape has held) goes before served jobs of equal holders, and
 it takes a consumer at its next batch boundary even before that consumer's run has
 amortised (`choose(..., amortised=False)`, which answers this rule alone), unless the
-consumer's own job is `short_ratio` times shorter or of a higher priority. It costs at most
+consumer's own job is `short_ratio` times shorter, has an earlier deadline or a higher
+priority. It costs at most
 one switch per job, and a small job's wait stops depending on where the big job's run
 stands. Pure: no clock, no I/O.
 """
@@ -188,16 +189,15 @@ class Chooser:
         """`shape` holds a job nobody has served that may take a consumer from `against`
         before its run amortised: at a higher priority; at the same, unless `against`'s own
         job is `short_ratio` times shorter or has an earlier deadline (the new-jobs rule)."""
-        if not self.cfg.fair_share:
+        fresh = [job for job in shape.jobs if self._fresh(job) and job not in against.jobs]
+        if not fresh or not self.cfg.fair_share:  # (checked at every pull: the cheap test first)
             return False
         prio, deadline = shape_terms(shape, self.terms)
         a_prio, a_deadline = shape_terms(against, self.terms)
         if prio < a_prio:
             return False
         own = main_job(against)
-        for job in shape.jobs:
-            if not self._fresh(job) or job in against.jobs:
-                continue
+        for job in fresh:
             if prio > a_prio:
                 return True
             if self._short(against, own, job) or (a_deadline is not None and (
