@@ -17,11 +17,12 @@ followed until it is done), as `fabricctl submit FILE --wait` does.
    (`WINDOW_BATCHES`) and the one being pulled, at the big job's measured batch time on this
    box, then runs in about its standalone time (x `SLACK` for a server that now also
    finishes the big job's in-flight batches, plus one broker tick). Counted rather than
-   timed too: at most 2 big batches start between the small job's input being all queued
-   (its job sealed) and its first batch: the pull under way and one more for a pull that
-   raced the seal (the rule off, the consumer finished its current shape and the one it had
-   pre-warmed first: 5-9 batches). And it finished while the big job still
-   had queued items, i.e. not merely after it.
+   timed too: at most `WINDOW_BATCHES` big batches start (are sent to vLLM) between the
+   test seeing the small job sealed (all its input queued) and the small job's first batch:
+   the pull under way, a pull that raced the seal, and one pulled before the seal whose send
+   the loaded box delayed (a CI run measured 3; a quiet box 0). With the rule off the
+   consumer finished its current shape and the one it had pre-warmed first: 5-9 batches.
+   And it finished while the big job still had queued items, i.e. not merely after it.
 4. The prefix-cache hit rate over the shared run, from vLLM's own /metrics counters before
    the big submit and after both jobs ended, is within 2 points of the achievable rate.
    Achievable is computed as in test_e2e_vllm.py: the prompts vLLM saw (recorded on the
@@ -288,6 +289,6 @@ async def test_a_small_job_behind_a_big_one_on_real_vllm(
     assert big_waiting > 0, "the small job finished only after the big one"
     assert small_sink.last < big_sink.last
     assert small_s <= promise
-    assert big_between <= 2
+    assert big_between <= WINDOW_BATCHES
     assert hits <= achievable
     assert rate >= best - 0.02
