@@ -41,12 +41,18 @@ class Entry(msgspec.Struct, gc=False):
 
 
 class Contract(msgspec.Struct, frozen=True):
-    """Why: the four integers a consumer registers; the broker knows nothing else of it."""
+    """Why: the names a consumer serves and the three integers it registers; the broker
+    knows nothing else of it."""
 
-    model: str
+    model: str  # the name its server serves its base model under
     max_batch_size: int
     max_batch_tokens: int
     max_input_len: int
+    names: tuple[str, ...] = ()  # the other names the same server answers (LoRA adapters)
+
+    def served(self) -> tuple[str, ...]:
+        """Every name an item may carry to reach this consumer, its model's first."""
+        return (self.model, *self.names) if self.names else (self.model,)
 
 
 class BatchHead(msgspec.Struct):

@@ -28,6 +28,7 @@ class EngineLimits(msgspec.Struct, frozen=True):
     max_batch_size: int
     max_batch_tokens: int
     max_input_len: int
+    names: tuple[str, ...] = ()  # other names its server answers besides the model's (adapters)
 
 
 class EngineCounters(msgspec.Struct, kw_only=True):

@@ -3,7 +3,9 @@
 Contract (on top of `fabricctl.engines.base.Engine`):
 - `run(work)` sends every item of the batch as its own request, concurrently, on its own
   endpoint with the body its producer wrote (`fabricctl.engines.request.request_of`): the
-  engine sets `model` to the served name and adds nothing. Requests in flight are bounded by
+  engine sets `model` to the served name (the batch's own when it is one of the other names
+  the server answers: its LoRA adapters, `names`, configured or learnt from the server's
+  /v1/models by `learn_names`) and adds nothing. Requests in flight are bounded by
   one window per engine (`window`, FIFO, shared by every batch the consumer has in hand),
   so a later batch's requests queue behind an earlier one's: each holds one of the window's
   kept-alive HTTP/1.1 connections while it is sent (`fabricctl.engines.pool.Connections`);
@@ -49,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -135,11 +138,15 @@ class OpenAIEngine:
                  attempts: int = 4, backoff_s: float = 0.5, backoff_max_s: float = 8.0,
                  scrape_metrics: bool = True, api_key: str | None = None,
                  window: int = 0, group_pooling: bool = True,
-                 counter: InputCounter | None = None) -> None:
+                 counter: InputCounter | None = None,
+                 names: Sequence[str] | None = None) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self._limits = EngineLimits(max_batch_size, max_batch_tokens, max_input_len)
+        # the other names the server answers (its LoRA adapters); None: `learn_names` asks it
+        self._learn = names is None
+        self._limits = EngineLimits(max_batch_size, max_batch_tokens, max_input_len,
+                                    tuple(n for n in names or () if n != model))
         self.timeout_s = timeout_s
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
@@ -165,6 +172,32 @@ class OpenAIEngine:
 
     def limits(self) -> EngineLimits:
         return self._limits
+
+    def served(self, model: str) -> str:
+        """The name a request for `model` goes out under: its own when the server answers
+        it (an adapter), else the served model's."""
+        return model if model in self._limits.names else self.model
+
+    async def learn_names(self) -> tuple[str, ...]:
+        """The names the server answers besides the model's, from its /v1/models (vLLM
+        lists the base model and every LoRA adapter); asked until one answer is read, and
+        not at all when the names were configured. A server that cannot say keeps ()."""
+        if not self._learn:
+            return self._limits.names
+        try:
+            r = await self._client.get("/v1/models", timeout=10.0)
+            data = r.json().get("data") if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError) as e:
+            log.warning("%s: /v1/models unreadable (%s): serving %r only", self.name, e,
+                        self.model)
+            return self._limits.names
+        if not isinstance(data, list):
+            return self._limits.names
+        ids = [str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id")]
+        names = tuple(dict.fromkeys(n for n in ids if n != self.model))
+        self._limits = msgspec.structs.replace(self._limits, names=names)
+        self._learn = False
+        return names
 
     def stats(self) -> EngineStats:
         return msgspec.structs.replace(self._stats)
@@ -275,7 +308,8 @@ class OpenAIEngine:
         sends: list[Send] = []
         for i, item in enumerate(work.items):
             try:
-                path, body, keep = request_of(item, decode_payload(item.payload), self.model)
+                path, body, keep = request_of(item, decode_payload(item.payload),
+                                              self.served(work.model))
             except (msgspec.MsgspecError, ValueError, WorkloadError) as e:
                 results[i] = ItemResult(id=item.id, finish_reason="error",
                                         error=f"unreadable payload: {e}")
@@ -340,7 +374,8 @@ class OpenAIEngine:
         if signal.sample is None:
             return
         try:
-            req = prewarm_request(decode_payload(signal.sample.payload), self.model)
+            req = prewarm_request(decode_payload(signal.sample.payload),
+                                  self.served(signal.model))
         except (msgspec.MsgspecError, ValueError) as e:
             log.warning("%s: prewarm sample has an unreadable payload: %s", self.name, e)
             return

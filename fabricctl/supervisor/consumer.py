@@ -1,11 +1,12 @@
 """One consumer per GPU: registers its engine's contract, pulls, runs, completes, heartbeats.
 
 Contract: `Consumer.run(stop)` connects to a broker (Unix socket or TCP with a token),
-registers `Contract(model, *engine.limits())`, heartbeats every `heartbeat_s` with the
-engine's counters, and loops: handle any pre-warm pushes first (so the engine prefills the
-next shape's prefix before its first batch; `on_prewarm`, when set, is told of each one the
-engine took), pull (long-poll), run the batch on the engine,
-complete it. With `window` None it runs one batch at a time (the simulated engine, whose GPU
+registers `Contract(model, *engine.limits())` (the limits' `names`: the other names its
+server answers, asked of the server first by an engine with `learn_names`), heartbeats
+every `heartbeat_s` with the engine's counters, and loops: handle any pre-warm pushes
+first (so the engine prefills the next shape's prefix before its first batch; `on_prewarm`,
+when set, is told of each one the engine took), pull (long-poll), run the batch on the
+engine, complete it. With `window` None it runs one batch at a time (the simulated engine, whose GPU
 runs batches one after another anyway). With a `window` of W requests (a real server, which
 batches continuously) it pulls the next batch as soon as fewer than W of its items are in
 the engine, so the engine's queue is refilled from the next batch before the current one
@@ -100,7 +101,9 @@ class Consumer:
 
     def contract(self) -> Contract:
         lim = self.engine.limits()
-        return Contract(self.model, lim.max_batch_size, lim.max_batch_tokens, lim.max_input_len)
+        names = tuple(n for n in lim.names if n != self.model)
+        return Contract(self.model, lim.max_batch_size, lim.max_batch_tokens, lim.max_input_len,
+                        names)
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff = 0.2
@@ -129,6 +132,9 @@ class Consumer:
         client = await Client.connect(self.address, "consumer", self.name, self.token,
                                       tls=self.tls)
         try:
+            learn = getattr(self.engine, "learn_names", None)  # an engine that asks its server
+            if learn is not None:
+                await learn()
             reg = await client.register(self.name, self.contract(), self.gpu, self.engine.name,
                                         self.engine.simulated)
             self.connected.set()
