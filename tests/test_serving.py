@@ -163,3 +163,26 @@ def test_every_item_goes_once_to_a_consumer_that_serves_its_name(
         if not progressed and all(got[m] == sent[m] for m in sent if m != "other"):
             break
     assert {m: n for m, n in got.items()} == {m: n for m, n in sent.items() if m != "other"}
+
+
+async def test_the_sim_keeps_an_adapters_blocks_apart_from_the_base_models() -> None:
+    """As vLLM hashes an adapter's blocks with its name: the same prefix under the base
+    model and under an adapter is computed twice, under the same name once."""
+    from fabricctl.core.payload import Payload, encode_payload
+    from fabricctl.core.types import Work
+    from fabricctl.engines.sim import SimEngine
+
+    engine = SimEngine(names=("ad-a",), time_scale=0)
+
+    def work(model: str, n: int) -> Work:
+        its = [Item(f"{model}{k}", model, 1, 80, 1,
+                    payload=encode_payload(Payload(["S" * 64], f"q{k}", [64], 16)))
+               for k in range(n)]
+        return Work(next(_ids), model, 1, 0, 1, 80, 1, 4096, its)
+
+    await engine.run(work("base", 1))
+    hits0 = engine.stats().prefix_cache_hits
+    await engine.run(work("ad-a", 1))
+    assert engine.stats().prefix_cache_hits == hits0  # a new name: its prefix is cold
+    await engine.run(work("ad-a", 1))
+    assert engine.stats().prefix_cache_hits > hits0  # warm for the same name
