@@ -186,3 +186,11 @@ async def test_the_sim_keeps_an_adapters_blocks_apart_from_the_base_models() -> 
     assert engine.stats().prefix_cache_hits == hits0  # a new name: its prefix is cold
     await engine.run(work("ad-a", 1))
     assert engine.stats().prefix_cache_hits > hits0  # warm for the same name
+
+
+def test_status_names_what_each_server_answers() -> None:
+    from fabricctl.cli.status import served_names
+
+    assert served_names({"model": "tiny"}) == "tiny"
+    assert served_names({"model": "tiny", "names": ["ad-a", "ad-b"], "serving": "ad-a"}) == (
+        "tiny +ad-a +ad-b (now ad-a)")
