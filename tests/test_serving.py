@@ -194,3 +194,18 @@ def test_status_names_what_each_server_answers() -> None:
     assert served_names({"model": "tiny"}) == "tiny"
     assert served_names({"model": "tiny", "names": ["ad-a", "ad-b"], "serving": "ad-a"}) == (
         "tiny +ad-a +ad-b (now ad-a)")
+
+
+def test_metrics_give_each_consumer_its_names_and_the_one_it_serves() -> None:
+    from prometheus_client import generate_latest
+
+    from fabricctl.server.metrics import Metrics
+
+    b = broker()
+    b.register("c0", LORA, now=0.0)
+    b.ingest(items("ad-b", 1, 10), 0.0)
+    drain(b, 0.0, 0.05)
+    text = generate_latest(Metrics(b).registry).decode()
+    assert 'fabricctl_consumer_names{consumer="c0",model="base",name="ad-b"} 1.0' in text
+    assert 'fabricctl_consumer_names{consumer="c0",model="base",name="base"} 0.0' in text
+    assert 'fabricctl_consumer_name_switches_total{consumer="c0",model="base"} 1.0' in text
