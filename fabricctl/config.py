@@ -42,6 +42,7 @@ from fabricctl.core.defaults import (
     StoreConfig,
 )
 from fabricctl.errors import UsageError
+from fabricctl.fleetspec import ServerSpec, parse_servers
 
 ENGINES = ("auto", "sim", "vllm", "openai")
 
@@ -154,6 +155,8 @@ class AppConfig:
     model: str = "fabric-demo"
     served_model_name: str = ""
     gpus: list[int] = field(default_factory=list)
+    # the fleet ([[servers]], fabricctl.fleetspec); []: the single-model shorthand above
+    servers: list[ServerSpec] = field(default_factory=list)
     vllm: VllmSettings = field(default_factory=VllmSettings)
     consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
     sim: SimSettings = field(default_factory=SimSettings)
@@ -170,6 +173,18 @@ class AppConfig:
     def model_name(self) -> str:
         """The name items carry in "model"."""
         return self.served_model_name or self.model
+
+    @property
+    def fleet(self) -> list[ServerSpec]:
+        """The servers `up` launches: `[[servers]]`, else the single-model shorthand (one
+        server of `model` named `served_model_name`, one one-GPU group per GPU of `gpus`)."""
+        if self.servers:
+            return list(self.servers)
+        return [ServerSpec(model=self.model, name=self.served_model_name,
+                           gpus=[[g] for g in self.gpus])]
+
+
+SHORTHAND = ("model", "served_model_name", "gpus")  # the single-model form's keys
 
 
 _META = ("sources", "set_by")  # what loading records; no file sets them
@@ -204,13 +219,18 @@ def _is(v: Any, want: type) -> bool:
     return isinstance(v, int | float) if want is float else isinstance(v, want)
 
 
-def _merge(cfg: AppConfig, data: dict[str, Any], where: str) -> AppConfig:
+def _merge(cfg: AppConfig, data: dict[str, Any], where: str,
+           base: Path | None = None) -> AppConfig:
     """`cfg` with `data` (a file's tables, the environment's or the flags' values) over it,
-    checked, and each key it set recorded in `set_by` as set by `where`."""
+    checked, and each key it set recorded in `set_by` as set by `where` (`base`: the file's
+    directory, against which adapter directories are read)."""
     top: dict[str, Any] = {}
     keys: list[str] = []
     for key, value in data.items():
-        if key in _NESTED:
+        if key == "servers":
+            top[key] = parse_servers(value, where, base)
+            keys.append(key)
+        elif key in _NESTED:
             if not isinstance(value, dict):
                 raise UsageError(f"{where}: [{key}] must be a table")
             cls = _NESTED[key]
@@ -288,14 +308,14 @@ def load_config(
     cfg = AppConfig()
     user = user_config_path(env)
     if user.is_file():
-        cfg = _merge(cfg, _read(user), str(user))
+        cfg = _merge(cfg, _read(user), str(user), user.parent)
     project = (cwd or Path.cwd()) / "fabric.toml"
     if project.is_file():
-        cfg = _merge(cfg, _read(project), str(project))
+        cfg = _merge(cfg, _read(project), str(project), project.parent)
     if config_file is not None:
         if not config_file.is_file():
             raise UsageError(f"config file {config_file} does not exist")
-        cfg = _merge(cfg, _read(config_file), str(config_file))
+        cfg = _merge(cfg, _read(config_file), str(config_file), config_file.parent)
     from_env: dict[str, Any] = {}
     for var in ENV_VARS:
         if var.key and (v := env.get(var.name)):
@@ -306,7 +326,22 @@ def load_config(
     flags = {k: v for k, v in (overrides or {}).items() if v is not None}
     if flags:
         cfg = _merge(cfg, flags, "flags")
-    return cfg
+    return _with_fleet(cfg)
+
+
+def _with_fleet(cfg: AppConfig) -> AppConfig:
+    """With `[[servers]]`, the single-model keys set anywhere are refused (which would
+    win?), and `model`/`served_model_name` become the first server's: the name `run` and
+    `submit` give items by default."""
+    if not cfg.servers:
+        return cfg
+    for key in SHORTHAND:
+        if key in cfg.set_by:
+            raise UsageError(f"{cfg.set_by[key]}: {key} is the single-model form, and "
+                             f"{cfg.set_by['servers']} lists [[servers]]: give each server's "
+                             "model, name and gpus in its [[servers]] entry instead")
+    first = cfg.servers[0]
+    return dataclasses.replace(cfg, model=first.model, served_model_name=first.name)
 
 
 def to_toml(cfg: AppConfig) -> str:
@@ -319,12 +354,14 @@ def to_toml(cfg: AppConfig) -> str:
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
         if isinstance(v, dict):
-            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
+            return "{" + ", ".join(f"{value(k)} = {value(x)}" for k, x in v.items()) + "}"
         return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
     lines = []
     for f in dataclasses.fields(AppConfig):
-        if f.name in _NESTED or f.name in _META:
+        if f.name in _NESTED or f.name in _META or f.name == "servers":
+            continue
+        if cfg.servers and f.name in SHORTHAND:  # the fleet names them per server
             continue
         lines.append(f"{f.name} = {value(getattr(cfg, f.name))}")
     for name in _NESTED:
@@ -332,4 +369,12 @@ def to_toml(cfg: AppConfig) -> str:
         section = getattr(cfg, name)
         for f in dataclasses.fields(section):
             lines.append(f"{f.name} = {value(getattr(section, f.name))}")
+    if not cfg.servers:
+        lines.append("\n# the fleet: [[servers]] entries (model, name, adapters, gpus, "
+                     "tensor_parallel_size, extra_args, env) replace model, served_model_name "
+                     "and gpus above")
+    for server in cfg.servers:
+        lines.append("\n[[servers]]")
+        for f in dataclasses.fields(server):
+            lines.append(f"{f.name} = {value(getattr(server, f.name))}")
     return "\n".join(lines) + "\n"

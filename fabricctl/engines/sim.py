@@ -66,12 +66,15 @@ class SimEngine:
         max_model_len: int | None = None,
         time_scale: float = SIM_TIME_SCALE,
         endpoints: frozenset[str] | None = None,
+        names: tuple[str, ...] = (),
     ) -> None:
         if time_scale < 0:
             raise UsageError("time_scale must be >= 0")
         self.name = name
         self.time_scale = time_scale
-        self._limits = EngineLimits(max_batch_size, max_batch_tokens, max_input_len)
+        # the other names it answers (a simulated server's LoRA adapters): a multi-model
+        # fleet rehearsed on simulated GPUs
+        self._limits = EngineLimits(max_batch_size, max_batch_tokens, max_input_len, names)
         self.gpu = SimGPU(costs, max_input_len=max_input_len, max_model_len=max_model_len,
                           endpoints=endpoints)
         self._lock = asyncio.Lock()
