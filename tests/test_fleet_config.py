@@ -297,3 +297,17 @@ def test_ray_places_one_worker_per_group_with_its_size(tmp_path: Path) -> None:
     assert narrowed.servers == [ServerSpec(model="/models/base", name="base",
                                            adapters=fleet.servers[0].adapters, gpus=[[5, 6]])]
     assert narrowed.vllm.port_base == fleet.vllm.port_base + 5
+
+
+def test_the_readme_fleets_load(tmp_path: Path) -> None:
+    """The quick start's LoRA fleet and TP server are configurations that load."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    blocks = {b.split("\n", 1)[0].removeprefix("# fleet: "): b
+              for b in (part.split("```", 1)[0] for part in readme.split("```toml\n")[1:])
+              if b.startswith("# fleet: ")}
+    lora = load(tmp_path, blocks["lora"])
+    (base,) = lora.servers
+    assert base.names == ("base", "ad-a", "ad-b") and base.gpus == [[0], [1]]
+    tp = load(tmp_path, blocks["tp"])
+    assert [(s.served_name, s.gpus, s.tp(s.gpus[0])) for s in tp.servers] == [
+        ("qwen3-32b", [[0, 1]], 2), ("qwen3-embed", [[2]], 1)]
