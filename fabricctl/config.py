@@ -337,7 +337,8 @@ def _with_fleet(cfg: AppConfig) -> AppConfig:
         return cfg
     for key in SHORTHAND:
         if key in cfg.set_by:
-            raise UsageError(f"{cfg.set_by[key]}: {key} is the single-model form, and "
+            what = f"--{key.replace('_', '-')}" if cfg.set_by[key] == "flags" else key
+            raise UsageError(f"{cfg.set_by[key]}: {what} is the single-model form, and "
                              f"{cfg.set_by['servers']} lists [[servers]]: give each server's "
                              "model, name and gpus in its [[servers]] entry instead")
     first = cfg.servers[0]

@@ -132,7 +132,7 @@ def parse_servers(value: Any, where: str, base: Path | None = None) -> list[Serv
 
 def _resolve(directory: str, base: Path | None) -> Path:
     p = Path(directory).expanduser()
-    return p if p.is_absolute() or base is None else base / p
+    return p if p.is_absolute() or base is None else (base / p).absolute()
 
 
 def check_servers(servers: Sequence[ServerSpec], where: str = "config") -> None:

@@ -216,6 +216,20 @@ async def test_up_refuses_a_fleet_the_host_cannot_serve_before_any_server_starts
     assert not list(tmp_path.glob("rec-*.jsonl"))  # no server was started
 
 
+def test_up_exits_2_naming_the_bad_adapter_before_any_server_starts(tmp_path: Path) -> None:
+    (tmp_path / "fleet.toml").write_text(
+        f'engine = "vllm"\n[vllm]\ncommand = ["{sys.executable}", "{FAKE}"]\n'
+        f'extra_args = ["--record={tmp_path}/rec.jsonl"]\n'
+        '[[servers]]\nmodel = "m"\nname = "base"\nadapters = { ad-a = "nope" }\n'
+        "gpus = [[0]]\n")
+    up = fabricctl("up", "--config", "fleet.toml", "--data-dir", str(tmp_path / "data"),
+                   env=clean_env(tmp_path), cwd=tmp_path)
+    assert up.returncode == 2, up.stderr
+    assert (f"the fleet cannot start on this host: servers[0] (base): adapter 'ad-a': "
+            f"directory {tmp_path / 'nope'} does not exist") in up.stderr.decode()
+    assert not (tmp_path / "rec.jsonl").exists()
+
+
 async def test_the_sim_rehearses_a_fleet_one_simulated_gpu_per_group(tmp_path: Path) -> None:
     cfg = load(tmp_path, 'engine = "sim"\n' + FLEET.format(a="/abs/a"))
     fleet = await Fleet.build(cfg, "sim")

@@ -216,7 +216,8 @@ class ServerProcess:
         return env
 
     def _emit(self, event: str) -> None:
-        log.info("engine %d (gpu %s): %s", self.index, self.gpu, event)
+        log.info("engine %d (%s, gpu %s): %s", self.index, self.spec.served_model_name,
+                 self.gpu, event)
         if self._on_event is not None:
             try:
                 self._on_event(event, self)
