@@ -15,6 +15,11 @@ contract, the sim's time scale and the line limit), which this module reads. The
 
 `ENV_VARS` is the one list of fabricctl's environment variables: the loader reads those that
 name a setting, and `config show`, the man page and the README's table are made from it.
+The fleet is `[[servers]]` (`fabricctl.fleetspec.ServerSpec`, each entry checked as it is
+read; a later source's list replaces an earlier one's), or, when none is given, the
+single-model keys `model`, `served_model_name` and `gpus` (`AppConfig.fleet` is the list
+either way); a source setting those keys beside a `[[servers]]` list is a `UsageError`, and
+with the list `model`/`served_model_name` are its first server's.
 While loading, `AppConfig.set_by` records for each key a file, the environment or a flag set
 (`name`, or `section.name`) the last source that set it, for `config show`.
 """
@@ -72,18 +77,18 @@ ENV_VARS: tuple[EnvVar, ...] = (
 
 @dataclass(frozen=True)
 class VllmSettings:
-    """Why: how to launch one OpenAI-compatible vLLM server per GPU (`[vllm]`)."""
+    """Why: how to launch the OpenAI-compatible vLLM servers, one per GPU group (`[vllm]`)."""
 
     command: list[str] = field(default_factory=lambda: ["vllm", "serve"])
     model_flag: str = ""  # "" = the model is positional (vllm serve); "--model" for api_server
     host: str = "127.0.0.1"
-    port_base: int = 8001  # GPU i's server listens on port_base + i
+    port_base: int = 8001  # the i-th server (GPU group) listens on port_base + i
     ready_timeout_s: float = 600.0  # a start not answering /health by then is a failure
     # the waits before restarts of a dead server, in turn: the n-th restart in a row waits
     # the n-th, every later one the last; a server healthy for a minute starts it over
     restart_backoff_s: list[float] = field(default_factory=lambda: [1, 2, 5, 10, 30])
-    extra_args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)  # every server's; then its own
+    env: dict[str, str] = field(default_factory=dict)  # every server's; then its own
     endpoints: list[str] = field(default_factory=list)  # engine "openai": servers run by others
 
 

@@ -84,10 +84,11 @@ def _label(i: int, s: ServerSpec | dict[str, Any]) -> str:
     return f"servers[{i}] ({name})" if name else f"servers[{i}]"
 
 
-def _str_map(v: Any, what: str) -> dict[str, str]:
-    if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(x, str) and x
-                                          for k, x in v.items()):
-        raise UsageError(f"{what} must be a table of names to non-empty strings, not {v!r}")
+def _str_map(v: Any, what: str, empty: bool = False) -> dict[str, str]:
+    if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(x, str)
+                                          and (empty or x) for k, x in v.items()):
+        kind = "strings" if empty else "non-empty strings"
+        raise UsageError(f"{what} must be a table of names to {kind}, not {v!r}")
     return dict(v)
 
 
@@ -122,7 +123,7 @@ def parse_servers(value: Any, where: str, base: Path | None = None) -> list[Serv
         extra = raw.get("extra_args", [])
         if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
             raise UsageError(f"{label}: extra_args must be a list of strings, not {extra!r}")
-        env = _str_map(raw.get("env", {}), f"{label}: env") if raw.get("env") else {}
+        env = _str_map(raw.get("env", {}), f"{label}: env", empty=True)
         out.append(ServerSpec(model=raw["model"], name=name, adapters=adapters,
                               gpus=[list(g) for g in gpus], tensor_parallel_size=tp,
                               extra_args=list(extra), env=env))

@@ -307,6 +307,9 @@ def test_ray_places_one_worker_per_group_with_its_size(tmp_path: Path) -> None:
     shorthand = AppConfig(engine="sim")
     assert [p.num_gpus for p in ray_fleet.placements(shorthand, "sim")] == [1, 1]
     assert len(ray_fleet.placements(shorthand, "vllm", cluster_gpus=3)) == 3
+    lone = load(tmp_path, '[[servers]]\nmodel = "m"\nadapters = { a = "/a" }\n')
+    assert ray_fleet.placements(lone, "vllm", cluster_gpus=2) == [
+        ray_fleet.Placement((0,), 0), ray_fleet.Placement((1,), 0)]
     narrowed = ray_fleet.group_config(fleet, "vllm", [5, 6], 0, "w", server=0)
     assert narrowed.servers == [ServerSpec(model="/models/base", name="base",
                                            adapters=fleet.servers[0].adapters, gpus=[[5, 6]])]

@@ -45,7 +45,6 @@ import msgspec
 
 from fabricctl.config import AppConfig
 from fabricctl.errors import BackendMissing, UsageError
-from fabricctl.fleetspec import with_groups
 from fabricctl.supervisor.fleet import Fleet
 
 log = logging.getLogger("fabricctl.ray")
@@ -158,26 +157,18 @@ def local_gpus(cfg: AppConfig, kind: str) -> list[int]:
     return [g.index for g in report.gpus]
 
 
-def fleet_groups(cfg: AppConfig, kind: str) -> list[Placement]:
-    """One placement per group of each `[[servers]]` entry (a lone entry naming none: one per
-    GPU `local_gpus` finds); [] without `[[servers]]` or for engine openai."""
-    if not cfg.servers or kind == "openai":
-        return []
-    servers = cfg.servers
-    if any(not s.gpus for s in servers):
-        servers = with_groups(servers, local_gpus(dataclasses.replace(cfg, servers=[]), kind))
-    return [Placement(tuple(g), i) for i, s in enumerate(servers) for g in s.gpus]
-
-
 def placements(cfg: AppConfig, kind: str, cluster_gpus: int | None = None) -> list[Placement]:
-    """The GPU workers to place: `fleet_groups`, else one per GPU (`local_gpus`, or the
-    `cluster_gpus` of a Ray cluster), else one per endpoint (openai)."""
-    groups = fleet_groups(cfg, kind)
-    if groups:
-        return groups
-    if cluster_gpus is not None and kind != "openai":
-        return [Placement((i,)) for i in range(cluster_gpus)]
-    return [Placement((g,)) for g in local_gpus(cfg, kind)]
+    """The GPU workers to place: one per group of each `[[servers]]` entry; else (the
+    single-model form, or a lone entry naming no groups) one per GPU: `local_gpus`, or the
+    `cluster_gpus` of a Ray cluster; for engine openai one per endpoint."""
+    if kind == "openai":
+        return [Placement((g,)) for g in local_gpus(cfg, kind)]
+    if cfg.servers and all(s.gpus for s in cfg.servers):
+        return [Placement(tuple(g), i) for i, s in enumerate(cfg.servers) for g in s.gpus]
+    server = 0 if cfg.servers else None
+    gpus = (range(cluster_gpus) if cluster_gpus is not None
+            else local_gpus(dataclasses.replace(cfg, servers=[]), kind))
+    return [Placement((g,), server) for g in gpus]
 
 
 def one_gpu_config(cfg: AppConfig, kind: str, gpu: int, index: int, name: str) -> AppConfig:
