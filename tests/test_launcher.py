@@ -407,3 +407,17 @@ async def test_a_killed_group_server_restarts_whole(tmp_path: Path) -> None:
         assert not alive(old)
     finally:
         await launcher.stop()
+
+
+def test_a_vllm_engine_serves_its_servers_names() -> None:
+    from fabricctl.supervisor.vllm_engine import VllmEngine
+
+    limits = {"max_batch_size": 8, "max_batch_tokens": 4096, "max_input_len": 1024}
+    s = LaunchSpec(model="/m", served_model_name="base", logs_dir="/tmp/x",
+                   adapters={"ad-a": "/a"})
+    engine = VllmEngine(ServerProcess(s, [0, 1], 0), **limits)
+    assert (engine.model, engine.limits().names, engine.name) == ("base", ("ad-a",),
+                                                                  "vllm:gpu0,1")
+    # adapters given the old way, in extra_args: learnt from the server's /v1/models
+    old = msgspec.structs.replace(s, adapters={}, extra_args=("--lora-modules", "x=/x"))
+    assert VllmEngine(ServerProcess(old, 0, 0), **limits)._learn

@@ -9,7 +9,7 @@ the launch spec's, `[vllm] ready_timeout_s`) for the server's /health readiness 
 restarting) and raise `EngineError` if it does not come back, so the broker puts the batch
 back. The URL, the served model name and the names it answers (the served name and its
 LoRA adapters', `names`) come from the `ServerProcess`'s launch spec, never from separate
-config.
+config; adapters passed in `extra_args` (`--lora-modules`) are learnt from /v1/models.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ class VllmEngine(OpenAIEngine):
                  max_input_len: int, ready_timeout_s: float | None = None,
                  **kwargs: Any) -> None:
         kwargs.setdefault("name", f"vllm:gpu{server.gpu}")
-        kwargs.setdefault("names", server.spec.names)
+        if "names" not in kwargs:  # adapters given in extra_args: learnt from /v1/models
+            lora_args = any(a.split("=")[0] == "--lora-modules" for a in server.spec.extra_args)
+            kwargs["names"] = None if lora_args else server.spec.names
         super().__init__(server.base_url, server.spec.served_model_name,
                          max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens,
                          max_input_len=max_input_len, **kwargs)
