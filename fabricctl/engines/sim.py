@@ -75,7 +75,8 @@ class SimEngine:
             raise UsageError("time_scale must be >= 0")
         self.name = name
         self.time_scale = time_scale
-        # `names`: the LoRA adapters it answers besides its model (their blocks are their own)
+        # `names`: the LoRA adapters it answers besides its model (their blocks are their
+        # own); a multi-model fleet rehearsed on simulated GPUs
         self._limits = EngineLimits(max_batch_size, max_batch_tokens, max_input_len, names)
         self.gpu = SimGPU(costs, max_input_len=max_input_len, max_model_len=max_model_len,
                           endpoints=endpoints)
