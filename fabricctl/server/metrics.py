@@ -176,11 +176,11 @@ class BrokerCollector(Collector):
         moves = CounterMetricFamily("fabricctl_consumer_name_switches", "a consumer's moves "
                                     "from one name to another (each a shape switch)",
                                     labels=["consumer", "model"])
-        for c in core.consumers.values():
-            model = c.contract.model
-            for name in c.contract.served():
-                serving.add_metric([c.name, model, name], float(name == c.serving))
-            moves.add_metric([c.name, model], c.name_switches)
+        for con in core.consumers.values():
+            model = con.contract.model
+            for name in con.contract.served():
+                serving.add_metric([con.name, model, name], float(name == con.serving))
+            moves.add_metric([con.name, model], con.name_switches)
         yield serving
         yield moves
 
