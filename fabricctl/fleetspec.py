@@ -15,6 +15,8 @@ Contract:
   its group, a server without `gpus` beside others, and in `extra_args` the flags fabricctl
   derives from the keys (`--tensor-parallel-size`, `--served-model-name`, `--lora-modules`,
   `--host`, `--port`).
+- `within(servers, gpus)` is the part of the fleet an agent given `--gpus` runs: the groups
+  inside them (a group only partly inside, or none inside, is a `UsageError`).
 - `with_groups(servers, present)` gives a server without `gpus` (the single-model
   shorthand's, or a lone entry's) one one-GPU group per GPU present; `replicas(servers)` is
   one `Replica` per group in order, its `index` counting across servers (its port is
@@ -193,6 +195,26 @@ def check_servers(servers: Sequence[ServerSpec], where: str = "config") -> None:
 def with_groups(servers: Sequence[ServerSpec], present: Sequence[int]) -> list[ServerSpec]:
     """`servers` with a server that names no groups given one one-GPU group per GPU present."""
     return [s if s.gpus else replace(s, gpus=[[g] for g in present]) for s in servers]
+
+
+def within(servers: Sequence[ServerSpec], gpus: Sequence[int]) -> list[ServerSpec]:
+    """The servers an agent given `gpus` runs: each server's groups that lie inside them (a
+    server naming none: one one-GPU group per GPU given); a group only partly inside is a
+    `UsageError`, and so is none inside at all."""
+    mine = set(gpus)
+    out: list[ServerSpec] = []
+    for s in with_groups(servers, list(gpus)):
+        groups = [g for g in s.gpus if set(g) <= mine]
+        split = [g for g in s.gpus if set(g) & mine and not set(g) <= mine]
+        if split:
+            raise UsageError(f"server {s.served_name!r}: its GPU group {split[0]} lies only "
+                             f"partly in --gpus {','.join(map(str, gpus))}: give all of it")
+        if groups:
+            out.append(replace(s, gpus=groups))
+    if not out:
+        raise UsageError(f"no [[servers]] GPU group lies in --gpus "
+                         f"{','.join(map(str, gpus))}")
+    return out
 
 
 def replicas(servers: Sequence[ServerSpec]) -> list[Replica]:

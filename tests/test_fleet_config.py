@@ -328,3 +328,19 @@ def test_the_readme_fleets_load(tmp_path: Path) -> None:
     tp = load(tmp_path, blocks["tp"])
     assert [(s.served_name, s.gpus, s.tp(s.gpus[0])) for s in tp.servers] == [
         ("qwen3-32b", [[0, 1]], 2), ("qwen3-embed", [[2]], 1)]
+
+
+def test_an_agent_runs_the_groups_of_the_fleet_inside_its_gpus() -> None:
+    from fabricctl.cli.consume import agent_config
+    from fabricctl.fleetspec import within
+
+    fleet = [ServerSpec("big", gpus=[[0, 1]]), ServerSpec("small", gpus=[[2], [3]]),
+             ServerSpec("any")]
+    mine = within(fleet, [2, 3])
+    assert [(s.model, s.gpus) for s in mine] == [("small", [[2], [3]]), ("any", [[2], [3]])]
+    with pytest.raises(UsageError, match=r"group \[0, 1\] lies only partly in --gpus 1,2"):
+        within(fleet, [1, 2])
+    with pytest.raises(UsageError, match="no \\[\\[servers\\]\\] GPU group lies in --gpus 5"):
+        within(fleet[:2], [5])
+    cfg = agent_config(AppConfig(servers=fleet[:2]), "sim", [0, 1], None)
+    assert [s.gpus for s in cfg.servers] == [[[0, 1]]] and cfg.sim.gpus == 2
