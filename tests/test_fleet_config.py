@@ -188,7 +188,7 @@ gpus = [[2]]
         argv = started[0]["argv"]
         tail = argv[argv.index("--tensor-parallel-size"):]
         assert tail[:8] == ["--tensor-parallel-size", "2", "--enable-lora", "--lora-modules",
-                            f"ad-a={a}", f"ad-b={b}", "--max-loras", "2"]
+                            f"ad-a={a}", f"ad-b={b}", "--max-loras", "3"]
         assert "--enable-lora" not in started[1]["argv"]
         assert "--tensor-parallel-size" not in started[1]["argv"]
         fleet.start(tmp_path / "no-broker.sock")

@@ -336,7 +336,7 @@ def test_a_group_server_command_has_tensor_parallel_and_adapters() -> None:
     assert argv[:9] == ["vllm", "serve", "/m", "--served-model-name", "base", "--host",
                         "127.0.0.1", "--port", "9000"]
     assert argv[9:] == ["--tensor-parallel-size", "2", "--enable-lora", "--lora-modules",
-                        "ad-a=/ad/a", "ad-b=/ad/b", "--max-loras", "2",
+                        "ad-a=/ad/a", "ad-b=/ad/b", "--max-loras", "3",
                         "--enable-prompt-tokens-details"]
     assert srv.environ()["CUDA_VISIBLE_DEVICES"] == "2,3" and srv.gpu == "2,3"
     assert s.names == ("base", "ad-a", "ad-b")

@@ -14,7 +14,7 @@ Contract:
   tensor-parallel size (`spec.tensor_parallel_size`, 0: the group's size) is above 1 (and
   `--pipeline-parallel-size` the group's size over N when that is above 1 and extra_args
   gives none), then for `spec.adapters` `--enable-lora --lora-modules NAME=DIR ...` and
-  `--max-loras` their count (unless extra_args gives it), + `spec.extra_args` +
+  `--max-loras` their count + `LORA_SPARE_SLOTS` (unless extra_args gives it), + `spec.extra_args` +
   `--enable-prompt-tokens-details`; `--disable-log-stats` is refused (it turns off the
   `vllm:*` metrics the engine scrapes). In env values and extra args the tokens `{gpu}`
   (the group, comma-joined), `{index}` and `{port}` are replaced per server (e.g.
@@ -63,6 +63,11 @@ log = logging.getLogger(__name__)
 
 FORBIDDEN_ARGS = ("--disable-log-stats",)
 ALWAYS_ARGS = ("--enable-prompt-tokens-details",)
+# vLLM 0.32's CPU LoRA ops index the stacked adapter slots with each token's slot, -1 for the
+# base model, which Python reads as the last slot: with every slot taken, a base request in a
+# step beside adapter requests is answered with the last slot's adapter (measured: up to 10
+# of 12 base lines). One slot no adapter takes holds zeros, so -1 reads the base model.
+LORA_SPARE_SLOTS = 1
 KEEP_ALIVE_VAR = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
 SERVER_KEEP_ALIVE_S = 60  # a kept connection outlives a consumer's slowest read of an answer
 _VLLM = VllmSettings()  # the defaults of the knobs [vllm] shares with the launcher
@@ -199,8 +204,8 @@ class ServerProcess:
         if s.adapters:
             argv += ["--enable-lora", "--lora-modules",
                      *(f"{name}={d}" for name, d in s.adapters.items())]
-            if not _flag_given(args, "--max-loras"):
-                argv += ["--max-loras", str(len(s.adapters))]
+            if not _flag_given(args, "--max-loras"):  # a slot spare: see LORA_SPARE_SLOTS
+                argv += ["--max-loras", str(len(s.adapters) + LORA_SPARE_SLOTS)]
         argv += args
         argv += [a for a in ALWAYS_ARGS if a not in argv]
         return argv
