@@ -1046,6 +1046,8 @@ def build_adapters(work: Path, model_dir: Path, count: int) -> dict[str, Path]:
     """`count` random LoRA adapters of the bench model (peft layout, rank 8), by name, made
     by the real-vLLM suite's maker (tests/real/make_lora.py) in `.venv-vllm`."""
     adapters = {LORA_NAMES[k]: work / "adapters" / LORA_NAMES[k] for k in range(count)}
+    if not adapters:
+        return adapters
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
     subprocess.run([str(VENV / "bin" / "python"), str(MAKE_LORA), str(model_dir),
                     *map(str, adapters.values())], check=True, env=env, timeout=300,
