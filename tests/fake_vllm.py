@@ -16,7 +16,9 @@ a Responses answer runs to `max_output_tokens` (default 16) as completions do.
 answers a route it did not register for the model's task, 404 `{"detail": "Not Found"}`
 (run-batch's 400 "Model does not support endpoint: <url>" is a row of its output file, not
 a server answer). `GET /metrics` gives zero counters with block size 16 and 64 KV blocks,
-`GET /v1/models` one model "m" (max_model_len 512), `GET /health` 200. It is the simulated
+`GET /v1/models` one model "m" (max_model_len 512) and its LoRA `adapters` (names, each with
+`"parent": "m"`), `GET /health` 200; a POST whose `model` is neither gets vLLM's 404 "The
+model `X` does not exist.". It is the simulated
 engine seen through the HTTP path, so a test on it fails where the wire is wrong, as one on
 the real vLLM would. `delay_s` makes each completion take that long;
 with `max_running`, at most that many run at once and the rest wait, as --max-num-seqs does.
@@ -142,7 +144,8 @@ class FakeVllm:
     """Why: the HTTP path's semantics without a 2.5 GB vLLM, for the fast suite."""
 
     def __init__(self, delay_s: float = 0.0, max_running: int = 0,
-                 unsupported: Iterable[str] = ()) -> None:
+                 unsupported: Iterable[str] = (), adapters: Iterable[str] = ()) -> None:
+        self.adapters = list(adapters)  # LoRA adapter names it answers besides "m"
         self.delay_s = delay_s  # each completion takes this long: an engine doing work
         # the endpoints it serves: every one the simulator answers, less `unsupported`
         self.served = SIMULATED - {endpoint_of(p) for p in unsupported}
@@ -167,8 +170,9 @@ class FakeVllm:
                     self._send(200, b"", "text/plain")
                 elif self.path == "/v1/models":
                     self._send(200, json.dumps({"object": "list", "data": [
-                        {"id": "m", "object": "model", "max_model_len": 512}]}).encode(),
-                        "application/json")
+                        {"id": "m", "object": "model", "max_model_len": 512},
+                        *({"id": a, "object": "model", "parent": "m", "max_model_len": 512}
+                          for a in fake.adapters)]}).encode(), "application/json")
                 else:
                     self._send(404, b'{"detail":"Not Found"}', "application/json")
 
@@ -179,6 +183,13 @@ class FakeVllm:
                     fake.requests.append((self.path, body))
                 if endpoint_of(self.path) not in fake.served:
                     self._send(404, b'{"detail":"Not Found"}', "application/json")
+                    return
+                model = body.get("model")
+                if model != "m" and model not in fake.adapters:
+                    self._send(404, json.dumps({"error": {
+                        "message": f"The model `{model}` does not exist.",
+                        "type": "NotFoundError", "param": "model", "code": 404}}).encode(),
+                        "application/json")
                     return
                 if fake.delay_s:
                     if fake._running is not None:
@@ -206,10 +217,11 @@ class FakeVllm:
         self._server.server_close()
 
 
-async def run_through(tmp_path: Path, url: str, lines: list[dict[str, Any]]
-                      ) -> list[dict[str, Any]]:
+async def run_through(tmp_path: Path, url: str, lines: list[dict[str, Any]],
+                      errors: list[str] | None = None) -> list[dict[str, Any]]:
     """`fabricctl run` (in-process, engine "openai") of `lines` against the server at `url`,
-    batches of 8: its output records, in output order (no run error allowed)."""
+    batches of 8: its output records, in output order (no run error allowed unless
+    `errors` is given: the run's error lines go there)."""
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     cfg = AppConfig(data_dir=tmp_path / "data", engine="openai", model="m",
@@ -217,7 +229,10 @@ async def run_through(tmp_path: Path, url: str, lines: list[dict[str, Any]]
                     consumer=ConsumerSettings(max_batch_size=8, max_batch_tokens=8 * 512,
                                               max_input_len=500))
     out = io.BytesIO()
-    errors: list[str] = []
-    await run_job(cfg, path, out, errors=errors.append, keep_data=True)
-    assert errors == []
+    said: list[str] = []
+    await run_job(cfg, path, out, errors=said.append, keep_data=True)
+    if errors is None:
+        assert said == []
+    else:
+        errors.extend(said)
     return [json.loads(line) for line in out.getvalue().splitlines()]

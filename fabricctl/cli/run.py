@@ -267,7 +267,8 @@ async def run_job(
                             j.id, cfg.data_dir, j.total, j.outcomes)
             follower = job.follower(results.write)
             collector = asyncio.ensure_future(follower.run())
-            unserved = Unserved({c.model for c in daemon.fleet.consumers},
+            unserved = Unserved({n for c in daemon.fleet.consumers
+                                 for n in c.contract().served()},
                                 lambda rec: out.write(result_line(rec)))
             feed = await _submit(job, input_path, shapes, errors, results.order, unserved,
                                  results.refused)

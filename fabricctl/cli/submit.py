@@ -339,7 +339,7 @@ class ServedCheck:
             consumers = await self.client.query("consumers")
         except Exception:  # a warning is best effort; a lost broker is the feed's to report
             return None
-        return {str(c.get("model", "")) for c in consumers}
+        return {str(n) for c in consumers for n in (c.get("model", ""), *c.get("names", ()))}
 
     async def warnings(self) -> list[str]:
         """`no consumer serves model 'M' (served: ...): its N items wait until one joins`,

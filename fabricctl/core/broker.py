@@ -52,6 +52,7 @@ from fabricctl.core.ledger import Ledger
 from fabricctl.core.lifecycle import Lifecycle
 from fabricctl.core.maintenance import Maintenance, model_shapes
 from fabricctl.core.model_state import ModelState
+from fabricctl.core.serving import serves
 from fabricctl.core.settlement import Settlement
 from fabricctl.core.shape import Shape
 from fabricctl.core.snapshot import ShapeView, Snapshot, finished_view, take_snapshot
@@ -107,15 +108,18 @@ class Broker:
 
     def _budget(self, model: str) -> int:
         budgets = [c.contract.max_batch_tokens for c in self.consumers.values()
-                   if c.contract.model == model]
+                   if serves(c, model)]
         return max(budgets) if budgets else self.cfg.default_batch_tokens
 
     def register(self, name: str, contract: Contract, now: float) -> None:
         if name in self.consumers:
             self.disconnect(name, now, "re-registered")
         self.consumers[name] = ConsumerState(name, contract, now)
-        self.model(contract.model).budget = self._budget(contract.model)
-        self.events.emit(now, EventKind.CONSUMER_JOINED, model=contract.model, reason=name)
+        for served in contract.served():
+            self.model(served).budget = self._budget(served)
+        also = f" (also {', '.join(contract.names)})" if contract.names else ""
+        self.events.emit(now, EventKind.CONSUMER_JOINED, model=contract.model,
+                         reason=name + also)
 
     def disconnect(self, name: str, now: float, why: str = "disconnected",
                    keep: frozenset[int] | set[int] = frozenset()) -> int:
@@ -128,9 +132,10 @@ class Broker:
         back = c.batches - self.settlement.settling - keep
         for batch_id in sorted(back, reverse=True):  # newest first: oldest ends in front
             items += len(self.fail(batch_id, now).entries)
-        ms = self.models.get(c.contract.model)
-        if ms is not None:
-            ms.budget = self._budget(c.contract.model)
+        for served in c.contract.served():
+            ms = self.models.get(served)
+            if ms is not None:
+                ms.budget = self._budget(served)
         self.events.emit(now, EventKind.CONSUMER_LOST, model=c.contract.model,
                          reason=f"{name}: {why}", value=items)
         return items

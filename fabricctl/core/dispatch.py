@@ -21,9 +21,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fabricctl.core.config import CoreConfig
+from fabricctl.core.events import EventKind
 from fabricctl.core.lifecycle import Lifecycle
 from fabricctl.core.model_state import ModelState, Slot
 from fabricctl.core.packing import pack_counted
+from fabricctl.core.serving import Live, rank, serves
 from fabricctl.core.settlement import Settlement
 from fabricctl.core.shape import Shape, ShapeState
 from fabricctl.core.tracking import ConsumerState, guard_signature
@@ -70,15 +72,16 @@ class Dispatcher:
                         self.lifecycle.activate(ms, best, now, "most tokens", slot)
                 cur = h.current
             return cur
+        live = Live(self.consumers, ms.name)
         if (slot is not None and cur is not None and slot.batches >= 1
                 and (ms.waiting.levels or slot.warming is not None) and cur.items
-                and self.lifecycle.preempt(ms, slot, now, self.consumers)):
+                and self.lifecycle.preempt(ms, slot, now, live)):
             cur = slot.current
         if cur is None or cur.state is not ShapeState.ACTIVE or (
             cur.tokens < self.cfg.prewarm_multiple * ms.budget
         ):
             hungry = cur is None or cur.items == 0
-            self.signals.extend(self.lifecycle.advance(ms, now, hungry, slot, self.consumers))
+            self.signals.extend(self.lifecycle.advance(ms, now, hungry, slot, live))
             cur = h.current
         return cur
 
@@ -95,14 +98,90 @@ class Dispatcher:
             return [c for c, s in ms.slots.items() if s.warming is not None
                     and s.warming.signature == signal.signature
                     and s.warming.epoch == signal.epoch]
-        return [c.name for c in self.consumers.values() if c.contract.model == signal.model]
+        return [c.name for c in self.consumers.values() if serves(c, signal.model)]
 
     def pull(self, consumer: str, now: float) -> Batch | None:
-        """The next batch for a consumer, or None when its model has nothing dispatchable."""
+        """The next batch for a consumer, or None when none of its names has anything
+        dispatchable."""
         c = self.consumers[consumer]
-        ms = self.models.get(c.contract.model)
-        if ms is None:
+        if not c.contract.names:
+            ms = self.models.get(c.contract.model)
+            return None if ms is None else self._pull(c, ms, now)
+        ms = self.models.get(c.serving)
+        if ms is not None and self.cfg.shape_scope == "consumer" and self.cfg.lifecycle:
+            moved = self._leave_for(c, ms, now)
+            if moved is not None:
+                ms = moved
+        batch = None if ms is None else self._pull(c, ms, now)
+        if batch is not None:
+            return batch
+        for other in self._wanting(c):  # its name ran dry: the one that wants it most
+            self._move(c, other, now, "ran dry")
+            batch = self._pull(c, other, now)
+            if batch is not None:
+                return batch
+        return None
+
+    def _wanting(self, c: ConsumerState) -> list[ModelState]:
+        """The consumer's other names with something for it, most wanting first."""
+        ranked = []
+        for name in c.contract.served():
+            ms = self.models.get(name)
+            if ms is None or name == c.serving:
+                continue
+            key = rank(ms, ms.slots.get(c.name), Live(self.consumers, name))
+            if key is not None:
+                ranked.append((key, name, ms))
+        ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
+        return [ms for _, _, ms in ranked]
+
+    def _leave_for(self, c: ConsumerState, ms: ModelState, now: float) -> ModelState | None:
+        """At a batch boundary, another of the consumer's names whose waiting shape the
+        shape choice puts before its current one (a higher priority, a due deadline, a wait
+        past the bound, a fresh job; as `Lifecycle.preempt` does within a name): it moves
+        there and takes that shape. None: it stays."""
+        slot = ms.slots.get(c.name)
+        cur = None if slot is None else slot.current
+        if slot is None or cur is None or not cur.items or slot.batches < 1:
             return None
+        amortised = slot.batches >= self.cfg.amortise_batches
+        chooser = self.lifecycle.chooser
+        for name in c.contract.served():
+            other = self.models.get(name)
+            if other is None or other is ms or not other.waiting.levels or (
+                    not amortised and not chooser.fresh_waiting(other.waiting)):
+                continue
+            live = Live(self.consumers, name)
+            ctx = self.lifecycle.context(other, now, False, live)
+            pick = chooser.choose(other.waiting, ctx, against=cur, amortised=amortised)
+            if pick is None:
+                continue
+            if self.lifecycle.sweeper.loose(other, pick.shape):
+                pick = self.lifecycle.sweeper.sweep(other, pick, now)
+            self.lifecycle.switch_event(ms, slot, cur, pick.shape, now, f"{name}: {pick.why}")
+            self.lifecycle.hold(slot, None, now)
+            self._move(c, other, now)
+            self.lifecycle.take(other, pick, now, self.slot(other, c.name))
+            return other
+        return None
+
+    def _move(self, c: ConsumerState, to: ModelState, now: float, why: str = "") -> None:
+        """The consumer pulls from `to` from now on: a shape switch on its server (counted
+        on the consumer; the shape it takes there is counted by `to` as any take is; `why`:
+        logged as a switch event, when the move is not a preemption already logged)."""
+        if c.serving == to.name:
+            return
+        if why:
+            self.lifecycle.log.emit(now, EventKind.SWITCH, model=c.serving, value=0,
+                                    reason=f"{c.name} moved to {to.name!r}: {why}")
+        c.serving = to.name
+        c.name_switches += 1
+        slot = to.slots.get(c.name)
+        if slot is not None:
+            slot.batches = 0  # its run there amortises afresh
+
+    def _pull(self, c: ConsumerState, ms: ModelState, now: float) -> Batch | None:
+        consumer = c.name
         shape = self.current_shape(ms, now, consumer)
         if shape is None:
             return None

@@ -213,7 +213,7 @@ class Lifecycle:
         warming = slot.warming
         if warming is not None and self.chooser.cuts_in(warming, cur):
             # the next shape it pre-warmed is a new job's: it need not wait for this one
-            self._switch_event(ms, slot, cur, warming, now, "new job")
+            self.switch_event(ms, slot, cur, warming, now, "new job")
             self.hold(slot, None, now)
             self.activate(ms, warming, now, "new job", slot)
             return True
@@ -232,12 +232,12 @@ class Lifecycle:
                 return False
         if pick is None:
             return False
-        self._switch_event(ms, slot, cur, pick.shape, now, pick.why)
+        self.switch_event(ms, slot, cur, pick.shape, now, pick.why)
         self.hold(slot, None, now)
         self.take(ms, pick, now, slot)
         return True
 
-    def _switch_event(self, ms: ModelState, slot: Slot, cur: Shape, to: Shape, now: float,
+    def switch_event(self, ms: ModelState, slot: Slot, cur: Shape, to: Shape, now: float,
                       why: str) -> None:
         ms.preemptions += 1
         self.log.emit(now, EventKind.SWITCH, model=ms.name, signature=cur.signature,

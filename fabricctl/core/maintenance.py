@@ -12,14 +12,16 @@ config, models, consumers, lifecycle, event log and signal outbox.
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Mapping
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.events import EventKind, EventLog
 from fabricctl.core.lanes import Lane
 from fabricctl.core.lifecycle import Lifecycle
 from fabricctl.core.model_state import ModelState
+from fabricctl.core.serving import Live
 from fabricctl.core.shape import Shape, ShapeState
+from fabricctl.core.tracking import ConsumerState
 from fabricctl.core.types import Prewarm
 
 
@@ -36,7 +38,8 @@ class Maintenance:
     """Why: upkeep runs on the clock, not on traffic; dispatch and settlement live apart."""
 
     def __init__(self, cfg: CoreConfig, models: dict[str, ModelState],
-                 consumers: Container[str], lifecycle: Lifecycle, events: EventLog,
+                 consumers: Mapping[str, ConsumerState], lifecycle: Lifecycle,
+                 events: EventLog,
                  signals: list[Prewarm]) -> None:
         self.cfg = cfg
         self.models = models  # the broker's, read and tidied, never rebound
@@ -72,11 +75,12 @@ class Maintenance:
                     if q and now - q[0].t > limit:
                         starving += 1
             if self.cfg.lifecycle and self.cfg.shape_scope == "consumer":
+                live = Live(self.consumers, ms.name)
                 for name, slot in list(ms.slots.items()):
-                    if name in self.consumers:
+                    if name in live:
                         cur = slot.current
                         self.signals.extend(self.lifecycle.advance(
-                            ms, now, cur is None or cur.items == 0, slot, self.consumers))
+                            ms, now, cur is None or cur.items == 0, slot, live))
             elif self.cfg.lifecycle:
                 cur = ms.current
                 self.signals.extend(self.lifecycle.advance(

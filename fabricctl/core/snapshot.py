@@ -110,6 +110,9 @@ class ConsumerView(msgspec.Struct):
     # of batches_inflight, those whose completion the broker already holds (settling): the
     # rest are what go back to their lanes if this consumer is lost now
     batches_settling: int = 0
+    names: list[str] = []  # the other names its server answers (LoRA adapters)
+    serving: str = ""  # the name it pulls from now (`model` unless it serves several)
+    name_switches: int = 0  # moves between its names, each a shape switch on its server
 
 
 class Counters(msgspec.Struct):
@@ -218,14 +221,15 @@ def take_snapshot(
             warm.signature if warm else None, ms.epoch, ms.switches, ms.midstream_switches))
     consumer_views = []
     for c in consumers:
-        model = by_name.get(c.contract.model)
+        model = by_name.get(c.serving)
         holder = None if model is None else model.slots.get(c.name, model)  # "model" scope
         cur, nxt = (None, None) if holder is None else (holder.current, holder.warming)
         consumer_views.append(ConsumerView(
             c.name, c.contract.model, c.contract.max_batch_size, c.contract.max_batch_tokens,
             c.contract.max_input_len, len(c.batches), c.batches_done, c.items_done,
             c.tokens_done, c.joined, cur.signature if cur else None,
-            nxt.signature if nxt else None, sum(b in settling for b in c.batches)))
+            nxt.signature if nxt else None, sum(b in settling for b in c.batches),
+            list(c.contract.names), c.serving, c.name_switches))
     lc = lane_counters
     hist = batches_hist
     counters = Counters(

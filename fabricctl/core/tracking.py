@@ -48,6 +48,12 @@ class ConsumerState:
     batches_done: int = 0
     items_done: int = 0
     tokens_done: int = 0
+    serving: str = ""  # the name it pulls from now (of several: `core.serving`)
+    name_switches: int = 0  # moves from one of its names to another (each a shape switch)
+
+    def __post_init__(self) -> None:
+        if not self.serving:
+            self.serving = self.contract.model
 
 
 @dataclass(slots=True)

@@ -1,11 +1,12 @@
 """Models with queued items and no consumer: the items that would wait without a word.
 
 Contract: `unserved(shapes, consumers)` takes a snapshot's shape views (`model`, queued
-`items` and `tokens`) and its consumer views (`model`) and returns one `Waiting(model,
-items, tokens)` per model that has queued items in its live shapes and no registered
-consumer, most items first (ties by model name). `waiting_line(w)` is the one line every
-observer writes for it (`fabricctl status`, `fabricctl top`): "N items wait for model 'X':
-no consumer". Pure: it reads what it is handed and nothing else.
+`items` and `tokens`) and its consumer views (`model`, and `names`: the other names each
+serves) and returns one `Waiting(model, items, tokens)` per model that has queued items in
+its live shapes and no registered consumer, most items first (ties by model name).
+`waiting_line(w)` is the one line every observer writes for it (`fabricctl status`,
+`fabricctl top`): "N items wait for model 'X': no consumer". Pure: it reads what it is
+handed and nothing else.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class _Shape(Protocol):
 
 class _Consumer(Protocol):
     model: str
+    names: list[str]
 
 
 class Waiting(msgspec.Struct, frozen=True):
@@ -36,7 +38,7 @@ class Waiting(msgspec.Struct, frozen=True):
 
 def unserved(shapes: Iterable[_Shape], consumers: Iterable[_Consumer]) -> list[Waiting]:
     """The models with queued items and no consumer, most items first."""
-    served = {c.model for c in consumers}
+    served = {n for c in consumers for n in (c.model, *c.names)}
     items: dict[str, int] = {}
     tokens: dict[str, int] = {}
     for s in shapes:

@@ -1,0 +1,165 @@
+"""Routing by name (core only, an explicit clock): a consumer whose server answers several
+names (its base model and LoRA adapters) gets the items of each, one name at a time; a name
+it does not serve never reaches it; moving between names is a shape switch that the shape
+choice decides as it decides switches within a name."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import Counter
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fabricctl.core.broker import Broker
+from fabricctl.core.config import CoreConfig
+from fabricctl.core.events import EventKind
+from fabricctl.core.serving import serves
+from fabricctl.core.terms import JobTerms
+from fabricctl.core.types import Contract, Item
+
+_ids = itertools.count(1)
+BUDGET = 1000  # a batch: 10 items of 100 tokens
+LORA = Contract("base", 10, BUDGET, 4096, ("ad-a", "ad-b"))
+
+
+def items(model: str, sig: int, n: int, job: int = 0) -> list[Item]:
+    return [Item(f"i{next(_ids)}", model, sig, 100, 16, job=job) for _ in range(n)]
+
+
+def broker(**cfg: object) -> Broker:
+    return Broker(dataclasses.replace(CoreConfig(), **cfg))  # type: ignore[arg-type]
+
+
+def drain(b: Broker, t0: float, t1: float, dt: float = 0.01) -> list[tuple[str, str, int]]:
+    """Every consumer pulls and completes at once each `dt`: (consumer, model, signature)
+    of each batch, in order."""
+    out: list[tuple[str, str, int]] = []
+    t = t0
+    while t < t1:
+        for c in list(b.consumers):
+            batch = b.pull(c, t)
+            if batch is not None:
+                b.complete(batch.id, t)
+                out.append((c, batch.model, batch.signature))
+        t = round(t + dt, 6)
+    return out
+
+
+def test_contract_served_lists_the_model_first() -> None:
+    assert LORA.served() == ("base", "ad-a", "ad-b")
+    assert Contract("m", 1, 1, 1).served() == ("m",)
+
+
+def test_one_consumer_serves_its_model_and_its_adapters() -> None:
+    b = broker()
+    b.register("c0", LORA, now=0.0)
+    for model, sig in (("base", 1), ("ad-a", 1), ("ad-b", 2)):
+        b.ingest(items(model, sig, 30), 0.0)
+    order = drain(b, 0.0, 1.0)
+    assert Counter(m for _, m, _ in order) == {"base": 4, "ad-a": 4, "ad-b": 4}  # 9 a batch
+    runs = [m for m, _ in itertools.groupby(m for _, m, _ in order)]
+    assert sorted(runs) == ["ad-a", "ad-b", "base"]  # one run per name: no ping-pong
+    assert b.consumers["c0"].name_switches == 2
+
+
+def test_a_name_the_consumer_does_not_serve_never_reaches_it() -> None:
+    b = broker()
+    b.register("plain", Contract("base", 10, BUDGET, 4096), now=0.0)
+    b.ingest(items("ad-a", 1, 20), 0.0)
+    b.ingest(items("base", 1, 20), 0.0)
+    order = drain(b, 0.0, 0.5)
+    assert {m for _, m, _ in order} == {"base"}
+    b.register("lora", LORA, now=0.5)
+    order = drain(b, 0.5, 1.0)
+    assert {(c, m) for c, m, _ in order} == {("lora", "ad-a")}
+
+
+def test_the_same_prefix_under_two_names_is_two_shapes() -> None:
+    b = broker()
+    b.register("c0", LORA, now=0.0)
+    b.ingest(items("base", 7, 10), 0.0)
+    b.ingest(items("ad-a", 7, 10), 0.0)
+    keys = {(s.model, s.signature) for s in b.shapes()}
+    assert keys == {("base", 7), ("ad-a", 7)}
+
+
+def test_a_new_job_on_an_adapter_cuts_in_at_the_next_batch_boundary() -> None:
+    """A big base job runs; a small adapter job arrives: the consumer moves to the adapter
+    at its next batch boundary (the new-jobs rule across names), then comes back."""
+    b = broker()
+    b.register("c0", LORA, now=0.0)
+    for sig in range(1, 4):
+        b.ingest(items("base", sig, 100, job=1), 0.0)
+    b.set_job_terms(1, JobTerms(sealed=True))
+    before = drain(b, 0.0, 0.05)
+    assert {m for _, m, _ in before} == {"base"}
+    b.ingest(items("ad-a", 9, 20, job=2), 0.05)
+    b.set_job_terms(2, JobTerms(sealed=True))
+    after = drain(b, 0.05, 1.0)
+    assert [m for _, m, _ in after[:3]] == ["ad-a"] * 3  # at once, its 3 batches in a row
+    assert {m for _, m, _ in after[3:]} == {"base"}
+    moves = [e.reason for e in b.events.since(0, limit=1000) if e.kind is EventKind.SWITCH]
+    assert any("ad-a: new job" in r for r in moves), moves
+
+
+def test_an_adapter_waiting_past_the_bound_takes_the_consumer() -> None:
+    """A stream keeps the base model's shape full; an adapter's items, queued later by the
+    same job, wait at most the bound once the base run has amortised its switch."""
+    b = broker(wait_bound_s=0.2)
+    b.register("c0", LORA, now=0.0)
+    b.ingest(items("base", 1, 50, job=1), 0.0)
+    b.ingest(items("ad-b", 2, 10, job=1), 0.01)
+    t, served_at = 0.0, None
+    while t < 2.0 and served_at is None:
+        batch = b.pull("c0", t)
+        if batch is not None:
+            b.complete(batch.id, t)
+            if batch.model == "ad-b":
+                served_at = t
+        b.ingest(items("base", 1, 10, job=1), t)  # the stream: a batch's worth every tick
+        t = round(t + 0.01, 6)
+    assert served_at is not None and served_at <= 0.01 + 0.2 + 0.1
+
+
+def test_the_budget_and_prewarm_targets_count_every_name_served() -> None:
+    b = broker()
+    b.register("c0", msgspec.structs.replace(LORA, max_batch_tokens=3000), now=0.0)
+    assert b.model("ad-b").budget == 3000
+    assert serves(b.consumers["c0"], "ad-a") and not serves(b.consumers["c0"], "other")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["base", "ad-a", "ad-b", "other"]),
+                          st.integers(1, 4), st.integers(1, 25)), min_size=1, max_size=12),
+       st.booleans())
+def test_every_item_goes_once_to_a_consumer_that_serves_its_name(
+        loads: list[tuple[str, int, int]], plain_too: bool) -> None:
+    b = broker()
+    b.register("lora", LORA, now=0.0)
+    if plain_too:
+        b.register("plain", Contract("base", 10, BUDGET, 4096), now=0.0)
+    sent: Counter[str] = Counter()
+    t = 0.0
+    for model, sig, n in loads:
+        its = items(model, sig, n)
+        sent[model] += n
+        b.ingest(its, t)
+        t = round(t + 0.01, 6)
+    got: Counter[str] = Counter()
+    while t < 20.0:
+        progressed = False
+        for c in list(b.consumers):
+            batch = b.pull(c, t)
+            if batch is not None:
+                assert serves(b.consumers[c], batch.model)
+                assert {e.item.model for e in batch.entries if e.item} <= {batch.model}
+                got[batch.model] += len(batch.entries)
+                b.complete(batch.id, t)
+                progressed = True
+        t = round(t + 0.01, 6)
+        if not progressed and all(got[m] == sent[m] for m in sent if m != "other"):
+            break
+    assert {m: n for m, n in got.items()} == {m: n for m, n in sent.items() if m != "other"}
