@@ -53,9 +53,9 @@ def lora_flags(adapters: dict[str, Path]) -> tuple[str, ...]:
     `--max-loras` is one more than the adapters: the CPU build's LoRA ops (vllm/lora/ops/
     torch_ops/lora_ops.py, vLLM 0.32) index the stacked slots with each token's slot, -1 for
     the base model, and Python's -1 is the last slot, so in a step mixing base and adapter
-    requests the base ones get the last slot's adapter (measured: with `--max-loras 2`, 9 of
-    12 base lines answered as "ad-b" does, in run-batch and in a server); a slot no adapter
-    takes holds zeros."""
+    requests the base ones get the last slot's adapter (measured: with `--max-loras 2`, up to
+    10 of 12 base lines answered exactly as "ad-b" does, in run-batch and in a server); a
+    slot no adapter takes holds zeros."""
     return ("--enable-lora", "--max-lora-rank", "8", "--max-loras", str(len(adapters) + 1),
             "--lora-modules", *(f"{name}={path}" for name, path in adapters.items()))
 

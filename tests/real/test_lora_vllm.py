@@ -15,9 +15,10 @@ adapter's texts differ from the base model's for the same messages.
 Run-batch and the server keep a LoRA slot free (`conftest.lora_flags`: `--max-loras 3` for
 two adapters), else the CPU build answers a base request that shares a step with an
 adapter's as the last slot's adapter would (its -1 slot index taken as Python's last): with
-`--max-loras 2`, 9 of 12 base lines came back with "ad-b"'s text, through fabricctl and
-through run-batch alike (what shared/reference/batch-workloads.md section 1 measured as "a
-batch mixing adapters changes some base texts").
+`--max-loras 2`, one run's base lines came back with exactly "ad-b"'s text on 10 of 12 in
+run-batch and 7 of 12 through fabricctl (3 more differing from the base's too): what
+shared/reference/batch-workloads.md section 1 measured as "a batch mixing base and adapter
+requests can change ... text for some base lines".
 """
 
 from __future__ import annotations
