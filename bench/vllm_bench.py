@@ -89,6 +89,13 @@ every phase completed every item.
     .venv/bin/python bench/vllm_bench.py --items 96 --keep  # quicker; keep the temp dir
     .venv/bin/python bench/vllm_bench.py --servers 2        # also the two-server phases
     .venv/bin/python bench/vllm_bench.py --unpinned         # b and g, nothing pinned
+    .venv/bin/python bench/vllm_bench.py --lora 2           # 4 prefixes x 3 names
+
+With `--lora N` the server loads N random LoRA adapters (`--enable-lora`, a slot spare) and
+each of `--shapes / (N + 1)` prefixes is asked under the base model and every adapter: the
+same tokens make N + 1 shapes, since vLLM keys an adapter's cached blocks by its name, so
+the achievable hit rate counts each (name, prefix) cold once. No prediction is made (the
+replay's simulated workload knows one name per model).
 """
 
 from __future__ import annotations
@@ -142,7 +149,9 @@ from fabricctl.supervisor.launcher import Launcher, vllm_cpu_spec
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("FABRICCTL_VLLM_VENV", ROOT / ".venv-vllm"))
 MAKE_MODEL = Path(__file__).with_name("make_bench_model.py")
+MAKE_LORA = ROOT / "tests" / "real" / "make_lora.py"
 SERVED = "bench"
+LORA_NAMES = ("ad-a", "ad-b", "ad-c", "ad-d")
 BLOCK = 32  # the CPU backend needs a multiple of 32
 IN_FLIGHT = 16  # = --max-num-seqs, and the bench client's concurrency
 PREFIX_TOKENS = 300  # 9 full blocks + 12 tokens: the item's code lands in block 10
@@ -227,6 +236,7 @@ class Shape:
     index: int
     components: list[str]
     ids: list[int]
+    model: str = SERVED  # the name its items ask for (the base model, or a LoRA adapter)
 
     @property
     def prefix(self) -> str:
@@ -297,19 +307,23 @@ def one_token_filler(tok: Tok) -> str:
 
 
 def make_workload(tok: Tok, paras: list[str], shapes: int, items: int,
-                  seed: int) -> Workload:
-    """Shapes of exactly PREFIX_TOKENS tokens, Zipf-popular items with unique suffixes."""
+                  seed: int, names: tuple[str, ...] = (SERVED,)) -> Workload:
+    """Shapes of exactly PREFIX_TOKENS tokens, Zipf-popular items with unique suffixes. With
+    several `names` (the base model and LoRA adapters) each prefix is asked under every
+    name: shape k is prefix k // len(names) under names[k % len(names)], so the same
+    tokens make len(names) shapes, as vLLM caches them."""
     rng = random.Random(seed)
     words = " ".join(paras).split()
     filler = one_token_filler(tok)
     out_shapes = []
     stride = len(words) // (shapes + 1)
     for k in range(shapes):
-        system = f"Shape {k}: you answer questions about the passage that follows."
+        p = k // len(names)
+        system = f"Shape {p}: you answer questions about the passage that follows."
         sys_ids = tok.ids(system)
-        passage, pids = WordStream(tok, words, k * stride).take(
+        passage, pids = WordStream(tok, words, p * stride).take(
             PREFIX_TOKENS - len(sys_ids), filler)
-        s = Shape(k, [system, passage], sys_ids + pids)
+        s = Shape(k, [system, passage], sys_ids + pids, names[k % len(names)])
         if tok.ids(s.prefix) != s.ids or len(s.ids) != PREFIX_TOKENS:
             raise RuntimeError(f"shape {k}: components do not join at token boundaries")
         out_shapes.append(s)
@@ -586,7 +600,8 @@ async def client_phase(clients: list[httpx.AsyncClient], name: str, wl: Workload
     async def worker(client: httpx.AsyncClient, todo: Any) -> None:
         nonlocal cached
         for item in todo:  # shared iterator: bounded by the items
-            body = {"model": SERVED, "prompt": shapes[item.shape].prefix + item.prompt,
+            shape = shapes[item.shape]
+            body = {"model": shape.model, "prompt": shape.prefix + item.prompt,
                     "max_tokens": MAX_TOKENS, **PARAMS}
             resp = await client.post("/v1/completions", json=body)
             if resp.status_code != 200:
@@ -620,7 +635,7 @@ async def client_phase(clients: list[httpx.AsyncClient], name: str, wl: Workload
 
 
 def native_lines(wl: Workload) -> str:
-    return "".join(json.dumps({"id": i.id, "model": SERVED,
+    return "".join(json.dumps({"id": i.id, "model": wl.shapes[i.shape].model,
                                "prefix": wl.shapes[i.shape].components, "prompt": i.prompt,
                                "max_tokens": MAX_TOKENS, "params": PARAMS}) + "\n"
                    for i in wl.items)
@@ -764,8 +779,10 @@ async def whole_phase(clients: list[httpx.AsyncClient], wl: Workload, base_url: 
     return phase
 
 
-async def warm_up(client: httpx.AsyncClient, tok: Tok, paras: list[str]) -> None:
-    """Unmeasured: IN_FLIGHT prompts of the workload's length, none of its prefixes."""
+async def warm_up(client: httpx.AsyncClient, tok: Tok, paras: list[str],
+                  names: tuple[str, ...] = (SERVED,)) -> None:
+    """Unmeasured: IN_FLIGHT prompts of the workload's length, none of its prefixes, under
+    each of `names` in turn (an adapter's first request loads it)."""
     async def one(k: int) -> None:
         text = f"Warm-up {k}:"
         pos = 0
@@ -773,7 +790,7 @@ async def warm_up(client: httpx.AsyncClient, tok: Tok, paras: list[str]) -> None
             text += " " + paras[-1 - k * 37 - pos]
             pos += 1
         resp = await client.post("/v1/completions", json={
-            "model": SERVED, "prompt": text, "max_tokens": MAX_TOKENS,
+            "model": names[k % len(names)], "prompt": text, "max_tokens": MAX_TOKENS,
             "truncate_prompt_tokens": PREFIX_TOKENS, **PARAMS})
         resp.raise_for_status()
 
@@ -1025,18 +1042,42 @@ def build_model(work: Path, paras: list[str]) -> tuple[Path, dict[str, Any]]:
     return out, json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def build_adapters(work: Path, model_dir: Path, count: int) -> dict[str, Path]:
+    """`count` random LoRA adapters of the bench model (peft layout, rank 8), by name, made
+    by the real-vLLM suite's maker (tests/real/make_lora.py) in `.venv-vllm`."""
+    adapters = {LORA_NAMES[k]: work / "adapters" / LORA_NAMES[k] for k in range(count)}
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+    subprocess.run([str(VENV / "bin" / "python"), str(MAKE_LORA), str(model_dir),
+                    *map(str, adapters.values())], check=True, env=env, timeout=300,
+                   capture_output=True, text=True)
+    return adapters
+
+
+def lora_args(adapters: dict[str, Path]) -> tuple[str, ...]:
+    """The server's LoRA flags: a slot spare beside the adapters (the CPU build applies the
+    last slot's adapter to base requests of a step that fills every slot: the real-vLLM
+    suite's finding, tests/real/README.md)."""
+    if not adapters:
+        return ()
+    return ("--enable-lora", "--max-lora-rank", "8", "--max-loras", str(len(adapters) + 1),
+            "--lora-modules", *(f"{n}={d}" for n, d in adapters.items()))
+
+
 async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     t_start = time.perf_counter()
     paras = corpus_paragraphs()
     model_dir, built = build_model(work, paras)
+    adapters = build_adapters(work, model_dir, args.lora)
+    names = (SERVED, *adapters)
     tok = Tok(model_dir / "tokenizer.json")
-    wl = make_workload(tok, paras, args.shapes, args.items, args.seed)
+    wl = make_workload(tok, paras, args.shapes, args.items, args.seed, names)
     blocks, why = kv_blocks(wl)
     logs = work / "logs"
     extra_args = ("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
                   "--max-num-seqs", str(IN_FLIGHT), "--enforce-eager",
                   "--enable-prefix-caching", "--block-size", str(BLOCK),
-                  "--num-gpu-blocks-override", str(blocks), "--enable-prompt-tokens-details")
+                  "--num-gpu-blocks-override", str(blocks), "--enable-prompt-tokens-details",
+                  *lora_args(adapters))
     spec = vllm_cpu_spec(VENV, str(model_dir), SERVED, logs,
                          port_base=free_port(args.servers),
                          extra_args=extra_args, ready_timeout_s=300.0, stop_timeout_s=20.0,
@@ -1063,7 +1104,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 if cfg.block_size != BLOCK or cfg.num_blocks != blocks:
                     raise RuntimeError(f"server has {cfg.num_blocks} blocks of "
                                        f"{cfg.block_size}, asked for {blocks} of {BLOCK}")
-                await warm_up(c, tok, paras)
+                await warm_up(c, tok, paras, names)
             one = [client]
             phases: dict[str, Phase] = {}
             grouped = sorted(wl.items, key=lambda i: i.shape)  # stable: arrival within shape
@@ -1085,6 +1126,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 affinity_after = affinities(SERVER_PIDS)
         out.update({
             "items": len(wl.items), "servers": args.servers, "shapes": args.shapes,
+            "names": list(names),
             "shapes_used": wl.shapes_used,
             "seed": args.seed, "prefix_tokens": PREFIX_TOKENS,
             "full_prefix_tokens": wl.full_prefix_tokens,
@@ -1156,6 +1198,8 @@ async def pinned_phases(args: argparse.Namespace, clients: list[httpx.AsyncClien
         phases["fabricctl-2"] = await fabricctl_phase(clients, wl, urls, model_dir, work,
                                                       prewarm="off", name="fabricctl-2")
     ph = {name: figures(p, wl) for name, p in phases.items()}
+    if args.lora:  # the replay's workload knows one name per model: no prediction to make
+        return {"phases": ph, "ratios": ratios(ph), "prediction": {}}
     sims = {g: predict(work / "items.jsonl", model_dir / "tokenizer.json", costs,
                        wl.max_len, g) for g in range(1, args.servers + 1)}
     return {"phases": ph, "ratios": ratios(ph),
@@ -1182,6 +1226,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-threads", type=int, default=1,
                     help="with --unpinned: the vLLM worker's OpenMP threads (OMP_NUM_THREADS;"
                          " pinned, it has one core)")
+    ap.add_argument("--lora", type=int, default=0, choices=range(0, len(LORA_NAMES) + 1),
+                    metavar="N",
+                    help="N random LoRA adapters on the server: each prefix is asked under "
+                         "the base model and every adapter (--shapes counts them all)")
     ap.add_argument("--json", action="store_true", help="print exactly one JSON object")
     ap.add_argument("--keep", action="store_true",
                     help="keep the temp dir (model, server log, items, fabricctl data)")
@@ -1192,6 +1240,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rounds and --engine-threads must be >= 1")
     if args.unpinned and args.servers != 1:
         ap.error("--unpinned runs one server")
+    if args.shapes % (args.lora + 1):
+        ap.error("--shapes must be a multiple of the names (--lora + 1)")
 
     work = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
 

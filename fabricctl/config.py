@@ -15,6 +15,11 @@ contract, the sim's time scale and the line limit), which this module reads. The
 
 `ENV_VARS` is the one list of fabricctl's environment variables: the loader reads those that
 name a setting, and `config show`, the man page and the README's table are made from it.
+The fleet is `[[servers]]` (`fabricctl.fleetspec.ServerSpec`, each entry checked as it is
+read; a later source's list replaces an earlier one's), or, when none is given, the
+single-model keys `model`, `served_model_name` and `gpus` (`AppConfig.fleet` is the list
+either way); a source setting those keys beside a `[[servers]]` list is a `UsageError`, and
+with the list `model`/`served_model_name` are its first server's.
 While loading, `AppConfig.set_by` records for each key a file, the environment or a flag set
 (`name`, or `section.name`) the last source that set it, for `config show`.
 """
@@ -42,6 +47,7 @@ from fabricctl.core.defaults import (
     StoreConfig,
 )
 from fabricctl.errors import UsageError
+from fabricctl.fleetspec import ServerSpec, parse_servers
 
 ENGINES = ("auto", "sim", "vllm", "openai")
 
@@ -71,18 +77,18 @@ ENV_VARS: tuple[EnvVar, ...] = (
 
 @dataclass(frozen=True)
 class VllmSettings:
-    """Why: how to launch one OpenAI-compatible vLLM server per GPU (`[vllm]`)."""
+    """Why: how to launch the OpenAI-compatible vLLM servers, one per GPU group (`[vllm]`)."""
 
     command: list[str] = field(default_factory=lambda: ["vllm", "serve"])
     model_flag: str = ""  # "" = the model is positional (vllm serve); "--model" for api_server
     host: str = "127.0.0.1"
-    port_base: int = 8001  # GPU i's server listens on port_base + i
+    port_base: int = 8001  # the i-th server (GPU group) listens on port_base + i
     ready_timeout_s: float = 600.0  # a start not answering /health by then is a failure
     # the waits before restarts of a dead server, in turn: the n-th restart in a row waits
     # the n-th, every later one the last; a server healthy for a minute starts it over
     restart_backoff_s: list[float] = field(default_factory=lambda: [1, 2, 5, 10, 30])
-    extra_args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)  # every server's; then its own
+    env: dict[str, str] = field(default_factory=dict)  # every server's; then its own
     endpoints: list[str] = field(default_factory=list)  # engine "openai": servers run by others
 
 
@@ -154,6 +160,8 @@ class AppConfig:
     model: str = "fabric-demo"
     served_model_name: str = ""
     gpus: list[int] = field(default_factory=list)
+    # the fleet ([[servers]], fabricctl.fleetspec); []: the single-model shorthand above
+    servers: list[ServerSpec] = field(default_factory=list)
     vllm: VllmSettings = field(default_factory=VllmSettings)
     consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
     sim: SimSettings = field(default_factory=SimSettings)
@@ -170,6 +178,18 @@ class AppConfig:
     def model_name(self) -> str:
         """The name items carry in "model"."""
         return self.served_model_name or self.model
+
+    @property
+    def fleet(self) -> list[ServerSpec]:
+        """The servers `up` launches: `[[servers]]`, else the single-model shorthand (one
+        server of `model` named `served_model_name`, one one-GPU group per GPU of `gpus`)."""
+        if self.servers:
+            return list(self.servers)
+        return [ServerSpec(model=self.model, name=self.served_model_name,
+                           gpus=[[g] for g in self.gpus])]
+
+
+SHORTHAND = ("model", "served_model_name", "gpus")  # the single-model form's keys
 
 
 _META = ("sources", "set_by")  # what loading records; no file sets them
@@ -204,13 +224,18 @@ def _is(v: Any, want: type) -> bool:
     return isinstance(v, int | float) if want is float else isinstance(v, want)
 
 
-def _merge(cfg: AppConfig, data: dict[str, Any], where: str) -> AppConfig:
+def _merge(cfg: AppConfig, data: dict[str, Any], where: str,
+           base: Path | None = None) -> AppConfig:
     """`cfg` with `data` (a file's tables, the environment's or the flags' values) over it,
-    checked, and each key it set recorded in `set_by` as set by `where`."""
+    checked, and each key it set recorded in `set_by` as set by `where` (`base`: the file's
+    directory, against which adapter directories are read)."""
     top: dict[str, Any] = {}
     keys: list[str] = []
     for key, value in data.items():
-        if key in _NESTED:
+        if key == "servers":
+            top[key] = parse_servers(value, where, base)
+            keys.append(key)
+        elif key in _NESTED:
             if not isinstance(value, dict):
                 raise UsageError(f"{where}: [{key}] must be a table")
             cls = _NESTED[key]
@@ -288,14 +313,14 @@ def load_config(
     cfg = AppConfig()
     user = user_config_path(env)
     if user.is_file():
-        cfg = _merge(cfg, _read(user), str(user))
+        cfg = _merge(cfg, _read(user), str(user), user.parent)
     project = (cwd or Path.cwd()) / "fabric.toml"
     if project.is_file():
-        cfg = _merge(cfg, _read(project), str(project))
+        cfg = _merge(cfg, _read(project), str(project), project.parent)
     if config_file is not None:
         if not config_file.is_file():
             raise UsageError(f"config file {config_file} does not exist")
-        cfg = _merge(cfg, _read(config_file), str(config_file))
+        cfg = _merge(cfg, _read(config_file), str(config_file), config_file.parent)
     from_env: dict[str, Any] = {}
     for var in ENV_VARS:
         if var.key and (v := env.get(var.name)):
@@ -306,7 +331,23 @@ def load_config(
     flags = {k: v for k, v in (overrides or {}).items() if v is not None}
     if flags:
         cfg = _merge(cfg, flags, "flags")
-    return cfg
+    return _with_fleet(cfg)
+
+
+def _with_fleet(cfg: AppConfig) -> AppConfig:
+    """With `[[servers]]`, the single-model keys set anywhere are refused (which would
+    win?), and `model`/`served_model_name` become the first server's: the name `run` and
+    `submit` give items by default."""
+    if not cfg.servers:
+        return cfg
+    for key in SHORTHAND:
+        if key in cfg.set_by:
+            what = f"--{key.replace('_', '-')}" if cfg.set_by[key] == "flags" else key
+            raise UsageError(f"{cfg.set_by[key]}: {what} is the single-model form, and "
+                             f"{cfg.set_by['servers']} lists [[servers]]: give each server's "
+                             "model, name and gpus in its [[servers]] entry instead")
+    first = cfg.servers[0]
+    return dataclasses.replace(cfg, model=first.model, served_model_name=first.name)
 
 
 def to_toml(cfg: AppConfig) -> str:
@@ -319,12 +360,14 @@ def to_toml(cfg: AppConfig) -> str:
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
         if isinstance(v, dict):
-            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
+            return "{" + ", ".join(f"{value(k)} = {value(x)}" for k, x in v.items()) + "}"
         return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
     lines = []
     for f in dataclasses.fields(AppConfig):
-        if f.name in _NESTED or f.name in _META:
+        if f.name in _NESTED or f.name in _META or f.name == "servers":
+            continue
+        if cfg.servers and f.name in SHORTHAND:  # the fleet names them per server
             continue
         lines.append(f"{f.name} = {value(getattr(cfg, f.name))}")
     for name in _NESTED:
@@ -332,4 +375,12 @@ def to_toml(cfg: AppConfig) -> str:
         section = getattr(cfg, name)
         for f in dataclasses.fields(section):
             lines.append(f"{f.name} = {value(getattr(section, f.name))}")
+    if not cfg.servers:
+        lines.append("\n# the fleet: [[servers]] entries (model, name, adapters, gpus, "
+                     "tensor_parallel_size, extra_args, env) replace model, served_model_name "
+                     "and gpus above")
+    for server in cfg.servers:
+        lines.append("\n[[servers]]")
+        for f in dataclasses.fields(server):
+            lines.append(f"{f.name} = {value(getattr(server, f.name))}")
     return "\n".join(lines) + "\n"

@@ -227,13 +227,15 @@ def test_doctor_reports_each_check(broker: Broker) -> None:
     out = broker.run("doctor", "--json")
     assert out.returncode == 0, out.stdout
     doc = json.loads(out.stdout)
-    assert [c["name"] for c in doc["checks"]] == ["config", "nvml", "vllm", "data_dir", "broker"]
+    assert [c["name"] for c in doc["checks"]] == ["config", "nvml", "fleet", "vllm", "data_dir",
+                                                  "broker"]
     by = {c["name"]: c for c in doc["checks"]}
     assert by["broker"]["status"] == "ok" and "answering" in by["broker"]["detail"]
     assert by["data_dir"]["status"] == "ok" and "free" in by["data_dir"]["detail"]
     assert doc["ok"] is True
     human = broker.run("doctor").stdout.decode().splitlines()
-    assert [ln.split()[1] for ln in human] == ["config", "nvml", "vllm", "data_dir", "broker"]
+    assert [ln.split()[1] for ln in human] == ["config", "nvml", "fleet", "vllm", "data_dir",
+                                               "broker"]
 
 
 def test_doctor_fails_on_a_bad_config(tmp_path: Path) -> None:

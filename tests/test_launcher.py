@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -315,3 +316,108 @@ async def test_a_port_freed_within_the_stop_timeout_is_started_on(tmp_path: Path
         assert launcher.servers[0].pid is not None
     finally:
         await launcher.stop()
+
+
+# ---- servers, not GPUs: groups, tensor parallel, LoRA adapters --------------------------------
+
+
+def records(path: Path) -> list[dict[str, object]]:
+    """What the stand-in `vllm` recorded, one entry per start."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_group_server_command_has_tensor_parallel_and_adapters() -> None:
+    s = LaunchSpec(model="/m", served_model_name="base", logs_dir="/tmp/x", port_base=9000,
+                   adapters={"ad-a": "/ad/a", "ad-b": "/ad/b"})
+    srv = ServerProcess(s, [2, 3], 0)
+    argv = srv.argv()
+    assert argv[:9] == ["vllm", "serve", "/m", "--served-model-name", "base", "--host",
+                        "127.0.0.1", "--port", "9000"]
+    assert argv[9:] == ["--tensor-parallel-size", "2", "--enable-lora", "--lora-modules",
+                        "ad-a=/ad/a", "ad-b=/ad/b", "--max-loras", "3",
+                        "--enable-prompt-tokens-details"]
+    assert srv.environ()["CUDA_VISIBLE_DEVICES"] == "2,3" and srv.gpu == "2,3"
+    assert s.names == ("base", "ad-a", "ad-b")
+    # one GPU: no tensor-parallel flag; max-loras given by the operator is kept
+    own = msgspec.structs.replace(s, extra_args=("--max-loras=4",))
+    one = ServerProcess(own, 0, 0).argv()
+    assert "--tensor-parallel-size" not in one and one.count("--max-loras=4") == 1
+    assert "--max-loras" not in one
+    # a group of 4 at tensor parallel 2: pipeline parallel 2
+    pp = ServerProcess(msgspec.structs.replace(s, adapters={}, tensor_parallel_size=2),
+                       [0, 1, 2, 3], 0).argv()
+    assert pp[9:] == ["--tensor-parallel-size", "2", "--pipeline-parallel-size", "2",
+                      "--enable-prompt-tokens-details"]
+    with pytest.raises(LaunchError, match="does not divide"):
+        ServerProcess(msgspec.structs.replace(s, tensor_parallel_size=3), [0, 1], 0).argv()
+
+
+async def test_a_server_over_two_gpus_starts_once_with_both_and_tensor_parallel_2(
+        tmp_path: Path) -> None:
+    rec = tmp_path / "rec-{index}.jsonl"
+    launcher = Launcher.of([(spec(tmp_path, f"--record={rec}"), [0, 1])])
+    assert len(launcher.servers) == 1
+    async with launcher:
+        srv = launcher.servers[0]
+        async with httpx.AsyncClient() as c:
+            seen = (await c.get(srv.base_url + "/env")).json()
+        assert seen["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"
+        started = records(tmp_path / "rec-0.jsonl")
+        assert len(started) == 1 and started[0]["cuda"] == "0,1"
+        argv = started[0]["argv"]
+        assert isinstance(argv, list)
+        assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+        assert launcher.pids() == {"0,1": srv.pid}
+
+
+async def test_one_gpu_replicas_start_one_per_gpu_on_distinct_ports(tmp_path: Path) -> None:
+    rec = tmp_path / "rec-{index}.jsonl"
+    s = spec(tmp_path, f"--record={rec}")
+    launcher = Launcher.of([(s, [0]), (s, [1])])
+    async with launcher:
+        a, b = launcher.servers
+        assert a.port != b.port and (a.port, b.port) == (s.port_base, s.port_base + 1)
+        for i, srv in enumerate(launcher.servers):
+            started = records(tmp_path / f"rec-{i}.jsonl")
+            assert [r["cuda"] for r in started] == [str(i)]
+            argv = started[0]["argv"]
+            assert isinstance(argv, list)
+            assert "--tensor-parallel-size" not in argv
+            assert argv[argv.index("--port") + 1] == str(srv.port)
+
+
+async def test_a_killed_group_server_restarts_whole(tmp_path: Path) -> None:
+    """One process again for the group, with the same argv and environment."""
+    rec = tmp_path / "rec-0.jsonl"
+    launcher = Launcher.of([(spec(tmp_path, f"--record={rec}",
+                                  adapters={"ad-a": str(tmp_path / "a")}), [0, 1])])
+    await launcher.start()
+    srv = launcher.servers[0]
+    try:
+        old = srv.pid
+        assert old is not None
+        os.kill(old, signal.SIGKILL)
+        await wait_for(lambda: srv.pid not in (None, old) and srv.ready.is_set())
+        first, again = records(rec)
+        assert (first["pid"], again["pid"]) == (old, srv.pid)
+        assert first["argv"] == again["argv"] and first["cuda"] == again["cuda"] == "0,1"
+        assert srv.restarts == 1 and len(launcher.servers) == 1
+        assert not alive(old)
+    finally:
+        await launcher.stop()
+
+
+def test_a_vllm_engine_serves_its_servers_names() -> None:
+    from fabricctl.supervisor.vllm_engine import VllmEngine
+
+    limits = {"max_batch_size": 8, "max_batch_tokens": 4096, "max_input_len": 1024}
+    s = LaunchSpec(model="/m", served_model_name="base", logs_dir="/tmp/x",
+                   adapters={"ad-a": "/a"})
+    engine = VllmEngine(ServerProcess(s, [0, 1], 0), **limits)
+    assert (engine.model, engine.limits().names, engine.name) == ("base", ("ad-a",),
+                                                                  "vllm:gpu0,1")
+    # adapters given the old way, in extra_args: learnt from the server's /v1/models
+    old = msgspec.structs.replace(s, adapters={}, extra_args=("--lora-modules", "x=/x"))
+    assert VllmEngine(ServerProcess(old, 0, 0), **limits)._learn

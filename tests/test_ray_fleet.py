@@ -292,6 +292,44 @@ def _gone(pid: int, timeout: float = 15.0) -> bool:
     return False
 
 
+# ---- a GPU group: one worker asking Ray for the whole group ------------------------------
+
+GROUP_CONFIG = """\
+engine = "sim"
+[sim]
+time_scale = 0.2
+[server]
+heartbeat_s = 0.25
+heartbeat_timeout_s = 2.0
+
+[[servers]]
+model = "fabric-demo"
+adapters = { ad-a = "/adapters/a" }
+gpus = [[0, 1]]
+"""
+
+
+async def test_a_two_gpu_group_is_one_ray_worker_with_num_gpus_2(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Two logical GPUs, one group over both: one actor, given both GPUs by Ray; its consumer
+    registers the server's names and a workload runs to completion on it."""
+    up = RayUp(tmp_path_factory.mktemp("ray-group"), GROUP_CONFIG, gpus=1)
+    try:
+        st = await up.wait_ready()
+        (worker,) = st["extra"]["ray"]
+        assert (worker["num_gpus"], worker["gpus"], worker["gpu"]) == (2, [0, 1], 0)
+        assert worker["name"].endswith("-gpu0-1")
+        (consumer,) = st["consumer_views"]
+        assert consumer["name"] == worker["name"]
+        items = make_items(40, "grp")
+        await submit(up, items)
+        assert_exactly_one_each(await wait_all_results(up, [i.id for i in items]),
+                                [i.id for i in items])
+        assert await asyncio.to_thread(up.stop) == 0
+    finally:
+        up.close()
+
+
 # ---- without a Ray start ----------------------------------------------------------------
 
 

@@ -163,3 +163,49 @@ def test_every_item_goes_once_to_a_consumer_that_serves_its_name(
         if not progressed and all(got[m] == sent[m] for m in sent if m != "other"):
             break
     assert {m: n for m, n in got.items()} == {m: n for m, n in sent.items() if m != "other"}
+
+
+async def test_the_sim_keeps_an_adapters_blocks_apart_from_the_base_models() -> None:
+    """As vLLM hashes an adapter's blocks with its name: the same prefix under the base
+    model and under an adapter is computed twice, under the same name once."""
+    from fabricctl.core.payload import Payload, encode_payload
+    from fabricctl.core.types import Work
+    from fabricctl.engines.sim import SimEngine
+
+    engine = SimEngine(names=("ad-a",), time_scale=0)
+
+    def work(model: str, n: int) -> Work:
+        its = [Item(f"{model}{k}", model, 1, 80, 1,
+                    payload=encode_payload(Payload(["S" * 64], f"q{k}", [64], 16)))
+               for k in range(n)]
+        return Work(next(_ids), model, 1, 0, 1, 80, 1, 4096, its)
+
+    await engine.run(work("base", 1))
+    hits0 = engine.stats().prefix_cache_hits
+    await engine.run(work("ad-a", 1))
+    assert engine.stats().prefix_cache_hits == hits0  # a new name: its prefix is cold
+    await engine.run(work("ad-a", 1))
+    assert engine.stats().prefix_cache_hits > hits0  # warm for the same name
+
+
+def test_status_names_what_each_server_answers() -> None:
+    from fabricctl.cli.status import served_names
+
+    assert served_names({"model": "tiny"}) == "tiny"
+    assert served_names({"model": "tiny", "names": ["ad-a", "ad-b"], "serving": "ad-a"}) == (
+        "tiny +ad-a +ad-b (now ad-a)")
+
+
+def test_metrics_give_each_consumer_its_names_and_the_one_it_serves() -> None:
+    from prometheus_client import generate_latest
+
+    from fabricctl.server.metrics import Metrics
+
+    b = broker()
+    b.register("c0", LORA, now=0.0)
+    b.ingest(items("ad-b", 1, 10), 0.0)
+    drain(b, 0.0, 0.05)
+    text = generate_latest(Metrics(b).registry).decode()
+    assert 'fabricctl_consumer_names{consumer="c0",model="base",name="ad-b"} 1.0' in text
+    assert 'fabricctl_consumer_names{consumer="c0",model="base",name="base"} 0.0' in text
+    assert 'fabricctl_consumer_name_switches_total{consumer="c0",model="base"} 1.0' in text

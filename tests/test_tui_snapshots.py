@@ -55,6 +55,14 @@ def test_overview_120x36_with_nvml_and_throughput(snap_compare: SnapCompare) -> 
     assert snap_compare(app, terminal_size=(120, 36), run_before=ready(4))
 
 
+def test_overview_120x36_a_fleet_of_a_tensor_parallel_lora_server_and_an_embedder(
+        snap_compare: SnapCompare) -> None:
+    """Servers with their GPUs (one over GPUs 0 and 1) and the names each answers, the one
+    it pulls from now in bold."""
+    app = app_of(2, shapes=12, nvml=True, fleet=True)
+    assert snap_compare(app, terminal_size=(120, 36), run_before=ready(2))
+
+
 def test_lanes_view_100x30(snap_compare: SnapCompare) -> None:
     def filled(app: TopApp) -> bool:
         return app.view == "lanes" and app.query_one("#lane-list", LineList).count == 16

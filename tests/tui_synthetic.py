@@ -96,8 +96,10 @@ def _events(rng: random.Random, t: float, shapes: list[ShapeView], n: int) -> li
 
 def make_snapshot(shapes: int = 8, lanes: int = 16, *, seed: int = 7, t: float = 1000.0,
                   lane_shapes: int | None = None, nvml: bool = False, events: int = 20,
-                  consumers: int = 2) -> Snapshot:
-    """A deterministic snapshot; only the first `lane_shapes` shapes carry lanes (all: None)."""
+                  consumers: int = 2, fleet: bool = False) -> Snapshot:
+    """A deterministic snapshot; only the first `lane_shapes` shapes carry lanes (all: None).
+    `fleet`: three GPUs, two servers: one over GPUs 0 and 1 answering a base model and two
+    LoRA adapters (pulling from one of them now), one embedder on GPU 2."""
     rng = random.Random(seed)
     views = [_shape(rng, k, lanes, lane_shapes is None or k < lane_shapes)
              for k in range(shapes)]
@@ -120,16 +122,25 @@ def make_snapshot(shapes: int = 8, lanes: int = 16, *, seed: int = 7, t: float =
                     888_000)
     counts = [0, 2, 3, 4, 1, 2, 3, 5, 9, 6, 3, 1, 1, 0]
     samples = [rng.choice((7, 30, 64, 150, 420, 1300)) for _ in range(40)]
+    consumer_views = [ConsumerView(n, models[0] if models else "m", 16, 16384, 8192, 3, 120,
+                                   1900, 400_000, t - 300) for n in names]
+    extra = _extra(rng, t, names, nvml)
+    if fleet:
+        consumer_views = [
+            ConsumerView("tp-server", "tiny", 16, 16384, 8192, 3, 120, 1900, 400_000, t - 300,
+                         names=["ad-a", "ad-b"], serving="ad-a", name_switches=4),
+            ConsumerView("embedder", "embed", 64, 16384, 8192, 1, 90, 5000, 300_000, t - 300)]
+        extra = _extra(rng, t, ["tp-server", "gpu1-idle", "embedder"], nvml)
+        engines = extra["engines"]
+        del engines["gpu1-idle"]
+        engines["tp-server"]["gpus"] = [0, 1]
     return Snapshot(
-        t, views, model_views,
-        [ConsumerView(n, models[0] if models else "m", 16, 16384, 8192, 3, 120, 1900,
-                      400_000, t - 300) for n in names],
+        t, views, model_views, consumer_views,
         ledger, (0, 0), states,
         Counters(sum(v.lanes_in_use for v in views), 10, 20, 5, 5, 0, 3, 4000, 40, 15,
                  {"transition": 90, "thrash": 15}),
         BatchesHistogramView(list(BATCH_BUCKETS), counts, samples, 100),
-        _events(rng, t, views, events), simulated=not nvml,
-        extra=_extra(rng, t, names, nvml))
+        _events(rng, t, views, events), simulated=not nvml, extra=extra)
 
 
 class SyntheticSource:

@@ -9,7 +9,8 @@ form, preceded by comment lines naming its sources in precedence order, and with
 `# from <source>` after every key that a file, the environment or a flag set (a key without
 such a comment has its default): the provenance `load_config` recorded while it loaded
 (`AppConfig.set_by`), nothing read a second time. Both outputs are valid TOML that `--config`
-accepts.
+accepts; a `[[servers]]` fleet is printed last, one table per server, and the single-model
+keys it replaces are left out.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Contract: the `consume` command (`command`) has two forms.
   (`Fleet.build` + `Fleet.start`), one engine per GPU (engine vllm: one vLLM server per GPU
   from this host's config, started, health-checked, restarted and logged under this host's
   data dir; sim: one simulated GPU per index; openai: one endpoint per GPU, `--endpoint`
-  a comma-separated list or `vllm.endpoints`), each with its consumer joining the remote
+  a comma-separated list or `vllm.endpoints`; with `[[servers]]`, one server per group of
+  the fleet that lies in `--gpus`: `fleetspec.within`), each with its consumer joining the remote
   broker as `<name>-gpu<N>` (`--name` defaults to the host name). The host name, and for
   vllm each GPU's NVML sample, go with every heartbeat, so the broker's `status` and `top`
   show this host's GPUs under its name.
@@ -36,6 +37,7 @@ import typer
 from fabricctl.cli.support import ConfigFile, DataDir, Verbose, load, run_async, setup_logging
 from fabricctl.config import AppConfig
 from fabricctl.errors import UsageError
+from fabricctl.fleetspec import within
 
 if TYPE_CHECKING:
     from fabricctl.engines.base import Engine
@@ -145,9 +147,17 @@ async def run_consumer(cfg: AppConfig, broker: str, engine: str, endpoint: str |
 
 def agent_config(cfg: AppConfig, engine: str, gpus: list[int],
                  endpoint: str | None) -> AppConfig:
-    """This host's configuration with one engine per GPU of `gpus`."""
+    """This host's configuration with one engine per GPU of `gpus` (with `[[servers]]`: one
+    per group of the fleet that lies in `gpus`)."""
     if engine not in AGENT_ENGINES:
         raise UsageError(f"--engine must be one of {', '.join(AGENT_ENGINES)}, not {engine!r}")
+    if cfg.servers and engine != "openai":
+        servers = within(cfg.servers, gpus)
+        cfg = dataclasses.replace(cfg, engine=engine, servers=servers)
+        if engine == "sim":  # a simulated GPU per index up to the highest one named
+            top = max(g for s in servers for group in s.gpus for g in group)
+            return dataclasses.replace(cfg, sim=dataclasses.replace(cfg.sim, gpus=top + 1))
+        return cfg
     cfg = dataclasses.replace(cfg, engine=engine, gpus=gpus)
     if engine == "sim":
         return dataclasses.replace(cfg, sim=dataclasses.replace(cfg.sim, gpus=len(gpus)))

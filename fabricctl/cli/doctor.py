@@ -2,7 +2,11 @@
 
 Contract: a fixed list of checks, each `Check(name, status, detail)` with status `ok`,
 `warn` or `fail`, in this order: `config` (the files found and whether they parse),
-`nvml` (GPUs through `supervisor.gpus.detect_gpus()`, or why not), `vllm` (importable, on
+`nvml` (GPUs through `supervisor.gpus.detect_gpus()`, or why not), `fleet` (the servers
+of `AppConfig.fleet` against this host, `fleetspec.gpu_problems` and `adapter_problems`:
+every group's GPUs found by NVML, every adapter directory present with its
+adapter_config.json; the GPU checks say they were skipped without NVML, or with the
+simulated engine, and nothing is checked for engine openai), `vllm` (importable, on
 PATH, the configured `vllm.command`), `data_dir` (exists, writable, free space), `broker`
 (socket present and a broker answering a status query). A check fails only for what stops
 the configured setup from working (e.g. no GPUs with `engine = "vllm"`, an unwritable data
@@ -20,16 +24,21 @@ import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded
 from fabricctl.config import AppConfig, load_config, user_config_path
 from fabricctl.errors import FabricError
+from fabricctl.fleetspec import ServerSpec, adapter_problems, gpu_problems
 from fabricctl.fmt import human_bytes
 from fabricctl.wire.protocol import SOCKET_NAME
 
 from .common import console, write_json
+
+if TYPE_CHECKING:
+    from fabricctl.supervisor.gpus import GpuReport
 
 LOW_DISK = 1 << 30  # warn below 1 GiB free in the data dir's file system
 
@@ -64,13 +73,25 @@ def check_config(config: Path | None, flags: dict[str, object]) -> tuple[Check, 
     return Check("config", "ok", f"valid: {files}"), cfg
 
 
-def check_nvml(cfg: AppConfig) -> Check:
+def gpu_report() -> GpuReport | None:
+    """What NVML finds; None when the check itself failed (doctor never crashes)."""
     try:
         from fabricctl.supervisor.gpus import detect_gpus
 
-        report = detect_gpus()
-    except Exception as e:  # the monitor never should raise, but doctor must not crash
-        return Check("nvml", "fail" if cfg.engine == "vllm" else "warn", f"NVML check failed: {e}")
+        return detect_gpus()
+    except Exception:  # the monitor never should raise, but doctor must not crash
+        return None
+
+
+def check_nvml(cfg: AppConfig, report: GpuReport | None = None) -> Check:
+    if report is None:
+        try:
+            from fabricctl.supervisor.gpus import detect_gpus
+
+            report = detect_gpus()
+        except Exception as e:  # the monitor never should raise, but doctor must not crash
+            return Check("nvml", "fail" if cfg.engine == "vllm" else "warn",
+                         f"NVML check failed: {e}")
     if report.available and report.gpus:
         names = sorted({g.name or "?" for g in report.gpus})
         return Check("nvml", "ok", f"{len(report.gpus)} GPU(s) ({', '.join(names)}), driver "
@@ -79,6 +100,44 @@ def check_nvml(cfg: AppConfig) -> Check:
     if cfg.engine == "vllm":
         return Check("nvml", "fail", f"{reason}; engine 'vllm' needs GPUs")
     return Check("nvml", "warn", f"{reason}; `fabricctl up` will use simulated GPUs")
+
+
+def _server_line(s: ServerSpec) -> str:
+    groups = " ".join("[" + ",".join(map(str, g)) + "]" for g in s.gpus) or "every GPU"
+    tp = {s.tp(g) for g in s.gpus}
+    parts = [f"{s.served_name} on {groups}"]
+    if tp - {1}:
+        parts.append(f"tp {'/'.join(map(str, sorted(tp)))}")
+    if s.adapters:
+        parts.append(f"adapters {', '.join(s.adapters)}")
+    return " ".join(parts)
+
+
+def check_fleet(cfg: AppConfig, loaded: bool, report: GpuReport | None) -> Check:
+    """The fleet against this host: GPU groups NVML has, adapter directories present."""
+    if not loaded:
+        return Check("fleet", "fail", "not checked: the configuration did not load")
+    if cfg.engine == "openai":
+        return Check("fleet", "ok", "engine openai: the servers are run by others "
+                                    "(vllm.endpoints)")
+    servers = cfg.fleet
+    what = f"{len(servers)} server(s): " + "; ".join(_server_line(s) for s in servers)
+    real = cfg.engine == "vllm" or (cfg.engine == "auto" and report is not None
+                                    and report.available and bool(report.gpus))
+    problems = adapter_problems(servers)
+    skipped = ""
+    if not real:
+        skipped = ("GPU groups not checked: " + (
+            "engine sim simulates them" if cfg.engine == "sim"
+            else f"no NVML ({(report.reason if report else None) or 'unavailable'})"))
+    elif report is None or not report.available:
+        skipped = ("GPU groups not checked: no NVML ("
+                   f"{(report.reason if report else None) or 'unavailable'})")
+    else:
+        problems += gpu_problems(servers, [g.index for g in report.gpus])
+    if problems:
+        return Check("fleet", "fail" if real else "warn", "; ".join(problems))
+    return Check("fleet", "ok", what + (f"; {skipped}" if skipped else ""))
 
 
 def check_vllm(cfg: AppConfig) -> Check:
@@ -138,7 +197,9 @@ def check_broker(cfg: AppConfig) -> Check:
 
 def run_checks(config: Path | None, flags: dict[str, object]) -> list[Check]:
     first, cfg = check_config(config, flags)
-    return [first, check_nvml(cfg), check_vllm(cfg), check_data_dir(cfg), check_broker(cfg)]
+    report = gpu_report()
+    return [first, check_nvml(cfg, report), check_fleet(cfg, first.status != "fail", report),
+            check_vllm(cfg), check_data_dir(cfg), check_broker(cfg)]
 
 
 def doctor(config: Path | None, flags: dict[str, object], as_json: bool) -> int:

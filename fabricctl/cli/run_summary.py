@@ -98,7 +98,8 @@ class AchievableHits:
     is computed once on that GPU, a miss for the first request that asks it, unless some
     request holds it past what it could hit itself (a pre-warm's last block) and runs first.
     Blocks are the engine's (`blocks.prefix_block_hashes`), so shapes whose components start
-    alike share their leading blocks, as they do in the engine's cache; a pre-warm pays the
+    alike share their leading blocks, as they do in the engine's cache (of one name: a LoRA
+    adapter's blocks are not its base model's); a pre-warm pays the
     one prefill of its shape on its GPU and the items after it hit every prefix block; the
     n - 1 sibling requests of an item asking n choices can hit its whole prompt."""
 
@@ -162,7 +163,7 @@ class AchievableHits:
             total += sum(achievable_cached_tokens(n, n, block) * k for n, k in ran.siblings)
             if p < block or not asks:
                 continue
-            chain = prefix_block_hashes(sources, block)
+            chain = prefix_block_hashes(sources, block, model)  # a name's blocks are its own
             asked, held = blocks.setdefault(gpu, (set(), set()))
             asked.update(chain[:max(a for a, _ in asks)])
             held.update(chain[min(a for a, _ in asks):])

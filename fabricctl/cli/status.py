@@ -76,6 +76,15 @@ def fetch_status(cfg: AppConfig) -> dict[str, Any]:
     return status
 
 
+def served_names(consumer: dict[str, Any]) -> str:
+    """`tiny`, or for a server answering several names `tiny +ad-a +ad-b (now ad-a)`."""
+    names = consumer.get("names") or []
+    if not names:
+        return str(consumer["model"])
+    now = consumer.get("serving") or consumer["model"]
+    return " ".join([consumer["model"], *(f"+{n}" for n in names)]) + f" (now {now})"
+
+
 def shapes_hex(consumer: dict[str, Any]) -> dict[str, Any]:
     """The consumer view with its current and next shape as hex signatures (None stays)."""
     for k in ("current", "next"):
@@ -129,7 +138,7 @@ def render_status(st: dict[str, Any], data_dir: str) -> list[Table | Text]:
                  "BATCHES", "ITEMS"):
         ct.add_column(name, justify="left" if name in left else "right")
     for c in st["consumers"]:
-        ct.add_row(c["name"], c["model"], c.get("current") or "-", c.get("next") or "-",
+        ct.add_row(c["name"], served_names(c), c.get("current") or "-", c.get("next") or "-",
                    str(c["max_batch_size"]), f"{c['max_batch_tokens']:,}",
                    str(c["batches_inflight"]), f"{c['batches_done']:,}", f"{c['items_done']:,}")
     out.append(ct)

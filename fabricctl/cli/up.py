@@ -45,7 +45,8 @@ def command(
     engine: str | None = typer.Option(None, "--engine", "-e",
                                       help="auto, sim, vllm or openai (auto: vllm when NVML "
                                       "finds GPUs, else simulated GPUs)."),
-    gpus: str | None = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1."),
+    gpus: str | None = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1 (the "
+                                    "single-model form; [[servers]] name their groups)."),
     model: str | None = typer.Option(None, "--model", "-m", help="Model to serve."),
     listen: str | None = typer.Option(None, "--listen", help="Also listen on HOST:PORT (TCP, "
                                       "needs server.token) for consumers on other hosts."),
@@ -63,12 +64,14 @@ def command(
                                    "on HOST:PORT; loopback unless server.token is set (then "
                                    "the bearer token)."),
     ray: str | None = typer.Option(None, "--ray", metavar="ADDRESS|auto",
-                                   help="Place one GPU worker per GPU as a Ray actor: on the "
+                                   help="Place one GPU worker per GPU (per GPU group of "
+                                   "[[servers]]) as a Ray actor: on the "
                                    "Ray cluster at ADDRESS, or (auto) on a local Ray whose "
                                    "GPUs are the configured ones. Needs fabricctl[ray]."),
     verbose: bool = Verbose,
 ) -> None:
-    """Run the broker with one engine and consumer per GPU (simulated GPUs when none).
+    """Run the broker with one engine and consumer per GPU, or per GPU group of the
+    configured [[servers]] (simulated GPUs when none).
 
     `--gpus none` runs the broker alone: no local engine or consumer, only the agents
     (`fabricctl consume --gpus ...` on the GPU hosts) that join its --listen socket.

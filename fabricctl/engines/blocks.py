@@ -8,7 +8,9 @@ tokens are hashed in a chain, as vLLM does: block i's hash = xxh3_64(parent hash
 token identities), with a fixed seed as the parent of block 0. A block is described by its
 runs of consecutive tokens from one source, (source, first offset, length), so hashing costs
 O(blocks + components), never O(tokens); equal token streams give equal hashes. Only full
-blocks are hashed: `BlockChain.hashes` has exactly floor(total / B) entries. An item whose
+blocks are hashed: `BlockChain.hashes` has exactly floor(total / B) entries. A LoRA
+adapter's requests hash apart from the base model's, as vLLM keys an adapter's blocks by its
+name: `adapter` (its name; "" for the base model) seeds block 0's parent. An item whose
 payload cannot be decoded is treated as one unique run of `item.input_tokens` tokens; a
 payload whose component and token-count lists differ in length is a `WorkloadError`.
 """
@@ -94,10 +96,18 @@ def _pack_hash(parent: int, src: int, off: int, length: int) -> int:
 _EMPTY = _Chain((), SEED_HASH, (), 0)
 
 
+def _start(adapter: str) -> _Chain:
+    """An empty stream: the base model's, or an adapter's (its name seeds the chain)."""
+    if not adapter:
+        return _EMPTY
+    return _Chain((), _xxh(struct.pack("<Q", SEED_HASH) + adapter.encode("utf-8")), (), 0)
+
+
 @lru_cache(maxsize=4096)
-def _prefix_chain(sources: tuple[BlockSource, ...], block_size: int) -> _Chain:
+def _prefix_chain(sources: tuple[BlockSource, ...], block_size: int, adapter: str = ""
+                  ) -> _Chain:
     """The chain over a shape's components, memoised: every item of a shape shares it."""
-    return _extend(_EMPTY, sources, block_size)
+    return _extend(_start(adapter), sources, block_size)
 
 
 def unique_source(item_id: str, prompt: str) -> int:
@@ -115,16 +125,18 @@ def prefix_sources(payload: Payload) -> tuple[BlockSource, ...]:
     )
 
 
-def prefix_block_hashes(sources: tuple[BlockSource, ...], block_size: int) -> tuple[int, ...]:
+def prefix_block_hashes(sources: tuple[BlockSource, ...], block_size: int,
+                        adapter: str = "") -> tuple[int, ...]:
     """The hashes of the full blocks of a prefix (`prefix_sources`): floor(prefix / B) of
     them, the leading hashes of every prompt that starts with it."""
-    return _prefix_chain(sources, block_size).hashes
+    return _prefix_chain(sources, block_size, adapter).hashes
 
 
-def payload_blocks(payload: Payload, block_size: int, item_id: str = "") -> BlockChain:
+def payload_blocks(payload: Payload, block_size: int, item_id: str = "",
+                   adapter: str = "") -> BlockChain:
     """Full-block hashes and token count of a payload's virtual token stream."""
     sources = prefix_sources(payload)
-    prefix = _prefix_chain(sources, block_size)
+    prefix = _prefix_chain(sources, block_size, adapter)
     total = sum(max(0, n) for _, n in sources) + max(0, payload.prompt_tokens)
     if payload.prompt_tokens > 0:
         tail = ((unique_source(item_id, payload.prompt), payload.prompt_tokens),)
@@ -150,11 +162,11 @@ def decode_item_payload(item: Item) -> Payload | None:
     return payload
 
 
-def item_blocks(item: Item, block_size: int) -> BlockChain:
+def item_blocks(item: Item, block_size: int, adapter: str = "") -> BlockChain:
     """An item's blocks: from its payload, else its whole prompt unique (input_tokens long)."""
     payload = decode_item_payload(item)
     if payload is not None:
-        return payload_blocks(payload, block_size, item.id)
+        return payload_blocks(payload, block_size, item.id, adapter)
     n = max(0, item.input_tokens)
     chain = _extend(_EMPTY, ((unique_source(item.id, ""), n),), block_size)
     return BlockChain(list(chain.hashes), n)

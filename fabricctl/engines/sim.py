@@ -10,7 +10,10 @@ error result, never an exception. Batches run one at a time (a lock), so simulat
 a GPU's busy time. `prewarm(signal)` sends the shape's prefix (its sample item's
 components, no varying part) as one request with max_tokens 1, registering every full
 prefix block, and builds the CUDA graph of each (lane, epoch) in the signal. `stats()`
-reports vLLM-named counters with simulated=True. A closed engine raises `EngineError`; a
+reports vLLM-named counters with simulated=True. `names` are the LoRA adapters it answers
+besides its model: a batch of one runs under it, its blocks hashed apart from the base
+model's as vLLM keys them (`blocks`), so sharing a prefix across names hits nothing, as on
+a real server. A closed engine raises `EngineError`; a
 negative `time_scale` is a `UsageError`.
 Re-exports `SimGPU`, `SimCosts` and the block helpers, the module's public face.
 """
@@ -66,12 +69,15 @@ class SimEngine:
         max_model_len: int | None = None,
         time_scale: float = SIM_TIME_SCALE,
         endpoints: frozenset[str] | None = None,
+        names: tuple[str, ...] = (),
     ) -> None:
         if time_scale < 0:
             raise UsageError("time_scale must be >= 0")
         self.name = name
         self.time_scale = time_scale
-        self._limits = EngineLimits(max_batch_size, max_batch_tokens, max_input_len)
+        # `names`: the LoRA adapters it answers besides its model (their blocks are their
+        # own); a multi-model fleet rehearsed on simulated GPUs
+        self._limits = EngineLimits(max_batch_size, max_batch_tokens, max_input_len, names)
         self.gpu = SimGPU(costs, max_input_len=max_input_len, max_model_len=max_model_len,
                           endpoints=endpoints)
         self._lock = asyncio.Lock()
@@ -80,11 +86,15 @@ class SimEngine:
     def limits(self) -> EngineLimits:
         return self._limits
 
+    def _adapter(self, model: str) -> str:
+        """The adapter a batch of `model` runs under ("" for the base model)."""
+        return model if model in self._limits.names else ""
+
     async def run(self, work: Work) -> list[ItemResult]:
         if self._closed:
             raise EngineError(f"{self.name}: engine closed")
         async with self._lock:
-            results, seconds = run_work(self.gpu, work)
+            results, seconds = run_work(self.gpu, work, self._adapter(work.model))
             await self._sleep(seconds)
         return results
 
@@ -97,7 +107,8 @@ class SimEngine:
             payload = decode_item_payload(signal.sample) if signal.sample is not None else None
             if payload is not None and any(n > 0 for n in payload.component_tokens):
                 prefix = Payload(payload.components, "", payload.component_tokens, 0)
-                chain = payload_blocks(prefix, gpu.block_size)
+                chain = payload_blocks(prefix, gpu.block_size,
+                                       adapter=self._adapter(signal.model))
                 if chain.tokens <= gpu.max_input_len:
                     rid = f"prewarm:{signal.signature:016x}:{signal.epoch}"
                     gpu.add(rid, chain.hashes, chain.tokens, 1)

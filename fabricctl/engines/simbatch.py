@@ -17,13 +17,16 @@ from fabricctl.engines.simgpu import SimGPU
 from fabricctl.engines.simrequest import SimRequest, item_result
 
 
-def run_work(gpu: SimGPU, work: Work) -> tuple[list[ItemResult], float]:
-    """Every item of `work` run to completion on `gpu`: results in order, and seconds."""
+def run_work(gpu: SimGPU, work: Work, adapter: str = "") -> tuple[list[ItemResult], float]:
+    """Every item of `work` run to completion on `gpu`: results in order, and seconds;
+    `adapter`: the LoRA adapter the batch's name is ("": the base model), whose blocks hash
+    apart from the base model's."""
     start, key, bs = gpu.now, (work.lane, work.epoch), gpu.block_size
     cap = work.max_tokens if work.max_tokens > 0 else None
     runs: list[tuple[SimPlan, list[SimRequest]] | ItemResult] = []
     for item in work.items:
-        chain = item_blocks(item, bs) if item.input_tokens <= work.max_input_len else None
+        chain = (item_blocks(item, bs, adapter) if item.input_tokens <= work.max_input_len
+                 else None)
         if chain is None or chain.tokens > gpu.max_input_len:
             gpu.counters.length_exceeded += 1
             runs.append(item_result(item.id, None))

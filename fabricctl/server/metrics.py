@@ -10,9 +10,12 @@ cardinality is the live jobs), and `fabricctl_jobs_at_risk`, the jobs predicted 
 after their deadline; with `mixes` (id -> items per endpoint of the jobs not ended),
 `fabricctl_job_items{job_id, endpoint}`: each live job's accepted items per endpoint
 (`core.mix`: completions, chat, embeddings, score, rerank, responses, unknown; only those
-with items, so at most seven label sets per live job); plus a pull-latency histogram and
-per-consumer batch/token counters that the server feeds. `serve(host, port)` answers `GET
-/metrics` on the event loop itself, so a scrape never reads broker state from another thread.
+with items, so at most seven label sets per live job); per consumer, each name its server
+answers (`fabricctl_consumer_names{consumer, model, name}`: 1 for the one it pulls from
+now) and its moves between them (`fabricctl_consumer_name_switches`); plus a pull-latency
+histogram and per-consumer batch/token counters that the server feeds. `serve(host, port)`
+answers `GET /metrics` on the event loop itself, so a scrape never reads broker state from
+another thread.
 """
 
 from __future__ import annotations
@@ -166,6 +169,20 @@ class BrokerCollector(Collector):
         yield h
         yield GaugeMetricFamily("fabricctl_consumers_alive", "registered consumers",
                                 value=len(core.consumers))
+        serving = GaugeMetricFamily("fabricctl_consumer_names", "per consumer and name its "
+                                    "server answers (its model first): 1 for the name it "
+                                    "pulls from now, else 0", labels=["consumer", "model",
+                                                                      "name"])
+        moves = CounterMetricFamily("fabricctl_consumer_name_switches", "a consumer's moves "
+                                    "from one name to another (each a shape switch)",
+                                    labels=["consumer", "model"])
+        for con in core.consumers.values():
+            model = con.contract.model
+            for name in con.contract.served():
+                serving.add_metric([con.name, model, name], float(name == con.serving))
+            moves.add_metric([con.name, model], con.name_switches)
+        yield serving
+        yield moves
 
 
 class Metrics:

@@ -1,9 +1,13 @@
 """The engines and consumers of one `fabricctl up`: which engine, how many, started and stopped.
 
 Contract: `choose_engine(cfg, report)` decides sim/vllm/openai (auto: vllm when NVML shows
-GPUs, else the simulated engine, with the reason in words). `Fleet.start(address)` starts one
-consumer per GPU (or per simulated GPU, or per endpoint) against the broker at `address`,
-named `<kind>-gpu<N>` unless `names` gives one name per engine;
+GPUs, else the simulated engine, with the reason in words). `Fleet.build` makes one engine
+per GPU group of the fleet's servers (`AppConfig.fleet`; the single-model shorthand: one per
+GPU), per simulated GPU (`[[servers]]` with engine sim: one per group, serving its server's
+names) or per endpoint. `Fleet.start(address)` starts one consumer per engine against the
+broker at `address`, registering its server's served name as its model (`models`) and the
+engine's other names, named `<kind>-gpu<N>` (`gpu<N>-<M>` for a group) unless `names` gives
+one name per engine; its GPU (heartbeats, the NVML sample) is its group's first;
 `Fleet.stop()` stops pulls first, lets every consumer finish the batch in its hands, then
 stops the engines (and their servers, for vLLM).
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import ssl
@@ -23,6 +28,7 @@ from typing import Any
 from fabricctl.config import AppConfig
 from fabricctl.engines.base import WINDOW_BATCHES, Engine, EngineStats
 from fabricctl.errors import BackendMissing, UsageError
+from fabricctl.fleetspec import ServerSpec, replicas, with_groups
 from fabricctl.supervisor.consumer import Consumer
 
 log = logging.getLogger("fabricctl.fleet")
@@ -40,13 +46,23 @@ def choose_engine(
     return cfg.engine, f"engine {cfg.engine!r} chosen by configuration"
 
 
+def sim_groups(cfg: AppConfig) -> list[tuple[ServerSpec, list[int]]]:
+    """The simulated fleet: with `[[servers]]` one simulated GPU per group of each server (a
+    server naming none: `sim.gpus` one-GPU groups), else `sim.gpus` of the one model."""
+    servers = with_groups(cfg.fleet, range(cfg.sim.gpus))
+    if not cfg.servers:
+        servers = [dataclasses.replace(servers[0], gpus=[[g] for g in range(cfg.sim.gpus)])]
+    return [(r.server, list(r.group)) for r in replicas(servers)]
+
+
 def build_sim_engines(cfg: AppConfig) -> list[Engine]:
     from fabricctl.engines.sim import SimEngine
 
     c = cfg.consumer
     return [SimEngine(name=f"sim{i}", max_batch_size=c.max_batch_size,
                       max_batch_tokens=c.max_batch_tokens, max_input_len=c.max_input_len,
-                      time_scale=cfg.sim.time_scale) for i in range(cfg.sim.gpus)]
+                      time_scale=cfg.sim.time_scale, names=server.names[1:])
+            for i, (server, _) in enumerate(sim_groups(cfg))]
 
 
 def consumer_window(cfg: AppConfig, kind: str) -> int | None:
@@ -66,8 +82,10 @@ class Fleet:
     cfg: AppConfig
     kind: str
     engines: list[Engine]
-    gpus: list[int | None]
+    gpus: list[int | None]  # each engine's GPU: its group's first
     launcher: Any = None
+    models: list[str] = field(default_factory=list)  # each consumer's model; []: model_name
+    groups: list[list[int] | None] = field(default_factory=list)  # each engine's GPU group
     consumers: list[Consumer] = field(default_factory=list)
     stop_pulls: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -76,13 +94,30 @@ class Fleet:
     async def build(cls, cfg: AppConfig, kind: str) -> Fleet:
         if kind == "sim":
             engines = build_sim_engines(cfg)
-            return cls(cfg, kind, engines, list(range(len(engines))))
+            placed = sim_groups(cfg)
+            groups: list[list[int] | None] = [g for _, g in placed]
+            return cls(cfg, kind, engines, [g[0] for _, g in placed], None,
+                       [s.served_name for s, _ in placed], groups)
         if kind in ("vllm", "openai"):
             from fabricctl.supervisor.vllm_fleet import build_real_engines
 
-            engines, gpus, launcher = await build_real_engines(cfg, kind)
-            return cls(cfg, kind, engines, gpus, launcher)
+            engines, groups, launcher = await build_real_engines(cfg, kind)
+            models = [getattr(e, "model", cfg.model_name) for e in engines]
+            return cls(cfg, kind, engines, [g[0] if g else None for g in groups], launcher,
+                       models, groups)
         raise UsageError(f"unknown engine {kind!r}")
+
+    def model_of(self, i: int) -> str:
+        """The model engine i's consumer registers: its server's served name."""
+        return self.models[i] if i < len(self.models) else self.cfg.model_name
+
+    def gpu_label(self, i: int) -> str:
+        """Engine i's GPUs in a consumer name: `3`, or `0-1` for a group."""
+        group = self.groups[i] if i < len(self.groups) else None
+        gpu = self.gpus[i]
+        if group and len(group) > 1 and group[0] == gpu:
+            return "-".join(map(str, group))
+        return str(gpu if gpu is not None else i)
 
     def start(self, address: str | Path, token: str = "", prefix: str | None = None,
               tls: ssl.SSLContext | None = None, host: str = "",
@@ -93,10 +128,9 @@ class Fleet:
         NVML sample, go with every heartbeat; `tls` wraps a TCP connection."""
         loop = asyncio.get_running_loop()
         for i, (engine, gpu) in enumerate(zip(self.engines, self.gpus, strict=True)):
-            name = (names[i] if names
-                    else f"{prefix or self.kind}-gpu{gpu if gpu is not None else i}")
+            name = names[i] if names else f"{prefix or self.kind}-gpu{self.gpu_label(i)}"
             sample = None if gpu_sample is None else functools.partial(gpu_sample, gpu)
-            c = Consumer(address, name, self.cfg.model_name, engine, gpu, token,
+            c = Consumer(address, name, self.model_of(i), engine, gpu, token,
                          window=consumer_window(self.cfg, self.kind), tls=tls, host=host,
                          gpu_sample=sample)
             self.consumers.append(c)

@@ -1,25 +1,34 @@
-"""Launches and keeps alive one OpenAI-compatible inference server per GPU.
+"""Launches and keeps alive OpenAI-compatible inference servers, one per GPU group.
 
 Contract:
-- `Launcher(spec, gpus)` owns one `ServerProcess` per GPU; server i listens on
-  `spec.port_base + i` and sees only its GPU (`CUDA_VISIBLE_DEVICES=<gpu>`,
+- `Launcher(spec, gpus)` owns one `ServerProcess` per entry of `gpus`, each a GPU or a group
+  of GPUs; `Launcher.of([(spec, group), ...])` one per group, each with its own spec (the
+  fleet's servers, `fabricctl.fleetspec`). Server i listens on `spec.port_base + i` and
+  sees only its group (`CUDA_VISIBLE_DEVICES=<gpu>[,<gpu>...]`,
   `CUDA_DEVICE_ORDER=PCI_BUS_ID`, so NVML and CUDA agree), plus `spec.env`; unless our
   environment or `spec.env` sets it, `VLLM_HTTP_TIMEOUT_KEEP_ALIVE` is `SERVER_KEEP_ALIVE_S`
   (vLLM's 5 s closes a connection whose answer a busy consumer read late: at 1,024 requests
   in flight most requests paid a new connection, `bench/path_bench.py --keep-alive`).
 - The command is `spec.command` + the model (positional, or after `spec.model_flag`) +
-  `--served-model-name --host --port` + `spec.extra_args` + `--enable-prompt-tokens-details`;
-  `--disable-log-stats` is refused (it turns off the `vllm:*` metrics the engine scrapes).
-  In env values and extra args the tokens `{gpu}`, `{index}` and `{port}` are replaced per
-  server (e.g. `VLLM_CPU_OMP_THREADS_BIND={index}` pins each CPU server to its own core).
+  `--served-model-name --host --port`, then `--tensor-parallel-size N` when the group's
+  tensor-parallel size (`spec.tensor_parallel_size`, 0: the group's size) is above 1 (and
+  `--pipeline-parallel-size` the group's size over N when that is above 1 and extra_args
+  gives none), then for `spec.adapters` `--enable-lora --lora-modules NAME=DIR ...` and
+  `--max-loras` their count + `LORA_SPARE_SLOTS` (unless extra_args gives it), + `spec.extra_args` +
+  `--enable-prompt-tokens-details`; `--disable-log-stats` is refused (it turns off the
+  `vllm:*` metrics the engine scrapes). In env values and extra args the tokens `{gpu}`
+  (the group, comma-joined), `{index}` and `{port}` are replaced per server (e.g.
+  `VLLM_CPU_OMP_THREADS_BIND={index}` pins each CPU server to its own core).
 - Each child runs in its own session (process group), tethered to this process
   (`supervisor/tether.py`: it gets SIGTERM when the supervisor dies, even by SIGKILL);
-  stdout+stderr append to `<logs_dir>/engine-<index>.log`. It is ready when `GET /health`
-  answers 200; a start not ready within `ready_timeout_s` is killed and counts as a failure.
+  stdout+stderr append to `<logs_dir>/engine-<index>.log` (one log per server). It is ready
+  when `GET /health` answers 200; a start not ready within `ready_timeout_s` is killed and
+  counts as a failure.
   A port some other process listens on is never spawned on (it would answer in our
   server's place): a server never ready yet fails its start with who holds the port once
   it stayed taken for `stop_timeout_s` (what a dying server of ours gets to free it).
-- An asyncio supervisor task per server restarts it after an unexpected exit (or a start that
+- An asyncio supervisor task per server restarts it, the whole group's process at once,
+  with the same command and environment, after an unexpected exit (or a start that
   never happened), waiting `restart_delay(spec.restart_backoff_s, n)` first: the n-th restart
   in a row waits the schedule's n-th value, every later one its last; the count starts over
   once a server ran healthy for `backoff_reset_s`. Leftover members of a dead server's process
@@ -54,13 +63,18 @@ log = logging.getLogger(__name__)
 
 FORBIDDEN_ARGS = ("--disable-log-stats",)
 ALWAYS_ARGS = ("--enable-prompt-tokens-details",)
+# vLLM 0.32's CPU LoRA ops index the stacked adapter slots with each token's slot, -1 for the
+# base model, which Python reads as the last slot: with every slot taken, a base request in a
+# step beside adapter requests is answered with the last slot's adapter (measured: up to 10
+# of 12 base lines). One slot no adapter takes holds zeros, so -1 reads the base model.
+LORA_SPARE_SLOTS = 1
 KEEP_ALIVE_VAR = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
 SERVER_KEEP_ALIVE_S = 60  # a kept connection outlives a consumer's slowest read of an answer
 _VLLM = VllmSettings()  # the defaults of the knobs [vllm] shares with the launcher
 
 
 class LaunchSpec(msgspec.Struct, frozen=True):
-    """How to start one server per GPU; the same code runs vLLM on GPUs and its CPU build."""
+    """How to start a model's servers; the same code runs vLLM on GPUs and its CPU build."""
 
     model: str
     served_model_name: str
@@ -77,6 +91,13 @@ class LaunchSpec(msgspec.Struct, frozen=True):
     stop_timeout_s: float = 30.0
     poll_interval_s: float = 0.5
     backoff_reset_s: float = 60.0  # healthy this long: the next restart waits the first delay
+    tensor_parallel_size: int = 0  # 0: the group's size
+    adapters: dict[str, str] = {}  # LoRA adapter name -> directory
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name its servers answer: the served model's, then the adapters'."""
+        return (self.served_model_name, *self.adapters)
 
     def __post_init__(self) -> None:
         if not self.restart_backoff_s or min(self.restart_backoff_s) < 0:
@@ -126,13 +147,19 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-class ServerProcess:
-    """One engine server bound to one GPU: its process, readiness and restart history."""
+def _flag_given(args: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
 
-    def __init__(self, spec: LaunchSpec, gpu: int | str, index: int,
+
+class ServerProcess:
+    """One engine server bound to one GPU group: its process, readiness and restart history."""
+
+    def __init__(self, spec: LaunchSpec, gpu: int | str | Sequence[int | str], index: int,
                  on_event: Callable[[str, ServerProcess], None] | None = None) -> None:
         self.spec = spec
-        self.gpu = str(gpu)
+        group = [gpu] if isinstance(gpu, int | str) else list(gpu)
+        self.gpus = tuple(str(g) for g in group)  # the group
+        self.gpu = ",".join(self.gpus)  # CUDA_VISIBLE_DEVICES
         self.index = index
         self.port = spec.port_base + index
         self.base_url = f"http://{spec.host}:{self.port}"
@@ -164,7 +191,22 @@ class ServerProcess:
         if bad:
             raise LaunchError(f"refusing {bad}: it disables the metrics fabricctl scrapes")
         argv = [*s.command, *model, "--served-model-name", s.served_model_name,
-                "--host", s.host, "--port", str(self.port), *args]
+                "--host", s.host, "--port", str(self.port)]
+        size = len(self.gpus)
+        tp = s.tensor_parallel_size or size
+        if size % tp:
+            raise LaunchError(f"tensor_parallel_size {tp} does not divide the group "
+                              f"{self.gpu} of {size} GPU(s)")
+        if tp > 1:
+            argv += ["--tensor-parallel-size", str(tp)]
+        if size // tp > 1 and not _flag_given(args, "--pipeline-parallel-size"):
+            argv += ["--pipeline-parallel-size", str(size // tp)]
+        if s.adapters:
+            argv += ["--enable-lora", "--lora-modules",
+                     *(f"{name}={d}" for name, d in s.adapters.items())]
+            if not _flag_given(args, "--max-loras"):  # a slot spare: see LORA_SPARE_SLOTS
+                argv += ["--max-loras", str(len(s.adapters) + LORA_SPARE_SLOTS)]
+        argv += args
         argv += [a for a in ALWAYS_ARGS if a not in argv]
         return argv
 
@@ -179,7 +221,8 @@ class ServerProcess:
         return env
 
     def _emit(self, event: str) -> None:
-        log.info("engine %d (gpu %s): %s", self.index, self.gpu, event)
+        log.info("engine %d (%s, gpu %s): %s", self.index, self.spec.served_model_name,
+                 self.gpu, event)
         if self._on_event is not None:
             try:
                 self._on_event(event, self)
@@ -319,12 +362,23 @@ class ServerProcess:
 
 
 class Launcher:
-    """Runs one ServerProcess per GPU and exposes their endpoints and pids to the supervisor."""
+    """Runs one ServerProcess per GPU group and exposes their endpoints and pids."""
 
-    def __init__(self, spec: LaunchSpec, gpus: Sequence[int | str],
+    def __init__(self, spec: LaunchSpec, gpus: Sequence[int | str | Sequence[int | str]],
                  on_event: Callable[[str, ServerProcess], None] | None = None) -> None:
         self.spec = spec
         self.servers = [ServerProcess(spec, g, i, on_event) for i, g in enumerate(gpus)]
+
+    @classmethod
+    def of(cls, groups: Sequence[tuple[LaunchSpec, Sequence[int | str]]],
+           on_event: Callable[[str, ServerProcess], None] | None = None) -> Launcher:
+        """One server per (spec, group), numbered in order (ports `port_base + i`)."""
+        if not groups:
+            raise LaunchError("no server to launch: the fleet names no GPU group")
+        launcher = cls(groups[0][0], [], on_event)
+        launcher.servers = [ServerProcess(spec, g, i, on_event)
+                            for i, (spec, g) in enumerate(groups)]
+        return launcher
 
     async def start(self, wait: bool = True) -> None:
         """Start every server; with `wait`, return when all are ready (LaunchError if not)."""
@@ -332,7 +386,7 @@ class Launcher:
             s.start()
         if wait:
             try:
-                await asyncio.gather(*(s.wait_ready(self.spec.ready_timeout_s)
+                await asyncio.gather(*(s.wait_ready(s.spec.ready_timeout_s)
                                        for s in self.servers))
             except LaunchError:
                 await self.stop()
@@ -343,7 +397,7 @@ class Launcher:
         await asyncio.gather(*(s.stop() for s in self.servers))
 
     def pids(self) -> dict[str, int | None]:
-        """GPU -> pid of its server (None while it is down), for psutil monitoring."""
+        """GPU group ("0" or "0,1") -> pid of its server (None while it is down)."""
         return {s.gpu: s.pid for s in self.servers}
 
     async def __aenter__(self) -> Launcher:

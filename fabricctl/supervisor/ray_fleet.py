@@ -1,13 +1,18 @@
-"""Ray placement for `fabricctl up --ray ADDRESS|auto`: one GPU worker per GPU, as a Ray actor.
+"""Ray placement for `fabricctl up --ray ADDRESS|auto`: a GPU worker per GPU group, a Ray actor.
 
 Contract: `RayFleet(cfg, kind, address).start(broker, token)` connects to the Ray cluster at
 `address` (`ray.init(address=...)`), or with "auto" starts a local Ray whose logical GPUs
-are the configured ones (`gpus`, else `sim.gpus` simulated ones, or one per endpoint for
-engine openai, or what NVML finds for vllm), and places one `GpuWorker` actor per GPU
-(`num_gpus=1`, `num_cpus=1`, restarted by Ray whenever its process dies). Each actor is a
-process of its own running an asyncio loop with the `Fleet` of its one GPU (a config
-narrowed to that GPU: `gpus=[gpu]`, `sim.gpus=1`, its own vLLM port and logs) and one
-consumer named `ray-<node>-gpu<gpu>` joining the broker over TCP at `broker` with `token`.
+are the configured ones (every group of `[[servers]]`, else `gpus`, else `sim.gpus`
+simulated ones, or one per endpoint for engine openai, or what NVML finds for vllm), and
+places one `GpuWorker` actor per `Placement` (`placements`): per group of each server with
+`num_gpus` the group's size (the single-model shorthand: one per GPU, `num_gpus=1`; on a
+cluster without `[[servers]]`, one per GPU of the cluster), `num_cpus=1`, restarted by Ray
+whenever its process dies. A local vLLM fleet is checked first (`vllm_fleet.preflight`:
+adapter directories, groups against NVML). Each actor is a process of its own running an
+asyncio loop with the `Fleet` of its one group (a config narrowed to it, `group_config`:
+its server with the GPUs Ray gave it as its one group, `sim.gpus=1`, its own vLLM port and
+logs) and one consumer named `ray-<node>-gpu<gpu>` (`gpu<a>-<b>` for a group) joining the
+broker over TCP at `broker` with `token`.
 After a restart Ray runs the actor's constructor again, so the worker registers again; the
 broker has already returned the dead consumer's batches (its connection closed, or its
 heartbeat timed out), and a vLLM server the dead actor launched got SIGTERM (it is tethered
@@ -63,6 +68,7 @@ class WorkerInfo(msgspec.Struct):
     batches: int
     items: int
     error: str = ""
+    gpus: list[int] = []  # its group: the GPUs Ray gave it
 
 
 class WorkerView(msgspec.Struct):
@@ -79,6 +85,19 @@ class WorkerView(msgspec.Struct):
     batches: int = 0
     items: int = 0
     error: str = ""
+    gpus: list[int] = []  # its group
+    num_gpus: int = 1  # what it asked Ray for
+
+
+class Placement(msgspec.Struct, frozen=True):
+    """Why: what one GPU worker asks Ray for: its server and its group (size = num_gpus)."""
+
+    group: tuple[int, ...]  # the configured GPUs: a local Ray's logical ids; a cluster: a size
+    server: int | None = None  # its entry in `[[servers]]`; None: the single-model form
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.group)
 
 
 def import_ray() -> Any:
@@ -138,10 +157,37 @@ def local_gpus(cfg: AppConfig, kind: str) -> list[int]:
     return [g.index for g in report.gpus]
 
 
+def placements(cfg: AppConfig, kind: str, cluster_gpus: int | None = None) -> list[Placement]:
+    """The GPU workers to place: one per group of each `[[servers]]` entry; else (the
+    single-model form, or a lone entry naming no groups) one per GPU: `local_gpus`, or the
+    `cluster_gpus` of a Ray cluster; for engine openai one per endpoint."""
+    if kind == "openai":
+        return [Placement((g,)) for g in local_gpus(cfg, kind)]
+    if cfg.servers and all(s.gpus for s in cfg.servers):
+        return [Placement(tuple(g), i) for i, s in enumerate(cfg.servers) for g in s.gpus]
+    server = 0 if cfg.servers else None
+    gpus = (range(cluster_gpus) if cluster_gpus is not None
+            else local_gpus(dataclasses.replace(cfg, servers=[]), kind))
+    return [Placement((g,), server) for g in gpus]
+
+
 def one_gpu_config(cfg: AppConfig, kind: str, gpu: int, index: int, name: str) -> AppConfig:
-    """The configuration of one GPU worker: its GPU only, its own vLLM port (two workers on
-    one node never share one) and its own logs."""
-    cfg = dataclasses.replace(cfg, gpus=[gpu], data_dir=cfg.data_dir / "ray" / name)
+    """The configuration of one GPU worker of the single-model form (`group_config`)."""
+    return group_config(cfg, kind, [gpu], index, name)
+
+
+def group_config(cfg: AppConfig, kind: str, group: list[int], index: int, name: str,
+                 server: int | None = None) -> AppConfig:
+    """The configuration of one GPU worker: its group only (`server`: its `[[servers]]`
+    entry, narrowed to that one group), its own vLLM port (two workers on one node never
+    share one) and its own logs."""
+    gpu = group[0]
+    cfg = dataclasses.replace(cfg, data_dir=cfg.data_dir / "ray" / name)
+    if server is not None:
+        cfg = dataclasses.replace(cfg, servers=[dataclasses.replace(
+            cfg.servers[server], gpus=[list(group)])])
+    else:
+        cfg = dataclasses.replace(cfg, gpus=[gpu])
     if kind == "sim":
         return dataclasses.replace(cfg, sim=dataclasses.replace(cfg.sim, gpus=1))
     if kind == "vllm":
@@ -155,16 +201,19 @@ def one_gpu_config(cfg: AppConfig, kind: str, gpu: int, index: int, name: str) -
 class GpuWorker:
     """Why: Ray restarts processes, not consumers; one process is one GPU's whole worker."""
 
-    def __init__(self, cfg: AppConfig, kind: str, index: int, broker: str, token: str) -> None:
+    def __init__(self, cfg: AppConfig, kind: str, index: int, broker: str, token: str,
+                 placement: Placement | None = None) -> None:
         import ray
 
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
         ids = ray.get_gpu_ids()
-        self.gpu = int(ids[0]) if ids else index
+        self.gpus = [int(i) for i in ids] or [index]
+        self.gpu = self.gpus[0]
         self.node = str(ray.get_runtime_context().get_node_id())[:8]
-        self.name = f"ray-{self.node}-gpu{self.gpu}"
+        self.name = f"ray-{self.node}-gpu{'-'.join(map(str, self.gpus))}"
         self.error = ""
-        self._cfg = one_gpu_config(cfg, kind, self.gpu, index, self.name)
+        self._cfg = group_config(cfg, kind, self.gpus, index, self.name,
+                                 placement.server if placement is not None else None)
         self._kind, self._broker, self._token = kind, broker, token
         self._fleet: Fleet | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -208,7 +257,7 @@ class GpuWorker:
         return WorkerInfo(self.name, self.node, self.gpu, os.getpid(),
                           connected=c is not None and c.connected.is_set(),
                           batches=c.batches if c else 0, items=c.items if c else 0,
-                          error=self.error)
+                          error=self.error, gpus=list(self.gpus))
 
     def getpid(self) -> int:
         return os.getpid()
@@ -240,14 +289,14 @@ class RayFleet:
     async def start(self, broker: str, token: str) -> None:
         ray = self._ray = import_ray()
         try:
-            count = await asyncio.to_thread(self._init)
+            placed = await asyncio.to_thread(self._init)
             remote = ray.remote(num_gpus=1, num_cpus=ACTOR_CPUS, max_restarts=MAX_RESTARTS,
                                 max_concurrency=4)(GpuWorker)
-            for i in range(count):
+            for i, p in enumerate(placed):
                 actor = f"fabricctl-gpu-worker-{i}"
-                self.actors.append(remote.options(name=actor).remote(
-                    self.cfg, self.kind, i, broker, token))
-                self.views.append(WorkerView(actor))
+                self.actors.append(remote.options(name=actor, num_gpus=p.num_gpus).remote(
+                    self.cfg, self.kind, i, broker, token, p))
+                self.views.append(WorkerView(actor, num_gpus=p.num_gpus))
             await self._place()
         except BaseException:
             await self.stop(timeout=5.0)
@@ -256,8 +305,8 @@ class RayFleet:
                  ", ".join(v.name for v in self.views))
         self._watch = asyncio.get_running_loop().create_task(self._watch_loop())
 
-    def _init(self) -> int:
-        """Connect to (or start) Ray; the number of GPU workers to place."""
+    def _init(self) -> list[Placement]:
+        """Connect to (or start) Ray; the GPU workers to place."""
         ray = self._ray
         opts: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
         if not self.local:
@@ -267,13 +316,18 @@ class RayFleet:
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
                 raise BackendMissing(f"no Ray cluster at {self.address}: {first}") from e
             if self.kind == "openai":
-                return len(local_gpus(self.cfg, self.kind))
+                return placements(self.cfg, self.kind)
             count = int(ray.cluster_resources().get("GPU", 0))
             if count == 0:
                 ray.shutdown()
                 raise BackendMissing(f"the Ray cluster at {self.address} has no GPUs")
-            return count
-        gpus = local_gpus(self.cfg, self.kind)
+            return placements(self.cfg, self.kind, cluster_gpus=count)
+        placed = placements(self.cfg, self.kind)
+        if self.kind == "vllm" and self.cfg.servers:
+            from fabricctl.supervisor.vllm_fleet import preflight, present_gpus
+
+            preflight(self.cfg.servers, present_gpus()[0])
+        gpus = sorted({g for p in placed for g in p.group})
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         before = os.environ.get("CUDA_VISIBLE_DEVICES")
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))  # Ray's GPU ids
@@ -285,7 +339,7 @@ class RayFleet:
                 os.environ.pop("CUDA_VISIBLE_DEVICES", None)
             else:
                 os.environ["CUDA_VISIBLE_DEVICES"] = before
-        return len(gpus)
+        return placed
 
     async def _place(self) -> None:
         """Every actor placed and answering its first ping, within PLACE_TIMEOUT_S."""
@@ -307,6 +361,7 @@ class RayFleet:
         if info.error and info.error != view.error:
             log.error("GPU worker %s: %s", info.name, info.error)
         view.name, view.node, view.gpu, view.pid = info.name, info.node, info.gpu, info.pid
+        view.gpus = list(info.gpus)
         view.alive, view.connected, view.error = True, info.connected, info.error
         view.batches, view.items = info.batches, info.items
 

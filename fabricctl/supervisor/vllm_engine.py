@@ -1,4 +1,4 @@
-"""The vLLM engine: an OpenAIEngine bound to one launcher-managed vLLM server (one per GPU).
+"""The vLLM engine: an OpenAIEngine bound to one launcher-managed vLLM server (one per group).
 
 It lives in the supervisor, not in `engines`: it follows a supervised server through its
 restarts, and engines know nothing of the processes behind them.
@@ -7,8 +7,9 @@ Contract: same as `OpenAIEngine` (one request per item, counters from /metrics),
 the server's lifecycle: `run` and `prewarm` first wait up to `ready_timeout_s` (by default
 the launch spec's, `[vllm] ready_timeout_s`) for the server's /health readiness (it may be
 restarting) and raise `EngineError` if it does not come back, so the broker puts the batch
-back. The URL and the served model name come from
-the `ServerProcess`, never from separate config.
+back. The URL, the served model name and the names it answers (the served name and its
+LoRA adapters', `names`) come from the `ServerProcess`'s launch spec, never from separate
+config; adapters passed in `extra_args` (`--lora-modules`) are learnt from /v1/models.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ from fabricctl.supervisor.launcher import ServerProcess
 
 
 class VllmEngine(OpenAIEngine):
-    """Why: a consumer's engine must follow its GPU's server through restarts."""
+    """Why: a consumer's engine must follow its GPU group's server through restarts."""
 
     def __init__(self, server: ServerProcess, *, max_batch_size: int, max_batch_tokens: int,
                  max_input_len: int, ready_timeout_s: float | None = None,
                  **kwargs: Any) -> None:
         kwargs.setdefault("name", f"vllm:gpu{server.gpu}")
+        if "names" not in kwargs:  # adapters given in extra_args: learnt from /v1/models
+            lora_args = any(a.split("=")[0] == "--lora-modules" for a in server.spec.extra_args)
+            kwargs["names"] = None if lora_args else server.spec.names
         super().__init__(server.base_url, server.spec.served_model_name,
                          max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens,
                          max_input_len=max_input_len, **kwargs)

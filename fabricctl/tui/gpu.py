@@ -12,8 +12,10 @@ the broker host's first, as above, then one block per agent host, its name, then
 NVML line (from the agent's heartbeats, when it has NVML) and its engine line; with agents
 connected the broker's block is headed by its host name too. A broker with no local GPUs
 (engine kind "none") says "no local GPUs: waiting for agents" instead of the NVML line.
-`RateTracker` turns the engines' cumulative token counters into tokens/s, keyed by consumer,
-against snapshot time.
+A consumer whose server answers several names (a base model and its LoRA adapters) gets a
+second line, `serves <names>`, the one it pulls from now in bold; a server spanning a group
+of GPUs (its heartbeat's `gpus`) shows them all (`gpu0,1`). `RateTracker` turns the
+engines' cumulative token counters into tokens/s, keyed by consumer, against snapshot time.
 """
 
 from __future__ import annotations
@@ -81,8 +83,7 @@ def engine_line(name: str, eng: dict[str, Any], snap: Snapshot, rates: RateTrack
     stats = eng.get("stats")
     line = Text(" ")
     line.append(f"{fmt.shorten(name, 14):<14} ", style="bold")
-    gpu = eng.get("gpu")
-    line.append(f"{'' if gpu is None else f'gpu{gpu}':<5} ", style=MUTED)
+    line.append(f"{gpu_label(eng):<5} ", style=MUTED)
     line.append(f"{fmt.shorten(str(eng.get('engine') or '?'), 6):<6} ")
     line.append("KV ", style=MUTED)
     line.append(f"{fmt.pct(kv_hit_rate(stats)):>6} ")
@@ -95,6 +96,33 @@ def engine_line(name: str, eng: dict[str, Any], snap: Snapshot, rates: RateTrack
     if eng.get("simulated"):
         line.append(" simulated", style=WARN)
     line.append_text(shape_part(name, snap))
+    served = served_line(name, snap)
+    return line if served is None else Text("\n").join([line, served])
+
+
+def gpu_label(eng: dict[str, Any]) -> str:
+    """`gpu0`, or for a server spanning a group of GPUs (its heartbeat's `gpus`) `gpu0,1`."""
+    group = eng.get("gpus")
+    if isinstance(group, list) and len(group) > 1:
+        return "gpu" + ",".join(str(g) for g in group)
+    gpu = eng.get("gpu")
+    return "" if gpu is None else f"gpu{gpu}"
+
+
+def served_line(consumer: str, snap: Snapshot) -> Text | None:
+    """`   serves base · ad-a · ad-b`, the name it pulls from now in bold, for a consumer
+    whose server answers several names (LoRA adapters); None for one of a single name."""
+    view = next((c for c in snap.consumers if c.name == consumer), None)
+    if view is None or not view.names:
+        return None
+    line = Text("   serves ", style=MUTED)
+    now = view.serving or view.model
+    for k, name in enumerate((view.model, *view.names)):
+        if k:
+            line.append(" · ", style=MUTED)
+        line.append(name, style="bold" if name == now else "")
+    if view.name_switches:
+        line.append(f"  {view.name_switches:,} switches between them", style=MUTED)
     return line
 
 
@@ -105,12 +133,13 @@ def shape_part(consumer: str, snap: Snapshot) -> Text:
     if view is None or (view.current is None and view.next is None):
         return Text()
     names = labels(snap)
+    model = view.serving or view.model  # the name its shapes are under now
     part = Text("  now ", style=MUTED)
-    part.append(fmt.shorten(short_name(view.current, names.get((view.model, view.current or 0),
+    part.append(fmt.shorten(short_name(view.current, names.get((model, view.current or 0),
                                                                   "")), 16))
     if view.next is not None:
         part.append(" next ", style=MUTED)
-        part.append(fmt.shorten(short_name(view.next, names.get((view.model, view.next), "")),
+        part.append(fmt.shorten(short_name(view.next, names.get((model, view.next), "")),
                                 16))
     return part
 
@@ -193,6 +222,9 @@ def gpu_panel(snap: Snapshot, rates: RateTracker) -> Text:
                 if eng.get("gpu") == g.get("index"):
                     lines.append(engine_line(name, eng, snap, rates))
                     placed.add(name)
+                elif g.get("index") in (eng.get("gpus") or ()):
+                    lines.append(Text(f" {fmt.shorten(name, 14):<14} {gpu_label(eng)} "
+                                      "(one server over the group)", style=MUTED))
         for lost in report.get("lost") or []:
             lines.append(Text(f"GPU{lost.get('index')} lost: {lost.get('reason')}",
                               style=CRITICAL))
