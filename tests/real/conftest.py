@@ -8,7 +8,8 @@ the first test that needs it, in the background: `starting`) serves the tiny mod
 embedding model (`--runner pooling --convert embed`: `EMBED`), started by `serve_pooling`,
 which other pooling servers use too. `lora_adapters` writes two random LoRA adapters for the
 tiny model (`make_lora.py`); `lora_server` (started like `embed_server`) serves the tiny model
-with both (`lora_flags`: `--enable-lora ... --lora-modules ad-a=DIR ad-b=DIR`).
+with both, the launcher's own LoRA flags (its `adapters`), which `lora_flags` spells out for
+run-batch.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pytest_asyncio
 from realtext import free_port_pair
 
 from fabricctl.errors import LaunchError
-from fabricctl.supervisor.launcher import Launcher, vllm_cpu_spec
+from fabricctl.supervisor.launcher import LORA_SPARE_SLOTS, Launcher, vllm_cpu_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("FABRICCTL_VLLM_VENV", ROOT / ".venv-vllm"))
@@ -45,19 +46,17 @@ SERVER_ARGS = ("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
 
 EMBED = ("--runner", "pooling", "--convert", "embed")
 ADAPTERS = ("ad-a", "ad-b")  # the LoRA adapters' names, seeds 1 and 2
+LORA_RANK = ("--max-lora-rank", "8")
 
 
 def lora_flags(adapters: dict[str, Path]) -> tuple[str, ...]:
-    """The engine flags that serve the tiny model with `adapters` (name -> directory).
-
-    `--max-loras` is one more than the adapters: the CPU build's LoRA ops (vllm/lora/ops/
-    torch_ops/lora_ops.py, vLLM 0.32) index the stacked slots with each token's slot, -1 for
-    the base model, and Python's -1 is the last slot, so in a step mixing base and adapter
-    requests the base ones get the last slot's adapter (measured: with `--max-loras 2`, up to
-    10 of 12 base lines answered exactly as "ad-b" does, in run-batch and in a server); a
-    slot no adapter takes holds zeros."""
-    return ("--enable-lora", "--max-lora-rank", "8", "--max-loras", str(len(adapters) + 1),
-            "--lora-modules", *(f"{name}={path}" for name, path in adapters.items()))
+    """The engine flags that serve the tiny model with `adapters` (name -> directory), as the
+    launcher writes them for its `adapters` (`lora_server`), for run-batch: `--max-loras` keeps
+    `LORA_SPARE_SLOTS` free (vLLM 0.32's CPU build answers a base request beside adapter
+    requests with the last slot's adapter when every slot is taken)."""
+    return ("--enable-lora", "--lora-modules",
+            *(f"{name}={path}" for name, path in adapters.items()),
+            "--max-loras", str(len(adapters) + LORA_SPARE_SLOTS), *LORA_RANK)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -126,11 +125,14 @@ async def vllm_servers(tiny_model: Path,
     await launcher.stop()
 
 
-async def serve_pooling(model: Path, flags: tuple[str, ...], logs: Path) -> Launcher:
-    """One server of `model` with the session's flags plus `flags` (a pooling runner, LoRA
-    adapters), ready; its log tail in the failure when it does not start."""
+async def serve_pooling(model: Path, flags: tuple[str, ...], logs: Path,
+                        adapters: dict[str, Path] | None = None) -> Launcher:
+    """One server of `model` with the session's flags plus `flags` (a pooling runner) and the
+    LoRA `adapters` (name -> directory), ready; its log tail in the failure when it does not
+    start."""
     spec = vllm_cpu_spec(VENV, str(model), "tiny", logs, port_base=free_port_pair(),
                          extra_args=(*SERVER_ARGS, *flags), ready_timeout_s=240.0,
+                         adapters={name: str(path) for name, path in (adapters or {}).items()},
                          stop_timeout_s=20.0, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     launcher = Launcher(spec, [0])
     await start_or_fail(launcher)
@@ -180,8 +182,8 @@ def lora_adapters(vllm_python: Path, tiny_model: Path,
 async def lora_server(tiny_model: Path, lora_adapters: dict[str, Path],
                       tmp_path_factory: pytest.TempPathFactory
                       ) -> AsyncIterator[asyncio.Task[Launcher]]:
-    """The tiny Llama with both adapters (`lora_flags`), starting once in the background for
-    the tests that await it."""
-    async with starting(serve_pooling(tiny_model, lora_flags(lora_adapters),
-                                      tmp_path_factory.mktemp("lora-logs"))) as task:
+    """The tiny Llama with both adapters (the launcher's `adapters`: its flags are
+    `lora_flags`), starting once in the background for the tests that await it."""
+    async with starting(serve_pooling(tiny_model, LORA_RANK, tmp_path_factory.mktemp("lora-logs"),
+                                      adapters=lora_adapters)) as task:
         yield task

@@ -1,19 +1,20 @@
 """A chat batch mixing the base model and two LoRA adapters, on the real vLLM CPU build.
 
-One server (`conftest.lora_server`) serves the tiny Llama and two random rank-8 adapters made
-at test time (`make_lora.py`: "ad-a", "ad-b"). A batch in the OpenAI batch format whose lines
-name "tiny", "ad-a" or "ad-b" in `model` (3 system prompts x 4 users x 3 names, the names
-interleaved, so each (name, prefix) recurs) goes through `fabricctl run --engine openai`
-against it (the engine learns the adapters' names from /v1/models) and through `vllm run-batch`
-with the same flags. Per line: a result; status and `usage.prompt_tokens` equal run-batch's;
-the body's `model` is the name the line asked for; the temperature-0 text (and
-completion_tokens) equals the same server answering the body alone. The summary line also
-counts run-batch's texts equal to those (36/36 in each of 3 runs here), asserted nowhere: the
-text reference is the server's answer alone. And the adapters matter: at least half of each
-adapter's texts differ from the base model's for the same messages.
+One server (`conftest.lora_server`, started by fabricctl's launcher with its `adapters`) serves
+the tiny Llama and two random rank-8 adapters made at test time (`make_lora.py`: "ad-a",
+"ad-b"). A batch in the OpenAI batch format whose lines name "tiny", "ad-a" or "ad-b" in
+`model` (3 system prompts x 4 users x 3 names, the names interleaved, so each (name, prefix)
+recurs) goes through `fabricctl run --engine openai` against it (the engine learns the
+adapters' names from /v1/models) and through `vllm run-batch` with the same flags
+(`conftest.lora_flags`, checked against the server's command line). Per line: a result; status
+and `usage.prompt_tokens` equal run-batch's; the body's `model` is the name the line asked for;
+the temperature-0 text (and completion_tokens) equals the same server answering the body alone.
+The summary line also counts run-batch's texts equal to those (36/36 in each of 3 runs here),
+asserted nowhere: the text reference is the server's answer alone. And the adapters matter: at
+least half of each adapter's texts differ from the base model's for the same messages.
 
-Run-batch and the server keep a LoRA slot free (`conftest.lora_flags`: `--max-loras 3` for
-two adapters), else the CPU build answers a base request that shares a step with an
+Run-batch and the server keep a LoRA slot free (the launcher's `LORA_SPARE_SLOTS`: `--max-loras
+3` for two adapters), else the CPU build answers a base request that shares a step with an
 adapter's as the last slot's adapter would (its -1 slot index taken as Python's last): with
 `--max-loras 2`, one run's base lines came back with exactly "ad-b"'s text on 10 of 12 in
 run-batch and 7 of 12 through fabricctl (3 more differing from the base's too): what
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ADAPTERS, lora_flags
+from conftest import ADAPTERS, LORA_RANK, lora_flags
 from runbatch import answered_alone, run_batch, through_fabricctl, write
 
 from fabricctl.supervisor.launcher import Launcher
@@ -81,6 +82,9 @@ async def test_lora_lines_answer_as_run_batch_and_the_server_do(
         run_batch(tiny_model, inp, tmp_path / "rb.jsonl", 1, *lora_flags(lora_adapters)),
         lora_server)
     rb_s = time.monotonic() - t0
+    argv = " ".join(server.servers[0].argv())
+    flags = lora_flags(lora_adapters)
+    assert " ".join(flags[:-len(LORA_RANK)]) in argv and " ".join(LORA_RANK) in argv, argv
     t1 = time.monotonic()
     ours = await through_fabricctl(server, tiny_model / "tokenizer.json", tmp_path, inp)
     ours_s = time.monotonic() - t1
