@@ -1,7 +1,7 @@
 """Writes a random LoRA adapter (peft layout) for the tiny Llama that make_tiny_model.py builds.
 
 Run with the python of `.venv-vllm` (it has torch and safetensors; peft is not needed):
-    .venv-vllm/bin/python tests/real/make_lora.py MODEL_DIR OUT_DIR [OUT_DIR ...]
+    .venv-vllm/bin/python tests/real/make_lora.py MODEL_DIR [OUT_DIR ...]
 Reads MODEL_DIR/config.json for the layer count and sizes and writes into each OUT_DIR an
 adapter_config.json and an adapter_model.safetensors: rank-8 lora_A/lora_B on every layer's
 q_proj and v_proj, float32, random from seed 1, 2, ... in the order given. Unlike a fresh
@@ -50,8 +50,8 @@ def build(model: Path, out: Path, seed: int) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit(f"usage: {sys.argv[0]} MODEL_DIR OUT_DIR [OUT_DIR ...]")
+    if len(sys.argv) < 2:  # no OUT_DIR: nothing to write (vllm_bench without --lora)
+        sys.exit(f"usage: {sys.argv[0]} MODEL_DIR [OUT_DIR ...]")
     for seed, out in enumerate(sys.argv[2:], start=1):
         build(Path(sys.argv[1]), Path(out), seed)
         print(out)
