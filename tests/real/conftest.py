@@ -6,7 +6,10 @@ FABRICCTL_ALLOW_SKIP_VLLM=1, then a skip. Two servers stand in for two GPUs, one
 started once per run through fabricctl's own launcher. `embed_server` (also started once, by
 the first test that needs it, in the background: `starting`) serves the tiny model as an
 embedding model (`--runner pooling --convert embed`: `EMBED`), started by `serve_pooling`,
-which other pooling servers use too.
+which other pooling servers use too. `lora_adapters` writes two random LoRA adapters for the
+tiny model (`make_lora.py`); `lora_server` (started like `embed_server`) serves the tiny model
+with both, the launcher's own LoRA flags (its `adapters`), which `lora_flags` spells out for
+run-batch.
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ import pytest_asyncio
 from realtext import free_port_pair
 
 from fabricctl.errors import LaunchError
-from fabricctl.supervisor.launcher import Launcher, vllm_cpu_spec
+from fabricctl.supervisor.launcher import LORA_SPARE_SLOTS, Launcher, vllm_cpu_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("FABRICCTL_VLLM_VENV", ROOT / ".venv-vllm"))
 MAKE_MODEL = Path(__file__).with_name("make_tiny_model.py")
+MAKE_LORA = Path(__file__).with_name("make_lora.py")
 BLOCK_SIZE = 32  # the CPU backend needs a multiple of 32
 NUM_BLOCKS = 64  # small, so a few shapes evict each other
 MAX_MODEL_LEN = 512
@@ -41,6 +45,18 @@ SERVER_ARGS = ("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
 
 
 EMBED = ("--runner", "pooling", "--convert", "embed")
+ADAPTERS = ("ad-a", "ad-b")  # the LoRA adapters' names, seeds 1 and 2
+LORA_RANK = ("--max-lora-rank", "8")
+
+
+def lora_flags(adapters: dict[str, Path]) -> tuple[str, ...]:
+    """The engine flags that serve the tiny model with `adapters` (name -> directory), as the
+    launcher writes them for its `adapters` (`lora_server`), for run-batch: `--max-loras` keeps
+    `LORA_SPARE_SLOTS` free (vLLM 0.32's CPU build answers a base request beside adapter
+    requests with the last slot's adapter when every slot is taken)."""
+    return ("--enable-lora", "--lora-modules",
+            *(f"{name}={path}" for name, path in adapters.items()),
+            "--max-loras", str(len(adapters) + LORA_SPARE_SLOTS), *LORA_RANK)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -109,11 +125,14 @@ async def vllm_servers(tiny_model: Path,
     await launcher.stop()
 
 
-async def serve_pooling(model: Path, flags: tuple[str, ...], logs: Path) -> Launcher:
-    """One server of `model` with the session's flags plus `flags` (a pooling runner), ready;
-    its log tail in the failure when it does not start."""
+async def serve_pooling(model: Path, flags: tuple[str, ...], logs: Path,
+                        adapters: dict[str, Path] | None = None) -> Launcher:
+    """One server of `model` with the session's flags plus `flags` (a pooling runner) and the
+    LoRA `adapters` (name -> directory), ready; its log tail in the failure when it does not
+    start."""
     spec = vllm_cpu_spec(VENV, str(model), "tiny", logs, port_base=free_port_pair(),
                          extra_args=(*SERVER_ARGS, *flags), ready_timeout_s=240.0,
+                         adapters={name: str(path) for name, path in (adapters or {}).items()},
                          stop_timeout_s=20.0, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     launcher = Launcher(spec, [0])
     await start_or_fail(launcher)
@@ -142,4 +161,29 @@ async def embed_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactor
     it (an idle CPU vLLM server takes no CPU time, measured)."""
     async with starting(serve_pooling(tiny_model, EMBED,
                                       tmp_path_factory.mktemp("embed-logs"))) as task:
+        yield task
+
+
+@pytest.fixture(scope="session")
+def lora_adapters(vllm_python: Path, tiny_model: Path,
+                  tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two random rank-8 LoRA adapters (peft layout) for the tiny model:
+    {"ad-a": dir, "ad-b": dir}."""
+    root = tmp_path_factory.mktemp("lora")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+    adapters = {name: root / name for name in ADAPTERS}
+    subprocess.run([str(vllm_python), str(MAKE_LORA), str(tiny_model),
+                    *map(str, adapters.values())], check=True, env=env, timeout=300,
+                   capture_output=True)
+    return adapters
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def lora_server(tiny_model: Path, lora_adapters: dict[str, Path],
+                      tmp_path_factory: pytest.TempPathFactory
+                      ) -> AsyncIterator[asyncio.Task[Launcher]]:
+    """The tiny Llama with both adapters (the launcher's `adapters`: its flags are
+    `lora_flags`), starting once in the background for the tests that await it."""
+    async with starting(serve_pooling(tiny_model, LORA_RANK, tmp_path_factory.mktemp("lora-logs"),
+                                      adapters=lora_adapters)) as task:
         yield task

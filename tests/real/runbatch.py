@@ -9,6 +9,9 @@ Helpers (not a test module):
   with exactly `refused` lines refused by its reader (each still a row), embeddings items
   grouped into one request or not (`[consumer] group_pooling`); its output rows by
   custom_id.
+- `answered_alone(server, lines)`: each line's body POSTed alone to the server at its url,
+  one after another; a row per custom_id in run-batch's form (`response.body` None and
+  `error` the server's answer when it refuses).
 - `write(path, lines)`: a JSONL file of the lines.
 - `vectors(body)`: an embeddings body's vectors as floats (base64 ones decoded);
   `cosine(a, b)`.
@@ -26,6 +29,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import httpx
 from conftest import SERVER_ARGS, VENV
 
 from fabricctl.cli.run import run_job
@@ -93,3 +97,15 @@ async def through_fabricctl(servers: Launcher, tokenizer: Path, tmp: Path, inp: 
     await run_job(cfg, inp, out, errors=errors.append, keep_data=True)
     assert len(errors) == refused, errors
     return by_id(out.getvalue().decode().splitlines())
+
+
+async def answered_alone(base_url: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+        for line in lines:
+            resp = await client.post(line["url"], json=line["body"])
+            out[line["custom_id"]] = {
+                "custom_id": line["custom_id"], "error": None if resp.is_success else resp.json(),
+                "response": {"status_code": resp.status_code,
+                             "body": resp.json() if resp.is_success else None}}
+    return out
