@@ -23,6 +23,7 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -47,6 +48,28 @@ SERVER_ARGS = ("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
 EMBED = ("--runner", "pooling", "--convert", "embed")
 ADAPTERS = ("ad-a", "ad-b")  # the LoRA adapters' names, seeds 1 and 2
 LORA_RANK = ("--max-lora-rank", "8")
+
+LORA_NAMES = ("tiny", *ADAPTERS)  # the LoRA batch's names: the base model's first
+LORA_SYSTEMS = ["You are a helpful assistant. the broker routes the items.",
+           "You are terse. the cache keeps its blocks and the engine counts the tokens.",
+           "Question: the supervisor sends the results. Answer:"]
+LORA_USERS = ["the shape warms a prefix.", "every consumer reads the queue.",
+         "a lane packs the items.", "one prompt evicts its blocks."]
+
+
+def lora_lines() -> list[dict[str, Any]]:
+    """36 temperature-0 chat lines: every (name, system, user) once, the names interleaved."""
+    lines = []
+    for i in range(len(LORA_NAMES) * len(LORA_SYSTEMS) * len(LORA_USERS)):
+        name = LORA_NAMES[i % len(LORA_NAMES)]
+        system = LORA_SYSTEMS[i // len(LORA_NAMES) % len(LORA_SYSTEMS)]
+        user = LORA_USERS[i // (len(LORA_NAMES) * len(LORA_SYSTEMS))]
+        lines.append({"custom_id": f"{name}-{i}", "method": "POST",
+                      "url": "/v1/chat/completions",
+                      "body": {"model": name, "temperature": 0, "max_tokens": 8,
+                               "messages": [{"role": "system", "content": system},
+                                            {"role": "user", "content": user}]}})
+    return lines
 
 
 def lora_flags(adapters: dict[str, Path]) -> tuple[str, ...]:
@@ -176,6 +199,27 @@ def lora_adapters(vllm_python: Path, tiny_model: Path,
                     *map(str, adapters.values())], check=True, env=env, timeout=300,
                    capture_output=True)
     return adapters
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def lora_runbatch(tiny_model: Path, lora_adapters: dict[str, Path],
+                        tmp_path_factory: pytest.TempPathFactory
+                        ) -> AsyncIterator[asyncio.Task[dict[str, Any]]]:
+    """`vllm run-batch` of `lora_lines()` with `lora_flags` (on core 1), started once in the
+    background: its rows by custom_id, the reference of every LoRA test."""
+    from runbatch import run_batch, write
+
+    tmp = tmp_path_factory.mktemp("lora-runbatch")
+    inp = write(tmp / "lora.jsonl", lora_lines())
+    task = asyncio.ensure_future(run_batch(tiny_model, inp, tmp / "rb.jsonl", 1,
+                                           *lora_flags(lora_adapters)))
+    try:
+        yield task
+    finally:
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

@@ -30,35 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ADAPTERS, LORA_RANK, lora_flags
-from runbatch import answered_alone, run_batch, through_fabricctl, write
+from conftest import ADAPTERS, LORA_NAMES, LORA_RANK, lora_flags, lora_lines
+from runbatch import answered_alone, through_fabricctl, write
 
 from fabricctl.supervisor.launcher import Launcher
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.asyncio(loop_scope="session")]
-
-NAMES = ("tiny", *ADAPTERS)
-SYSTEMS = ["You are a helpful assistant. the broker routes the items.",
-           "You are terse. the cache keeps its blocks and the engine counts the tokens.",
-           "Question: the supervisor sends the results. Answer:"]
-USERS = ["the shape warms a prefix.", "every consumer reads the queue.",
-         "a lane packs the items.", "one prompt evicts its blocks."]
-
-
-def lora_lines() -> list[dict[str, Any]]:
-    """36 temperature-0 chat lines: every (name, system, user) once, the names interleaved."""
-    lines = []
-    for i in range(len(NAMES) * len(SYSTEMS) * len(USERS)):
-        name = NAMES[i % len(NAMES)]
-        system = SYSTEMS[i // len(NAMES) % len(SYSTEMS)]
-        user = USERS[i // (len(NAMES) * len(SYSTEMS))]
-        lines.append({"custom_id": f"{name}-{i}", "method": "POST",
-                      "url": "/v1/chat/completions",
-                      "body": {"model": name, "temperature": 0, "max_tokens": 8,
-                               "messages": [{"role": "system", "content": system},
-                                            {"role": "user", "content": user}]}})
-    return lines
-
 
 def status_and_usage(rec: dict[str, Any]) -> tuple[int, int | None]:
     resp = rec["response"]
@@ -73,14 +50,13 @@ def text(rec: dict[str, Any]) -> str | None:
 
 
 async def test_lora_lines_answer_as_run_batch_and_the_server_do(
-        lora_server: asyncio.Task[Launcher], lora_adapters: dict[str, Path],
-        tiny_model: Path, tmp_path: Path) -> None:
+        lora_server: asyncio.Task[Launcher], lora_runbatch: asyncio.Task[dict[str, Any]],
+        lora_adapters: dict[str, Path], tiny_model: Path, tmp_path: Path) -> None:
     lines = lora_lines()
     inp = write(tmp_path / "lora.jsonl", lines)
     t0 = time.monotonic()
     ref, server = await asyncio.gather(  # run-batch on core 1 while the server starts on 0
-        run_batch(tiny_model, inp, tmp_path / "rb.jsonl", 1, *lora_flags(lora_adapters)),
-        lora_server)
+        lora_runbatch, lora_server)
     rb_s = time.monotonic() - t0
     argv = " ".join(server.servers[0].argv())
     flags = lora_flags(lora_adapters)
@@ -98,7 +74,7 @@ async def test_lora_lines_answer_as_run_batch_and_the_server_do(
     status = sum(status_and_usage(ours[c]) == status_and_usage(ref[c]) for c in ids)
     same = sum(text(ours[c]) == text(alone[c]) for c in ids)
     rb_same = sum(text(ref[c]) == text(alone[c]) for c in ids)
-    print(f"\nLoRA: {len(lines)} items ({', '.join(NAMES)}); run-batch (and the server's "
+    print(f"\nLoRA: {len(lines)} items ({', '.join(LORA_NAMES)}); run-batch (and the server's "
           f"start) {rb_s:.1f} s, fabricctl run {ours_s:.1f} s; status and prompt_tokens "
           f"equal run-batch's on {status}/{len(ids)}; texts equal the server's alone on "
           f"{same}/{len(ids)} (run-batch's on {rb_same}/{len(ids)})")
