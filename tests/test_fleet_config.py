@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import clean_env, fabricctl
+from server_helpers import result_sequence
 from test_launcher import free_port
 
 from fabricctl.cli import doctor
@@ -344,3 +345,54 @@ def test_an_agent_runs_the_groups_of_the_fleet_inside_its_gpus() -> None:
         within(fleet[:2], [5])
     cfg = agent_config(AppConfig(servers=fleet[:2]), "sim", [0, 1], None)
     assert [s.gpus for s in cfg.servers] == [[[0, 1]]] and cfg.sim.gpus == 2
+
+
+async def test_a_sim_fleet_routes_each_name_to_its_server_and_shows_its_group(
+        tmp_path: Path) -> None:
+    """`up --engine sim` of a fleet: a base model with two adapters over a group of two GPUs,
+    an embedder on a third. Every item lands on the server of its name; the snapshot shows
+    the group's GPUs (from its consumer's heartbeat) and the names each consumer serves."""
+    import asyncio
+    import time
+
+    from fabricctl.core.payload import Payload, encode_payload
+    from fabricctl.core.snapshot import Snapshot
+    from fabricctl.core.types import Item
+    from fabricctl.daemon.assembly import Daemon
+    from fabricctl.wire.client import Client
+
+    cfg = dataclasses.replace(
+        AppConfig(data_dir=tmp_path / "data", engine="sim",
+                  servers=[ServerSpec("/m/base", "base", {"ad-a": "/a", "ad-b": "/b"},
+                                      [[0, 1]]),
+                           ServerSpec("/m/emb", "emb", gpus=[[2]])]),
+        sim=dataclasses.replace(AppConfig().sim, time_scale=0.0))
+    names = ("base", "ad-a", "ad-b", "emb")
+    items = [Item(f"i{k}", names[k % 4], 1 + k % 2, 40, 2,
+                  encode_payload(Payload([f"system {k % 2}"], f"q{k}", [32], 8)))
+             for k in range(80)]
+    daemon = Daemon(cfg)
+    await daemon.start()
+    try:
+        assert daemon.fleet is not None and daemon.server is not None
+        await daemon.fleet.wait_connected()
+        client = await Client.connect(daemon.server.state.cfg.socket_path, "producer", "t")
+        try:
+            assert (await client.submit(items)).accepted == len(items)
+            deadline = time.monotonic() + 60
+            while (await client.query("ledger"))["persisted"]["items_completed"] < len(items):
+                assert time.monotonic() < deadline, "the fleet did not finish"  # polled
+                await asyncio.sleep(0.02)
+            seen = {r.id: (r.model, r.gpu) for _, r in await result_sequence(client)}
+            assert seen == {it.id: (it.model, 2 if it.model == "emb" else 0) for it in items}
+            snap = await client.query("snapshot", type=Snapshot)
+            views = {c.model: c for c in snap.consumers}
+            assert views["base"].names == ["ad-a", "ad-b"] and views["emb"].names == []
+            group = snap.extra["engines"][views["base"].name]
+            assert group["gpus"] == [0, 1] and group["gpu"] == 0
+            assert snap.extra["engines"][views["emb"].name]["gpus"] is None
+        finally:
+            await client.close()
+    finally:
+        await daemon.stop()
+

@@ -41,7 +41,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +68,13 @@ class Consumer:
         gpu: int | None = None, token: str = "", pull_wait_s: float = 1.0,
         run_timeout_s: float | None = None, isolate_attempts: int = 2,
         window: int | None = None, tls: ssl.SSLContext | None = None, host: str = "",
-        gpu_sample: Callable[[], Any] | None = None,
+        gpu_sample: Callable[[], Any] | None = None, group: Sequence[int] = (),
     ) -> None:
         self.address = address
         self.tls = tls  # TLS over TCP (`fabricctl.wire.tls.client_context`), or None
         self.host = host  # reported with each heartbeat: views group GPUs by host
         self.gpu_sample = gpu_sample  # this GPU's latest NVML sample (or None), per heartbeat
+        self.group = list(group)  # the GPUs its server spans, when more than `gpu` alone
         self.name = name
         self.model = model
         self.engine = engine
@@ -354,11 +355,14 @@ class Consumer:
         self.items += len(work.items)
 
     def beat(self) -> dict[str, Any]:
-        """What a heartbeat carries: the engine's counters, this host's name and, where NVML
-        answers, this GPU's latest sample under "nvml"."""
+        """What a heartbeat carries: the engine's counters, this host's name, the GPUs of a
+        server spanning a group ("gpus") and, where NVML answers, this GPU's latest sample
+        under "nvml"."""
         stats: dict[str, Any] = msgspec.to_builtins(self.engine.stats())
         if self.host:
             stats["host"] = self.host
+        if len(self.group) > 1:
+            stats["gpus"] = self.group
         if self.gpu_sample is not None:
             with contextlib.suppress(Exception):  # telemetry must never stop the heartbeat
                 sample = self.gpu_sample()

@@ -130,9 +130,10 @@ class Fleet:
         for i, (engine, gpu) in enumerate(zip(self.engines, self.gpus, strict=True)):
             name = names[i] if names else f"{prefix or self.kind}-gpu{self.gpu_label(i)}"
             sample = None if gpu_sample is None else functools.partial(gpu_sample, gpu)
+            group = self.groups[i] if i < len(self.groups) else None
             c = Consumer(address, name, self.model_of(i), engine, gpu, token,
                          window=consumer_window(self.cfg, self.kind), tls=tls, host=host,
-                         gpu_sample=sample)
+                         gpu_sample=sample, group=group or ())
             self.consumers.append(c)
             self.tasks.append(loop.create_task(c.run(self.stop_pulls)))
 
