@@ -116,3 +116,29 @@ def test_a_heartbeat_carries_the_host_and_the_gpus_nvml_sample() -> None:
     none = Consumer("127.0.0.1:1", "y", "m", SimEngine(name="sim0"), 0, "t",
                     gpu_sample=lambda: None)
     assert "host" not in none.beat() and "nvml" not in none.beat()
+
+
+def test_a_server_over_a_group_reports_and_shows_every_gpu_of_it() -> None:
+    """An agent's server over GPUs 0 and 1: its heartbeat carries the group and GPU 1's
+    sample beside GPU 0's, and the panel draws both GPUs' NVML lines above its engine."""
+    from fabricctl.engines.sim import SimEngine
+
+    samples = {g: GpuSample(uuid=f"GPU-{g}", index=g, name="NVIDIA B200",
+                            utilization_gpu=40 + g) for g in (0, 1)}
+    c = Consumer("127.0.0.1:1", "tp-gpu0-1", "m", SimEngine(name="sim0"), 0, "t",
+                 host="gpu-t", gpu_sample=lambda: samples[0], group=[0, 1],
+                 group_sample=lambda: [samples[1]])
+    beat = c.beat()
+    assert beat["gpus"] == [0, 1] and beat["nvml"]["index"] == 0
+    assert [s["index"] for s in beat["nvml_group"]] == [1]
+    snap = make_snapshot(4, 4, nvml=True)
+    snap.extra["host"] = "head"
+    snap.extra["engines"] = {"tp-gpu0-1": {  # type: ignore[index]
+        "gpu": 0, "engine": "vllm", "simulated": False, "last_seen": snap.t, "host": "gpu-t",
+        "nvml": beat["nvml"], "nvml_group": beat["nvml_group"], "gpus": beat["gpus"],
+        "stats": {}}}
+    lines = gpu_panel(snap, RateTracker()).plain.splitlines()
+    at = next(k for k, line in enumerate(lines) if line.startswith("gpu-t"))
+    assert lines[at + 1].startswith("GPU0") and "40%" in lines[at + 1]
+    assert lines[at + 2].startswith("GPU1") and "41%" in lines[at + 2]
+    assert "tp-gpu0-1" in lines[at + 3] and "gpu0,1" in lines[at + 3]

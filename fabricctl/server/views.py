@@ -67,7 +67,8 @@ def extras(state: ServerState) -> dict[str, Any]:
         p.consumer: {"gpu": p.gpu, "engine": p.engine, "simulated": p.simulated,
                      "last_seen": p.last_seen, "stats": p.engine_stats,
                      "host": p.engine_stats.get("host") or "", "nvml": p.engine_stats.get("nvml"),
-                     "gpus": p.engine_stats.get("gpus")}  # a server's group, when it spans one
+                     "gpus": p.engine_stats.get("gpus"),  # a server's group, when it spans one
+                     "nvml_group": p.engine_stats.get("nvml_group")}  # its other GPUs' samples
         for p in state.consumers.values() if p.consumer
     }
     out["store"] = state.store.stats()

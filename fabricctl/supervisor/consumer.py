@@ -69,12 +69,14 @@ class Consumer:
         run_timeout_s: float | None = None, isolate_attempts: int = 2,
         window: int | None = None, tls: ssl.SSLContext | None = None, host: str = "",
         gpu_sample: Callable[[], Any] | None = None, group: Sequence[int] = (),
+        group_sample: Callable[[], list[Any]] | None = None,
     ) -> None:
         self.address = address
         self.tls = tls  # TLS over TCP (`fabricctl.wire.tls.client_context`), or None
         self.host = host  # reported with each heartbeat: views group GPUs by host
         self.gpu_sample = gpu_sample  # this GPU's latest NVML sample (or None), per heartbeat
         self.group = list(group)  # the GPUs its server spans, when more than `gpu` alone
+        self.group_sample = group_sample  # the NVML samples of the group's other GPUs
         self.name = name
         self.model = model
         self.engine = engine
@@ -357,7 +359,7 @@ class Consumer:
     def beat(self) -> dict[str, Any]:
         """What a heartbeat carries: the engine's counters, this host's name, the GPUs of a
         server spanning a group ("gpus") and, where NVML answers, this GPU's latest sample
-        under "nvml"."""
+        under "nvml" (and the group's other GPUs' under "nvml_group")."""
         stats: dict[str, Any] = msgspec.to_builtins(self.engine.stats())
         if self.host:
             stats["host"] = self.host
@@ -368,6 +370,9 @@ class Consumer:
                 sample = self.gpu_sample()
                 if sample is not None:
                     stats["nvml"] = msgspec.to_builtins(sample)
+                more = [] if self.group_sample is None else self.group_sample()
+                if more:
+                    stats["nvml_group"] = msgspec.to_builtins([s for s in more if s])
         return stats
 
     async def _heartbeat(self, client: Client, every: float) -> None:

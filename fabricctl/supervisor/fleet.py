@@ -75,6 +75,11 @@ def consumer_window(cfg: AppConfig, kind: str) -> int | None:
     return c.window if c.window > 0 else WINDOW_BATCHES * c.max_batch_size
 
 
+def _samples(gpu_sample: Callable[[int | None], Any], gpus: list[int]) -> list[Any]:
+    """The latest NVML sample of each of `gpus` (a group's GPUs after its first)."""
+    return [gpu_sample(g) for g in gpus]
+
+
 @dataclass
 class Fleet:
     """Why: `up` and `run` start and stop the same set of engines and consumers."""
@@ -131,9 +136,12 @@ class Fleet:
             name = names[i] if names else f"{prefix or self.kind}-gpu{self.gpu_label(i)}"
             sample = None if gpu_sample is None else functools.partial(gpu_sample, gpu)
             group = self.groups[i] if i < len(self.groups) else None
+            rest = (group or [])[1:]
+            more = (None if gpu_sample is None or not rest else
+                    functools.partial(_samples, gpu_sample, rest))
             c = Consumer(address, name, self.model_of(i), engine, gpu, token,
                          window=consumer_window(self.cfg, self.kind), tls=tls, host=host,
-                         gpu_sample=sample, group=group or ())
+                         gpu_sample=sample, group=group or (), group_sample=more)
             self.consumers.append(c)
             self.tasks.append(loop.create_task(c.run(self.stop_pulls)))
 

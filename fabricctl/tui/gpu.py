@@ -189,13 +189,16 @@ def by_host(snap: Snapshot) -> tuple[dict[str, dict[str, Any]], dict[str, dict[s
 def host_lines(host: str, engs: dict[str, dict[str, Any]], snap: Snapshot,
                rates: RateTracker) -> list[Text]:
     """An agent's block: its name, then per GPU its NVML line (when its heartbeats carry
-    one) and its engine's line."""
+    one; for a server over a group, every GPU of the group) and its engine's line."""
     lines = [Text(f"{host}  ({len(engs)} GPU{'s' if len(engs) != 1 else ''})", style="bold")]
     for name, eng in sorted(engs.items(), key=lambda kv: (kv[1].get("gpu") is None,
                                                           kv[1].get("gpu") or 0, kv[0])):
         sample = eng.get("nvml")
         if isinstance(sample, dict):
             lines.append(gpu_line(sample))
+        for other in eng.get("nvml_group") or ():  # the rest of a server's GPU group
+            if isinstance(other, dict):
+                lines.append(gpu_line(other))
         lines.append(engine_line(name, eng, snap, rates))
     return lines
 
