@@ -7,7 +7,8 @@ embedding model (`--runner pooling --convert embed`) on group [1].
 2. `submit FILE --wait` of the LoRA chat batch (`conftest.lora_lines`: the base model and
    both adapters) mixed with embeddings lines for the embedder: every chat line's status
    and `usage.prompt_tokens` equal `vllm run-batch`'s with the same LoRA flags
-   (`lora_runbatch`), every embeddings line is answered 200, each body's `model` is the name
+   (`lora_runbatch`) and its temperature-0 text the chat server's answer to its body alone,
+   every embeddings line is answered 200, each body's `model` is the name
    its line asked for, and each result came from the server that serves that name (its GPU).
 3. A second batch of the same mix, submitted without waiting; once some of its results are
    stored, SIGKILL of `up` (its servers die with it: the tether); `up` again relaunches both;
@@ -29,6 +30,7 @@ import psutil
 import pytest
 from conftest import EMBED, LORA_NAMES, LORA_RANK, SERVER_ARGS, VENV, lora_lines
 from realtext import free_port_pair
+from runbatch import answered_alone
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the multi-host helpers
 
@@ -44,22 +46,24 @@ CHAT_NAMES = LORA_NAMES  # the chat server's: its base model's, then its adapter
 EMBEDDER = "tiny-embed"
 
 
-def fleet_config(tmp: Path, model: Path, adapters: dict[str, Path]) -> Path:
+def fleet_config(tmp: Path, model: Path, adapters: dict[str, Path]) -> tuple[Path, int]:
+    """The fleet's config file, and its first server's port (the chat model's)."""
     cpu = vllm_cpu_spec(VENV, str(model), "tiny", tmp / "data" / "logs")
+    port = free_port_pair()
     cfg = AppConfig(
         data_dir=tmp / "data", engine="vllm",
         servers=[ServerSpec(str(model), "tiny", {n: str(d) for n, d in adapters.items()},
                             [[0]], extra_args=list(LORA_RANK)),
                  ServerSpec(str(model), EMBEDDER, gpus=[[1]], extra_args=list(EMBED))],
         vllm=VllmSettings(command=list(cpu.command), model_flag=cpu.model_flag,
-                          port_base=free_port_pair(), ready_timeout_s=240.0,
+                          port_base=port, ready_timeout_s=240.0,
                           restart_backoff_s=[1.0], extra_args=list(SERVER_ARGS),
                           env=dict(cpu.env)),
         consumer=ConsumerSettings(max_batch_size=8, max_batch_tokens=8 * 512,
                                   max_input_len=400))
     path = tmp / "fleet.toml"
     path.write_text(to_toml(cfg))
-    return path
+    return path, port
 
 
 def lines(tag: str, n: int) -> list[dict[str, Any]]:
@@ -95,7 +99,7 @@ def embeddings(tag: str, n: int) -> list[dict[str, Any]]:
 async def test_two_models_on_two_servers_under_one_up(
         tiny_model: Path, lora_adapters: dict[str, Path],
         lora_runbatch: asyncio.Task[dict[str, Any]], tmp_path: Path) -> None:
-    cfg = fleet_config(tmp_path, tiny_model, lora_adapters)
+    cfg, chat_port = fleet_config(tmp_path, tiny_model, lora_adapters)
     data = tmp_path / "data"
     env = child_env(tmp_path)
 
@@ -131,11 +135,15 @@ async def test_two_models_on_two_servers_under_one_up(
             row = rows[line["custom_id"]]
             assert row["response"]["status_code"] == 200, row
             assert row["response"]["body"]["model"] == line["body"]["model"], row
+        alone = await answered_alone(f"http://127.0.0.1:{chat_port}", chat)
         for line in chat:
             ours, theirs = rows[line["custom_id"]], ref[line["custom_id"]]
             assert theirs["response"]["status_code"] == 200, theirs
             assert (ours["response"]["body"]["usage"]["prompt_tokens"]
                     == theirs["response"]["body"]["usage"]["prompt_tokens"]), (ours, theirs)
+            assert (ours["response"]["body"]["choices"][0]["message"]["content"]
+                    == alone[line["custom_id"]]["response"]["body"]["choices"][0]["message"][
+                        "content"]), (ours, alone[line["custom_id"]])
 
         second = lines("b", 120)
         await _cli(tmp_path, env, "submit", str(write(tmp_path / "b.jsonl", second)))
