@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from core_helpers import each_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,16 +37,7 @@ def fleet(consumers: int = 2, **cfg: object) -> Broker:
 def run(b: Broker, t0: float, t1: float, dt: float = 0.01) -> dict[int, float]:
     """Every consumer pulls and completes at once each `dt`; returns when each signature's
     last item was served."""
-    last: dict[int, float] = {}
-    t = t0
-    while t < t1:
-        for c in list(b.consumers):
-            batch = b.pull(c, t)
-            if batch is not None:
-                b.complete(batch.id, t)
-                last[batch.signature] = t
-        t = round(t + dt, 6)
-    return last
+    return {batch.signature: t for t, _, batch in each_batch(b, t0, t1, dt)}
 
 
 # -- the parts, with literal asserts ----------

@@ -10,6 +10,7 @@ import itertools
 from collections import Counter
 
 import msgspec
+from core_helpers import each_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,16 +37,7 @@ def broker(**cfg: object) -> Broker:
 def drain(b: Broker, t0: float, t1: float, dt: float = 0.01) -> list[tuple[str, str, int]]:
     """Every consumer pulls and completes at once each `dt`: (consumer, model, signature)
     of each batch, in order."""
-    out: list[tuple[str, str, int]] = []
-    t = t0
-    while t < t1:
-        for c in list(b.consumers):
-            batch = b.pull(c, t)
-            if batch is not None:
-                b.complete(batch.id, t)
-                out.append((c, batch.model, batch.signature))
-        t = round(t + dt, 6)
-    return out
+    return [(c, batch.model, batch.signature) for _, c, batch in each_batch(b, t0, t1, dt)]
 
 
 def test_contract_served_lists_the_model_first() -> None:
