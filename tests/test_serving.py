@@ -123,25 +123,35 @@ def test_the_budget_and_prewarm_targets_count_every_name_served() -> None:
     assert serves(b.consumers["c0"], "ad-a") and not serves(b.consumers["c0"], "other")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["base", "ad-a", "ad-b", "other"]),
-                          st.integers(1, 4), st.integers(1, 25)), min_size=1, max_size=12),
+                          st.integers(1, 4), st.integers(1, 40), st.integers(0, 3),
+                          st.integers(0, 30)), min_size=1, max_size=12),
        st.booleans())
 def test_every_item_goes_once_to_a_consumer_that_serves_its_name(
-        loads: list[tuple[str, int, int]], plain_too: bool) -> None:
+        loads: list[tuple[str, int, int, int, int]], plain_too: bool) -> None:
+    """Loads (name, shape, items, job, arrival tick) arrive while the consumers pull: each
+    item is handed out once, to a consumer that serves its name, in a batch of its name
+    alone; every one is served (jobs are sealed once their last load is in, so new jobs cut
+    in, amortised runs give way and warming shapes are left behind as they do)."""
     b = broker()
     b.register("lora", LORA, now=0.0)
     if plain_too:
         b.register("plain", Contract("base", 10, BUDGET, 4096), now=0.0)
     sent: Counter[str] = Counter()
-    t = 0.0
-    for model, sig, n in loads:
-        its = items(model, sig, n)
-        sent[model] += n
-        b.ingest(its, t)
-        t = round(t + 0.01, 6)
     got: Counter[str] = Counter()
-    while t < 20.0:
+    ids: Counter[str] = Counter()
+    last_tick = {job: max(k for _, _, _, j, k in loads if j == job) for *_, job, _ in loads}
+    tick = 0
+    while tick < 2000:
+        t = tick / 100
+        for model, sig, n, job, at in loads:
+            if at == tick:
+                b.ingest(items(model, sig, n, job=job), t)
+                sent[model] += n
+        for job, at in last_tick.items():
+            if at == tick and job:
+                b.set_job_terms(job, JobTerms(sealed=True))
         progressed = False
         for c in list(b.consumers):
             batch = b.pull(c, t)
@@ -149,12 +159,15 @@ def test_every_item_goes_once_to_a_consumer_that_serves_its_name(
                 assert serves(b.consumers[c], batch.model)
                 assert {e.item.model for e in batch.entries if e.item} <= {batch.model}
                 got[batch.model] += len(batch.entries)
+                ids.update(e.item.id for e in batch.entries if e.item)
                 b.complete(batch.id, t)
                 progressed = True
-        t = round(t + 0.01, 6)
-        if not progressed and all(got[m] == sent[m] for m in sent if m != "other"):
+        tick += 1
+        if (tick > max(at for *_, at in loads) and not progressed
+                and all(got[m] == sent[m] for m in sent if m != "other")):
             break
     assert {m: n for m, n in got.items()} == {m: n for m, n in sent.items() if m != "other"}
+    assert not [i for i, n in ids.items() if n > 1]
 
 
 async def test_the_sim_keeps_an_adapters_blocks_apart_from_the_base_models() -> None:
@@ -201,3 +214,34 @@ def test_metrics_give_each_consumer_its_names_and_the_one_it_serves() -> None:
     assert 'fabricctl_consumer_names{consumer="c0",model="base",name="ad-b"} 1.0' in text
     assert 'fabricctl_consumer_names{consumer="c0",model="base",name="base"} 0.0' in text
     assert 'fabricctl_consumer_name_switches_total{consumer="c0",model="base"} 1.0' in text
+
+
+def test_a_shape_warming_for_a_consumer_that_moves_to_another_name_waits_staged() -> None:
+    """The consumer leaves the base model for a new adapter job while its next base shape
+    warms for it: that shape goes back to staged, in the base model's waiting index, and is
+    served later; nothing waits on a promise to a consumer that is elsewhere."""
+    from fabricctl.core.shape import ShapeState
+
+    b = broker()
+    b.register("c0", LORA, now=0.0)
+    b.ingest(items("base", 1, 30, job=1), 0.0)
+    b.ingest(items("base", 2, 60, job=1), 0.0)
+    b.set_job_terms(1, JobTerms(sealed=True))
+    t = 0.0
+    while (slot := b.model("base").slots.get("c0")) is None or slot.warming is None:
+        batch = b.pull("c0", t)  # until its next shape warms
+        assert batch is not None and t < 1.0, "no shape ever warmed"
+        b.complete(batch.id, t)
+        t = round(t + 0.01, 6)
+    warm = b.model("base").slots["c0"].warming
+    assert warm is not None and warm.state is ShapeState.WARMING
+    b.ingest(items("ad-a", 9, 20, job=2), t)
+    b.set_job_terms(2, JobTerms(sealed=True))
+    batch = b.pull("c0", t)
+    assert batch is not None and batch.model == "ad-a"  # the new job cut in
+    b.complete(batch.id, t)
+    assert b.model("base").slots["c0"].warming is None
+    assert warm.state is ShapeState.STAGED and warm.held == 0
+    order = drain(b, round(t + 0.01, 6), 2.0)
+    assert Counter(m for _, m, _ in order)["base"] > 0
+    assert b.ledger.items_completed == 110

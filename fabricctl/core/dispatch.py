@@ -139,7 +139,8 @@ class Dispatcher:
         """At a batch boundary, another of the consumer's names whose waiting shape the
         shape choice puts before its current one (a higher priority, a due deadline, a wait
         past the bound, a fresh job; as `Lifecycle.preempt` does within a name): it moves
-        there and takes that shape. None: it stays."""
+        there and takes that shape, the shape it left and the one warming for it there
+        waiting for whoever comes (`Lifecycle.unwarm`). None: it stays."""
         slot = ms.slots.get(c.name)
         cur = None if slot is None else slot.current
         if slot is None or cur is None or not cur.items or slot.batches < 1:
@@ -160,6 +161,7 @@ class Dispatcher:
                 pick = self.lifecycle.sweeper.sweep(other, pick, now)
             self.lifecycle.switch_event(ms, slot, cur, pick.shape, now, f"{name}: {pick.why}")
             self.lifecycle.hold(slot, None, now)
+            self.lifecycle.unwarm(ms, slot, now, f"{c.name} moved to {name!r}")
             self._move(c, other, now)
             self.lifecycle.take(other, pick, now, self.slot(other, c.name))
             return other

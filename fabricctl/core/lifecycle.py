@@ -271,6 +271,17 @@ class Lifecycle:
         if h.warming is shape:
             h.warming = None
 
+    def unwarm(self, ms: ModelState, slot: Slot, now: float, why: str) -> None:
+        """The slot's consumer will not take the shape warming for it (it left this model
+        for another of its names): the shape is staged again and waits for whoever comes."""
+        shape = slot.warming
+        if shape is None:
+            return
+        slot.warming = None
+        if shape.state is ShapeState.WARMING:
+            self._transition(ms, shape, ShapeState.STAGED, now, why)
+        self.index(ms, shape)
+
     def _count_switch(self, ms: ModelState, slot: Slot | None) -> None:
         h: Holder = ms if slot is None else slot
         previous_had_work = h.current is not None and not h.current.idle()
