@@ -90,6 +90,13 @@ class VllmSettings:
     extra_args: list[str] = field(default_factory=list)  # every server's; then its own
     env: dict[str, str] = field(default_factory=dict)  # every server's; then its own
     endpoints: list[str] = field(default_factory=list)  # engine "openai": servers run by others
+    # engine "openai": the names those servers answer besides the model's (LoRA adapters);
+    # []: each consumer asks its endpoint's /v1/models
+    endpoint_names: list[str] = field(default_factory=list)
+
+    def names_of_endpoints(self) -> tuple[str, ...] | None:
+        """The names an `openai` engine is told its endpoint answers, or None: ask it."""
+        return tuple(self.endpoint_names) if self.endpoint_names else None
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,18 @@
 """An in-process stand-in for a vLLM server on a real socket, answering as vLLM does.
 
 `FakeVllm()` serves on 127.0.0.1 (a free port) from a thread until `close()`. It records
-every request as `(path, body)` in `requests`, and answers `/v1/completions` (a prompt as
-text or as token ids) and `/v1/chat/completions` one request at a time the way vLLM does:
-each request's own `max_tokens` (default 16), `n` choices, `ignore_eos`, with the simulated
-engine's drawn output lengths (`fabricctl.engines.simanswer`), vLLM's usage (a character a
-token, a token id a token), and HTTP 400 with vLLM's error body for a bad value (a negative
-temperature, n < 1, a prompt that is neither text nor token ids, no messages).
-It answers `/v1/embeddings`, `/v1/score` (`/score`), `/v1/rerank` (`/rerank`, `/v2/rerank`)
-and `/v1/responses` with the simulated engine's bodies (`fabricctl.engines.simendpoints`:
-vLLM 0.32's schemas, deterministic vectors and scores, its 400s), counting a character a
-token (each input; query + text of each pair; instructions + input) and no cached token;
-a Responses answer runs to `max_output_tokens` (default 16) as completions do.
+every request as `(path, body)` in `requests` (and every GET's path in `gets`), and answers
+`/v1/completions` (a prompt as text or as token ids) and `/v1/chat/completions` one request
+at a time the way vLLM does: each request's own `max_tokens` (default 16), `n` choices,
+`ignore_eos`, with the simulated engine's drawn output lengths
+(`fabricctl.engines.simanswer`), vLLM's usage (a character a token, a token id a token), and
+HTTP 400 with vLLM's error body for a bad value (a negative temperature, n < 1, a prompt
+that is neither text nor token ids, no messages). It answers `/v1/embeddings`, `/v1/score`
+(`/score`), `/v1/rerank` (`/rerank`, `/v2/rerank`) and `/v1/responses` with the simulated
+engine's bodies (`fabricctl.engines.simendpoints`: vLLM 0.32's schemas, deterministic
+vectors and scores, its 400s), counting a character a token (each input; query + text of
+each pair; instructions + input) and no cached token; a Responses answer runs to
+`max_output_tokens` (default 16) as completions do.
 `unsupported` names endpoints its model does not serve: a POST there gets what vLLM's server
 answers a route it did not register for the model's task, 404 `{"detail": "Not Found"}`
 (run-batch's 400 "Model does not support endpoint: <url>" is a row of its output file, not
@@ -152,6 +153,7 @@ class FakeVllm:
         # at most this many run at once, the rest wait (vLLM's --max-num-seqs); 0: no bound
         self._running = threading.BoundedSemaphore(max_running) if max_running else None
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.gets: list[str] = []  # the paths of every GET, in order
         self._lock = threading.Lock()
         fake = self
 
@@ -164,6 +166,8 @@ class FakeVllm:
                 self.wfile.write(payload)
 
             def do_GET(self) -> None:
+                with fake._lock:
+                    fake.gets.append(self.path)
                 if self.path == "/metrics":
                     self._send(200, METRICS.encode(), "text/plain")
                 elif self.path == "/health":

@@ -41,6 +41,7 @@ async def test_adapter_lines_go_out_under_their_own_name(tmp_path: Path,
         assert rec["response"]["body"]["model"] == line["body"]["model"]
     sent = Counter(b["model"] for b in lora.bodies("/v1/chat/completions"))
     assert sent == {"m": 10, "ad-a": 10, "ad-b": 10}
+    assert "/v1/models" in lora.gets  # the names came from the server
 
 
 async def test_a_name_nobody_serves_is_the_lines_404(tmp_path: Path, lora: FakeVllm) -> None:
@@ -53,3 +54,31 @@ async def test_a_name_nobody_serves_is_the_lines_404(tmp_path: Path, lora: FakeV
     assert "no consumer serves model 'ad-c' (served: ad-a, ad-b, m)" in str(bad["error"])
     assert any("'ad-c', which no consumer serves" in e for e in errors), errors
     assert {b["model"] for b in lora.bodies("/v1/chat/completions")} == {"ad-a"}
+
+
+async def test_configured_names_are_all_a_consumer_serves(tmp_path: Path,
+                                                        lora: FakeVllm) -> None:
+    """`[vllm] endpoint_names` says what the endpoint answers: the server's /v1/models is not
+    asked, and a name left out is unserved (its line's 404), though the server answers it."""
+    import dataclasses
+    import io
+    import json
+
+    from fabricctl.cli.run import run_job
+    from fabricctl.config import load_config
+
+    cfg_file = tmp_path / "f.toml"
+    cfg_file.write_text(f'engine = "openai"\nmodel = "m"\n[vllm]\nendpoints = ["{lora.url}"]\n'
+                        'endpoint_names = ["ad-a"]\n')
+    cfg = dataclasses.replace(load_config(cfg_file, cwd=tmp_path, env={}),
+                              data_dir=tmp_path / "data")
+    assert cfg.vllm.endpoint_names == ["ad-a"]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(chat(k, name, "s " * 8)) + "\n"
+                            for k, name in enumerate(("m", "ad-a", "ad-b"))))
+    out, errors = io.BytesIO(), []
+    await run_job(cfg, path, out, errors=errors.append, keep_data=True)
+    recs = {r["custom_id"]: r for r in map(json.loads, out.getvalue().splitlines())}
+    assert [recs[f"r{k}"]["response"]["status_code"] for k in range(3)] == [200, 200, 404]
+    assert "(served: ad-a, m)" in str(recs["r2"]["error"])
+    assert "/v1/models" not in lora.gets

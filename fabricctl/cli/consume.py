@@ -115,7 +115,8 @@ def build_engine(cfg: AppConfig, engine: str, endpoint: str | None) -> Engine:
         return OpenAIEngine(endpoint, cfg.model_name, max_batch_size=c.max_batch_size,
                             max_batch_tokens=c.max_batch_tokens, max_input_len=c.max_input_len,
                             window=consumer_window(cfg, "openai") or 0,
-                            group_pooling=c.group_pooling, counter=counter)
+                            group_pooling=c.group_pooling, counter=counter,
+                            names=cfg.vllm.names_of_endpoints())
     raise UsageError(f"--engine must be sim or openai, not {engine!r}")
 
 

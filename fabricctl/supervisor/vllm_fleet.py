@@ -101,7 +101,9 @@ async def build_real_engines(cfg: AppConfig, kind: str
             raise UsageError("engine openai needs vllm.endpoints = [\"http://host:port\", ...]")
         if c.group_pooling:
             limits["counter"] = served_counter(cfg.producer.tokenizer, cfg.model)
-        engines: list[Engine] = [OpenAIEngine(url, cfg.model_name, name=f"openai{i}", **limits)
+        names = cfg.vllm.names_of_endpoints()
+        engines: list[Engine] = [OpenAIEngine(url, cfg.model_name, name=f"openai{i}",
+                                              names=names, **limits)
                                  for i, url in enumerate(cfg.vllm.endpoints)]
         return engines, [None] * len(engines), None
     from fabricctl.supervisor.vllm_engine import VllmEngine
