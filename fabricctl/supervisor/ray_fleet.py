@@ -207,7 +207,7 @@ class GpuWorker:
 
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
         ids = ray.get_gpu_ids()
-        self.gpus = [int(i) for i in ids] or [index]
+        self.gpus = sorted(int(i) for i in ids) or [index]  # Ray gives them in any order
         self.gpu = self.gpus[0]
         self.node = str(ray.get_runtime_context().get_node_id())[:8]
         self.name = f"ray-{self.node}-gpu{'-'.join(map(str, self.gpus))}"
