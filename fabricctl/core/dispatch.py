@@ -129,7 +129,7 @@ class Dispatcher:
             ms = self.models.get(name)
             if ms is None or name == c.serving:
                 continue
-            key = rank(ms, ms.slots.get(c.name), Live(self.consumers, name))
+            key = rank(ms, Live(self.consumers, name))
             if key is not None:
                 ranked.append((key, name, ms))
         ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
@@ -146,19 +146,14 @@ class Dispatcher:
         if slot is None or cur is None or not cur.items or slot.batches < 1:
             return None
         amortised = slot.batches >= self.cfg.amortise_batches
-        chooser = self.lifecycle.chooser
         for name in c.contract.served():
             other = self.models.get(name)
-            if other is None or other is ms or not other.waiting.levels or (
-                    not amortised and not chooser.fresh_waiting(other.waiting)):
+            if other is None or other is ms:
                 continue
-            live = Live(self.consumers, name)
-            ctx = self.lifecycle.context(other, now, False, live)
-            pick = chooser.choose(other.waiting, ctx, against=cur, amortised=amortised)
+            pick = self.lifecycle.worth_leaving_for(other, cur, now, Live(self.consumers, name),
+                                                    amortised)
             if pick is None:
                 continue
-            if self.lifecycle.sweeper.loose(other, pick.shape):
-                pick = self.lifecycle.sweeper.sweep(other, pick, now)
             self.lifecycle.switch_event(ms, slot, cur, pick.shape, now, f"{name}: {pick.why}")
             self.lifecycle.hold(slot, None, now)
             self.lifecycle.unwarm(ms, slot, now, f"{c.name} moved to {name!r}")

@@ -244,14 +244,16 @@ class Lifecycle:
                       label=cur.label, value=to.signature,
                       reason=f"{slot.consumer} left after {slot.batches} batches: {why}")
 
-    def _cut_in(self, ms: ModelState, against: Shape, now: float, live: Container[str]
-                ) -> Pick | None:
-        """A waiting shape of a job nobody has served that goes before `against`, the shape
-        a consumer is about to take (`core.choice`, new jobs), swept if loose."""
-        if not ms.waiting.levels or not self.chooser.fresh_waiting(ms.waiting):
+    def worth_leaving_for(self, ms: ModelState, against: Shape, now: float,
+                          live: Container[str], amortised: bool) -> Pick | None:
+        """A waiting shape of `ms` that the shape choice puts before `against` (a consumer's
+        current shape, or the one it is about to take), swept if loose; before `against`'s
+        run has amortised, only a job nobody has served (`core.choice`, new jobs)."""
+        if not ms.waiting.levels or (not amortised and not self.chooser.fresh_waiting(
+                ms.waiting)):
             return None
         ctx = self.context(ms, now, False, live)
-        pick = self.chooser.choose(ms.waiting, ctx, against=against, amortised=False)
+        pick = self.chooser.choose(ms.waiting, ctx, against=against, amortised=amortised)
         if pick is not None and self.sweeper.loose(ms, pick.shape):
             pick = self.sweeper.sweep(ms, pick, now)
         return pick
@@ -346,7 +348,8 @@ class Lifecycle:
             cur = None
         if cur is None:
             if h.warming is not None:
-                cut = None if slot is None else self._cut_in(ms, h.warming, now, live)
+                cut = None if slot is None else self.worth_leaving_for(
+                    ms, h.warming, now, live, amortised=False)
                 if cut is not None:  # the warmed shape stays next, after the new job's
                     self.take(ms, cut, now, slot)
                     return True

@@ -9,7 +9,7 @@ name)` answers the lifecycle's "is this consumer here" for the name's model stat
 serving the name and pulling from it now. A consumer that moved to another of its names is,
 for the name it left, departed: its shape there is adopted by a consumer pulling from that
 name, or resumed when it comes back. `serves(consumer, name)` is the routing test every part
-uses; `rank(ms, slot)` orders a consumer's other names by what waits in them (highest
+uses; `rank(ms, live)` orders a consumer's other names by what waits in them (highest
 priority, then the longest wait), None for a name with nothing for it. Pure.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Mapping
 
-from fabricctl.core.model_state import DISPATCHING, ModelState, Slot
+from fabricctl.core.model_state import DISPATCHING, ModelState, orphaned
 from fabricctl.core.tracking import ConsumerState
 
 
@@ -43,10 +43,10 @@ class Live(Container[str]):
                                   else c.contract.model == self.name)
 
 
-def rank(ms: ModelState, slot: Slot | None, live: Container[str]
-         ) -> tuple[int, float, int] | None:
-    """How urgently `ms` wants a consumer whose slot there is `slot`: (priority, -oldest
-    wait start, tokens) of what waits for it, higher first; None when nothing does."""
+def rank(ms: ModelState, live: Container[str]) -> tuple[int, float, int] | None:
+    """How urgently `ms` wants a consumer that is not pulling from it: (priority, -oldest
+    wait start, tokens) of what waits there (its waiting shapes, else a shape a departed
+    slot holds, that consumer's own included), higher first; None when nothing does."""
     for priority, level in ms.waiting.ordered():
         oldest = level.by_age.top()
         biggest = level.by_tokens.top()
@@ -54,12 +54,9 @@ def rank(ms: ModelState, slot: Slot | None, live: Container[str]
             continue
         since = oldest.waiting_since()
         return priority, -(oldest.created if since is None else since), biggest.tokens
-    held = [s for s in ([slot] if slot is not None else []) + [
-        o for c, o in ms.slots.items() if c not in live]
-        if (s.current is not None and s.current.items and s.current.state in DISPATCHING)
-        or s.warming is not None]
-    if not held:
-        return None
-    shape = held[0].current if held[0].current is not None else held[0].warming
-    assert shape is not None
-    return 0, -shape.created, shape.tokens
+    for s in orphaned(ms, live):
+        cur = s.current
+        shape = cur if cur is not None and cur.items and cur.state in DISPATCHING else s.warming
+        assert shape is not None  # `orphaned` holds one or the other
+        return 0, -shape.created, shape.tokens
+    return None
