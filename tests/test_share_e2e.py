@@ -146,9 +146,15 @@ def test_a_raised_priority_goes_first(up: Any, tmp_path: Path, how: str) -> None
         p = b.run("jobs", "priority", job_of(b, "long.jsonl")["id"], "9")
         assert p.returncode == 0, p.stderr
     assert job_of(b, "long.jsonl")["priority"] == 9
+    at_raise = done(b, "short.jsonl")
     assert pl.wait(300) == 0
-    left = 5000 - done(b, "short.jsonl")
-    assert left > 300, f"the raised job did not go first ({left} of the other left)"
+    after = done(b, "short.jsonl") - at_raise
+    # judged from the raise on: on a loaded box the CLIs are slow and the short job, alone
+    # until then, may be far along. Fair share would give it about half the fleet and finish
+    # it (measured here: 113 more of the 3,983 it had left at the raise)
+    left = 5000 - at_raise
+    assert after < max(300, left / 2), f"the raised job did not go first: the other did " \
+        f"{after} of its {left} left at the raise"
     assert ps.wait(300) == 0
 
 
