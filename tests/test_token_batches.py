@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import tempfile
 import threading
 import types
 from collections.abc import Iterator, Sequence
@@ -30,6 +31,9 @@ CORPUS = ["the broker routes the items to a lane", "You are a helpful assistant.
           "every consumer warms its blocks", "0 1 2 3 4 5 6 7 8 9", "été, naïve café — ünïcode"]
 
 
+_DIRS: list[tempfile.TemporaryDirectory[str]] = []  # the tokenizer's, kept until exit
+
+
 @cache
 def _tokenizer_path() -> str:
     """A byte-level BPE (any text encodes) trained here on a fixed corpus: no download."""
@@ -40,9 +44,8 @@ def _tokenizer_path() -> str:
     trainer = trainers.BpeTrainer(vocab_size=320, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS * 20, trainer)
-    import tempfile
-
-    path = Path(tempfile.mkdtemp(prefix="fabricctl-tok-")) / "tokenizer.json"
+    _DIRS.append(tempfile.TemporaryDirectory(prefix="fabricctl-tok-"))  # removed at exit
+    path = Path(_DIRS[-1].name) / "tokenizer.json"
     tok.save(str(path))
     return str(path)
 
