@@ -18,6 +18,16 @@ dict of batches in flight (items and tokens counted, as the ledger does).
 it (target >= 0.5x; with `--repeat`, the ratio of the fastest run); `core_vs_fifo_floor_cpu`
 is the same ratio per CPU second (steadier on a busy host).
 
+A second floor says how much of the gap is Python's and how much the core's logic: the
+shaped floor (`shaped_floor`) does, in the same loop, only what any shaped broker written in
+Python must do per item (group a chunk by signature, one `Entry` per item, its lane by
+bisection, an append; pops of a batch off one lane, its longest `max_tokens` and the
+signature guard; the complete's counts), with no choice among shapes and no accounting.
+`shaped_floor_vs_fifo_floor` is its rate over the FIFO's (about 0.09x on a 2-core box: a
+shaped core in Python cannot reach 0.2x of the FIFO whatever its logic costs) and
+`core_vs_shaped_floor` the core's over it (about 0.37x: the part of the cost the core's
+own logic adds).
+
     .venv/bin/python bench/core_bench.py                 # a plain table
     .venv/bin/python bench/core_bench.py --json          # exactly one JSON object
     .venv/bin/python bench/core_bench.py --repeat 3      # the best of three runs
@@ -41,9 +51,11 @@ import pstats
 import random
 import sys
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import repeat, starmap
 from pathlib import Path
 
 import msgspec
@@ -54,7 +66,7 @@ if __package__ in (None, ""):
 from fabricctl.core.broker import Broker
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.signature import signature
-from fabricctl.core.types import Batch, Contract, Item
+from fabricctl.core.types import Batch, Contract, Entry, Item
 
 TARGET = 300_000  # items/s
 TARGET_VS_FIFO = 0.5  # the core's items/s / the plain FIFO's on the same workload
@@ -99,6 +111,8 @@ class Result:
     ledger_difference: tuple[int, int]
     fifo_items_per_s: float = 0.0  # the plain FIFO floor on the same workload (`fifo_floor`)
     fifo_items_per_cpu_s: float = 0.0  # the same, per CPU second
+    shaped_items_per_s: float = 0.0  # the least Python a shaped broker does (`shaped_floor`)
+    shaped_items_per_cpu_s: float = 0.0  # the same, per CPU second
     batches_sha256: str = ""  # with --hash: every batch handed out, then the counters
 
     def as_dict(self) -> dict[str, object]:
@@ -112,6 +126,12 @@ class Result:
             "fifo_floor_items_per_cpu_s": round(self.fifo_items_per_cpu_s),
             "core_vs_fifo_floor_cpu": round(self.items / (self.cpu_seconds or 1e-9)
                                             / (self.fifo_items_per_cpu_s or 1e-9), 3),
+            "shaped_floor_items_per_s": round(self.shaped_items_per_s),
+            "shaped_floor_vs_fifo_floor": round(self.shaped_items_per_s
+                                                / (self.fifo_items_per_s or 1e-9), 3),
+            "core_vs_shaped_floor": round(self.items / s / (self.shaped_items_per_s or 1e-9), 3),
+            "core_vs_shaped_floor_cpu": round(self.items / (self.cpu_seconds or 1e-9)
+                                              / (self.shaped_items_per_cpu_s or 1e-9), 3),
             "cpu_seconds": round(self.cpu_seconds, 4),
             "wall_seconds": round(self.wall_seconds, 4),
             "items_per_cpu_s": round(self.items / (self.cpu_seconds or 1e-9)),
@@ -177,10 +197,73 @@ def fifo_floor(p: Params, batch_size: int) -> tuple[float, float]:
     return completed / (spent or 1e-9), completed / (spent_cpu or 1e-9)
 
 
+LANE_TARGETS = [64 * k for k in range(1, 48)]  # the shaped floor's fixed length lanes
+
+
+def shaped_floor(p: Params, batch_size: int) -> tuple[float, float]:
+    """(items/s, items per CPU second) of the least per-item Python any shaped broker does,
+    on the same workload and loop as `fifo_floor`: a chunk grouped by signature, one `Entry`
+    per item, its lane by bisection over fixed targets and an append; a pull pops
+    `batch_size` entries off the first non-empty lane of the first shape with work and
+    takes their largest `max_tokens` and their signatures (the guard); a complete counts
+    items and tokens. No choice, no accounting beyond that: what is left of the core's cost
+    once its logic is gone, but not Python's."""
+    source = chunks(p) if p.stream else iter(list(chunks(p)))
+    shapes: dict[int, list[deque[Entry]]] = {}
+    inflight: dict[int, list[Entry]] = {}
+    clock, cpu = time.perf_counter, time.process_time
+    names = range(p.consumers)
+    last = len(LANE_TARGETS) - 1
+    next_id = next_key = completed = tokens = queued = out_tokens = 0
+    spent = spent_cpu = 0.0
+    fresh: list[Item] | None = []
+    while fresh is not None or queued:
+        if fresh is not None and queued < p.backlog:
+            fresh = next(source, None)
+        t0, c0 = clock(), cpu()
+        if fresh:
+            by_sig: dict[int, list[Item]] = {}
+            for it in fresh:
+                by_sig.setdefault(it.signature, []).append(it)
+            for sig, its in by_sig.items():
+                lanes = shapes.get(sig)
+                if lanes is None:
+                    lanes = shapes[sig] = [deque() for _ in LANE_TARGETS]
+                ns = [it.input_tokens for it in its]
+                entries = list(map(Entry, range(next_key, next_key + len(its)), ns,
+                                   [it.max_tokens for it in its], repeat(0.0), its))
+                next_key += len(its)
+                for e, n in zip(entries, ns, strict=True):
+                    lanes[min(bisect_left(LANE_TARGETS, n), last)].append(e)
+            queued += len(fresh)
+            fresh = []
+        for _ in range(p.rounds):
+            for _ in names:
+                lane = next((q for lanes in shapes.values() for q in lanes if q), None)
+                if lane is None:
+                    break
+                batch = list(starmap(lane.popleft, repeat((), min(batch_size, len(lane)))))
+                longest = max([e.max_tokens for e in batch])
+                if len({e.item.signature for e in batch if e.item is not None}) != 1:
+                    raise AssertionError("a batch of two shapes")  # the guard
+                next_id += 1
+                inflight[next_id] = batch
+                out_tokens += longest
+                done = inflight.pop(next_id)  # complete
+                completed += len(done)
+                queued -= len(done)
+                tokens += sum([e.tokens for e in done])
+        spent += clock() - t0
+        spent_cpu += cpu() - c0
+    assert completed == p.items and not inflight, (completed, p.items)
+    return completed / (spent or 1e-9), completed / (spent_cpu or 1e-9)
+
+
 def run(p: Params) -> Result:
     result = run_core(p)
     size = max(1, round(result.items / max(result.batches, 1)))
     result.fifo_items_per_s, result.fifo_items_per_cpu_s = fifo_floor(p, size)
+    result.shaped_items_per_s, result.shaped_items_per_cpu_s = shaped_floor(p, size)
     return result
 
 
