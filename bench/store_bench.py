@@ -28,6 +28,13 @@ same chunk, so both see the disk as it is at that moment. `lmdb_floor_items_per_
 median round, `ingest_vs_lmdb_floor` the median of the rounds' ratios ingest / floor (target
 >= 0.6x) and `ingest_vs_lmdb_floor_cpu` the same ratio by CPU time per item.
 
+A second floor, committed beside it, says how much of the gap is Python's: the minimal
+floor (`MinimalFloor`) is the least a durable ingest does in Python per item (ids looked
+up, a row per item encoded, an id row per item, both tables written in one durable commit;
+no shapes, lanes, segments or counts). `minimal_floor_vs_lmdb_floor` is its rate over the
+raw floor's (about 0.6x on a 2-core box) and `ingest_vs_minimal_floor` the store's over it
+(about 0.47x: the part the store's own logic adds).
+
     .venv/bin/python bench/store_bench.py                           # a table
     .venv/bin/python bench/store_bench.py --json                    # exactly one JSON object
     .venv/bin/python bench/store_bench.py --recovery-items 100000   # a quicker run
@@ -112,9 +119,10 @@ def store_cfg() -> StoreConfig:
 
 
 def phase_ingest(store: DurableBroker, args: argparse.Namespace, now: float,
-                 floor: LmdbFloor | None = None) -> tuple[int, float, float]:
+                 *floors: LmdbFloor | MinimalFloor) -> tuple[int, float, float]:
     """Ingest the workload; returns (items, wall seconds and CPU seconds inside `ingest`).
-    With `floor`, each chunk is also committed raw right after its ingest (not counted)."""
+    Each chunk is also committed into each of `floors` right after its ingest (not
+    counted)."""
     spent = cpu = 0.0
     n = 0
     for chunk in chunks(args.seed, args.items, args.chunk, args.shapes, args.payload):
@@ -124,7 +132,7 @@ def phase_ingest(store: DurableBroker, args: argparse.Namespace, now: float,
         cpu += time.process_time() - c0
         assert not rejects, rejects[:3]
         n += len(chunk)
-        if floor is not None:
+        for floor in floors:
             floor.commit(chunk)
     return n, spent, cpu
 
@@ -207,6 +215,49 @@ class LmdbFloor:
         self.env.close()
 
 
+class MinimalFloor:
+    """Why: between the raw append and the store lies Python's own per-item cost; this
+    floor is the least a durable ingest does in Python, so the rest of the gap is the
+    store's logic.
+
+    Per chunk, all timed: every id looked up in an id table (`getmulti`: none is there), a
+    row per item encoded (msgspec, the fields a stored entry holds) under an 8-byte
+    sequential key, an id row per item (sorted), one durable write transaction with both
+    `putmulti`s. No shapes, lanes, segments, jobs or counts."""
+
+    def __init__(self, data_dir: Path) -> None:
+        data_dir.mkdir(parents=True)
+        self.env = lmdb.open(str(data_dir), map_size=store_cfg().map_size, max_dbs=2,
+                             subdir=True, sync=True, metasync=True, writemap=False,
+                             readahead=True, lock=False)
+        self.data, self.ids = self.env.open_db(b"data"), self.env.open_db(b"ids")
+        self.pack = struct.Struct(">Q").pack
+        self.encode = msgspec.msgpack.Encoder().encode
+        self.rows = 0
+        self.seconds = self.cpu = 0.0
+
+    def commit(self, chunk: list[Item]) -> None:
+        c0, t0 = time.process_time(), time.perf_counter()
+        n = self.rows
+        ids = [it.id.encode() for it in chunk]
+        keys = list(map(self.pack, range(n, n + len(chunk))))
+        rows = list(zip(keys, map(self.encode, [
+            (it.input_tokens, it.max_tokens, 0.0, 0, it.input_tokens, it.id, it.payload,
+             it.source, it.line) for it in chunk]), strict=True))
+        with self.env.begin(write=True) as txn:
+            found = txn.cursor(db=self.ids).getmulti(ids)
+            txn.cursor(db=self.data).putmulti(rows, overwrite=False, append=True)
+            added = txn.cursor(db=self.ids).putmulti(sorted(zip(ids, keys, strict=True)),
+                                                     overwrite=False)[1]
+        self.seconds += time.perf_counter() - t0
+        self.cpu += time.process_time() - c0
+        assert not found and added == len(rows), (len(found), added, len(rows))
+        self.rows += len(rows)
+
+    def close(self) -> None:
+        self.env.close()
+
+
 def table_hashes(store: DurableBroker, prefix: str) -> dict[str, str]:
     """sha256 of every key and value of each of the store's LMDB tables, in key order."""
     out = {}
@@ -224,11 +275,13 @@ def run_throughput(args: argparse.Namespace, data_dir: Path) -> dict[str, object
     """One round in a fresh data dir."""
     store = DurableBroker(data_dir, 0.0, store=store_cfg())
     raw = LmdbFloor(data_dir.parent / f"{data_dir.name}-floor")
+    least = MinimalFloor(data_dir.parent / f"{data_dir.name}-minimal")
     digest = hashlib.sha256() if args.hash else None
     tables: dict[str, str] = {}
     try:
-        n_in, t_in, c_in = phase_ingest(store, args, 0.0, raw)
+        n_in, t_in, c_in = phase_ingest(store, args, 0.0, raw, least)
         raw.close()
+        least.close()
         if digest is not None:
             tables |= table_hashes(store, "ingested")
         n_out, t_out, c_out, batches, commits = phase_complete(store, args, 1.0, digest)
@@ -248,6 +301,9 @@ def run_throughput(args: argparse.Namespace, data_dir: Path) -> dict[str, object
             "ingest_vs_lmdb_floor": round(n_in / t_in / floor, 3),
             "lmdb_floor_cpu_us_per_item": round(raw.cpu * 1e6 / max(raw.rows, 1), 2),
             "ingest_vs_lmdb_floor_cpu": round(raw.cpu / max(c_in, 1e-9), 3),
+            "minimal_floor_items_per_s": round(least.rows / (least.seconds or 1e-9)),
+            "minimal_floor_vs_lmdb_floor": round(raw.seconds / (least.seconds or 1e-9), 3),
+            "ingest_vs_minimal_floor": round(least.seconds / (t_in or 1e-9), 3),
             "completed": n_out,
             "complete_seconds": round(t_out, 4),
             "complete_items_per_s": round(n_out / t_out) if t_out else 0,
@@ -260,6 +316,7 @@ def run_throughput(args: argparse.Namespace, data_dir: Path) -> dict[str, object
         } | ({"batches_sha256": digest.hexdigest(), **tables} if digest is not None else {})
     finally:
         raw.close()
+        least.close()
         store.close()
 
 
@@ -267,11 +324,13 @@ def run_rounds(args: argparse.Namespace, parent: Path) -> dict[str, object]:
     """`--rounds` rounds; the rates are the median round's, with the best one beside them."""
     rounds = [run_throughput(args, parent / f"t{k}") for k in range(args.rounds)]
     out = dict(rounds[0])
-    for key in ("ingest_items_per_s", "complete_items_per_s", "lmdb_floor_items_per_s"):
+    for key in ("ingest_items_per_s", "complete_items_per_s", "lmdb_floor_items_per_s",
+                "minimal_floor_items_per_s"):
         vals = sorted(int(r[key]) for r in rounds)  # type: ignore[call-overload]
         out[key] = vals[len(vals) // 2]
         out[key.replace("_per_s", "_per_s_best")] = vals[-1]
-    for key in ("ingest_vs_lmdb_floor", "ingest_vs_lmdb_floor_cpu"):
+    for key in ("ingest_vs_lmdb_floor", "ingest_vs_lmdb_floor_cpu",
+                "minimal_floor_vs_lmdb_floor", "ingest_vs_minimal_floor"):
         ratios = sorted(float(r[key]) for r in rounds)  # type: ignore[arg-type]
         out[key] = ratios[len(ratios) // 2]
         out[f"{key}_rounds"] = ratios
