@@ -23,9 +23,9 @@ shaped floor (`shaped_floor`) does, in the same loop, only what any shaped broke
 Python must do per item (group a chunk by signature, one `Entry` per item, its lane by
 bisection, an append; pops of a batch off one lane, its longest `max_tokens` and the
 signature guard; the complete's counts), with no choice among shapes and no accounting.
-`shaped_floor_vs_fifo_floor` is its rate over the FIFO's (about 0.09x on a 2-core box: a
+`shaped_floor_vs_fifo_floor` is its rate over the FIFO's (about 0.1x on a 2-core box: a
 shaped core in Python cannot reach 0.2x of the FIFO whatever its logic costs) and
-`core_vs_shaped_floor` the core's over it (about 0.37x: the part of the cost the core's
+`core_vs_shaped_floor` the core's over it (about 0.33x: the part of the cost the core's
 own logic adds).
 
     .venv/bin/python bench/core_bench.py                 # a plain table
@@ -204,7 +204,8 @@ def shaped_floor(p: Params, batch_size: int) -> tuple[float, float]:
     """(items/s, items per CPU second) of the least per-item Python any shaped broker does,
     on the same workload and loop as `fifo_floor`: a chunk grouped by signature, one `Entry`
     per item, its lane by bisection over fixed targets and an append; a pull pops
-    `batch_size` entries off the first non-empty lane of the first shape with work and
+    `batch_size` entries off the lane it served last while that one has work (else the first
+    non-empty lane of the first shape with work) and
     takes their largest `max_tokens` and their signatures (the guard); a complete counts
     items and tokens. No choice, no accounting beyond that: what is left of the core's cost
     once its logic is gone, but not Python's."""
@@ -217,6 +218,7 @@ def shaped_floor(p: Params, batch_size: int) -> tuple[float, float]:
     next_id = next_key = completed = tokens = queued = out_tokens = 0
     spent = spent_cpu = 0.0
     fresh: list[Item] | None = []
+    lane: deque[Entry] | None = None
     while fresh is not None or queued:
         if fresh is not None and queued < p.backlog:
             fresh = next(source, None)
@@ -239,9 +241,10 @@ def shaped_floor(p: Params, batch_size: int) -> tuple[float, float]:
             fresh = []
         for _ in range(p.rounds):
             for _ in names:
-                lane = next((q for lanes in shapes.values() for q in lanes if q), None)
-                if lane is None:
-                    break
+                if not lane:  # the lane it serves ran dry: the next with work (rarely)
+                    lane = next((q for lanes in shapes.values() for q in lanes if q), None)
+                    if lane is None:
+                        break
                 batch = list(starmap(lane.popleft, repeat((), min(batch_size, len(lane)))))
                 longest = max([e.max_tokens for e in batch])
                 if len({e.item.signature for e in batch if e.item is not None}) != 1:

@@ -182,6 +182,13 @@ def phase_complete(store: DurableBroker, args: argparse.Namespace, now: float,
     return items, spent, cpu, batches, commits
 
 
+def floor_env(data_dir: Path) -> lmdb.Environment:
+    """A fresh env for a floor, opened with the store's flags (two tables at most)."""
+    data_dir.mkdir(parents=True)
+    return lmdb.open(str(data_dir), map_size=store_cfg().map_size, max_dbs=2, subdir=True,
+                     sync=True, metasync=True, writemap=False, readahead=True, lock=False)
+
+
 class LmdbFloor:
     """Why: the raw py-lmdb append rate on the same payloads is the figure ingest is read
     against; committed chunk by chunk beside ingest, both see the same disk at the same time.
@@ -190,10 +197,7 @@ class LmdbFloor:
     (payload as value) into a fresh env opened with the store's flags."""
 
     def __init__(self, data_dir: Path) -> None:
-        data_dir.mkdir(parents=True)
-        self.env = lmdb.open(str(data_dir), map_size=store_cfg().map_size, max_dbs=2,
-                             subdir=True, sync=True, metasync=True, writemap=False,
-                             readahead=True, lock=False)
+        self.env = floor_env(data_dir)
         self.db = self.env.open_db(b"data")
         self.pack = struct.Struct(">Q").pack
         self.rows = 0
@@ -226,10 +230,7 @@ class MinimalFloor:
     `putmulti`s. No shapes, lanes, segments, jobs or counts."""
 
     def __init__(self, data_dir: Path) -> None:
-        data_dir.mkdir(parents=True)
-        self.env = lmdb.open(str(data_dir), map_size=store_cfg().map_size, max_dbs=2,
-                             subdir=True, sync=True, metasync=True, writemap=False,
-                             readahead=True, lock=False)
+        self.env = floor_env(data_dir)
         self.data, self.ids = self.env.open_db(b"data"), self.env.open_db(b"ids")
         self.pack = struct.Struct(">Q").pack
         self.encode = msgspec.msgpack.Encoder().encode
