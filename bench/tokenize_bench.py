@@ -8,9 +8,12 @@ files of this Python's site-packages (its docs, then its sources): deterministic
 given venv, nothing downloaded. Phases (`--phases`, all by default):
 - read: the reader stage alone (`formats.reader.parse_lines` over `read_lines` of the
   file: parse, count, build every item), lines/s for the estimate, the tokenizer one line
-  at a time (the same tokenizer, `TokenizerCounter(batched=False)`: the reader's path
-  before batching) and in batches; `--repeat` rounds, the arms alternating in each round, medians
-  reported. The counts of the two tokenizer arms are checked equal (sum of input tokens).
+  at a time (the same tokenizer, `TokenizerCounter(batched=False, pieces=False)`: the
+  reader's path before batching), in batches of its own encode (`pieces=False`), and as
+  the producer counts by default (`pieces`: ASCII text by pre-token pieces,
+  `formats.pieces`, the rest in batches); `--repeat` rounds, the arms alternating in each
+  round, medians reported. The counts of the three tokenizer arms are checked equal (sum of
+  input tokens).
 - shapes: the same for `--shape-lines` `/v1/completions` lines without a prefix (the system
   prompt, then the user's words) under `[producer] shapes = "auto"` (the shapes-found pass
   tokenizes each prompt, then counts its two parts).
@@ -20,7 +23,7 @@ given venv, nothing downloaded. Phases (`--phases`, all by default):
   submitting a one-line file into the same daemon just before), lines/s, `--repeat`
   rounds alternating, medians. `--before CHECKOUT` adds an arm: the tokenizer with the
   `submit` of another checkout (the daemon stays this one's), e.g. the commit before
-  batching.
+  batching, or before counting by pieces.
 Ratios are tokenizer / estimate within the same run. The issue's target is submit with
 the tokenizer >= 0.7x the estimate.
 
@@ -134,9 +137,12 @@ def read_rate(path: Path, counter: TokenCounter, auto: bool) -> tuple[float, flo
 
 
 def read_phase(path: Path, tok: TokenizerCounter, repeat: int, auto: bool) -> dict[str, Any]:
-    one = TokenizerCounter(tok.name.removeprefix("tokenizer:"), batched=False)
+    path_of = tok.name.removeprefix("tokenizer:")
+    one = TokenizerCounter(path_of, batched=False, pieces=False)
+    encoded = TokenizerCounter(path_of, pieces=False)
     arms: dict[str, Callable[[], TokenCounter]] = {
-        "estimate": EstimateCounter, "one_at_a_time": lambda: one, "batched": lambda: tok}
+        "estimate": EstimateCounter, "one_at_a_time": lambda: one,
+        "batched": lambda: encoded, "pieces": lambda: tok}
     rates: dict[str, list[float]] = {a: [] for a in arms}
     cpus: dict[str, list[float]] = {a: [] for a in arms}
     tokens: dict[str, int] = {}
@@ -146,7 +152,7 @@ def read_phase(path: Path, tok: TokenizerCounter, repeat: int, auto: bool) -> di
             rate, cpu, tokens[arm] = read_rate(path, arms[arm](), auto)
             rates[arm].append(rate)
             cpus[arm].append(cpu)
-    if tokens["one_at_a_time"] != tokens["batched"]:
+    if not tokens["one_at_a_time"] == tokens["batched"] == tokens["pieces"]:
         raise RuntimeError(f"token counts differ: {tokens}")
     med = {a: statistics.median(v) for a, v in rates.items()}
     return {"lines_per_s": {a: round(v) for a, v in med.items()},
@@ -155,7 +161,9 @@ def read_phase(path: Path, tok: TokenizerCounter, repeat: int, auto: bool) -> di
             "input_tokens": tokens,
             "ratio_one_at_a_time_to_estimate": round(med["one_at_a_time"] / med["estimate"], 3),
             "ratio_batched_to_estimate": round(med["batched"] / med["estimate"], 3),
-            "ratio_batched_to_one_at_a_time": round(med["batched"] / med["one_at_a_time"], 3)}
+            "ratio_batched_to_one_at_a_time": round(med["batched"] / med["one_at_a_time"], 3),
+            "ratio_pieces_to_estimate": round(med["pieces"] / med["estimate"], 3),
+            "ratio_pieces_to_batched": round(med["pieces"] / med["batched"], 3)}
 
 
 def submit_once(home: Path, path: Path, one: Path, tokenizer: str | None,

@@ -1,6 +1,7 @@
 """Tokenizing in batches (`formats/reader.py`, `formats/tokens.py`, `formats/autoshape.py`):
 with a tokenizer the reader counts a group of lines in one `encode_batch` (on every core),
-and gives exactly what one line at a time gives: the same items, counts, found shapes and
+or, for the texts it counts by pieces (`formats/pieces.py`), on the reading thread, and
+gives exactly what one line at a time gives: the same items, counts, found shapes and
 line-numbered errors in the same order; it reads a bounded number of lines ahead of what
 it has yielded, whatever the input; and the estimate still goes one line at a time."""
 
@@ -61,6 +62,7 @@ class CountingBatches:
         self.inner, self.name = inner, inner.name
         self.batched = True
         self.batches: list[list[str]] = []
+        self.threads: list[str] = []  # the thread that counted each batch
 
     def count(self, text: str) -> int:
         return self.inner.count(text)
@@ -70,7 +72,11 @@ class CountingBatches:
 
     def count_batch(self, texts: Sequence[str]) -> list[int]:
         self.batches.append(list(texts))
+        self.threads.append(threading.current_thread().name)
         return self.inner.count_batch(texts)
+
+    def cheap(self, text: str) -> bool:
+        return self.inner.cheap(text)
 
     def encode_batch(self, texts: Sequence[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
         return self.inner.encode_batch(texts)
@@ -124,11 +130,13 @@ def files(draw: st.DrawFn) -> list[bytes]:
 
 
 @settings(max_examples=80, deadline=None)
-@given(files(), st.integers(1, 9), st.booleans())
+@given(files(), st.integers(1, 9), st.booleans(), st.booleans())
 def test_batch_counts_are_the_one_at_a_time_counts(lines: list[bytes], group: int,
-                                                   auto: bool) -> None:
-    tok = tokenizer()
-    one = TokenizerCounter(_tokenizer_path(), batched=False)
+                                                   auto: bool, pieces: bool) -> None:
+    # the reference encodes one text at a time; the batches count ASCII texts by pieces on
+    # the reading thread and the rest on the worker (pieces), or encode every text there
+    tok = TokenizerCounter(_tokenizer_path(), pieces=pieces)
+    one = TokenizerCounter(_tokenizer_path(), batched=False, pieces=False)
     assert batches(tok) is tok and batches(one) is None
 
     def parse(counter: TokenCounter) -> list[Parsed | LineError]:
@@ -143,18 +151,22 @@ def test_batch_counts_are_the_one_at_a_time_counts(lines: list[bytes], group: in
     assert numbers == sorted(numbers)
 
 
-def test_the_batch_counts_are_the_tokenizers_own() -> None:
-    tok = tokenizer()
+@pytest.mark.parametrize("pieces", [True, False])
+def test_the_batch_counts_are_the_tokenizers_own(pieces: bool) -> None:
+    tok = TokenizerCounter(_tokenizer_path(), pieces=pieces)
     words = ["", "a", "été naïve", "the broker routes the items " * 30, "0 1 2"]
-    assert tok.count_batch(words) == [tok.count(w) for w in words]
+    own = [len(tok.encode(w)[0]) for w in words]
+    assert tok.count_batch(words) == [tok.count(w) for w in words] == own
     assert tok.encode_batch(words) == [tok.encode(w) for w in words]
+    assert [tok.cheap(w) for w in words] == [pieces, pieces, False, pieces, pieces]
 
 
-def test_a_component_is_counted_once_across_batches() -> None:
+@pytest.mark.parametrize("pieces", [True, False])
+def test_a_component_is_counted_once_across_batches(pieces: bool) -> None:
     system = "You are a helpful assistant. " * 10
     lines = [j({"id": f"q{i}", "model": "m", "prefix": [system], "prompt": f"question {i}",
                 "max_tokens": 4}) for i in range(50)]
-    counter = CountingBatches(tokenizer())
+    counter = CountingBatches(TokenizerCounter(_tokenizer_path(), pieces=pieces))
     with mock.patch.object(reader, "BATCH_LINES", 8):
         got = list(parse_lines(lines, counter=counter))
     assert len(got) == 50 and all(isinstance(p, Parsed) for p in got)
@@ -162,6 +174,30 @@ def test_a_component_is_counted_once_across_batches() -> None:
     counted = [t for b in counter.batches for t in b]
     assert counted.count(system) == 1  # the first group counted it, the others looked it up
     assert sorted(t for t in counted if t != system) == sorted(f"question {i}" for i in range(50))
+
+
+def test_cheap_texts_are_counted_on_the_reading_thread_the_rest_on_the_worker() -> None:
+    # ASCII text is counted by pieces where it is read (Python work, holding the GIL);
+    # text the pieces do not cover (here: not ASCII) is encoded on the worker, on every core
+    system, other = "You are terse. " * 5, "Réponds en français. " * 5
+    lines = [j({"id": f"q{i}", "model": "m", "prefix": [system if i % 2 else other],
+                "prompt": f"question {i}" if i % 3 else f"question numéro {i}",
+                "max_tokens": 4}) for i in range(40)]
+    counter = CountingBatches(tokenizer())
+    with mock.patch.object(reader, "BATCH_LINES", 8):
+        got = list(parse_lines(lines, counter=counter))
+    reference = list(parse_lines(lines, counter=TokenizerCounter(_tokenizer_path(),
+                                                                 batched=False, pieces=False)))
+    assert got == reference
+    worker = [t for b, th in zip(counter.batches, counter.threads, strict=True)
+              if th.startswith("fabricctl-tokens") for t in b]
+    here = [t for b, th in zip(counter.batches, counter.threads, strict=True)
+            if th == threading.current_thread().name for t in b]
+    assert len(worker) + len(here) == sum(map(len, counter.batches))
+    assert worker and all(not t.isascii() for t in worker)
+    assert here and all(t.isascii() for t in here)
+    assert sorted(worker + here) == sorted({system, other} | {
+        f"question {i}" if i % 3 else f"question numéro {i}" for i in range(40)})
 
 
 def _endless(read: list[int], size: int = 20) -> Iterator[bytes]:

@@ -42,7 +42,10 @@ Contract:
   `BATCH_CHARS` characters), and each group's texts are shaped and counted in one batch
   on every core (on a worker thread, while the next group is parsed) before its results
   are yielded: results, counts and errors are the same, in the same order, as one line
-  at a time, and memory is bounded by a few groups, never the input. With the estimate
+  at a time, and memory is bounded by a few groups, never the input. Without a
+  shapes-found pass, the texts the counter counts cheaply (`cheap`: ASCII text counted by
+  pieces, `formats.pieces`) are counted on the caller's thread instead, where that Python
+  work does not contend for the GIL, and only the rest go to the worker. With the estimate
   lines go one at a time, on the caller's thread.
 
 A reason is one short sentence naming the field, e.g. "max_tokens must be at least 1".
@@ -215,35 +218,56 @@ def _batched(drafts: Iterator[_Good | LineError], counter: BatchCounter,
     """`parse_lines` with a batch counter: each group's lines (`_groups`) shaped and counted
     in one batch on a worker thread, while this thread parses the next group (the batch
     releases the GIL); then built and yielded in order. Same results; at most two groups
-    are held besides the one being yielded.
+    are held besides the one being yielded. Without a finder, the texts the counter counts
+    cheaply (`cheap`: by pieces, Python work that holds the GIL) are counted on this thread
+    instead, and only the rest go to the worker.
 
     The worker runs one group at a time, in order, and is the only one to touch `finder`
-    and the component cache, so the finder sees the lines in input order.
+    and its component cache, so the finder sees the lines in input order. The cheap texts'
+    components have a cache of their own, on this thread (a text is cheap or not whatever
+    the thread counts it).
     """
-    cache = ComponentCache(counter)
+    cache = ComponentCache(counter)  # the worker's
+    here = ComponentCache(counter)  # this thread's, for cheap components
 
-    def count(shaped: list[Draft]) -> tuple[list[Draft], KnownCounts]:
+    def shaped_counts(shaped: list[Draft]) -> tuple[list[Draft], dict[str, int]]:
         if finder is not None:
             shaped = finder.shape_all(shaped, counter)
-        return shaped, _counted(shaped, counter, cache)
+        return shaped, _counted(_texts(shaped), counter, cache)
+
+    def rest_counts(shaped: list[Draft], rest: dict[str, bool]
+                    ) -> tuple[list[Draft], dict[str, int]]:
+        return shaped, _counted(rest, counter, cache)
 
     with ThreadPoolExecutor(1, thread_name_prefix="fabricctl-tokens") as worker:
-        ahead: tuple[list[_Good | LineError], Future[tuple[list[Draft], KnownCounts]]] | None
-        ahead = None
+        ahead: tuple[list[_Good | LineError], Future[tuple[list[Draft], dict[str, int]]],
+                     dict[str, int]] | None = None
         for group in _groups(drafts):
             shaped = [g.draft for g in group if not isinstance(g, LineError)]
-            job = worker.submit(count, shaped)
+            counted_here: dict[str, int] = {}
+            if finder is not None:
+                job = worker.submit(shaped_counts, shaped)
+            else:
+                todo = _texts(shaped)
+                cheap = counter.cheap
+                rest = {t: comp for t, comp in todo.items() if not cheap(t)}
+                job = worker.submit(rest_counts, shaped, rest)
+                counted_here = _counted({t: comp for t, comp in todo.items() if t not in rest},
+                                        counter, here)
             if ahead is not None:
-                yield from _built(*ahead)
-            ahead = group, job
+                yield from _built(*ahead, counter.name)
+            ahead = group, job, counted_here
         if ahead is not None:
-            yield from _built(*ahead)
+            yield from _built(*ahead, counter.name)
 
 
 def _built(group: list[_Good | LineError],
-           job: Future[tuple[list[Draft], KnownCounts]]) -> Iterator[Parsed | LineError]:
+           job: Future[tuple[list[Draft], dict[str, int]]], counted_here: dict[str, int],
+           name: str) -> Iterator[Parsed | LineError]:
     """A group's items (from its shaped drafts and counts) and errors, in line order."""
-    shaped, known = job.result()
+    shaped, counts = job.result()
+    counts.update(counted_here)
+    known = KnownCounts(name, counts)
     todo = iter(shaped)
     for got in group:
         if isinstance(got, LineError):
@@ -272,27 +296,37 @@ def _groups(drafts: Iterator[_Good | LineError]) -> Iterator[list[_Good | LineEr
         yield group
 
 
-def _counted(drafts: list[Draft], counter: BatchCounter, cache: ComponentCache) -> KnownCounts:
-    """The counts of every text `build_item` will count for `drafts`: cached components
-    looked up, the rest counted in one `count_batch` (new components then cached)."""
-    counts: dict[str, int] = {}
-    todo: dict[str, bool] = {}  # text -> is a component (to be cached)
+def _texts(drafts: list[Draft]) -> dict[str, bool]:
+    """Every text `build_item` will count for `drafts`, once each: text -> whether it is a
+    component (counts of components are cached)."""
+    todo: dict[str, bool] = {}
     for d in drafts:
         for c in d.components:
-            if c not in counts:
-                n = cache.known(c)
-                if n is None:
-                    todo[c] = True
-                else:
-                    counts[c] = n
-        if d.input_tokens is None and d.prompt not in counts:
+            todo[c] = True
+        if d.input_tokens is None:
             todo.setdefault(d.prompt, False)
-    texts = list(todo)
+    return todo
+
+
+def _counted(todo: dict[str, bool], counter: BatchCounter, cache: ComponentCache
+             ) -> dict[str, int]:
+    """The counts of `todo`'s texts (`_texts`): cached components looked up, the rest
+    counted in one `count_batch` (new components then cached)."""
+    counts: dict[str, int] = {}
+    texts: list[str] = []
+    for text, component in todo.items():
+        n = cache.known(text) if component else None
+        if n is None:
+            texts.append(text)
+        else:
+            counts[text] = n
+    if not texts:
+        return counts
     for text, n in zip(texts, counter.count_batch(texts), strict=True):
         counts[text] = n
         if todo[text]:
             cache.remember(text, n)
-    return KnownCounts(counter.name, counts)
+    return counts
 
 
 def parse_stream(
