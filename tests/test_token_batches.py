@@ -24,7 +24,13 @@ from hypothesis import strategies as st
 from fabricctl.formats import reader
 from fabricctl.formats.autoshape import ShapeFinder
 from fabricctl.formats.reader import LineError, Parsed, parse_lines
-from fabricctl.formats.tokens import EstimateCounter, TokenCounter, TokenizerCounter, batches
+from fabricctl.formats.tokens import (
+    EstimateCounter,
+    TokenCounter,
+    TokenizerCounter,
+    batches,
+    pieces_in_batches,
+)
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -52,7 +58,7 @@ def _tokenizer_path() -> str:
 
 
 def tokenizer() -> TokenizerCounter:
-    return TokenizerCounter(_tokenizer_path())
+    return TokenizerCounter(_tokenizer_path(), cores=2)  # a small host: batches by pieces
 
 
 class CountingBatches:
@@ -130,12 +136,15 @@ def files(draw: st.DrawFn) -> list[bytes]:
 
 
 @settings(max_examples=80, deadline=None)
-@given(files(), st.integers(1, 9), st.booleans(), st.booleans())
+@given(files(), st.integers(1, 9), st.booleans(), st.sampled_from([(True, 2), (True, 16),
+                                                                   (False, 2)]))
 def test_batch_counts_are_the_one_at_a_time_counts(lines: list[bytes], group: int,
-                                                   auto: bool, pieces: bool) -> None:
+                                                   auto: bool, mode: tuple[bool, int]) -> None:
     # the reference encodes one text at a time; the batches count ASCII texts by pieces on
-    # the reading thread and the rest on the worker (pieces), or encode every text there
-    tok = TokenizerCounter(_tokenizer_path(), pieces=pieces)
+    # the reading thread and the rest on the worker (pieces, few cores), or encode every
+    # text there (many cores, or no pieces)
+    pieces, cores = mode
+    tok = TokenizerCounter(_tokenizer_path(), pieces=pieces, cores=cores)
     one = TokenizerCounter(_tokenizer_path(), batched=False, pieces=False)
     assert batches(tok) is tok and batches(one) is None
 
@@ -151,14 +160,20 @@ def test_batch_counts_are_the_one_at_a_time_counts(lines: list[bytes], group: in
     assert numbers == sorted(numbers)
 
 
-@pytest.mark.parametrize("pieces", [True, False])
-def test_the_batch_counts_are_the_tokenizers_own(pieces: bool) -> None:
-    tok = TokenizerCounter(_tokenizer_path(), pieces=pieces)
+@pytest.mark.parametrize(("pieces", "cores"), [(True, 2), (True, 16), (False, 2)])
+def test_the_batch_counts_are_the_tokenizers_own(pieces: bool, cores: int) -> None:
+    tok = TokenizerCounter(_tokenizer_path(), pieces=pieces, cores=cores)
     words = ["", "a", "été naïve", "the broker routes the items " * 30, "0 1 2"]
     own = [len(tok.encode(w)[0]) for w in words]
     assert tok.count_batch(words) == [tok.count(w) for w in words] == own
     assert tok.encode_batch(words) == [tok.encode(w) for w in words]
-    assert [tok.cheap(w) for w in words] == [pieces, pieces, False, pieces, pieces]
+    inline = pieces and cores == 2  # batches count by pieces only on a small host
+    assert [tok.cheap(w) for w in words] == [inline, inline, False, inline, inline]
+
+
+def test_batches_count_by_pieces_on_small_hosts_only() -> None:
+    assert pieces_in_batches(1) and pieces_in_batches(2) and pieces_in_batches(5)
+    assert not pieces_in_batches(6) and not pieces_in_batches(64)
 
 
 @pytest.mark.parametrize("pieces", [True, False])
@@ -166,7 +181,7 @@ def test_a_component_is_counted_once_across_batches(pieces: bool) -> None:
     system = "You are a helpful assistant. " * 10
     lines = [j({"id": f"q{i}", "model": "m", "prefix": [system], "prompt": f"question {i}",
                 "max_tokens": 4}) for i in range(50)]
-    counter = CountingBatches(TokenizerCounter(_tokenizer_path(), pieces=pieces))
+    counter = CountingBatches(TokenizerCounter(_tokenizer_path(), pieces=pieces, cores=2))
     with mock.patch.object(reader, "BATCH_LINES", 8):
         got = list(parse_lines(lines, counter=counter))
     assert len(got) == 50 and all(isinstance(p, Parsed) for p in got)

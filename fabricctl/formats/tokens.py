@@ -19,10 +19,12 @@ Contract:
   counts are exactly the counts `count` gives one text at a time, and its ids and offsets
   exactly `encode`'s. Counting (not encoding) goes by pieces where it can: ASCII text with a
   byte-level BPE whose pipeline `formats.pieces` recognizes is counted as the sum of its
-  pre-token pieces' cached counts, the same number at a fraction of the cost (`cheap` says
-  which texts); other text, and every other tokenizer, is encoded. The reader batches only
-  with such a counter (`batches`); the estimate is counted one text at a time, where
-  batching would only add work.
+  pre-token pieces' cached counts, the same number at a fraction of the cost; other text,
+  and every other tokenizer, is encoded. In batches pieces are used only on a host with
+  few cores (`pieces_in_batches`; `cheap` says which texts): with many, encoding on all of
+  them keeps pace with the reader and holds no GIL. The reader batches only with such a
+  counter (`batches`); the estimate is counted one text at a time, where batching would
+  only add work.
 - Otherwise the **estimate**: `max(1, ceil(len(text.encode("utf-8")) / 4))` per component
   and for the prompt, i.e. four UTF-8 bytes a token, at least one. It is exact for no
   model, but deterministic, cheap, and in the usual range for English text with BPE
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,6 +48,7 @@ from fabricctl.errors import BackendMissing
 from fabricctl.formats.pieces import PieceCounter
 
 ESTIMATE_BYTES_PER_TOKEN = 4
+PIECES_BELOW_CORES = 6  # batches count by pieces on fewer cores (`pieces_in_batches`)
 TOKENIZER_FILE = "tokenizer.json"
 
 log = logging.getLogger("fabricctl.tokens")
@@ -110,7 +114,8 @@ class EstimateCounter:
 class TokenizerCounter:
     """Why: exact counts when the operator points fabricctl at the model's tokenizer.json."""
 
-    def __init__(self, path: str, *, batched: bool = True, pieces: bool = True) -> None:
+    def __init__(self, path: str, *, batched: bool = True, pieces: bool = True,
+                 cores: int | None = None) -> None:
         try:
             from tokenizers import Tokenizer
         except ImportError as exc:  # the optional extra is not installed
@@ -123,6 +128,9 @@ class TokenizerCounter:
         self.batched = batched  # False: one text at a time (the reference, in tests and bench)
         # ASCII text counted piece by piece when the pipeline allows (`formats.pieces`)
         self._pieces = PieceCounter.load(self._tok) if pieces else None
+        # ...and in batches too, unless the cores to encode on outpace one thread's pieces
+        self._batch_pieces = self._pieces is not None and pieces_in_batches(
+            usable_cores() if cores is None else cores)
 
     def count(self, text: str) -> int:
         fast = self._pieces
@@ -131,8 +139,8 @@ class TokenizerCounter:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
 
     def cheap(self, text: str) -> bool:
-        """Whether `text` is counted by pieces (`formats.pieces`), not encoded."""
-        return self._pieces is not None and self._pieces.covers(text)
+        """Whether a batch counts `text` by pieces (`formats.pieces`), not encoded."""
+        return self._batch_pieces and self._pieces is not None and self._pieces.covers(text)
 
     def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """The token ids and their character offsets (for `formats.autoshape`'s blocks)."""
@@ -140,9 +148,9 @@ class TokenizerCounter:
         return enc.ids, enc.offsets
 
     def count_batch(self, texts: Sequence[str]) -> list[int]:
-        """`count` of each text: those the piece counter covers by pieces, the rest encoded
-        in one call on every core (no offsets kept)."""
-        fast = self._pieces
+        """`count` of each text: those `cheap` says yes to by pieces, the rest encoded in
+        one call on every core (no offsets kept)."""
+        fast = self._pieces if self._batch_pieces else None
         counts = [0] * len(texts)
         rest: list[int] = []  # the texts left to the tokenizer's own encode
         for i, text in enumerate(texts):
@@ -161,6 +169,25 @@ class TokenizerCounter:
         """`encode` of each text, in one call on every core."""
         return [(e.ids, e.offsets)
                 for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def pieces_in_batches(cores: int) -> bool:
+    """Whether a batch counts the texts pieces cover by pieces (one thread, holding the GIL)
+    rather than encoding them on every core. Per short chat line (bench/tokenize_bench.py)
+    the reader parses in about 13 µs, pieces count in about 7 more on the same thread, and
+    the tokenizer encodes in about 45 µs of CPU spread over the other cores: from
+    `PIECES_BELOW_CORES` cores on (one for the parser, one for a local daemon, four
+    encoding: 11 µs a line) the encode keeps pace with the parser, where pieces would add
+    their 7 µs to it."""
+    return cores < PIECES_BELOW_CORES
 
 
 def load_counter(tokenizer_path: str | None = None) -> TokenCounter:
