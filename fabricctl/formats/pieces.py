@@ -13,8 +13,9 @@ the tokenizer's own model (a bounded cache). It answers only ASCII text holding 
 the tokenizer's added tokens (`covers(text)`); anything else is the caller's to encode.
 At load the counter checks itself against the tokenizer on probe texts that exercise every
 branch of the split (contractions, digits, punctuation, runs of whitespace, control
-characters) and is refused (None) on any difference, so a pattern it rewrites wrongly falls
-back to the tokenizer instead of miscounting.
+characters): the same pieces as the tokenizer's own pre-tokenizer and the same counts as
+its encode, or it is refused (None), so a pattern it rewrites wrongly falls back to the
+tokenizer instead of miscounting.
 """
 
 from __future__ import annotations
@@ -136,8 +137,8 @@ class PieceCounter:
     """Why: a tokenizer's own encode costs ~45 µs a short line, most of it building what a
     count never reads; summing cached piece counts gives the same number in a few."""
 
-    def __init__(self, tokenizer: Any, split: re.Pattern[str], added: re.Pattern[str] | None,
-                 ) -> None:
+    def __init__(self, tokenizer: Any, split: re.Pattern[str],
+                 added: re.Pattern[str] | None) -> None:
         self._split = split.findall
         self._added = added.search if added is not None else None
         self._pieces = _Pieces(tokenizer.model.tokenize)
@@ -163,8 +164,14 @@ class PieceCounter:
         contents = [t["content"] for t in spec.get("added_tokens") or [] if t.get("content")]
         added = re.compile("|".join(map(re.escape, contents))) if contents else None
         counter = cls(tokenizer, split, added)
+        pre_tokenize = tokenizer.pre_tokenizer.pre_tokenize_str
         for text in PROBES:
-            if counter.count(text) != len(tokenizer.encode(text, add_special_tokens=False).ids):
+            if not counter.covers(text):  # holds an added token: never counted by pieces
+                continue
+            theirs = [piece for piece, _ in pre_tokenize(text)]
+            if ([piece.translate(ASCII_MAP) for piece in counter.pieces(text)] != theirs
+                    or counter.count(text) != len(
+                        tokenizer.encode(text, add_special_tokens=False).ids)):
                 return None
         return counter
 
