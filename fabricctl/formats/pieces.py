@@ -20,9 +20,10 @@ tokenizer instead of miscounting.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
+
+import msgspec
 
 GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _WS = " \\t\\n\\x0b\\x0c\\r"  # ASCII's Unicode White_Space (not \x1c-\x1f, unlike Python's \s)
@@ -119,6 +120,30 @@ def _plain_normalizer(spec: dict[str, Any] | None) -> bool:
     return spec.get("type") in _UNICODE_FORMS
 
 
+class _Model(msgspec.Struct):
+    """Why: of a tokenizer's model only its kind and dropout matter here (not its vocab)."""
+
+    type: str = ""
+    dropout: float | None = None
+
+
+class _Added(msgspec.Struct):
+    """Why: an added token is split out before the pre-tokenizer: text holding one is not
+    counted by pieces."""
+
+    content: str = ""
+
+
+class _Spec(msgspec.Struct):
+    """Why: the parts of a `tokenizer.json` that decide whether pieces count it; the vocab
+    and merges (most of the file) are skipped, not built."""
+
+    model: _Model = msgspec.field(default_factory=_Model)
+    normalizer: dict[str, Any] | None = None
+    pre_tokenizer: dict[str, Any] | None = None
+    added_tokens: list[_Added] = msgspec.field(default_factory=list)
+
+
 class _Pieces(dict[str, int]):
     """Why: piece -> its count, filled on a miss, so a text's sum is one C-level `map`."""
 
@@ -145,15 +170,18 @@ class PieceCounter:
         self._count_of = self._pieces.__getitem__
 
     @classmethod
-    def load(cls, tokenizer: Any) -> PieceCounter | None:
+    def load(cls, tokenizer: Any, source: bytes | None = None) -> PieceCounter | None:
         """A counter for `tokenizer` (a `tokenizers.Tokenizer`) when its pipeline is one
-        this module counts exactly (and its probes agree), else None."""
-        spec = json.loads(tokenizer.to_str())
-        model = spec.get("model") or {}
-        if (model.get("type") != "BPE" or model.get("dropout")
-                or not _plain_normalizer(spec.get("normalizer"))):
+        this module counts exactly (and its probes agree), else None. `source`: the
+        `tokenizer.json` it was loaded from, when at hand (else it is serialized again)."""
+        try:
+            spec = msgspec.json.decode(source or tokenizer.to_str(), type=_Spec)
+        except msgspec.DecodeError:  # a field of another type: not a pipeline known here
             return None
-        onig = split_pattern(spec.get("pre_tokenizer") or {})
+        if (spec.model.type != "BPE" or spec.model.dropout
+                or not _plain_normalizer(spec.normalizer)):
+            return None
+        onig = split_pattern(spec.pre_tokenizer or {})
         pattern = ascii_pattern(onig) if onig is not None else None
         if pattern is None:
             return None
@@ -161,7 +189,7 @@ class PieceCounter:
             split = re.compile(pattern)
         except re.error:
             return None
-        contents = [t["content"] for t in spec.get("added_tokens") or [] if t.get("content")]
+        contents = [t.content for t in spec.added_tokens if t.content]
         added = re.compile("|".join(map(re.escape, contents))) if contents else None
         counter = cls(tokenizer, split, added)
         pre_tokenize = tokenizer.pre_tokenizer.pre_tokenize_str

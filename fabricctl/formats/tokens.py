@@ -127,7 +127,7 @@ class TokenizerCounter:
         self.name = f"tokenizer:{path}"
         self.batched = batched  # False: one text at a time (the reference, in tests and bench)
         # ASCII text counted piece by piece when the pipeline allows (`formats.pieces`)
-        self._pieces = PieceCounter.load(self._tok) if pieces else None
+        self._pieces = PieceCounter.load(self._tok, Path(path).read_bytes()) if pieces else None
         # ...and in batches too, unless the cores to encode on outpace one thread's pieces
         self._batch_pieces = self._pieces is not None and pieces_in_batches(
             usable_cores() if cores is None else cores)
