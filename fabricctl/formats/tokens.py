@@ -129,8 +129,8 @@ class TokenizerCounter:
         # ASCII text counted piece by piece when the pipeline allows (`formats.pieces`)
         self._pieces = PieceCounter.load(self._tok, Path(path).read_bytes()) if pieces else None
         # ...and in batches too, unless the cores to encode on outpace one thread's pieces
-        self._batch_pieces = self._pieces is not None and pieces_in_batches(
-            usable_cores() if cores is None else cores)
+        in_batches = pieces_in_batches(usable_cores() if cores is None else cores)
+        self._batch_pieces = self._pieces if in_batches else None
 
     def count(self, text: str) -> int:
         fast = self._pieces
@@ -140,7 +140,7 @@ class TokenizerCounter:
 
     def cheap(self, text: str) -> bool:
         """Whether a batch counts `text` by pieces (`formats.pieces`), not encoded."""
-        return self._batch_pieces and self._pieces is not None and self._pieces.covers(text)
+        return self._batch_pieces is not None and self._batch_pieces.covers(text)
 
     def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """The token ids and their character offsets (for `formats.autoshape`'s blocks)."""
@@ -150,7 +150,7 @@ class TokenizerCounter:
     def count_batch(self, texts: Sequence[str]) -> list[int]:
         """`count` of each text: those `cheap` says yes to by pieces, the rest encoded in
         one call on every core (no offsets kept)."""
-        fast = self._pieces if self._batch_pieces else None
+        fast = self._batch_pieces
         counts = [0] * len(texts)
         rest: list[int] = []  # the texts left to the tokenizer's own encode
         for i, text in enumerate(texts):
