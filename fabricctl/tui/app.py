@@ -32,6 +32,7 @@ from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.reactive import var
 from textual.widgets import ContentSwitcher, Footer, Input
@@ -254,7 +255,10 @@ class TopApp(App[int]):
         with self.batch_update():
             self._header()
             self._waiting(snap)
-            pane.apply(snap, self.state)
+            try:
+                pane.apply(snap, self.state)
+            except NoMatches:  # ...or its nested containers' compose: the next one draws it
+                return
 
     def redraw(self) -> None:
         if self.latest is not None:
