@@ -92,7 +92,7 @@ class Up:
         async def consumers() -> int:
             c = await Client.connect(self.data_dir, "observer", "bench", timeout=1.0)
             try:
-                return int((await c.query("status"))["consumers"])
+                return int((await c.status())["consumers"])
             finally:
                 await c.close()
 

@@ -181,10 +181,10 @@ async def serve(data_dir: Path, knobs: BrokerKnobs, profile: str | None) -> dict
         "ingest_commits": server.writer.ingest_commits,
         "complete_commits": server.writer.complete_commits,
         "commits": server.writer.commits,
-        "results_stored": store.results_stored,
-        "ledger_difference": list(store.core.ledger.difference()),
-        "batches": store.core.batches_total,
-        "shape_switches": sum(ms.switches for ms in store.core.models.values()),
+        "results_stored": store.counters().results_stored,
+        "ledger_difference": list(store.view.ledger.difference()),
+        "batches": store.view.batches_total,
+        "shape_switches": sum(ms.switches for ms in store.view.models.values()),
     }
     store.close()
     return out
@@ -210,7 +210,7 @@ def store_ingest_floor(items: list[Item], chunk: int, where: Path) -> float:
         for k in range(0, len(items), chunk):
             part = items[k:k + chunk]
             t0 = time.perf_counter()
-            rejects = store.ingest(part, 0.0)
+            rejects = store.steps.write(0.0, items=part).rejects
             spent += time.perf_counter() - t0
             if rejects:
                 raise RuntimeError(f"the floor's store rejected items: {rejects[:3]}")
@@ -347,7 +347,7 @@ class Load:
         await asyncio.gather(*producers)
         await asyncio.gather(*consumers)
         observer = await Client.connect(self.socket, "observer")
-        status = await observer.query("status")
+        status = await observer.status()
         await observer.shutdown()
         await observer.close()
         return {

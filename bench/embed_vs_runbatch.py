@@ -47,7 +47,8 @@ from vllm_bench import ROOT, VENV, _kill_leftovers, free_port
 from fabricctl.cli.run import run_job
 from fabricctl.config import AppConfig, ConsumerSettings, ProducerSettings, VllmSettings
 from fabricctl.errors import LaunchError
-from fabricctl.supervisor.launcher import Launcher, vllm_cpu_spec
+from fabricctl.supervisor.launch_spec import vllm_cpu_spec
+from fabricctl.supervisor.launcher import Launcher
 
 sys.path.insert(0, str(ROOT / "tests" / "real"))
 from conftest import EMBED, MAKE_MODEL, SERVER_ARGS

@@ -74,7 +74,8 @@ from vllm_bench import (
 )
 
 from fabricctl.config import AppConfig, ConsumerSettings, ProducerSettings, VllmSettings
-from fabricctl.supervisor.launcher import Launcher, vllm_cpu_spec
+from fabricctl.supervisor.launch_spec import vllm_cpu_spec
+from fabricctl.supervisor.launcher import Launcher
 
 POOLING = ("--runner", "pooling", "--convert", "embed")
 

@@ -5,8 +5,8 @@ metasync on, no writemap). A synthetic workload of `--shapes` shapes of one mode
 popularity, lognormal input lengths with median ~500 tokens) with `--payload`-byte payloads
 (600 by default) is generated outside the clock. Phases:
 
-1. ingest `--items` items in chunks of `--chunk` (one `ingest` call = one group commit);
-2. pull every batch with `--consumers` consumers and settle them with `complete_many`,
+1. ingest `--items` items in chunks of `--chunk` (one `steps.write` cycle = one group commit);
+2. pull every batch with `--consumers` consumers and settle them in one `steps.write` cycle,
    `--group` batches per commit (as the server's writer does);
 3. build a store of `--recovery-items` queued items (1,000,000 by default), then reopen it in
    a fresh subprocess that reports the recovery time and the RSS it grew by (psutil, plus
@@ -22,7 +22,7 @@ index. Targets on a 2-core box: ingest >= 100k items/s, complete >= 50k items/s,
 The floor, so the figure reads the same on any machine: each round also writes raw py-lmdb
 on the same payloads into a fresh environment beside it, opened with the store's own flags
 (`fabricctl.store.env`: sync and metasync on, no writemap, readahead, lock off), one write
-transaction per `--chunk` rows (as one `ingest` call is one commit), `putmulti` appending
+transaction per `--chunk` rows (as one ingest cycle is one commit), `putmulti` appending
 8-byte sequential keys, payload as value; each raw commit runs right after the ingest of the
 same chunk, so both see the disk as it is at that moment. `lmdb_floor_items_per_s` is its
 median round, `ingest_vs_lmdb_floor` the median of the rounds' ratios ingest / floor (target
@@ -43,7 +43,7 @@ raw floor's (about 0.6x on a 2-core box) and `ingest_vs_minimal_floor` the store
 
 `--hash` is the same-results check of a change to the store's hot paths: `batches_sha256`
 digests every `Work` handed out (msgpack: the batch and its items, payloads included) and
-what each `complete_many` returned; `sha256.ingested.<table>` and `sha256.end.<table>` every
+what each completion cycle returned; `sha256.ingested.<table>` and `sha256.end.<table>` every
 key and value of each LMDB table after the ingest phase and at the end, in key order. Two trees
 that store and dispatch alike print the same digests (the hashing is inside the timed loop
 for the batches, outside it for the tables).
@@ -120,14 +120,14 @@ def store_cfg() -> StoreConfig:
 
 def phase_ingest(store: DurableBroker, args: argparse.Namespace, now: float,
                  *floors: LmdbFloor | MinimalFloor) -> tuple[int, float, float]:
-    """Ingest the workload; returns (items, wall seconds and CPU seconds inside `ingest`).
+    """Ingest the workload; returns (items, wall seconds and CPU seconds inside the ingest cycles).
     Each chunk is also committed into each of `floors` right after its ingest (not
     counted)."""
     spent = cpu = 0.0
     n = 0
     for chunk in chunks(args.seed, args.items, args.chunk, args.shapes, args.payload):
         c0, t0 = time.process_time(), time.perf_counter()
-        rejects = store.ingest(chunk, now)
+        rejects = store.steps.write(now, items=chunk).rejects
         spent += time.perf_counter() - t0
         cpu += time.process_time() - c0
         assert not rejects, rejects[:3]
@@ -139,15 +139,15 @@ def phase_ingest(store: DurableBroker, args: argparse.Namespace, now: float,
 
 def phase_complete(store: DurableBroker, args: argparse.Namespace, now: float,
                    digest: hashlib._Hash | None = None) -> tuple[int, float, float, int, int]:
-    """Drain everything; returns (items, wall and CPU seconds in pull + complete_many,
+    """Drain everything; returns (items, wall and CPU seconds in pull + completion commits,
     batches, commits). With `digest`, every `Work` and every commit's answer go into it."""
     encode = msgspec.msgpack.Encoder().encode
     names = [f"gpu{k}" for k in range(args.consumers)]
     for name, contract in zip(names, CONTRACTS, strict=False):
-        store.core.register(name, contract, now)
+        store.register(name, contract, now)
     spent = cpu = 0.0
     items = batches = commits = 0
-    pull, complete_many = store.pull, store.complete_many
+    pull, write = store.pull, store.steps.write
     next_tick = now + 1.0
     while True:
         group = []
@@ -167,7 +167,7 @@ def phase_complete(store: DurableBroker, args: argparse.Namespace, now: float,
         done = [(w.id, [ItemResult(it.id, text="ok", tokens_out=16) for it in w.items], 0)
                 for w in group]
         c0, t0 = time.process_time(), time.perf_counter()
-        stored = complete_many(done, now)
+        stored = write(now, done=done).settled
         spent += time.perf_counter() - t0
         cpu += time.process_time() - c0
         if digest is not None:
@@ -177,7 +177,7 @@ def phase_complete(store: DurableBroker, args: argparse.Namespace, now: float,
         commits += 1
         now += 0.01
         if now >= next_tick:  # the server's 1 s maintenance tick, on the fake clock
-            store.core.tick(now)
+            store.tick(now)
             next_tick += 1.0
     return items, spent, cpu, batches, commits
 
@@ -288,7 +288,7 @@ def run_throughput(args: argparse.Namespace, data_dir: Path) -> dict[str, object
         n_out, t_out, c_out, batches, commits = phase_complete(store, args, 1.0, digest)
         if digest is not None:
             tables |= table_hashes(store, "end")
-        lg = store.core.ledger
+        lg = store.view.ledger
         floor = raw.rows / (raw.seconds or 1e-9)
         return {
             "items": n_in,
@@ -352,7 +352,7 @@ def build_backlog(args: argparse.Namespace, data_dir: Path) -> None:
     try:
         for chunk in chunks(args.seed + 1, args.recovery_items, 1024, args.shapes, args.payload,
                             prefix="r"):
-            store.ingest(chunk, 0.0)
+            store.steps.write(0.0, items=chunk)
     finally:
         store.close()
 
@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", type=int, default=20)
     ap.add_argument("--consumers", type=int, default=3, choices=(1, 2, 3, 4))
     ap.add_argument("--group", type=int, default=4,
-                    help="pull rounds per complete_many commit (batches = rounds x consumers)")
+                    help="pull rounds per completion commit (batches = rounds x consumers)")
     ap.add_argument("--recovery-items", type=int, default=1_000_000,
                     help="queued items for the recovery measurement (0 skips it)")
     ap.add_argument("--rounds", type=int, default=3,

@@ -144,7 +144,8 @@ from fabricctl.replay.calibrate import Probes, ServerShape, fit_costs
 from fabricctl.replay.probe import measure
 from fabricctl.replay.run import BatchLimits, costs_for, replay
 from fabricctl.replay.workload import load
-from fabricctl.supervisor.launcher import Launcher, vllm_cpu_spec
+from fabricctl.supervisor.launch_spec import vllm_cpu_spec
+from fabricctl.supervisor.launcher import Launcher
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("FABRICCTL_VLLM_VENV", ROOT / ".venv-vllm"))

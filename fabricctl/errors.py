@@ -1,52 +1,20 @@
 """fabricctl's exception tree, its exit codes, and the one mapping between them.
 
-Every error a user or a library caller can meet derives from `FabricError`, and every such
-class lives here (this module imports nothing of fabricctl, so any layer may raise them but
-core, which imports nothing outside itself). Each carries the exit status a command ends
-with when it escapes (`exit_code`, a class attribute):
-
-FabricError               (exit 1)  base; a runtime error
-├── UsageError            (exit 2)  bad flags, bad config, a bad argument to a library call
-│   └── WorkloadError               a workload line, a jobs file or an item's payload is not
-│                                   what it must be
-├── BackendMissing        (exit 3)  no broker to talk to, no engine, no NVML where required,
-│                                   an optional package (tokenizers, Ray) not installed
-├── FabricTimeout         (exit 4)  a wait ran out
-├── EngineError           (exit 5)  an engine could not run a batch (down, aborted, timed
-│                                   out, answered something else); consumers retry elsewhere
-├── LaunchError           (exit 6)  an inference server could not be made ready (bad command,
-│                                   start timeout, port taken, stopped)
-├── BrokerError           (exit 1)  the broker refused a request (code + message)
-│   └── ProtocolError               the peer spoke something that is not our protocol
-├── JobRefused            (exit 1)  a job operation was refused: no such job, or it ended
-├── StoreError            (exit 1)  the durable store refused
-│   ├── StoreFullError              the map reached its ceiling or the disk is full
-│   ├── StoreLockedError            another process owns the data dir
-│   └── SegmentMissingError         dispatch found an entry whose segment is gone
-├── NotFound              (exit 1)  no shape matches the argument (`shapes inspect`)
-├── Ambiguous             (exit 1)  the argument names several shapes
-├── FeedError             (exit 1)  a feeder process (a Batch API file fed into its job) failed
-└── ApiError              (exit 1)  the Batch API refused a request (HTTP status + OpenAI's
-                                    error fields; its HTTP handler answers it)
-
+Every error a user or a library caller can meet derives from `FabricError` and lives here
+(this module imports nothing of fabricctl, so every layer but core may raise them). Each
+class carries the exit status a command ends with when it escapes (`exit_code`):
+- 1 `FabricError` (a runtime error) and `BrokerError` (`ProtocolError`), `JobRefused`,
+  `StoreError` (`StoreFullError`, `StoreLockedError`, `SegmentMissingError`), `NotFound`,
+  `Ambiguous`, `FeedError`, `ApiError` (HTTP status + OpenAI's error fields);
+- 2 `UsageError` (`WorkloadError`): bad flags, config, arguments or workload lines;
+- 3 `BackendMissing`: no broker, engine, NVML or optional package where one is needed;
+- 4 `FabricTimeout`; 5 `EngineError` (a batch could not run: consumers retry elsewhere);
+- 6 `LaunchError`: an inference server could not be made ready.
 `exit_code_of(exc)` is the only mapping from an exception to an exit status; the CLI's
-`fabricctl.cli.support.guarded` (and `report`, for bodies that return a status) apply it for
-every command: a `FabricError` ends as one `fabricctl: error: ...` line on stderr and its
-`exit_code`, Ctrl-C as 130. Anything else is a bug and keeps its traceback (exit 1).
-
-Outside the tree on purpose:
-- `fabricctl.core.broker.ShapeGuardError` is a `BaseException`: a batch that would feed an
-  engine an item of another shape must stop the process, never be caught by an
-  `except Exception` (or `except FabricError`) on the way and retried.
-- core imports nothing outside itself (not this module): its own refusals are plain
-  `ValueError`s and `KeyError`s (`core.settlement.UnknownBatchError`), which the layer
-  above translates into a class of this tree where one can escape to a caller.
-- Internal signals, caught by the code that reads what raised them and never escaping to a
-  caller: `formats.common.Invalid` (a bad input line: `formats.reader` and `api.upload`
-  turn it into the line's error), `wire.protocol.FrameTooLarge` (`wire.client` and
-  `server.connection` drop the connection), and the private `_...` ones.
-- A broken invariant (a state fabricctl never makes: "cannot happen") is an
-  `AssertionError`: a bug, which keeps its traceback.
+`fabricctl.cli.support.guarded` (and `report`) apply it for every command: a `FabricError`
+ends as one `fabricctl: error: ...` line and its `exit_code`, Ctrl-C as 130, anything else
+is a bug and keeps its traceback. What stays outside the tree on purpose (the shape guard,
+core's plain refusals, internal signals, broken invariants): ARCHITECTURE.md, "Errors".
 """
 
 from __future__ import annotations

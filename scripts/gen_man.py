@@ -40,12 +40,21 @@ def esc(text: str) -> str:
     return "\n".join(lines)
 
 
-def _paragraphs(help_text: str) -> list[list[str]]:
-    import inspect
+def _description(help_text: str | None) -> list[str]:
+    """A command's help as roff, split into paragraphs as `--help` splits it
+    (`fabricctl.cli.helpfmt.paragraphs`): a flowed one is filled, a literal (`\\b`) one keeps
+    its lines."""
+    from fabricctl.cli.helpfmt import paragraphs
 
-    text = inspect.cleandoc(help_text or "").partition("\f")[0]
-    return [[ln.strip() for ln in p.splitlines() if ln.strip()] for p in text.split("\n\n")
-            if p.strip()]
+    r: list[str] = []
+    for i, p in enumerate(paragraphs(help_text)):
+        if i:
+            r.append(".PP")
+        if p.literal:
+            r += [".nf", *(esc(line) for line in p.text.splitlines()), ".fi"]
+        else:
+            r.append(esc(p.text))
+    return r
 
 
 def _term(record: str, is_argument: bool) -> str:
@@ -92,17 +101,13 @@ def render(path: list[str], cmd: Any, ctx: Any, version: str, pages: list[str]) 
     name = page_name(path)
     key = " ".join(path)
     full = " ".join(["fabricctl", *path])
-    paras = _paragraphs(cmd.help or "")
-    short = cmd.get_short_help_str(limit=200) if path else (paras[0][0] if paras else "")
+    short = cmd.get_short_help_str(limit=200) if path else (cmd.help or "").split("\n")[0]
     r = [f'.TH "{esc(name.upper())}" "1" "{MAN_DATE}" "fabricctl {version}" "{MANUAL}"',
          ".SH NAME", f"{esc(name)} \\- {esc(short.rstrip('.'))}",
          ".SH SYNOPSIS", f".B {esc(full)}"]
     r.append(esc(" ".join(cmd.collect_usage_pieces(ctx))))
     r.append(".SH DESCRIPTION")
-    for i, p in enumerate(paras):
-        if i:
-            r.append(".PP")
-        r.extend(esc(line) for line in p)
+    r += _description(cmd.help)
     extra = man_prose.DESCRIPTION.get(key)
     if extra:
         r += [".PP", extra.strip()]

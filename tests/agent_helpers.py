@@ -22,8 +22,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 import pytest
@@ -75,11 +76,6 @@ def make_ca_and_leaf(directory: Path) -> tuple[Path, Path, Path]:
              "-CAcreateserial", "-out", str(leaf), "-days", "2", "-extfile", str(ext))
     return ca, leaf, key
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def fabricctl_cmd() -> list[str]:
@@ -188,10 +184,14 @@ async def submit(data: Path, items: list[Item], chunk: int = 200) -> None:
         await c.close()
 
 
-async def query(data: Path, what: str, **kw: Any) -> Any:
+T = TypeVar("T")
+
+
+async def query(data: Path, ask: Callable[[Client], Awaitable[T]]) -> T:
+    """One question's answer (`ask`: a typed `Client` method, e.g. `Client.status`)."""
     c = await Client.connect(data, "observer", "agents-test", timeout=5.0)
     try:
-        return await c.query(what, **kw)
+        return await ask(c)
     finally:
         await c.close()
 
@@ -210,11 +210,11 @@ async def wait_until(cond: Any, timeout: float, what: str, every: float = 0.05) 
 
 
 async def consumers(data: Path) -> list[str]:
-    return sorted(c["name"] for c in await query(data, "consumers"))
+    return sorted(c.name for c in await query(data, Client.consumers))
 
 
 async def done_items(data: Path) -> int:
-    return int((await query(data, "ledger"))["persisted"]["items_completed"])
+    return int((await query(data, Client.ledger))["persisted"]["items_completed"])
 
 
 async def results(data: Path) -> list[ResultRecord]:

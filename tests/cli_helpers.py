@@ -1,4 +1,5 @@
-"""Helpers for the CLI tests: run `fabricctl` as a subprocess, start and stop a real broker.
+"""Helpers for the CLI tests: run `fabricctl` as a subprocess (its stdout a pipe, or a
+pseudo-terminal of a given size: `fabricctl_tty`), start and stop a real broker.
 
 Every run gets a clean environment: no user config (XDG_CONFIG_HOME in a tmp dir), no
 FABRICCTL_* variables unless given, no colour, the working directory a tmp dir (so no
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -72,7 +74,7 @@ class Broker:
         async def consumers() -> int:
             c = await Client.connect(self.data_dir, "observer", "test", timeout=1.0)
             try:
-                st: Any = await c.query("status")
+                st: Any = await c.status()
                 return int(st["consumers"])
             finally:
                 await c.close()
@@ -108,3 +110,51 @@ class Broker:
                 self.proc.kill()
                 self.proc.wait()
             self.log.close()
+
+
+ESCAPES = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")  # SGR and cursor sequences: not text
+
+
+def fabricctl_tty(*args: str, env: dict[str, str], cwd: Path, columns: int, lines: int = 40,
+                  timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    """`fabricctl ARGS` with stdout on a pseudo-terminal of `columns` x `lines` (stdin
+    empty, stderr piped): what a user sees there, escape sequences removed, lines ending
+    `\\n`. TERM is a real terminal's (on `dumb` Rich assumes 80 columns)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import tempfile
+    import termios
+
+    full = {**env, "COLUMNS": str(columns), "LINES": str(lines), "TERM": "xterm-256color"}
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([*FABRICCTL, *args], stdin=subprocess.DEVNULL, stdout=slave,
+                                stderr=err, env=full, cwd=cwd)
+        os.close(slave)
+        out = bytearray()
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([master], [], [], deadline - time.monotonic())
+                if not ready:
+                    break
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: every writer of the terminal has closed it
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        finally:
+            os.close(master)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        err.seek(0)
+        stderr = err.read()
+    text = ESCAPES.sub(b"", bytes(out)).replace(b"\r\n", b"\n")
+    return subprocess.CompletedProcess([*FABRICCTL, *args], code, text, stderr)

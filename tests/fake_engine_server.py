@@ -1,8 +1,11 @@
 """A stand-in engine server for launcher tests: GET /health answers 200 once "ready".
 
 Usage (as the launcher calls it): fake_engine_server.py MODEL --port N [--ready-delay S]
-[--ignore-sigterm] [--child-pid-file PATH] [--record PATH] [any other flags, ignored].
+[--ignore-sigterm] [--child-pid-file PATH] [--record PATH] [--fail-start MESSAGE
+[--fail-if PATH]] [any other flags, ignored].
 --record appends one JSON line per start: its argv, CUDA_VISIBLE_DEVICES and pid.
+--fail-start prints MESSAGE on stderr and exits 1 before serving, as a vLLM that cannot
+start does (with --fail-if, only while PATH exists).
 """
 
 from __future__ import annotations
@@ -26,11 +29,16 @@ def main() -> None:
     ap.add_argument("--ignore-sigterm", action="store_true")
     ap.add_argument("--child-pid-file")
     ap.add_argument("--record")
+    ap.add_argument("--fail-start")
+    ap.add_argument("--fail-if")
     args, _ = ap.parse_known_args()
     if args.record:  # what a stand-in `vllm` was started with, one line per start
         with open(args.record, "a") as f:
             f.write(json.dumps({"argv": sys.argv[1:], "pid": os.getpid(),
                                 "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\n")
+    if args.fail_start is not None and (args.fail_if is None or os.path.exists(args.fail_if)):
+        sys.stderr.write(args.fail_start + "\n")
+        sys.exit(1)
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.child_pid_file:  # a worker process, like vLLM's EngineCore

@@ -23,6 +23,8 @@ model `X` does not exist.". It is the simulated
 engine seen through the HTTP path, so a test on it fails where the wire is wrong, as one on
 the real vLLM would. `delay_s` makes each completion take that long;
 with `max_running`, at most that many run at once and the rest wait, as --max-num-seqs does.
+`live` (settable) is a live service's requests on the same server: `/metrics` shows them and
+the requests in progress as `vllm:num_requests_running` (a shared server's load).
 """
 
 from __future__ import annotations
@@ -154,6 +156,8 @@ class FakeVllm:
         self._running = threading.BoundedSemaphore(max_running) if max_running else None
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.gets: list[str] = []  # the paths of every GET, in order
+        self.live = 0  # a live service's requests running beside ours (the gauge shows them)
+        self.in_progress = 0
         self._lock = threading.Lock()
         fake = self
 
@@ -169,7 +173,11 @@ class FakeVllm:
                 with fake._lock:
                     fake.gets.append(self.path)
                 if self.path == "/metrics":
-                    self._send(200, METRICS.encode(), "text/plain")
+                    gauges = ("# TYPE vllm:num_requests_running gauge\n"
+                              f"vllm:num_requests_running {fake.live + fake.in_progress}\n"
+                              "# TYPE vllm:num_requests_waiting gauge\n"
+                              "vllm:num_requests_waiting 0\n")
+                    self._send(200, (METRICS + gauges).encode(), "text/plain")
                 elif self.path == "/health":
                     self._send(200, b"", "text/plain")
                 elif self.path == "/v1/models":
@@ -185,6 +193,14 @@ class FakeVllm:
                 body = json.loads(self.rfile.read(length))
                 with fake._lock:
                     fake.requests.append((self.path, body))
+                    fake.in_progress += 1
+                try:
+                    self._answer(body)
+                finally:
+                    with fake._lock:
+                        fake.in_progress -= 1
+
+            def _answer(self, body: dict[str, Any]) -> None:
                 if endpoint_of(self.path) not in fake.served:
                     self._send(404, b'{"detail":"Not Found"}', "application/json")
                     return

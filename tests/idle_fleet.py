@@ -68,10 +68,8 @@ async def timeline(cfg: AppConfig, lines: list[bytes], monkeypatch: Any,
     monkeypatch.setattr(OpenAIEngine, "run", run)
     items = [p.item for p in parse_lines(lines) if isinstance(p, Parsed)]
     assert len(items) == len(lines)
-    daemon = Daemon(cfg)
-    await daemon.start()
+    daemon = await Daemon.start(cfg)
     try:
-        assert daemon.fleet is not None and daemon.server is not None
         await daemon.fleet.wait_connected()
         client = await Client.connect(daemon.server.state.cfg.socket_path, "producer", "test")
         try:

@@ -81,8 +81,7 @@ def make_items(n: int, signature: int = SIG_A, tokens: int = 100, prefix: str = 
 
 
 async def all_results(client: Client, limit: int = 100_000) -> list[ResultRecord]:
-    rows = await client.query("results", since=0, limit=limit,
-                              type=list[tuple[int, ResultRecord]])
+    rows = await client.results(0, limit)
     return [rec for _, rec in rows]
 
 
@@ -90,8 +89,7 @@ async def result_sequence(client: Client, page: int = 5000) -> list[tuple[int, R
     """The broker's whole result sequence, `page` rows a query."""
     out: list[tuple[int, ResultRecord]] = []
     while True:
-        rows = await client.query("results", since=out[-1][0] if out else 0, limit=page,
-                                  type=list[tuple[int, ResultRecord]])
+        rows = await client.results(out[-1][0] if out else 0, page)
         out.extend(rows)
         if len(rows) < page:
             return out

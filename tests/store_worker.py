@@ -34,9 +34,11 @@ import xxhash
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from store_helpers import SyncStore
+
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.types import Contract, Item, ItemResult, Work
-from fabricctl.store.durable import DurableBroker, StoreConfig
+from fabricctl.store.durable import StoreConfig
 
 MODEL = "m"
 CHUNK = 40
@@ -97,15 +99,15 @@ def main() -> int:
     tried, acked = args.logs / "tried.log", args.logs / "acked.log"
     nchunks = -(-args.items // CHUNK)
     done_chunks = read_log(acked)
-    store = DurableBroker(args.data, time.time(), CoreConfig(), STORE)
+    store = SyncStore(args.data, time.time(), CoreConfig(), STORE)
     print(json.dumps({"recovery": msgspec.to_builtins(store.recovery)}), flush=True)
     for name, contract in CONTRACTS.items():
-        store.core.register(name, contract, time.time())
+        store.register(name, contract, time.time())
     rng = random.Random(os.getpid())
     c = max(done_chunks, default=-1) + 1
     held: list[Work] = []
     late: list[Work] = []
-    lg = store.core.ledger
+    lg = store.view.ledger
     while True:
         now = time.time()
         if c < nchunks:
@@ -149,7 +151,7 @@ def main() -> int:
                 violation(f"late completion of failed batch {w.id} was accepted")
         late.clear()
         step("tick")
-        store.core.tick(now)
+        store.tick(now)
         if c >= nchunks and not held and lg.items_queued == 0 and lg.items_inflight == 0:
             break
     store.close()

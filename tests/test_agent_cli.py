@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from cli_helpers import clean_env, fabricctl
 
-from fabricctl.cli.consume import agent_config, parse_gpus
+from fabricctl.cli.consume import agent_config
+from fabricctl.cli.support import parse_gpus
 from fabricctl.config import AppConfig, VllmSettings
 from fabricctl.errors import UsageError
 
@@ -45,7 +46,7 @@ def test_each_engine_gets_one_engine_per_gpu() -> None:
 def test_usage_errors_exit_2_before_connecting(tmp_path: Path) -> None:
     env = clean_env(tmp_path)
     bad = fabricctl("consume", "--broker", "127.0.0.1:9", "--gpus", "0,0", env=env, cwd=tmp_path)
-    assert bad.returncode == 2 and b"distinct GPU indices" in bad.stderr, bad.stderr
+    assert bad.returncode == 2 and b"distinct NVML GPU indices" in bad.stderr, bad.stderr
     ca = fabricctl("consume", "--broker", "127.0.0.1:9", "--gpus", "0", "--tls-ca",
                    str(tmp_path / "none.crt"), env=env, cwd=tmp_path)
     assert ca.returncode == 2 and b"TLS CA file" in ca.stderr, ca.stderr

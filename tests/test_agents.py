@@ -24,6 +24,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import msgspec
 from agent_helpers import (
     TOKEN,
     Child,
@@ -33,7 +34,6 @@ from agent_helpers import (
     consumers,
     done_items,
     fabricctl_cmd,
-    free_port,
     make_cert,
     needs_openssl,
     query,
@@ -42,6 +42,9 @@ from agent_helpers import (
     submit,
     wait_until,
 )
+from ports import free_port
+
+from fabricctl.wire.client import Client
 
 pytestmark = needs_openssl
 
@@ -257,7 +260,8 @@ async def _stop_holding(site: Site, agent: Child, prefix: str, total: int,
         agent.signal(signal.SIGSTOP)
         await wait_until(lambda: stopped_and_read(pid), 30, f"{prefix}* stopped, heard out")
         held = {c["name"]: c["batches_inflight"] - c["batches_settling"]
-                for c in await query(site.data, "consumers") if c["name"].startswith(prefix)}
+                for c in msgspec.to_builtins(await query(site.data, Client.consumers))
+                if c["name"].startswith(prefix)}
         if any(held.values()):
             return held
         assert loop.time() < deadline, f"{prefix}* held no batch within {timeout} s"
@@ -297,5 +301,5 @@ async def _at_least(value: object, n: int) -> bool:
 async def _ledger(data: Path) -> dict[str, object]:
     from agent_helpers import query
 
-    led: dict[str, object] = await query(data, "ledger")
+    led: dict[str, object] = await query(data, Client.ledger)
     return led

@@ -35,8 +35,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from agent_helpers import free_port
 from cli_helpers import START_TIMEOUT_S, Broker, clean_env, fabricctl
+from ports import free_port
 
 from fabricctl.wire.client import Client
 
@@ -318,7 +318,9 @@ def test_cancelling_a_large_batch(tmp_path: Path) -> None:
             assert time.monotonic() < deadline
             time.sleep(0.02)
         got = c.batches.cancel(batch.id)
-        assert got.status == "cancelling"  # in-flight requests finish first
+        # in-flight requests finish first; with none in flight yet (a loaded box: the feeder
+        # has not sent a line to an engine) the cancel ends the batch at once
+        assert got.status in ("cancelling", "cancelled")
         seen = [got.status, *wait_ended(c, batch.id)]
         assert seen[-1] == "cancelled"
         done = c.batches.retrieve(batch.id)

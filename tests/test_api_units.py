@@ -174,7 +174,8 @@ def test_a_good_file_passes_in_any_chunking() -> None:
     (json.dumps({**request("x"), "method": "GET"}).encode(), "line 2: method must be POST"),
     (json.dumps({**request("x"), "url": "/v1/moderations"}).encode(),
      "line 2: url must be one of /v1/completions, /v1/chat/completions, /v1/embeddings, "
-     "/v1/score, /v1/rerank, /v1/responses, /score, /rerank, /v2/rerank"),
+     "/v1/score, /v1/rerank, /v1/responses, /v1/audio/transcriptions, /score, /rerank, "
+     "/v2/rerank"),
     (json.dumps({**request("x"), "body": "text"}).encode(),
      "line 2: body must be a JSON object, not a string"),
     (b'{"custom_id": "' + b"x" * 5000 + b'"}', "line 2: line is longer than 4096 bytes"),
@@ -423,7 +424,8 @@ def test_api_address_refuses_non_loopback_without_token() -> None:
 
 def test_every_endpoint_the_reader_takes_makes_a_batch_and_no_other() -> None:
     assert ENDPOINTS == ("/v1/completions", CHAT, "/v1/embeddings", "/v1/score", "/v1/rerank",
-                         "/v1/responses", "/score", "/rerank", "/v2/rerank")
+                         "/v1/responses", "/v1/audio/transcriptions", "/score", "/rerank",
+                         "/v2/rerank")
     for endpoint in ENDPOINTS:
         check_endpoint(endpoint)
     for bad in ("/v1/moderations", "/v1/embeddings/", "v1/embeddings", ""):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
 from server_helpers import all_results, running_server, wait_until
 
 from fabricctl.core.payload import Payload, encode_payload
@@ -42,11 +43,11 @@ async def test_a_declared_prefix_that_is_not_real_is_flagged(tmp_path: Path) -> 
             return len(await all_results(producer)) == 400
 
         await wait_until(done, timeout=60)
-        views = {v["signature"]: v for v in await producer.query("shapes")}
+        views = {v["signature"]: v for v in msgspec.to_builtins(await producer.shapes())}
         stop.set()
         await task
         await producer.close()
-    finished = {e.signature: e for e in server.state.core.events.since(0) if e.kind == "guard"}
+    finished = {e.signature: e for e in server.state.view.events.since(0) if e.kind == "guard"}
     assert liar in finished
     assert honest not in finished
     assert "not a token-identical prefix" in finished[liar].reason

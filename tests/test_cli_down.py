@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from cli_helpers import Broker
 
 from fabricctl.wire.client import Client
@@ -33,7 +34,7 @@ async def _wait_for_work_in_flight(data_dir: Path) -> int:
     try:
         deadline = time.monotonic() + 60
         while True:
-            held = _held(await c.query("consumers"))
+            held = _held(msgspec.to_builtins(await c.consumers()))
             if held:
                 return held
             assert time.monotonic() < deadline, "no batch went in flight"
@@ -45,7 +46,7 @@ async def _wait_for_work_in_flight(data_dir: Path) -> int:
 async def _results(data_dir: Path) -> int:
     c = await Client.connect(data_dir, "observer", "test-down")
     try:
-        st = await c.query("status")
+        st = await c.status()
         return int(st["extra"]["store"]["results"])
     finally:
         await c.close()

@@ -79,8 +79,11 @@ def test_a_finished_shape_is_listed_inspected_and_kept_across_a_restart(tmp_path
         assert b.run("submit", "-", input=jsonl(twins)).returncode == 0
         out = b.run("shapes", "inspect", "twin")
         assert out.returncode == 1 and out.stdout == b""
-        [line] = error_lines(out.stderr)
-        assert "'twin' names 2 shapes: " in line and "(nobody-serves-this)" in line
-        assert "give more hex digits or the label" in line
+        line, _, *twin_lines = error_lines(out.stderr)
+        assert line == ("fabricctl: error: 'twin' names 2 shapes; they share one signature "
+                        "under several models, which no name tells apart: fabricctl shapes "
+                        "list --all --json shows each")
+        assert sorted(ln.split()[2] for ln in twin_lines) == ["fabric-demo",
+                                                             "nobody-serves-this"]
     finally:
         assert b.stop() == 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import msgspec
@@ -148,31 +149,28 @@ def test_submit_ordered_needs_wait(broker: Broker) -> None:
 
 
 class _TwoSources:
-    """A broker stand-in: the job already has results (the sweep), the result stream repeats
-    some of them and carries another job's, and the job ends once the stream is dry."""
+    """A broker stand-in: the job already has results (the sweep), the result stream (pushed:
+    its job's rows only) repeats some of them, and its last push carries the ended job."""
 
     def __init__(self) -> None:
         mine = [msgspec.structs.replace(rec(f"x{i}"), job=7, line=i) for i in range(1, 6)]
-        other = msgspec.structs.replace(rec("x9"), job=8, line=1)
         self.swept = mine[:2]
-        self.stream = [(1, mine[1]), (2, other), (3, mine[3]), (4, mine[2]), (5, mine[4])]
-        self.polls = 0
+        self.stream = [(1, mine[1]), (3, mine[3]), (4, mine[2]), (5, mine[4])]
 
     async def job_results(self, job: str, after_line: int = 0, limit: int = 1000) -> list:
-        done = self.swept if self.polls < 2 else self.swept + [r for _, r in self.stream
-                                                               if r.job == 7]
-        return sorted((r for r in done if r.line > after_line), key=lambda r: r.line)[:limit]
+        return sorted((r for r in self.swept if r.line > after_line),
+                      key=lambda r: r.line)[:limit]
 
-    async def query(self, what: str, since: int = 0, limit: int = 1000, **_: object) -> list:
-        self.polls += 1
-        return [(s, r) for s, r in self.stream if s > since][:limit]
-
-    async def job(self, ident: str) -> object:
+    async def follow_results(self, job: int = 0, since: int = -1) -> AsyncGenerator:
         from fabricctl.core.jobs import JobRecord, JobState
-        from fabricctl.wire.protocol import JobView
+        from fabricctl.wire.queries import ResultsPush
 
-        return JobView(JobRecord(number=7, id="batch_7", kind="submit", total=5, completed=5,
-                                 sealed=True, state=JobState.COMPLETED))
+        yield ResultsPush(1, 0)  # the stream starts: the sweep follows
+        for s, r in self.stream:
+            yield ResultsPush(1, s, [(s, r)])
+        yield ResultsPush(1, 6, [], JobRecord(number=7, id="batch_7", kind="submit", total=5,
+                                              completed=5, sealed=True,
+                                              state=JobState.COMPLETED))
 
 
 def test_the_follower_writes_each_result_of_its_job_once() -> None:
@@ -181,8 +179,7 @@ def test_the_follower_writes_each_result_of_its_job_once() -> None:
     written: list[str] = []
 
     async def go() -> None:
-        f = JobFollower(_TwoSources(), "batch_7", 7, lambda r: written.append(r.id),  # type: ignore[arg-type]
-                        since=0, poll_s=0.01)
+        f = JobFollower(_TwoSources(), "batch_7", 7, lambda r: written.append(r.id))
         job = await asyncio.wait_for(f.run(), 30)
         assert job.state.value == "completed" and f.written == 5
 

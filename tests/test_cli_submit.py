@@ -79,7 +79,7 @@ MATRIX: list[tuple[bytes, str | None]] = [
     (j(comp("c1")), None),
     (j({**comp("x11"), "url": "/v1/moderations"}),
      "url must be one of /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/score, "
-     "/v1/rerank, /v1/responses, /score, /rerank, /v2/rerank"),
+     "/v1/rerank, /v1/responses, /v1/audio/transcriptions, /score, /rerank, /v2/rerank"),
     (j({**comp("x12"), "method": "GET"}), "method must be POST"),
     (j(native("x13", messages=[{"role": "user", "content": "u"}])),
      "give prompt or messages, not both"),

@@ -14,7 +14,6 @@ from fabricctl.core.jobs import (
     JobState,
     add_errors,
     add_shapes,
-    eta_s,
     expire_due,
     fail_validation,
     job_id_of,
@@ -97,16 +96,13 @@ def test_validation_failure_and_errors_kept() -> None:
     assert k.rejected == 32 and k.errors[:3] == ["a", "b", "x0"] and len(k.errors) == MAX_ERRORS
 
 
-def test_shapes_and_eta() -> None:
+def test_shapes() -> None:
     j = new_job(1, "b", "submit", 0.0)
     add_shapes(j, {JobShape("m", 2), JobShape("m", 1)})
     add_shapes(j, {JobShape("m", 1), JobShape("n", 0, "x")})
     assert j.shapes == [JobShape("m", 1), JobShape("m", 2), JobShape("n", 0, "x")]
     add_shapes(j, {JobShape("z", i) for i in range(100)})
     assert len(j.shapes) == MAX_SHAPES
-    j.total, j.completed = 30, 10
-    assert eta_s(j, 5.0) == 10.0  # 10 done in 5 s: 20 more take 10 s
-    assert eta_s(new_job(2, "c", "submit", 0.0), 5.0) is None
 
 
 events = st.lists(st.one_of(

@@ -161,7 +161,7 @@ def test_the_two_spellings_of_a_message_are_one_shape() -> None:
 
 
 URLS = ("/v1/completions, /v1/chat/completions, /v1/embeddings, /v1/score, /v1/rerank, "
-        "/v1/responses, /score, /rerank, /v2/rerank")
+        "/v1/responses, /v1/audio/transcriptions, /score, /rerank, /v2/rerank")
 
 
 @pytest.mark.parametrize(("obj", "reason"), [
@@ -237,7 +237,7 @@ def test_native_completions_and_chat_may_be_named() -> None:
 
 @pytest.mark.parametrize(("obj", "reason"), [
     (native("moderations", params={}), "endpoint must be one of completions, chat, "
-                                       "embeddings, score, rerank, responses"),
+                                       "embeddings, score, rerank, responses, transcriptions"),
     (native("embeddings"), "params is missing"),
     (native("embeddings", params=[1]), "params must be a JSON object, not an array"),
     (native("embeddings", params={"input": "x"}, max_tokens=4),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import lmdb
+from store_helpers import SyncStore
 from test_store import db_entries, drain, items
 
 from fabricctl.core.naming import describe, match
@@ -22,18 +23,19 @@ def run_shapes(s: DurableBroker, sigs: tuple[int, ...], t: float = 1.0) -> float
         s.ingest(items(20, prefix=f"{sig:x}-{k}-", sig=sig), t)
         drain(s, t)
         t += 1
-        s.core.tick(t)
+        s.tick(t)
         t += 1
     return t
 
 
 def test_a_finished_shape_is_recorded_with_its_figures(tmp_path: Path) -> None:
-    s = DurableBroker(tmp_path / "data", 0.0)
+    s = SyncStore(tmp_path / "data", 0.0)
     run_shapes(s, SIGS[:3])
     recs = s.finished_shapes()
     assert [r.signature for r in recs] == [0xB2, 0xA1]  # newest first; 0xC3 is still active
     a = recs[1]
-    assert (a.state, a.finished_at, a.thrashed) == ("finished", 3.0, True)
+    # 2 batches, under the line, but all of 0xA1's items in one run: short, not thrashing
+    assert (a.state, a.finished_at, a.thrashed, a.thrash) == ("finished", 3.0, False, "")
     assert (a.batches, a.served_items, a.served_tokens, a.items) == (2, 20, 2000, 0)
     assert a.consumers == ["gpu"] and a.lanes is None
     assert [st for _, st in a.history] == ["staged", "active", "draining", "finished"]
@@ -44,31 +46,31 @@ def test_a_finished_shape_is_recorded_with_its_figures(tmp_path: Path) -> None:
 
 def test_records_survive_a_restart_and_the_bound_drops_the_oldest(tmp_path: Path) -> None:
     cfg = StoreConfig(finished_shapes_kept=2)
-    s = DurableBroker(tmp_path / "data", 0.0, store=cfg)
+    s = SyncStore(tmp_path / "data", 0.0, store=cfg)
     t = run_shapes(s, SIGS)  # 0xA1, 0xB2, 0xC3 finish; 0xC3's record is not committed yet
     assert [r.signature for r in s.finished_shapes()] == [0xC3, 0xB2]
     assert db_entries(s, "shapes") == 2  # 0xA1 and 0xB2 on disk, not yet trimmed
     s.close()  # the pending record is written on close, and the oldest dropped
-    s = DurableBroker(tmp_path / "data", t, store=cfg)
+    s = SyncStore(tmp_path / "data", t, store=cfg)
     assert [r.signature for r in s.finished_shapes()] == [0xC3, 0xB2]
     assert db_entries(s, "shapes") == 2
     run_shapes(s, (0xE5, 0xF6), t)  # 0xE5 finishes (0xD4 was done: nothing to restore)
     s.close()
-    s = DurableBroker(tmp_path / "data", t + 10, store=cfg)
+    s = SyncStore(tmp_path / "data", t + 10, store=cfg)
     assert [r.signature for r in s.finished_shapes()] == [0xE5, 0xC3]  # numbered on
     s.close()
 
 
 def test_a_data_dir_without_the_shapes_table_still_opens(tmp_path: Path) -> None:
-    s = DurableBroker(tmp_path / "data", 0.0)
+    s = SyncStore(tmp_path / "data", 0.0)
     s.ingest(items(4), 0.0)
     s.close()
     env = lmdb.open(str(tmp_path / "data" / "fabric.lmdb"), max_dbs=10, lock=False)
     with env.begin(write=True) as txn:
         txn.drop(env.open_db(b"shapes", txn=txn), delete=True)
     env.close()
-    s = DurableBroker(tmp_path / "data", 1.0)
-    assert s.finished_shapes() == [] and s.core.ledger.items_received == 4
+    s = SyncStore(tmp_path / "data", 1.0)
+    assert s.finished_shapes() == [] and s.view.ledger.items_received == 4
     s.close()
 
 

@@ -27,9 +27,9 @@ from test_launcher import free_port
 
 from fabricctl.cli import doctor
 from fabricctl.config import AppConfig, load_config, to_toml
+from fabricctl.config.fleetspec import ServerSpec, replicas
 from fabricctl.errors import UsageError
-from fabricctl.fleetspec import ServerSpec, replicas
-from fabricctl.supervisor import ray_fleet
+from fabricctl.supervisor import ray_placement
 from fabricctl.supervisor.fleet import Fleet
 from fabricctl.supervisor.gpus import GpuReport, GpuSample
 
@@ -299,19 +299,19 @@ def test_doctor_checks_adapter_directories_and_skips_gpus_without_nvml(
 
 def test_ray_places_one_worker_per_group_with_its_size(tmp_path: Path) -> None:
     cfg = load(tmp_path, 'engine = "sim"\n[[servers]]\nmodel = "m"\ngpus = [[0, 1]]\n')
-    (only,) = ray_fleet.placements(cfg, "sim")
+    (only,) = ray_placement.placements(cfg, "sim")
     assert (only.group, only.num_gpus, only.server) == ((0, 1), 2, 0)
-    assert ray_fleet.placements(cfg, "vllm", cluster_gpus=8) == [only]  # the fleet decides
+    assert ray_placement.placements(cfg, "vllm", cluster_gpus=8) == [only]  # the fleet decides
     fleet = load(tmp_path, FLEET.format(a="/abs/a"))
-    assert [(p.group, p.server) for p in ray_fleet.placements(fleet, "vllm")] == [
+    assert [(p.group, p.server) for p in ray_placement.placements(fleet, "vllm")] == [
         ((0, 1), 0), ((2,), 1), ((3,), 1)]
     shorthand = AppConfig(engine="sim")
-    assert [p.num_gpus for p in ray_fleet.placements(shorthand, "sim")] == [1, 1]
-    assert len(ray_fleet.placements(shorthand, "vllm", cluster_gpus=3)) == 3
+    assert [p.num_gpus for p in ray_placement.placements(shorthand, "sim")] == [1, 1]
+    assert len(ray_placement.placements(shorthand, "vllm", cluster_gpus=3)) == 3
     lone = load(tmp_path, '[[servers]]\nmodel = "m"\nadapters = { a = "/a" }\n')
-    assert ray_fleet.placements(lone, "vllm", cluster_gpus=2) == [
-        ray_fleet.Placement((0,), 0), ray_fleet.Placement((1,), 0)]
-    narrowed = ray_fleet.group_config(fleet, "vllm", [5, 6], 0, "w", server=0)
+    assert ray_placement.placements(lone, "vllm", cluster_gpus=2) == [
+        ray_placement.Placement((0,), 0), ray_placement.Placement((1,), 0)]
+    narrowed = ray_placement.group_config(fleet, "vllm", [5, 6], 0, "w", server=0)
     assert narrowed.servers == [ServerSpec(model="/models/base", name="base",
                                            adapters=fleet.servers[0].adapters, gpus=[[5, 6]])]
     assert narrowed.vllm.port_base == fleet.vllm.port_base + 5
@@ -333,7 +333,7 @@ def test_the_readme_fleets_load(tmp_path: Path) -> None:
 
 def test_an_agent_runs_the_groups_of_the_fleet_inside_its_gpus() -> None:
     from fabricctl.cli.consume import agent_config
-    from fabricctl.fleetspec import within
+    from fabricctl.config.fleetspec import within
 
     fleet = [ServerSpec("big", gpus=[[0, 1]]), ServerSpec("small", gpus=[[2], [3]]),
              ServerSpec("any")]
@@ -356,7 +356,6 @@ async def test_a_sim_fleet_routes_each_name_to_its_server_and_shows_its_group(
     import time
 
     from fabricctl.core.payload import Payload, encode_payload
-    from fabricctl.core.snapshot import Snapshot
     from fabricctl.core.types import Item
     from fabricctl.daemon.assembly import Daemon
     from fabricctl.wire.client import Client
@@ -371,21 +370,19 @@ async def test_a_sim_fleet_routes_each_name_to_its_server_and_shows_its_group(
     items = [Item(f"i{k}", names[k % 4], 1 + k % 2, 40, 2,
                   encode_payload(Payload([f"system {k % 2}"], f"q{k}", [32], 8)))
              for k in range(80)]
-    daemon = Daemon(cfg)
-    await daemon.start()
+    daemon = await Daemon.start(cfg)
     try:
-        assert daemon.fleet is not None and daemon.server is not None
         await daemon.fleet.wait_connected()
         client = await Client.connect(daemon.server.state.cfg.socket_path, "producer", "t")
         try:
             assert (await client.submit(items)).accepted == len(items)
             deadline = time.monotonic() + 60
-            while (await client.query("ledger"))["persisted"]["items_completed"] < len(items):
+            while (await client.ledger())["persisted"]["items_completed"] < len(items):
                 assert time.monotonic() < deadline, "the fleet did not finish"  # polled
                 await asyncio.sleep(0.02)
             seen = {r.id: (r.model, r.gpu) for _, r in await result_sequence(client)}
             assert seen == {it.id: (it.model, 2 if it.model == "emb" else 0) for it in items}
-            snap = await client.query("snapshot", type=Snapshot)
+            snap = await client.snapshot()
             views = {c.model: c for c in snap.consumers}
             assert views["base"].names == ["ad-a", "ad-b"] and views["emb"].names == []
             group = snap.extra["engines"][views["base"].name]

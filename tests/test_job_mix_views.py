@@ -66,7 +66,7 @@ async def test_metrics_and_status_name_each_live_jobs_mix(
         assert samples == {(a.id, "chat"): 30.0, (a.id, "rerank"): 10.0,
                            (b.id, "embeddings"): 1.0}
 
-        status = await c.query("status")
+        status = await c.status()
         assert status["mix"] == {"jobs": 2, "endpoints": {"chat": 30, "rerank": 10,
                                                           "embeddings": 1}}
         assert {j["id"]: j["endpoints"] for j in status["jobs"]} == {

@@ -84,29 +84,29 @@ def test_open_seal_priority_and_end_reach_the_core(tmp_path: Path) -> None:
     s = store(tmp_path)
     j = s.open_job("submit", 100.0, name="in.jsonl", priority=5, window_s=7200)
     assert (j.priority, j.deadline) == (5, 7300.0)
-    assert s.core.terms[j.number] == JobTerms(5, 7300.0, False)
+    assert s.view.terms[j.number] == JobTerms(5, 7300.0, False)
     plain = s.open_job("submit", 100.0)  # the default terms: nothing for the core to keep
-    assert plain.number not in s.core.terms
+    assert plain.number not in s.view.terms
     s.submit(items(20), 100.0, job=j.number)
-    assert s.core.terms[j.number] == JobTerms(5, 7300.0, False)
+    assert s.view.terms[j.number] == JobTerms(5, 7300.0, False)
     s.seal_job(j.number, 20, 100.5)
-    assert s.core.terms[j.number] == JobTerms(5, 7300.0, True)
+    assert s.view.terms[j.number] == JobTerms(5, 7300.0, True)
     got = s.set_job_priority(j.number, 9, 101.0)
     assert got.priority == 9 and s.job(j.number).priority == 9  # type: ignore[union-attr]
-    assert s.core.terms[j.number] == JobTerms(9, 7300.0, True)
+    assert s.view.terms[j.number] == JobTerms(9, 7300.0, True)
     lift = s.set_job_priority(plain.number, 3, 101.0)  # from the default terms
-    assert lift.priority == 3 and s.core.terms[plain.number] == JobTerms(3, None, False)
+    assert lift.priority == 3 and s.view.terms[plain.number] == JobTerms(3, None, False)
     run_all(s, 102.0)
     s.tick_jobs(103.0)  # finalizing -> completed
     assert s.job(j.number).state is JobState.COMPLETED  # type: ignore[union-attr]
-    assert j.number not in s.core.terms  # ended: forgotten
+    assert j.number not in s.view.terms  # ended: forgotten
     with pytest.raises(JobRefused, match="has ended \\(completed\\)"):
         s.set_job_priority(j.number, 1, 104.0)
     assert s.job(j.number).priority == 9  # type: ignore[union-attr]
     with pytest.raises(JobRefused, match="no job 99"):
         s.set_job_priority(99, 1, 104.0)
     s.cancel_job(plain.number, 105.0)  # cancelled with nothing queued: ends at once
-    assert plain.number not in s.core.terms
+    assert plain.number not in s.view.terms
     s.close()
 
 
@@ -118,10 +118,10 @@ def test_a_cancelling_job_keeps_its_terms_sealed_until_it_ends(tmp_path: Path) -
     assert held is not None
     rec = s.cancel_job(j.number, 102.0)
     assert rec.state is JobState.CANCELLING
-    assert s.core.terms[j.number] == JobTerms(2, None, True)
+    assert s.view.terms[j.number] == JobTerms(2, None, True)
     s.complete(held.id, [ItemResult(it.id, text="ok") for it in held.items], 103.0)
     assert s.job(j.number).state is JobState.CANCELLED  # type: ignore[union-attr]
-    assert j.number not in s.core.terms
+    assert j.number not in s.view.terms
     s.close()
 
 
@@ -140,7 +140,7 @@ def test_a_restart_gives_the_core_the_terms_before_any_entry(
     sealed = s.open_job("api", 100.0, priority=1)
     s.submit(items(5, "a"), 100.0, job=sealed.number)
     s.seal_job(sealed.number, 5, 100.6)
-    before = dict(s.core.terms)
+    before = dict(s.view.terms)
     assert before == {live.number: JobTerms(8, 86500.0, False),
                       sealed.number: JobTerms(1, None, True)}
     s.close()
@@ -156,10 +156,10 @@ def test_a_restart_gives_the_core_the_terms_before_any_entry(
     s = store(tmp_path, 200.0)
     assert s.recovery.items == 17
     assert seen and all(t == before for t in seen)  # the terms came before every entry
-    assert s.core.terms == before
+    assert s.view.terms == before
     assert s.job(live.number).priority == 8  # type: ignore[union-attr]
     s.set_job_priority(live.number, 2, 201.0)
     s.close()
     s = store(tmp_path, 300.0)  # and the change after the restart is kept too
-    assert s.core.terms[live.number] == JobTerms(2, 86500.0, False)
+    assert s.view.terms[live.number] == JobTerms(2, 86500.0, False)
     s.close()

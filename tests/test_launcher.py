@@ -1,10 +1,16 @@
-"""Launcher against a fake engine server: command, readiness, restart with backoff, stop."""
+"""Launcher against a fake engine server: command, readiness, restart with backoff, stop.
+
+A server that never got ready and fails `start_attempts` starts in a row is a crash loop:
+given up (the start raises at once, naming the log), its first failure reported at WARNING
+with its log's last lines; one that was ready once is restarted whatever its restarts do.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -17,23 +23,15 @@ from pathlib import Path
 import httpx
 import msgspec
 import pytest
+from ports import free_port
 
 from fabricctl.errors import LaunchError
-from fabricctl.supervisor.launcher import (
-    Launcher,
-    LaunchSpec,
-    ServerProcess,
-    restart_delay,
-    vllm_cpu_spec,
-)
+from fabricctl.supervisor.engine_log import log_tail
+from fabricctl.supervisor.launch_spec import LaunchSpec, vllm_cpu_spec
+from fabricctl.supervisor.launcher import Launcher, ServerProcess, restart_delay
 
 FAKE = str(Path(__file__).with_name("fake_engine_server.py"))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spec(tmp_path: Path, *extra: str, **kw: object) -> LaunchSpec:
@@ -166,7 +164,7 @@ async def test_restart_with_backoff_after_kill(tmp_path: Path) -> None:
             gaps.append(spawned[0] - t_kill)
             assert srv.restarts == n
         assert gaps[0] >= 0.3 and gaps[1] >= 0.6  # the schedule: 0.3 s, then 0.6 s
-        assert any("exited with -9" in e for _, e in events)
+        assert sum("killed by SIGKILL after it was ready" in e for _, e in events) == 2
     finally:
         await launcher.stop()
 
@@ -188,11 +186,20 @@ async def test_stop_sigkills_a_child_that_ignores_sigterm(tmp_path: Path) -> Non
     assert launcher.servers[0].restarts == 0
 
 
-async def test_start_timeout_raises(tmp_path: Path) -> None:
-    launcher = Launcher(spec(tmp_path, "--ready-delay", "60", ready_timeout_s=1.0), [0])
-    with pytest.raises(LaunchError, match="not ready"):
+async def test_start_timeout_raises(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A start not ready in time is killed and given up at once, not restarted: another
+    wait as long would multiply the time `ready_timeout_s` bounds."""
+    caplog.set_level(logging.INFO, logger="fabricctl.supervisor.launcher")
+    events: list[str] = []
+    launcher = Launcher(spec(tmp_path, "--ready-delay", "60", ready_timeout_s=1.0), [0],
+                        on_event=lambda e, s: events.append(e))
+    with pytest.raises(LaunchError, match=r"not ready within \[vllm\] ready_timeout_s \(1 s\): "
+                                          r"killed, not restarted; see .*engine-0\.log"):
         await launcher.start()
     assert launcher.pids() == {"0": None}
+    assert sum(e.startswith("spawned") for e in events) == 1
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "GET /health" in warned[0], warned  # the log's tail
 
 
 async def test_bad_command_keeps_retrying_then_stops(tmp_path: Path) -> None:
@@ -204,9 +211,74 @@ async def test_bad_command_keeps_retrying_then_stops(tmp_path: Path) -> None:
     assert not launcher.servers[0].ready.is_set()
 
 
+async def test_a_server_that_keeps_failing_its_start_is_a_crash_loop_reported_at_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Three exits before ready: given up, not restarted; the first failure is one WARNING
+    with the log's last lines (the cause among them), the next ones a line each."""
+    caplog.set_level(logging.INFO, logger="fabricctl.supervisor.launcher")
+    events: list[str] = []
+    launcher = Launcher(spec(tmp_path, "--fail-start", "PackageNotFoundError: vllm",
+                             restart_backoff_s=(0.05,), start_attempts=3), [0],
+                        on_event=lambda e, s: events.append(e))
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError, match=r"engine 0 \(gpu 0, model tiny\): crash loop: 3 "
+                                          r"starts in a row failed before it was ever ready "
+                                          r"\(last: exited with 1\); see .*engine-0\.log"):
+        await launcher.start()
+    assert time.monotonic() - t0 < 15  # not ready_timeout_s (20 s): the exits decide
+    srv = launcher.servers[0]
+    assert sum(e.startswith("spawned") for e in events) == 3 and srv.restarts == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert "exited with 1 before it was ready (start 1 of 3)" in warnings[0]
+    assert f"the last line of {srv.log_path}:\n  | PackageNotFoundError: vllm" in warnings[0]
+    assert "(start 2 of 3)" in warnings[1] and "PackageNotFoundError" not in warnings[1]
+    view = launcher.views()[0]
+    assert (view.state, view.failed_starts, view.last_exit) == ("failed", 3, 1)
+    assert view.reason.startswith("crash loop") and view.log == str(srv.log_path)
+    assert srv.pid is None
+
+
+async def test_a_server_that_was_ready_once_is_restarted_however_often_it_fails(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Ready, killed, then its restarts fail more often than start_attempts: it keeps being
+    restarted (the old backoff), and serves again once it can."""
+    caplog.set_level(logging.INFO, logger="fabricctl.supervisor.launcher")
+    broken = tmp_path / "broken"
+    launcher = Launcher(spec(tmp_path, "--fail-start", "CUDA error: out of memory",
+                             "--fail-if", str(broken), restart_backoff_s=(0.05,),
+                             start_attempts=2), [0])
+    await launcher.start()
+    srv = launcher.servers[0]
+    try:
+        first = srv.pid
+        assert first is not None
+        broken.touch()
+        os.kill(first, signal.SIGKILL)
+        await wait_for(lambda: srv.restarts >= 4)  # 3 failed restarts > start_attempts
+        assert srv.refusal is None and launcher.views()[0].state in ("starting", "restarting")
+        broken.unlink()
+        await srv.wait_ready(20)
+        assert srv.pid not in (None, first)
+    finally:
+        await launcher.stop()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "killed by SIGKILL after it was ready" in warnings[0], warnings
+
+
+def test_the_log_tail_is_the_last_start_s_last_lines(tmp_path: Path) -> None:
+    log = tmp_path / "engine-0.log"
+    assert log_tail(log) == []
+    log.write_text("=== fabricctl: start A\nold\n\n=== fabricctl: start B (restart 1): x\n"
+                   + "".join(f"line {i}\n" for i in range(20)) + "\n\n")
+    assert log_tail(log) == [f"line {i}" for i in range(5, 20)]
+    assert log_tail(log, 2) == ["line 18", "line 19"]
+
+
 SUPERVISOR = """
 import asyncio, sys
-from fabricctl.supervisor.launcher import Launcher, LaunchSpec
+from fabricctl.supervisor.launcher import Launcher
+from fabricctl.supervisor.launch_spec import LaunchSpec
 spec = LaunchSpec(model="tiny-model", served_model_name="tiny", logs_dir=sys.argv[1],
                   command=(sys.executable, sys.argv[2]), port_base=int(sys.argv[3]),
                   extra_args=("--child-pid-file", sys.argv[4]), poll_interval_s=0.05)

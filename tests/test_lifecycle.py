@@ -311,7 +311,11 @@ def test_a_failed_batch_of_a_finished_shape_goes_back_to_staging() -> None:
     assert b.ledger.consistent()
 
 
-def test_thrash_event_below_100_batches() -> None:
+def thrash_events(b: Broker) -> list[Event]:
+    return [e for e in b.events.since(0) if e.kind is EventKind.THRASH]
+
+
+def test_a_short_shape_that_served_its_whole_prefix_is_not_thrashing() -> None:
     b = warming_setup()
     a = shape_of(b, A)
     drain_current(b, "c1", 1.0)
@@ -319,17 +323,38 @@ def test_thrash_event_below_100_batches() -> None:
         b.complete(batch_id, 2.0)
     assert b.pull("c1", 2.0) is not None  # the next pull finishes A, C activates
     assert a.state is ShapeState.FINISHED
-    thrash = [e for e in b.events.since(0) if e.kind is EventKind.THRASH]
-    assert len(thrash) == 1
-    ev = thrash[0]
-    assert (ev.t, ev.model, ev.signature, ev.value, ev.critical) == (2.0, "m", A, 8, True)
-    assert b.batches_hist.total == 1
-    assert b.batches_hist.thrashed == 1
+    assert a.batches == 8  # under the line of 100, but every item of A ran in this run
+    assert thrash_events(b) == []
+    assert (a.thrash, b.batches_hist.total, b.batches_hist.thrashed) == ("", 1, 0)
     assert b.batches_hist.samples == [8]
 
 
-def run_shape_with_batches(n: int) -> Broker:
-    """Shape A runs n one-item batches then finishes (B waits warming)."""
+def test_a_short_shape_whose_prefix_is_staged_again_as_it_drains_thrashes() -> None:
+    b = warming_setup()
+    a = shape_of(b, A)
+    drain_current(b, "c1", 1.0)
+    assert a.state is ShapeState.DRAINING
+    b.ingest(items(A, 3), now=1.5)  # A's prefix keeps arriving: staged again, a new shape
+    again = shape_of(b, A)
+    assert again is not a and again.state is ShapeState.STAGED
+    for batch_id in sorted(b.inflight):
+        b.complete(batch_id, 2.0)
+    assert b.pull("c1", 2.0) is not None  # the next pull finishes A, C activates
+    assert a.state is ShapeState.FINISHED
+    [ev] = thrash_events(b)
+    assert (ev.t, ev.model, ev.signature, ev.value, ev.critical) == (2.0, "m", A, 8, True)
+    assert ev.reason == a.thrash == (
+        "finished after 8 batches (< 100) with 3 items of its prefix staged again; to gather "
+        "more per run, raise [broker] activate_multiple or stage_timeout_s")
+    assert (b.batches_hist.total, b.batches_hist.thrashed) == (1, 1)
+    assert b.batches_hist.samples == [8]
+    [view] = b.take_finished()
+    assert (view.thrashed, view.thrash) == (True, a.thrash)  # the record the store keeps
+
+
+def run_shape_with_batches(n: int, again: int = 0) -> Broker:
+    """Shape A runs n one-item batches then finishes (B waits warming); `again` items of A
+    arrive after it drained, before it finishes."""
     b = broker(size=1)
     b.ingest(items(A, n, tokens=5), now=0.0)
     first = b.pull("c1", 0.0)  # A activates (idle)
@@ -344,6 +369,9 @@ def run_shape_with_batches(n: int) -> Broker:
         assert batch.signature == A
         b.complete(batch.id, t)
         t += 0.001
+    assert a.state is ShapeState.DRAINING
+    if again:
+        b.ingest(items(A, again, tokens=5), now=t)
     nxt = b.pull("c1", t)  # A dispatched its last item: this pull finishes it, B runs
     assert nxt is not None
     assert nxt.signature == B
@@ -352,22 +380,31 @@ def run_shape_with_batches(n: int) -> Broker:
 
 
 def test_no_thrash_at_exactly_100_batches() -> None:
-    b = run_shape_with_batches(100)
+    b = run_shape_with_batches(100, again=2)
     [a] = b.lifecycle.finished
     assert a.batches == 100
-    assert [e for e in b.events.since(0) if e.kind is EventKind.THRASH] == []
+    assert thrash_events(b) == []
     assert b.batches_hist.thrashed == 0
     assert b.batches_hist.total == 1
     assert b.models["m"].current is shape_of(b, B)
 
 
-def test_thrash_at_99_batches() -> None:
-    b = run_shape_with_batches(99)
+def test_thrash_at_99_batches_with_its_prefix_staged_again() -> None:
+    b = run_shape_with_batches(99, again=2)
     [a] = b.lifecycle.finished
     assert a.batches == 99
-    [ev] = [e for e in b.events.since(0) if e.kind is EventKind.THRASH]
+    [ev] = thrash_events(b)
     assert (ev.signature, ev.value, ev.critical) == (A, 99, True)
+    assert "2 items of its prefix staged again" in ev.reason
     assert b.batches_hist.thrashed == 1
+
+
+def test_no_thrash_at_99_batches_when_nothing_of_its_prefix_waits() -> None:
+    b = run_shape_with_batches(99)
+    [a] = b.lifecycle.finished
+    assert (a.batches, a.thrash) == (99, "")
+    assert thrash_events(b) == []
+    assert (b.batches_hist.total, b.batches_hist.thrashed) == (1, 0)
 
 
 def test_epochs_bump_per_activation() -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from fabricctl.core.payload import Payload, encode_payload
 from fabricctl.core.types import Item, Prewarm, Work
-from fabricctl.engines.openai import OpenAIEngine, counter_delta, parse_metrics
+from fabricctl.engines.metrics import counter_delta, parse_metrics
+from fabricctl.engines.openai import OpenAIEngine
 from fabricctl.errors import EngineError
 
 PREFIX = ["You are terse. ", "Q: 1+1 A: 2. "]

@@ -1,5 +1,5 @@
-"""PrefixCache against vllm.md A4's reference model (corrected to keep duplicate blocks, as vLLM
-does), plus its invariants as properties.
+"""PrefixCache against the reference model of vLLM's prefix cache (docs/engine-notes.md,
+section 3; corrected to keep duplicate blocks, as vLLM does), plus its invariants as properties.
 
 Also the prompt-to-blocks mapping of fabricctl.engines.blocks: checked against a per-token
 reference hashing of the same virtual token stream.
@@ -28,7 +28,7 @@ from fabricctl.engines.blocks import (
 from fabricctl.engines.prefix_cache import CacheSeq, PrefixCache
 
 # ---------------------------------------------------------------------------------------------
-# The reference model, copied verbatim from vllm.md A4 (validated 152/152 against vLLM 0.32.0).
+# The reference model, of docs/engine-notes.md section 3 (validated 152/152 against vLLM 0.32.0).
 # Kept as documentation: it maps a hash to ONE block (`setdefault`, and evicting a block drops
 # the hash only if it is that block), but vLLM's BlockHashToBlockMap keeps every copy. The two
 # differ once a cached block is recomputed (a duplicate) and the older copy is evicted while
@@ -211,7 +211,7 @@ def test_matches_reference_model(block_size: int, num_blocks: int, seed: int) ->
 def test_duplicate_block_survives_eviction_of_older_copy() -> None:
     """Hand-checked, the real-vLLM scenario in miniature: B=4, 8 blocks (7 usable), a shape of
     exactly 2 blocks. vLLM (and the corrected reference) keep the pre-warm's copy of block 2
-    cached after the original copy is evicted; A4's APCSim loses the hash."""
+    cached after the original copy is evicted; the first model (APCSim) loses the hash."""
     bs = 4
     d = [1, 2, 3, 4, 5, 6, 7, 8]  # 2 whole blocks
     item1, item2 = [*d, 100], [*d, 200]
@@ -230,7 +230,7 @@ def test_duplicate_block_survives_eviction_of_older_copy() -> None:
     want = []
     for model in (APCSimMultiCopy(8, bs), APCSim(8, bs)):
         want.append([model.run(p, 1) for p in (item1, d, filler, item2)])
-    assert want == [[0, 4, 0, 8], [0, 4, 0, 4]]  # corrected reference == PrefixCache; A4's not
+    assert want == [[0, 4, 0, 8], [0, 4, 0, 4]]  # corrected reference == PrefixCache; APCSim's not
 
 
 def test_scripted_literals() -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from fabricctl.core.jobs import MAX_ERRORS
 from fabricctl.errors import BackendMissing
-from fabricctl.producer import CHUNK, IN_FLIGHT, Chunk, Feed, Refusals
+from fabricctl.producer import CHUNK, IN_FLIGHT, Chunk, Feed, FeedHooks, Refusals
 from fabricctl.wire.protocol import Ack, JobReply, Reject
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,10 +127,10 @@ def test_every_refusal_is_reported_once_and_the_record_keeps_the_first_in_line_o
                 refuse.add(f"i{i}")
     sink = _Sink(frozenset(refuse), delays=[0.06, 0.03, 0.0])  # the last chunk acks first
     reported: list[str] = []
-    feed = Feed(sink, 1, on_refused=reported.append)
+    feed = Feed(sink, 1)
 
     async def go() -> None:
-        await feed.run(iter(lines))
+        await feed.run(iter(lines), hooks=FeedHooks(on_refused=reported.append))
         await feed.seal()
 
     asyncio.run(go())
@@ -179,8 +179,8 @@ def test_prepare_keeps_items_from_being_sent() -> None:
         chunk.items = [i for i in chunk.items if not i.id.endswith("3")]
 
     sink = _Sink()
-    feed = Feed(sink, 1, prepare=prepare)
-    asyncio.run(feed.run(line(f"m{i}") for i in range(40)))
+    feed = Feed(sink, 1)
+    asyncio.run(feed.run((line(f"m{i}") for i in range(40)), hooks=FeedHooks(prepare=prepare)))
     assert seen == [40] and sink.sizes == [36] and feed.accepted == 36
 
 

@@ -19,7 +19,7 @@ import pytest
 from cli_helpers import ROOT, Broker
 
 from fabricctl.core.jobs import JobState
-from fabricctl.producer import Producer
+from fabricctl.producer import FeedHooks, Producer
 
 
 def test_importing_the_producer_loads_no_cli_tui_or_server() -> None:
@@ -55,7 +55,8 @@ def test_a_producer_submits_follows_and_ends_a_job(broker: Broker) -> None:
             lines: list[object] = [_line(i) for i in range(n)]
             lines.insert(10, "not json at all")  # line 11
             lines.append(json.dumps(_line(5)))  # line n + 2: a duplicate id
-            feed = await job.submit(lines, on_refused=refused.append)  # type: ignore[arg-type]
+            feed = await job.submit(lines,  # type: ignore[arg-type]
+                                    hooks=FeedHooks(on_refused=refused.append))
             assert feed.accepted == n and feed.lines == n + 2
             assert [m.split(":")[0] for m in refused] == ["line 11", f"line {n + 2}"]
             record = await job.seal()
@@ -84,18 +85,18 @@ def test_a_producer_submits_follows_and_ends_a_job(broker: Broker) -> None:
 
 
 def test_the_readme_producer_runs_as_written(broker: Broker, tmp_path: Path) -> None:
-    """The README's producer (section "From Python"), pointed at this broker, prints one
-    line per result."""
+    """The README's producer (section "From Python"), as written, finds this broker as the
+    commands do (here by `FABRICCTL_DATA_DIR`) and prints one line per result."""
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("### From Python"):]
     start = section.index("```python\n") + 10
     code = section[start:section.index("\n```", start)]
     assert "asyncio.run(main())" in code and len(code.splitlines()) <= 15
-    code = code.replace('".fabricctl"', repr(str(broker.data_dir)))
     script = tmp_path / "producer.py"
     script.write_text(code)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=120, env=broker.env)
+                         cwd=tmp_path, timeout=120,
+                         env={**broker.env, "FABRICCTL_DATA_DIR": str(broker.data_dir)})
     assert out.returncode == 0, out.stderr
     assert sorted(ln.split()[0] for ln in out.stdout.splitlines()) == sorted(
         f"q{i}" for i in range(100))

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from cli_helpers import FABRICCTL, clean_env
 from server_helpers import all_results, results_by_id
@@ -33,7 +34,7 @@ from fabricctl.core.types import Item
 from fabricctl.errors import BackendMissing
 from fabricctl.formats.reader import Parsed, parse_lines
 from fabricctl.formats.workload import generate
-from fabricctl.supervisor import ray_fleet
+from fabricctl.supervisor import ray_fleet, ray_placement
 from fabricctl.wire.client import Client
 
 pytest.importorskip("ray")
@@ -99,9 +100,9 @@ class RayUp:
     async def status(self) -> dict[str, Any]:
         c = await self.client()
         try:
-            st: dict[str, Any] = await c.query("status")
-            st["consumer_views"] = await c.query("consumers")
-            st["events"] = await c.query("events", since=0, limit=10_000)
+            st: dict[str, Any] = await c.status()
+            st["consumer_views"] = msgspec.to_builtins(await c.consumers())
+            st["events"] = msgspec.to_builtins(await c.events(0, 10_000))
             return st
         finally:
             await c.close()
@@ -379,9 +380,9 @@ def test_one_gpu_config_narrows_to_its_gpu_port_and_logs() -> None:
 
     cfg = AppConfig(gpus=[0, 1, 2], sim=SimSettings(gpus=3),
                     vllm=VllmSettings(port_base=8001, endpoints=["http://a", "http://b"]))
-    sim = ray_fleet.one_gpu_config(cfg, "sim", 2, 2, "w2")
+    sim = ray_placement.one_gpu_config(cfg, "sim", 2, 2, "w2")
     assert (sim.gpus, sim.sim.gpus) == ([2], 1)
     assert sim.data_dir == cfg.data_dir / "ray" / "w2"
-    vllm = ray_fleet.one_gpu_config(cfg, "vllm", 2, 0, "w")
+    vllm = ray_placement.one_gpu_config(cfg, "vllm", 2, 0, "w")
     assert (vllm.gpus, vllm.vllm.port_base) == ([2], 8003)
-    assert ray_fleet.one_gpu_config(cfg, "openai", 1, 1, "w").vllm.endpoints == ["http://b"]
+    assert ray_placement.one_gpu_config(cfg, "openai", 1, 1, "w").vllm.endpoints == ["http://b"]

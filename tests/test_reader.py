@@ -115,7 +115,8 @@ MATRIX: list[tuple[bytes, str | None]] = [
     (
         j({**comp("x"), "url": "/v1/moderations"}),
         "url must be one of /v1/completions, /v1/chat/completions, /v1/embeddings, "
-        "/v1/score, /v1/rerank, /v1/responses, /score, /rerank, /v2/rerank",
+        "/v1/score, /v1/rerank, /v1/responses, /v1/audio/transcriptions, /score, /rerank, "
+        "/v2/rerank",
     ),
     (j({**comp("x"), "body": [1]}), "body must be a JSON object, not an array"),
     (j({**comp("x"), "body": {"prompt": "p"}}), "body.model is missing"),

@@ -186,9 +186,11 @@ def test_per_job_figures_on_a_tiny_trace() -> None:
         assert max(j.completion_s for j in r.jobs) == pytest.approx(r.makespan_s, abs=2e-3)
         assert r.deadlines == 3
         assert r.deadlines_met == 3 - len(r.deadlines_missed or [])
-    # standalone: the job alone, same policy, same GPUs
+    # standalone: the job alone (its window kept: a due window takes both GPUs), same
+    # policy, same GPUs
     alone = [r for r in items if r.item.job == jobs[3].number]
-    solo = replay(alone, ["fabric"], 2, costs)["fabric"]
+    solo = replay(alone, ["fabric"], 2, costs, jobs={3: jobs[3].alone()},
+                  standalone=False)["fabric"]
     fab = res["fabric"].jobs
     assert fab is not None and fab[2].standalone_s == pytest.approx(solo.makespan_s, abs=2e-3)
 
@@ -256,3 +258,56 @@ def test_fabric_tells_the_broker_each_jobs_terms_and_seals_it() -> None:
         else:
             assert terms == {}
     assert all(isinstance(r, ReplayItem) and r.item.job in jobs for r in items)
+
+
+# -- windows rehearsed (issue 41) -------------------------------------------------------------
+
+
+def test_windows_rehearsed_fabric_and_edf_meet_what_fair_share_alone_misses() -> None:
+    """Three equal jobs, windows 1.4T, 2.4T and 3.4T (T: one job alone through fabric):
+    fabric, EDF and the oracle meet all three; fair share alone serves them side by side and
+    misses the first; fabric's makespan is within 5% of the oracle's."""
+    from fabricctl.replay.run import EDF, FABRIC_FAIR, ORACLE, job_alone
+    from fabricctl.replay.workload import windows_trace
+    ks = (1.4, 2.4, 3.4)
+    probe, specs = trace_workload(windows_trace(ks, 1.0, items=300))
+    costs = costs_for(probe, pressure=1.0, max_num_seqs=64)
+    lim = limits_for(probe, costs)
+    t = job_alone(probe, specs[1], "fabric", 2, costs, lim)
+    items, jobs = trace_workload(windows_trace(ks, t, items=300))
+    assert [j.window_s for j in jobs.values()] == [pytest.approx(k * t) for k in ks]
+    res = replay(items, ["fabric", EDF, FABRIC_FAIR, ORACLE], 2, costs, lim, jobs=jobs,
+                 standalone=False)
+    for name in ("fabric", EDF, ORACLE):
+        assert res[name].deadlines_missed == [], (name, res[name].deadlines_missed)
+    assert "w0" in (res[FABRIC_FAIR].deadlines_missed or [])
+    assert res["fabric"].makespan_s <= 1.05 * res[ORACLE].makespan_s
+    fair = res[FABRIC_FAIR].jobs
+    assert fair is not None and fabric_told_no_window(fair)
+
+
+def fabric_told_no_window(jobs: list[JobResult]) -> bool:
+    """Fair share alone finishes equal jobs together (within 10% of each other)."""
+    ends = [j.completion_s for j in jobs]
+    return max(ends) <= 1.1 * min(ends)
+
+
+def test_edf_hands_out_the_earliest_deadline_first() -> None:
+    from fabricctl.replay.policies import Edf
+    from fabricctl.replay.sim import Simulation
+    from fabricctl.replay.workload import windows_trace
+    items, jobs = trace_workload(windows_trace((3.0, 1.0, 2.0), 1.0, items=40))
+    costs = costs_for(items, pressure=1.0, max_num_seqs=8)
+    lim = limits_for(items, costs)
+    order: list[int] = []
+    policy = Edf(jobs)
+    sim = Simulation(items, policy, 1, costs, lim.max_input_len)
+    submit = sim.submit
+
+    def spy(g: int, r: ReplayItem, now: float, *a: object, **kw: object) -> None:
+        order.append(r.item.job)
+        submit(g, r, now, *a, **kw)  # type: ignore[arg-type]
+    sim.submit = spy  # type: ignore[method-assign]
+    sim.run()
+    runs = [j for k, j in enumerate(order) if k == 0 or order[k - 1] != j]
+    assert runs == [2, 3, 1]  # windows 1.0, 2.0, 3.0 seconds: one job after another

@@ -30,16 +30,15 @@ class RecordingDaemon(batchjob.Daemon):
     seen: dict[str, Any] = {}
 
     async def stop(self) -> None:
-        if self.server is not None and self.fleet is not None:
-            core = self.server.state.core
-            RecordingDaemon.seen = {
-                "engines": [e.stats() for e in self.fleet.engines],
-                "switches": sum(m.switches for m in core.models.values()),
-                "midstream": sum(m.midstream_switches for m in core.models.values()),
-                "waste": core.waste(),
-                "thrash": core.batches_hist.thrashed,
-                "ledger": msgspec.structs.replace(core.ledger),
-            }
+        core = self.server.state.view
+        RecordingDaemon.seen = {
+            "engines": [e.stats() for e in self.fleet.engines],
+            "switches": sum(m.switches for m in core.models.values()),
+            "midstream": sum(m.midstream_switches for m in core.models.values()),
+            "waste": core.waste(),
+            "thrash": core.batches_hist.thrashed,
+            "ledger": msgspec.structs.replace(core.ledger),
+        }
         await super().stop()
 
 

@@ -157,8 +157,8 @@ def test_the_reader_keeps_the_form_and_id_of_a_refused_line() -> None:
     assert errors == [(1, None, None), (2, None, None), (3, None, None), (4, True, "c1"),
                       (5, True, None), (6, False, "n1"), (8, True, "c2")]
     assert str(got[3]) == ("line 4: url must be one of /v1/completions, /v1/chat/completions, "
-                           "/v1/embeddings, /v1/score, /v1/rerank, /v1/responses, /score, "
-                           "/rerank, /v2/rerank")
+                           "/v1/embeddings, /v1/score, /v1/rerank, /v1/responses, "
+                           "/v1/audio/transcriptions, /score, /rerank, /v2/rerank")
 
 
 class RunBatchResponse(msgspec.Struct, forbid_unknown_fields=True):

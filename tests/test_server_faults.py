@@ -67,15 +67,15 @@ async def exactly_one_each(server: BrokerServer, ids: list[str]) -> dict[str, Re
     assert sorted(by_id) == sorted(ids)
     assert all(len(recs) == 1 for recs in by_id.values())
     assert len(results) == len(ids)
-    assert server.state.core.ledger.difference() == (0, 0)
+    assert server.state.view.ledger.difference() == (0, 0)
     return {k: recs[0] for k, recs in by_id.items()}
 
 
 async def lost_reasons(server: BrokerServer) -> list[str]:
     observer = await Client.connect(server.state.cfg.socket_path, "observer")
-    events = await observer.query("events", since=0, limit=10_000)
+    events = await observer.events(0, 10_000)
     await observer.close()
-    return [e["reason"] for e in events if e["kind"] == "consumer_lost"]
+    return [e.reason for e in events if e.kind == "consumer_lost"]
 
 
 async def test_killed_consumer_process_batch_goes_to_another(tmp_path: Path) -> None:
@@ -85,7 +85,7 @@ async def test_killed_consumer_process_batch_goes_to_another(tmp_path: Path) -> 
         try:
             held = await victim.line()
             assert held["event"] == "holding"
-            assert server.state.core.consumers["victim"].batches == {held["batch"]}
+            assert server.state.view.consumers["victim"].batches == {held["batch"]}
             tally = Tally(len(ids))
             seen: list[Work] = []
             client = await Client.connect(server.state.cfg.socket_path, "consumer", "survivor")
@@ -106,7 +106,7 @@ async def test_killed_consumer_process_batch_goes_to_another(tmp_path: Path) -> 
         assert sorted(got_after_kill) == sorted(held["ids"])
         recs = await exactly_one_each(server, ids)
         assert {r.text for r in recs.values()} == {"by survivor"}
-        assert "victim" not in server.state.core.consumers
+        assert "victim" not in server.state.view.consumers
         assert any(r.startswith("victim: connection closed") for r in await lost_reasons(server))
 
 
@@ -126,15 +126,15 @@ async def test_stopped_consumer_is_dropped_and_its_late_completion_is_void(
                 run_consumer(client, "survivor", "by survivor", tally.reached, tally))
             await asyncio.wait_for(tally.at_least(len(ids) - len(held["ids"])), 15.0)
             # while it runs it heartbeats, and outlives the timeout holding its batch
-            joined = server.state.core.consumers["victim"].joined
+            joined = server.state.view.consumers["victim"].joined
             while server.state.clock() - joined < 1.5 * timeout:
-                assert server.state.core.consumers["victim"].batches == {held["batch"]}
+                assert server.state.view.consumers["victim"].batches == {held["batch"]}
                 await asyncio.sleep(0.05)
             stopped = time.monotonic()
             os.kill(victim.proc.pid, signal.SIGSTOP)
             await asyncio.wait_for(tally.reached.wait(), timeout + 5.0)
             waited = time.monotonic() - stopped
-            assert "victim" not in server.state.core.consumers
+            assert "victim" not in server.state.view.consumers
             assert any(r == "victim: heartbeat timeout" for r in await lost_reasons(server))
             # dropped by the watchdog once the timeout ran out, not much after
             assert waited <= timeout + 1.0
@@ -248,7 +248,7 @@ async def test_oversized_frame_closes_only_that_connection(tmp_path: Path) -> No
         assert err.value.code == "frame_too_large"
         await big.close()
         await others_carry_on(server, consumer, "after")
-        assert "steady" in server.state.core.consumers
+        assert "steady" in server.state.view.consumers
         await consumer.close()
 
 
@@ -286,7 +286,7 @@ async def test_re_registering_under_another_name_returns_the_old_names_batches(
         held = await client.pull(1.0)
         assert held is not None
         await client.register("second", CONTRACT)
-        assert "first" not in server.state.core.consumers
+        assert "first" not in server.state.view.consumers
         work = await client.pull(1.0)  # the batch of "first" went back to its lane
         assert work is not None
         assert {i.id for i in work.items} == {i.id for i in held.items}

@@ -27,12 +27,12 @@ from server_helpers import (
     run_consumer,
     running_server,
 )
+from store_helpers import SyncStore
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.types import Contract, Item, Prewarm
 from fabricctl.errors import BrokerError
 from fabricctl.server.signals import push_signals
-from fabricctl.store.durable import DurableBroker
 from fabricctl.wire.client import Client
 
 
@@ -78,9 +78,9 @@ async def test_many_producers_and_consumers_give_one_result_per_item(tmp_path: P
         assert set(by_id) == wanted
         assert all(len(recs) == 1 for recs in by_id.values())
         assert len(results) == total
-        ledger = await observer.query("ledger")
+        ledger = await observer.ledger()
         assert ledger["difference"] == [0, 0]
-        assert server.state.store.results_stored == total
+        assert server.state.store.counters().results_stored == total
         for c in [*clients, observer]:
             await c.close()
 
@@ -127,19 +127,20 @@ async def test_every_consumer_gets_the_prewarm_before_the_warming_shapes_batches
             await wc.close()
 
 
-def test_a_shape_of_one_queued_item_gets_no_prewarm_push(tmp_path: Path) -> None:
+def test_a_shape_of_one_queued_item_gets_no_prewarm_push(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its batch computes the prefix a pre-warm would: the signal is dropped, not pushed;
     a shape of two items (one batch, two prefills without it) is still pre-warmed."""
-    store = DurableBroker(tmp_path / "data", 0.0, CoreConfig(prewarm="on"))
+    store = SyncStore(tmp_path / "data", 0.0, CoreConfig(prewarm="on"))
     try:
-        store.core.register("w", Contract(MODEL, 8, 1024, 4096), 0.0)
+        store.register("w", Contract(MODEL, 8, 1024, 4096), 0.0)
         assert store.ingest(make_items(1, SIG_A, prefix="a") + make_items(2, SIG_B, prefix="b"),
                             0.0) == []
         sent: list[Any] = []
         peer = SimpleNamespace(consumer="w", simulated=False, send=sent.append)
-        state: Any = SimpleNamespace(core=store.core, store=store, consumers={"w": peer})
-        store.core.signals.extend(Prewarm(MODEL, sig, "", 1, [], consumer="w")
-                                  for sig in (SIG_A, SIG_B))
+        state: Any = SimpleNamespace(view=store.view, store=store, consumers={"w": peer})
+        signals = [Prewarm(MODEL, sig, "", 1, [], consumer="w") for sig in (SIG_A, SIG_B)]
+        monkeypatch.setattr(store, "take_signals", lambda: signals)
         push_signals(state)
         assert [push.signal.signature for push in sent] == [SIG_B]
         assert sent[0].signal.sample is not None
@@ -160,7 +161,7 @@ async def test_tcp_listener_checks_the_token(tmp_path: Path) -> None:
         client = await Client.connect(address, "producer", "remote", token="s3cret")
         ack = await client.submit(make_items(3))
         assert ack.accepted == 3
-        status = await client.query("status")
+        status = await client.status()
         assert status["difference"] == [0, 0]
         await client.close()
 
@@ -172,16 +173,14 @@ async def test_unix_socket_is_private_to_its_owner(tmp_path: Path) -> None:
         assert stat.S_ISSOCK(os.stat(server.state.cfg.socket_path).st_mode)
 
 
-async def test_unknown_query_is_an_error_and_the_connection_lives_on(tmp_path: Path) -> None:
+async def test_an_unknown_shape_is_an_error_and_the_connection_lives_on(tmp_path: Path
+                                                                         ) -> None:
     async with running_server(tmp_path) as server:
         client = await Client.connect(server.state.cfg.socket_path, "observer")
         with pytest.raises(BrokerError) as err:
-            await client.query("no-such-question")
-        assert err.value.code == "unknown_query"
-        with pytest.raises(BrokerError) as err:
-            await client.query("shape", "0xdeadbeef")
+            await client.shape("0xdeadbeef")
         assert err.value.code == "not_found"
-        ledger = await client.query("ledger")
+        ledger = await client.ledger()
         assert ledger["difference"] == [0, 0]
         await client.close()
 

@@ -133,7 +133,7 @@ async def test_cancel_queued_cancelled_in_flight_finishes(tmp_path: Path) -> Non
         assert errors.count(None) == len(held.items)
         # a second cancel changes nothing
         assert (await c.cancel_job(job.id)).job.cancelled == 60 - len(held.items)
-        ledger = await c.query("ledger")
+        ledger = await c.ledger()
         assert ledger["difference"] == [0, 0]
         await wc.close()
         await c.close()
@@ -158,7 +158,7 @@ async def test_status_lists_active_jobs(tmp_path: Path) -> None:
         c = await Client.connect(server.state.cfg.data_dir, "producer", "p")
         job = (await c.open_job("run", name="w.jsonl")).job
         await c.submit(job_items(3), job=job.number)
-        status = await c.query("status")
+        status = await c.status()
         [summary] = status["jobs"]
         wait = summary.pop("oldest_wait_s")
         assert summary == {"id": job.id, "kind": "run", "name": "w.jsonl",

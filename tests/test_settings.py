@@ -4,7 +4,8 @@ Promises checked: a default `AppConfig` translates into the daemon's `ServerConf
 launcher's `LaunchSpec` with exactly their own defaults (the shared knobs take theirs from
 the configuration), so no layer runs with a default of its own for a knob the file has;
 `[store]` is the store's `StoreConfig` and a value set in TOML reaches the store `up` and
-`run` open; bad `[store]` and `[vllm] restart_backoff_s` values are usage errors.
+`run` open; bad `[store]`, `[vllm] restart_backoff_s` and `start_attempts` values are
+usage errors.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from fabricctl.daemon import Daemon, server_config
 from fabricctl.errors import UsageError
 from fabricctl.server.config import ServerConfig
 from fabricctl.store.config import MiB, StoreConfig
-from fabricctl.supervisor.launcher import LaunchSpec
+from fabricctl.supervisor.launch_spec import LaunchSpec
 from fabricctl.supervisor.vllm_fleet import launch_spec
 
 
@@ -32,8 +33,9 @@ def test_a_default_config_gives_the_daemon_and_the_launcher_their_defaults(
                                           logs_dir=str(tmp_path / "logs"))
     assert ServerConfig(tmp_path).heartbeat_timeout_s == ServerSettings().heartbeat_timeout_s
     spec, vllm = LaunchSpec(model="m", served_model_name="m", logs_dir="x"), VllmSettings()
-    assert (spec.port_base, spec.ready_timeout_s, list(spec.restart_backoff_s)) == (
-        vllm.port_base, vllm.ready_timeout_s, vllm.restart_backoff_s)
+    assert (spec.port_base, spec.ready_timeout_s, list(spec.restart_backoff_s),
+            spec.start_attempts) == (vllm.port_base, vllm.ready_timeout_s,
+                                     vllm.restart_backoff_s, vllm.start_attempts)
 
 
 def test_a_store_knob_set_in_toml_reaches_the_store(tmp_path: Path) -> None:
@@ -44,10 +46,8 @@ def test_a_store_knob_set_in_toml_reaches_the_store(tmp_path: Path) -> None:
     assert cfg.store == StoreConfig(map_size=8 * MiB, segment_entries=32, max_deliveries=2)
 
     async def opened() -> tuple[StoreConfig, int]:
-        daemon = Daemon(cfg, with_fleet=False)
-        await daemon.start()
+        daemon = await Daemon.start(cfg, with_fleet=False)
         try:
-            assert daemon.store is not None
             return daemon.store.store_cfg, daemon.store.env.map_size
         finally:
             await daemon.stop()
@@ -64,6 +64,7 @@ def test_a_store_knob_set_in_toml_reaches_the_store(tmp_path: Path) -> None:
     ("[vllm]\nrestart_backoff_s = []", "vllm.restart_backoff_s must be a list"),
     ("[vllm]\nrestart_backoff_s = [1, -2]", "vllm.restart_backoff_s must be a list"),
     ('[vllm]\nrestart_backoff_s = ["1"]', "vllm.restart_backoff_s must be a list"),
+    ("[vllm]\nstart_attempts = 0", "vllm.start_attempts must be an integer >= 1"),
 ])
 def test_bad_store_and_backoff_settings_are_usage_errors(tmp_path: Path, toml: str,
                                                         said: str) -> None:
@@ -75,6 +76,8 @@ def test_bad_store_and_backoff_settings_are_usage_errors(tmp_path: Path, toml: s
 
 def test_a_backoff_schedule_in_toml_reaches_the_launcher(tmp_path: Path) -> None:
     f = tmp_path / "c.toml"
-    f.write_text("[vllm]\nrestart_backoff_s = [0.5, 3]\nready_timeout_s = 42\n")
+    f.write_text("[vllm]\nrestart_backoff_s = [0.5, 3]\nready_timeout_s = 42\n"
+                 "start_attempts = 5\n")
     spec = launch_spec(load_config(config_file=f, cwd=tmp_path, env={}))
-    assert (spec.restart_backoff_s, spec.ready_timeout_s) == ((0.5, 3.0), 42)
+    assert (spec.restart_backoff_s, spec.ready_timeout_s, spec.start_attempts) == (
+        (0.5, 3.0), 42, 5)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from cli_helpers import FABRICCTL, Broker
+from workload_files import job_lines
 
 from fabricctl.core.jobs import JobRecord
 from fabricctl.wire.client import Client
@@ -26,14 +27,7 @@ SLOW = "[sim]\ngpus = 2\ntime_scale = {scale}\n[broker]\n{broker}"
 
 
 def lines(n: int, shapes: int, tag: str) -> str:
-    out = []
-    for i in range(n):
-        s = i % shapes
-        system = f"[{tag}-{s}] You are assistant number {s}. " + "Answer briefly. " * 30
-        out.append(json.dumps({"id": f"{tag}{i}", "model": "fabric-demo", "prefix": [system],
-                               "prompt": f"Question {i}: what is {i} plus {s}?",
-                               "max_tokens": 16}))
-    return "\n".join(out) + "\n"
+    return job_lines(n, shapes, tag, max_tokens=16)
 
 
 @pytest.fixture

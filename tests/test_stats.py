@@ -9,6 +9,7 @@ from fabricctl.core.stats import (
     BatchesHistogram,
     LengthHistogram,
     bin_of,
+    thrash_reason,
 )
 
 
@@ -104,11 +105,11 @@ def test_batches_buckets() -> None:
     h = BatchesHistogram()
     assert len(h.counts) == 14
     for b in (0, 1, 1, 4, 5, 99, 100, 150, 10_000, 50_000):
-        h.add(b)
+        h.add(b, thrashed=b in (4, 99))
     # counts[i] holds BATCH_BUCKETS[i-1] <= batches < BATCH_BUCKETS[i]
     assert h.counts == [1, 2, 1, 1, 0, 0, 1, 2, 0, 0, 0, 0, 0, 2]
     assert h.total == 10
-    assert h.thrashed == 6  # 0, 1, 1, 4, 5, 99
+    assert h.thrashed == 2  # the verdicts handed in, not every shape under the line
     assert h.samples == [0, 1, 1, 4, 5, 99, 100, 150, 10_000, 50_000]
 
 
@@ -117,15 +118,27 @@ def test_thrash_line_is_a_bucket_boundary() -> None:
     for b in range(0, 300):
         h.add(b)
     line = BATCH_BUCKETS.index(100)
-    assert sum(h.counts[: line + 1]) == h.thrashed == 100
+    assert sum(h.counts[: line + 1]) == 100
+    assert h.thrashed == 0  # short shapes with nothing staged again are not thrashing
 
 
 def test_thrash_line_follows_config() -> None:
-    h = BatchesHistogram(thrash_line=5)
-    for b in (4, 5, 6):
-        h.add(b)
-    assert h.thrash_line == 5
-    assert h.thrashed == 1
+    assert thrash_reason(4, 5, 1) and not thrash_reason(5, 5, 1) and not thrash_reason(6, 5, 1)
+    assert BatchesHistogram(thrash_line=5).thrash_line == 5
+
+
+def test_a_short_shape_thrashes_only_when_its_prefix_was_staged_again() -> None:
+    # served every item of its prefix in one run: short, however few its batches
+    assert thrash_reason(batches=1, line=100, waiting=0) == ""
+    assert thrash_reason(batches=99, line=100, waiting=0) == ""
+    # at or above the line: amortised, whatever waits
+    assert thrash_reason(batches=100, line=100, waiting=500) == ""
+    # under the line with items of its prefix staged again: its prefix is prefilled again
+    why = thrash_reason(batches=8, line=100, waiting=3)
+    assert why == ("finished after 8 batches (< 100) with 3 items of its prefix staged "
+                   "again; to gather more per run, raise [broker] activate_multiple or "
+                   "stage_timeout_s")
+    assert thrash_reason(batches=99, line=100, waiting=1).startswith("finished after 99 ")
 
 
 def test_samples_are_bounded() -> None:

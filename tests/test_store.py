@@ -9,6 +9,7 @@ from pathlib import Path
 import lmdb
 import msgspec
 import pytest
+from store_helpers import SyncStore
 
 from fabricctl.core.broker import ShapeGuardError
 from fabricctl.core.types import Contract, Item, ItemResult, Work
@@ -35,8 +36,8 @@ def answer(w: Work) -> list[ItemResult]:
 
 def drain(store: DurableBroker, now: float = 1.0, consumer: str = "gpu") -> int:
     """Pull and complete until nothing is left; returns the results stored."""
-    if consumer not in store.core.consumers:
-        store.core.register(consumer, CONTRACT, now)
+    if consumer not in store.view.consumers:
+        store.register(consumer, CONTRACT, now)
     stored = 0
     while (w := store.pull(consumer, now)) is not None:
         n = store.complete(w.id, answer(w), now)
@@ -56,7 +57,7 @@ def result_ids(store: DurableBroker) -> list[str]:
 
 @pytest.fixture
 def store(tmp_path: Path) -> DurableBroker:
-    s = DurableBroker(tmp_path / "data", 0.0)
+    s = SyncStore(tmp_path / "data", 0.0)
     yield s  # type: ignore[misc]
     s.close()
 
@@ -67,7 +68,7 @@ def store(tmp_path: Path) -> DurableBroker:
 def test_full_map_refuses_clearly_keeps_acked_and_resumes_after_draining(tmp_path: Path) -> None:
     data = tmp_path / "data"
     cfg = StoreConfig(map_size=1 * MiB, map_ceiling=2 * MiB, segment_entries=64)
-    store = DurableBroker(data, 0.0, store=cfg)
+    store = SyncStore(data, 0.0, store=cfg)
     acked: list[str] = []
     payload = bytes(range(256)) * 2 + b"x" * 88  # 600 bytes
     err: StoreFullError | None = None
@@ -87,7 +88,7 @@ def test_full_map_refuses_clearly_keeps_acked_and_resumes_after_draining(tmp_pat
     assert "ceiling" in msg
     assert len(acked) >= 500
     # the refused call stored nothing and left the counts alone
-    assert store.core.ledger.items_received == len(acked)
+    assert store.view.ledger.items_received == len(acked)
     assert store.meta.ledger.items_received == len(acked)
     assert db_entries(store, "data") == len(acked)
     with pytest.raises(StoreFullError):
@@ -95,10 +96,10 @@ def test_full_map_refuses_clearly_keeps_acked_and_resumes_after_draining(tmp_pat
     store.close()
 
     # a restart finds every acknowledged item and nothing else
-    store = DurableBroker(data, 1.0, store=cfg)
+    store = SyncStore(data, 1.0, store=cfg)
     assert store.recovery.items == len(acked)
     assert store.recovery.ledger_ok is True
-    assert store.core.ledger.items_queued == len(acked)
+    assert store.view.ledger.items_queued == len(acked)
     # completion still works on a full store; it deletes segments and so makes room
     assert drain(store) == len(acked)
     assert sorted(result_ids(store)) == sorted(acked)
@@ -106,24 +107,24 @@ def test_full_map_refuses_clearly_keeps_acked_and_resumes_after_draining(tmp_pat
     assert db_entries(store, "data") == 0
     # ingest resumes without a restart
     assert store.ingest(items(50, prefix="after-", payload=payload), 2.0) == []
-    assert store.core.ledger.items_queued == 50
+    assert store.view.ledger.items_queued == 50
     store.close()
 
 
 def test_full_map_ingest_resumes_after_reopen_with_a_bigger_ceiling(tmp_path: Path) -> None:
     data = tmp_path / "data"
     small = StoreConfig(map_size=1 * MiB, map_ceiling=1 * MiB)
-    store = DurableBroker(data, 0.0, store=small)
+    store = SyncStore(data, 0.0, store=small)
     n = 0
     with pytest.raises(StoreFullError):
         for c in range(100):
             store.ingest(items(50, prefix=f"c{c}-", payload=b"y" * 600), 0.0)
             n += 50
     store.close()
-    store = DurableBroker(data, 1.0, store=StoreConfig(map_size=1 * MiB, map_ceiling=8 * MiB))
+    store = SyncStore(data, 1.0, store=StoreConfig(map_size=1 * MiB, map_ceiling=8 * MiB))
     assert store.recovery.items == n
     assert store.ingest(items(200, prefix="more-", payload=b"y" * 600), 1.0) == []
-    assert store.core.ledger.items_queued == n + 200
+    assert store.view.ledger.items_queued == n + 200
     assert store.env.map_size > 1 * MiB
     store.close()
 
@@ -155,11 +156,11 @@ def test_drains_may_grow_a_full_map_past_its_ceiling_ingest_may_not(tmp_path: Pa
 
 
 def test_ingest_is_refused_below_the_disk_reserve(tmp_path: Path) -> None:
-    store = DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(disk_reserve=1 << 62))
+    store = SyncStore(tmp_path / "d", 0.0, store=StoreConfig(disk_reserve=1 << 62))
     with pytest.raises(StoreFullError, match="the disk is nearly full") as err:
         store.ingest(items(1), 0.0)
     assert str(tmp_path / "d") in str(err.value)
-    assert store.core.ledger.items_received == 0
+    assert store.view.ledger.items_received == 0
     store.close()
 
 
@@ -169,7 +170,7 @@ def test_ingest_is_refused_below_the_disk_reserve(tmp_path: Path) -> None:
 def test_duplicate_completion_returns_minus_one_and_stores_one_result(
     store: DurableBroker,
 ) -> None:
-    store.core.register("gpu", CONTRACT, 0.0)
+    store.register("gpu", CONTRACT, 0.0)
     assert store.ingest(items(10), 0.0) == []
     w = store.pull("gpu", 0.0)
     assert w is not None
@@ -177,13 +178,13 @@ def test_duplicate_completion_returns_minus_one_and_stores_one_result(
     assert store.complete(w.id, answer(w), 0.0) == -1
     assert store.complete_many([(w.id, answer(w), None)], 0.0) == [-1]
     assert result_ids(store) == [f"i{k}" for k in range(10)]
-    assert store.duplicate_completions == 2
-    assert store.core.ledger.items_completed == 10
+    assert store.counters().duplicate_completions == 2
+    assert store.view.ledger.items_completed == 10
     assert store.meta.ledger.items_completed == 10
 
 
 def test_same_batch_twice_in_one_group_commit_counts_once(store: DurableBroker) -> None:
-    store.core.register("gpu", CONTRACT, 0.0)
+    store.register("gpu", CONTRACT, 0.0)
     store.ingest(items(10), 0.0)
     w = store.pull("gpu", 0.0)
     assert w is not None
@@ -192,12 +193,12 @@ def test_same_batch_twice_in_one_group_commit_counts_once(store: DurableBroker) 
 
 
 def test_late_completion_after_fail_creates_no_second_result(store: DurableBroker) -> None:
-    store.core.register("gpu", CONTRACT, 0.0)
+    store.register("gpu", CONTRACT, 0.0)
     store.ingest(items(10), 0.0)
     first = store.pull("gpu", 0.0)
     assert first is not None
     store.fail(first.id, 0.0)  # the consumer was lost: the items go back to their lane
-    assert store.core.ledger.items_queued == 10
+    assert store.view.ledger.items_queued == 10
     again = store.pull("gpu", 0.0)
     assert again is not None
     assert [it.id for it in again.items] == [it.id for it in first.items]
@@ -206,29 +207,28 @@ def test_late_completion_after_fail_creates_no_second_result(store: DurableBroke
     assert store.complete(again.id, answer(again), 0.0) == 10
     assert store.complete(first.id, answer(first), 0.0) == -1
     assert result_ids(store) == [f"i{k}" for k in range(10)]
-    assert store.core.ledger.difference() == (0, 0)
+    assert store.view.ledger.difference() == (0, 0)
 
 
 def test_late_completion_after_consumer_disconnect_is_refused(store: DurableBroker) -> None:
-    store.core.register("gpu", CONTRACT, 0.0)
+    store.register("gpu", CONTRACT, 0.0)
     store.ingest(items(10), 0.0)
     w = store.pull("gpu", 0.0)
     assert w is not None
-    assert store.core.disconnect("gpu", 0.0) == 10  # what the server does on a lost socket
-    store.work.pop(w.id, None)
+    assert store.disconnect("gpu", 0.0, "lost") == 10  # what the server does on a lost socket
     assert store.complete(w.id, answer(w), 0.0) == -1
     assert drain(store, consumer="gpu2") == 10
     assert len(result_ids(store)) == 10
 
 
 def test_completion_from_before_a_restart_is_refused(tmp_path: Path) -> None:
-    store = DurableBroker(tmp_path / "d", 0.0)
-    store.core.register("gpu", CONTRACT, 0.0)
+    store = SyncStore(tmp_path / "d", 0.0)
+    store.register("gpu", CONTRACT, 0.0)
     store.ingest(items(10), 0.0)
     w = store.pull("gpu", 0.0)
     assert w is not None
     store.close()
-    store = DurableBroker(tmp_path / "d", 1.0)
+    store = SyncStore(tmp_path / "d", 1.0)
     assert store.recovery.items == 10  # the pending batch is available again
     assert store.complete(w.id, answer(w), 1.0) == -1
     assert drain(store) == 10
@@ -237,7 +237,7 @@ def test_completion_from_before_a_restart_is_refused(tmp_path: Path) -> None:
 
 
 def test_missing_results_are_stored_as_errors(store: DurableBroker) -> None:
-    store.core.register("gpu", CONTRACT, 0.0)
+    store.register("gpu", CONTRACT, 0.0)
     store.ingest(items(3), 0.0)
     w = store.pull("gpu", 0.0)
     assert w is not None
@@ -259,23 +259,23 @@ def test_missing_results_are_stored_as_errors(store: DurableBroker) -> None:
 def test_duplicate_ids_within_a_chunk_across_chunks_and_after_completion(
     tmp_path: Path,
 ) -> None:
-    store = DurableBroker(tmp_path / "d", 0.0)
+    store = SyncStore(tmp_path / "d", 0.0)
     chunk = [*items(3), Item("i1", MODEL, SIG, 50, 8, b"other")]
     assert store.ingest(chunk, 0.0) == [chunk_reject(3, "i1")]
     # across chunks, while queued
     assert store.ingest([Item("new", MODEL, SIG, 10, 8), *items(1)], 0.0) == [
         chunk_reject(1, "i0")]
-    assert store.core.ledger.items_received == 4
+    assert store.view.ledger.items_received == 4
     # after completion (and after its segment is gone)
     assert drain(store) == 4
     assert len(store.segs) == 0
     assert store.ingest(items(2), 1.0) == [chunk_reject(0, "i0"), chunk_reject(1, "i1")]
     store.close()
     # and after a restart
-    store = DurableBroker(tmp_path / "d", 2.0)
+    store = SyncStore(tmp_path / "d", 2.0)
     assert store.ingest([Item("new", MODEL, SIG, 10, 8), Item("fresh", MODEL, SIG, 10, 8)],
                         2.0) == [chunk_reject(0, "new")]
-    assert store.core.ledger.items_queued == 1
+    assert store.view.ledger.items_queued == 1
     assert len(result_ids(store)) == 4
     store.close()
 
@@ -308,7 +308,7 @@ def test_bad_fields_are_rejected_by_index_and_the_rest_stored(store: DurableBrok
         (8, "signature must be an unsigned 64-bit integer"),
         (9, "id is longer than 511 bytes in UTF-8"),
     ]
-    assert store.core.ledger.items_received == 3
+    assert store.view.ledger.items_received == 3
     assert db_entries(store, "data") == 3
     assert db_entries(store, "ids") == 3
     assert drain(store) == 3
@@ -320,7 +320,7 @@ def test_bad_fields_are_rejected_by_index_and_the_rest_stored(store: DurableBrok
 def lane_state(store: DurableBroker) -> dict[tuple[str, int], object]:
     """Per shape: label, counts, and per lane (id, target, items, tokens, entry keys)."""
     out: dict[tuple[str, int], object] = {}
-    for shape in store.core.shapes():
+    for shape in store.view.shapes():
         lanes = sorted((lane.id, lane.target, len(lane.queue), lane.tokens,
                         tuple(e.key for e in lane.queue)) for lane in shape.lanes.lanes.values())
         out[shape.key] = (shape.label, shape.state.value, shape.items, shape.tokens,
@@ -329,7 +329,7 @@ def lane_state(store: DurableBroker) -> dict[tuple[str, int], object]:
 
 
 def snapshot_view(store: DurableBroker, now: float) -> object:
-    snap = msgspec.to_builtins(store.core.snapshot(now))
+    snap = msgspec.to_builtins(store.view.snapshot(now))
     for s in snap["shapes"]:  # creation times and histories restart with the process
         for key in ("age", "history"):
             s.pop(key)
@@ -341,7 +341,7 @@ def test_recovery_of_100k_queued_items_restores_identical_lanes_and_counts(
     tmp_path: Path,
 ) -> None:
     rng = random.Random(7)
-    store = DurableBroker(tmp_path / "d", 5.0)
+    store = SyncStore(tmp_path / "d", 5.0)
     sigs = [0x1000 + k for k in range(4)]
     n = 0
     while n < 100_000:
@@ -357,7 +357,7 @@ def test_recovery_of_100k_queued_items_restores_identical_lanes_and_counts(
     assert sum(len(v[5]) for v in before.values()) > 100  # many lanes  # type: ignore[index]
     store.close()
 
-    store = DurableBroker(tmp_path / "d", 5.0)
+    store = SyncStore(tmp_path / "d", 5.0)
     try:
         rep = store.recovery
         assert rep.items == 100_000
@@ -366,14 +366,14 @@ def test_recovery_of_100k_queued_items_restores_identical_lanes_and_counts(
         assert lane_state(store) == before
         assert snapshot_view(store, 5.0) == snap_before
         assert {k: (h.count, h.deleted, h.signature) for k, h in store.segs.items()} == segs_before
-        assert store.core.ledger.items_queued == 100_000
+        assert store.view.ledger.items_queued == 100_000
     finally:
         store.close()
 
 
 def test_recovery_skips_completed_entries_and_requeues_pending_ones(tmp_path: Path) -> None:
-    store = DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=8))
-    store.core.register("gpu", Contract(MODEL, 4, 4096, 4096), 0.0)
+    store = SyncStore(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=8))
+    store.register("gpu", Contract(MODEL, 4, 4096, 4096), 0.0)
     store.ingest(items(20), 0.0)
     done = store.pull("gpu", 0.0)
     pending = store.pull("gpu", 0.0)
@@ -381,10 +381,10 @@ def test_recovery_skips_completed_entries_and_requeues_pending_ones(tmp_path: Pa
     assert pending is not None
     assert store.complete(done.id, answer(done), 0.0) == 4
     store.close()
-    store = DurableBroker(tmp_path / "d", 1.0, store=StoreConfig(segment_entries=8))
+    store = SyncStore(tmp_path / "d", 1.0, store=StoreConfig(segment_entries=8))
     assert store.recovery.items == 16
     assert store.recovery.ledger_ok is True
-    store.core.register("gpu", Contract(MODEL, 4, 4096, 4096), 1.0)
+    store.register("gpu", Contract(MODEL, 4, 4096, 4096), 1.0)
     again = store.pull("gpu", 1.0)
     assert again is not None
     assert [it.id for it in again.items] == [it.id for it in pending.items]
@@ -398,8 +398,8 @@ def test_recovery_skips_completed_entries_and_requeues_pending_ones(tmp_path: Pa
 
 
 def test_segments_are_deleted_when_every_entry_has_a_result(tmp_path: Path) -> None:
-    store = DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=8))
-    store.core.register("gpu", Contract(MODEL, 4, 4096, 4096), 0.0)
+    store = SyncStore(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=8))
+    store.register("gpu", Contract(MODEL, 4, 4096, 4096), 0.0)
     store.ingest(items(20), 0.0)  # one lane: segments of 8, 8 and 4 entries
     assert sorted(h.count for h in store.segs.values()) == [4, 8, 8]
     first = min(store.segs)
@@ -439,7 +439,7 @@ def data_keys(store: DurableBroker) -> list[bytes]:
 def test_every_ingest_appends_above_all_stored_keys_whatever_lanes_it_feeds(
     tmp_path: Path,
 ) -> None:
-    store = DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=64))
+    store = SyncStore(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=64))
     rng = random.Random(5)
     seen: list[bytes] = []
     for c in range(30):
@@ -456,7 +456,7 @@ def test_every_ingest_appends_above_all_stored_keys_whatever_lanes_it_feeds(
     # while one segment feeds many lanes
     assert all(h.count <= 64 for h in store.segs.values())
     lanes_of: dict[int, set[int]] = {}
-    for shape in store.core.model(MODEL).open.values():
+    for shape in store.view.models[MODEL].open.values():
         for lane in shape.lanes.lanes.values():
             for e in lane.queue:
                 assert store.segs[e.key >> 32].signature == shape.signature
@@ -466,7 +466,7 @@ def test_every_ingest_appends_above_all_stored_keys_whatever_lanes_it_feeds(
 
 
 def test_the_newest_segment_grows_while_its_shape_keeps_coming(tmp_path: Path) -> None:
-    store = DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=8))
+    store = SyncStore(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=8))
     store.ingest(items(3, prefix="a"), 0.0)
     store.ingest(items(3, prefix="b"), 0.0)  # same shape: the newest segment grows
     assert [h.count for h in store.segs.values()] == [6]
@@ -479,7 +479,7 @@ def test_the_newest_segment_grows_while_its_shape_keeps_coming(tmp_path: Path) -
     assert [(h.signature - SIG, h.count) for h in store.segs.values()] == [
         (0, 8), (0, 4), (1, 2), (0, 1)]
     store.close()
-    store = DurableBroker(tmp_path / "d", 1.0, store=StoreConfig(segment_entries=8))
+    store = SyncStore(tmp_path / "d", 1.0, store=StoreConfig(segment_entries=8))
     assert store.recovery.items == 15
     assert drain(store) == 15
     store.close()
@@ -492,7 +492,7 @@ def test_pulled_work_carries_payloads_intact(store: DurableBroker) -> None:
     sent[0] = Item("p0", MODEL, SIG, 100, 1, b"")
     sent[1] = Item("p1", MODEL, SIG, 100, 2, b"\x00" * 100)
     assert store.ingest(sent, 0.0) == []
-    store.core.register("gpu", CONTRACT, 0.0)
+    store.register("gpu", CONTRACT, 0.0)
     got: dict[str, Item] = {}
     while (w := store.pull("gpu", 0.0)) is not None:
         assert w.model == MODEL
@@ -523,8 +523,8 @@ def test_results_since_pages_in_order(store: DurableBroker) -> None:
 
 def test_results_since_starts_inside_a_commits_run_at_every_number(tmp_path: Path) -> None:
     """A commit numbers its results in one row; a page may start and end anywhere in one."""
-    store = DurableBroker(tmp_path / "d", 0.0)
-    store.core.register("gpu", Contract(MODEL, 3, 4096, 4096), 0.0)
+    store = SyncStore(tmp_path / "d", 0.0)
+    store.register("gpu", Contract(MODEL, 3, 4096, 4096), 0.0)
     store.ingest(items(20), 0.0)
     batches = []
     while (w := store.pull("gpu", 0.0)) is not None:
@@ -547,7 +547,7 @@ def test_results_since_starts_inside_a_commits_run_at_every_number(tmp_path: Pat
 def test_shape_guard_stops_a_batch_whose_segment_has_another_signature(
     store: DurableBroker,
 ) -> None:
-    store.core.register("gpu", CONTRACT, 0.0)
+    store.register("gpu", CONTRACT, 0.0)
     store.ingest(items(10), 0.0)
     seg_id = next(iter(store.segs))
     store.segs[seg_id].signature ^= 0x1  # corrupt the header's signature in memory
@@ -556,30 +556,30 @@ def test_shape_guard_stops_a_batch_whose_segment_has_another_signature(
 
 
 def test_a_batch_whose_segment_is_missing_goes_back_untouched(store: DurableBroker) -> None:
-    store.core.register("gpu", CONTRACT, 0.0)
+    store.register("gpu", CONTRACT, 0.0)
     store.ingest(items(10), 0.0)
     seg_id = next(iter(store.segs))
     hdr = store.segs.pop(seg_id)
     with pytest.raises(SegmentMissingError):
         store.pull("gpu", 0.0)
-    assert store.core.ledger.items_queued == 10
-    assert store.core.inflight == {}
+    assert store.view.ledger.items_queued == 10
+    assert store.view.inflight == {}
     store.segs[seg_id] = hdr
     assert drain(store) == 10
 
 
 def test_a_second_broker_on_the_same_data_dir_is_refused(store: DurableBroker) -> None:
     with pytest.raises(StoreLockedError):
-        DurableBroker(store.env.data_dir, 0.0)
+        SyncStore(store.env.data_dir, 0.0)
 
 
 def test_a_data_dir_of_another_layout_version_is_refused(tmp_path: Path) -> None:
-    store = DurableBroker(tmp_path / "d", 0.0)
+    store = SyncStore(tmp_path / "d", 0.0)
     store.ingest(items(2), 0.0)
     store.env.write(lambda txn: store.meta.write(txn, store.env.dbs["meta"], fmt=1))
     store.close()
     with pytest.raises(StoreError, match="layout version 1"):
-        DurableBroker(tmp_path / "d", 0.0)
+        SyncStore(tmp_path / "d", 0.0)
 
 
 def test_a_data_dir_of_layout_3_is_taken_over_and_its_tombstones_dropped(
@@ -587,8 +587,8 @@ def test_a_data_dir_of_layout_3_is_taken_over_and_its_tombstones_dropped(
 ) -> None:
     """Layout 3 wrote a tombstone beside every result; its stores open, read by their
     results, and lose the tombstone table."""
-    store = DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=8))
-    store.core.register("gpu", Contract(MODEL, 4, 4096, 4096), 0.0)
+    store = SyncStore(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=8))
+    store.register("gpu", Contract(MODEL, 4, 4096, 4096), 0.0)
     store.ingest(items(20), 0.0)
     w = store.pull("gpu", 0.0)
     assert w is not None
@@ -607,12 +607,12 @@ def test_a_data_dir_of_layout_3_is_taken_over_and_its_tombstones_dropped(
 
     store.env.write(as_layout_3)
     store.close()
-    store = DurableBroker(tmp_path / "d", 1.0, store=StoreConfig(segment_entries=8))
+    store = SyncStore(tmp_path / "d", 1.0, store=StoreConfig(segment_entries=8))
     assert (store.recovery.items, store.recovery.ledger_ok) == (16, True)
     assert store.meta.fmt == 4
     with store.env.env.begin() as txn, pytest.raises(lmdb.NotFoundError):
         store.env.env.open_db(b"tomb", txn=txn, create=False)
-    store.core.register("gpu", Contract(MODEL, 4, 4096, 4096), 1.0)
+    store.register("gpu", Contract(MODEL, 4, 4096, 4096), 1.0)
     assert drain(store, consumer="gpu") == 16
     assert sorted(result_ids(store)) == sorted(f"i{k}" for k in range(20))
     assert [s for s, _ in store.results_since(2)] == list(range(3, 21))  # in a layout-3 row
@@ -622,17 +622,17 @@ def test_a_data_dir_of_layout_3_is_taken_over_and_its_tombstones_dropped(
 def test_a_completion_meeting_an_existing_result_keeps_the_first(store: DurableBroker) -> None:
     """The one-put-at-a-time path: an entry that already has a result (which ingest's id
     check should make impossible) keeps it, and the rest of the batch still settles."""
-    store.core.register("gpu", CONTRACT, 0.0)
+    store.register("gpu", CONTRACT, 0.0)
     store.ingest(items(5), 0.0)
     w = store.pull("gpu", 0.0)
     assert w is not None
-    first = store.core.inflight[w.id].batch.entries[0]
+    first = store.view.inflight[w.id].batch.entries[0]
     stale = msgspec.msgpack.encode(ResultRecord("i0", MODEL, text="stale"))
     store.env.write(lambda txn: txn.put(entry_key_of(first.key), stale,
                                         db=store.env.dbs["results"]))
     assert store.complete(w.id, answer(w), 0.0) == 4
     assert store.meta.ledger.items_completed == 5
-    assert store.core.ledger.difference() == (0, 0)
+    assert store.view.ledger.difference() == (0, 0)
     assert [r.id for _, r in store.results_since(0)] == [f"i{k}" for k in range(1, 5)]
     kept = store.result("i0")
     assert kept is not None
@@ -650,7 +650,7 @@ def test_ingest_rows_are_the_items_placed_one_at_a_time(tmp_path: Path) -> None:
     from fabricctl.store.keys import StoredEntry, entry_decoder, entry_key, id_key
 
     limit = 8
-    store = DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=limit))
+    store = SyncStore(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=limit))
     shadow = Broker()
     rng = random.Random(11)
     for c in range(25):

@@ -107,7 +107,7 @@ def test_cancel_queued_cancelled_in_flight_finish(tmp_path: Path) -> None:
     rec = s.cancel_job(j.number, 102.0)
     assert rec.state is JobState.CANCELLING and rec.sealed
     assert (rec.cancelled, rec.queued) == (40 - n_held, n_held)
-    assert s.core.ledger.consistent()
+    assert s.view.ledger.consistent()
     rest = pull_all(s, 103.0)  # only the other job's items are left to dispatch
     assert {it.job for w in rest for it in w.items} == {other.number}
     assert s.complete(held.id, answer(held), 104.0) == n_held  # in flight: it finishes
@@ -120,7 +120,7 @@ def test_cancel_queued_cancelled_in_flight_finish(tmp_path: Path) -> None:
     assert {r.finish_reason for r in results[n_held:]} == {"cancelled"}
     for w in rest:
         s.complete(w.id, answer(w), 105.0)
-    assert s.core.ledger.consistent() and s.core.ledger.items_completed == 45
+    assert s.view.ledger.consistent() and s.view.ledger.items_completed == 45
     assert s.job(other.number).completed == 5  # type: ignore[union-attr]
     assert s.segs == {}
     # a cancel of an ended job changes nothing
@@ -292,7 +292,7 @@ def test_a_result_already_stored_adds_no_usage_again(tmp_path: Path) -> None:
     s.submit(items(4), 100.0, job=j.number)
     w = s.pull("gpu0", 101.0)
     assert w is not None and len(w.items) == 4
-    first = entry_key_of(s.core.inflight[w.id].batch.entries[0].key)  # w.items[0]'s
+    first = entry_key_of(s.view.inflight[w.id].batch.entries[0].key)  # w.items[0]'s
     s.env.write(lambda txn: txn.put(first, b"\x90", db=s.env.dbs["results"]))
     assert s.complete(w.id, usage_answer(w), 102.0) == 3
     rec = s.job(j.number)

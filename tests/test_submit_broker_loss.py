@@ -43,7 +43,7 @@ def received(data_dir: Path) -> int:
     async def ask() -> int:
         c = await Client.connect(data_dir, "observer", "test", timeout=5.0)
         try:
-            st: Any = await c.query("status")
+            st: Any = await c.status()
             return int(st["ledger"]["items_received"])
         finally:
             await c.close()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from store_helpers import SyncStore
 from test_choice import BUDGET, fleet
 from test_choice import items as choice_items
 
@@ -219,8 +220,8 @@ def test_the_store_serves_swept_batches_and_a_restart_sweeps_again(tmp_path: Pat
     contract = Contract("m", 16, 4096, 4096)
 
     def open_store() -> DurableBroker:
-        s = DurableBroker(tmp_path / "data", 0.0)
-        s.core.register("gpu", contract, 0.0)
+        s = SyncStore(tmp_path / "data", 0.0)
+        s.register("gpu", contract, 0.0)
         return s
 
     def answer(w: Work) -> list[ItemResult]:

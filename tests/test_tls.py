@@ -35,7 +35,7 @@ def tls_kw(cert: Path, key: Path) -> dict[str, str]:
 async def welcomed(address: str, ca: Path, token: str = TOKEN) -> dict[str, object]:
     c = await Client.connect(address, "observer", "tls-test", token, tls=client_context(ca))
     try:
-        status: dict[str, object] = await c.query("status")
+        status: dict[str, object] = await c.status()
         return status
     finally:
         await c.close()
@@ -51,7 +51,7 @@ async def test_a_trusted_certificate_is_welcomed_and_the_unix_socket_stays_plain
         sock = server.state.cfg.socket_path
         assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
         plain = await Client.connect(sock.parent, "observer", "local")  # no TLS, no token
-        assert (await plain.query("ledger"))["difference"] == [0, 0]
+        assert (await plain.ledger())["difference"] == [0, 0]
         await plain.close()
 
 

@@ -1,4 +1,5 @@
-"""Tokenizing in batches (`formats/reader.py`, `formats/tokens.py`, `formats/autoshape.py`):
+"""Tokenizing in batches (`formats/reader.py`, `formats/batched.py`, `formats/tokens.py`,
+`formats/autoshape.py`):
 with a tokenizer the reader counts a group of lines in one `encode_batch` (on every core),
 or, for the texts it counts by pieces (`formats/pieces.py`), on the reading thread, and
 gives exactly what one line at a time gives: the same items, counts, found shapes and
@@ -21,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fabricctl.formats import reader
+from fabricctl.formats import batched as grouping
 from fabricctl.formats.autoshape import ShapeFinder
 from fabricctl.formats.reader import LineError, Parsed, parse_lines
 from fabricctl.formats.tokens import (
@@ -153,7 +154,7 @@ def test_batch_counts_are_the_one_at_a_time_counts(lines: list[bytes], group: in
         return list(parse_lines(lines, counter=counter, max_line_bytes=200, finder=finder))
 
     single = parse(one)
-    with mock.patch.object(reader, "BATCH_LINES", group):  # groups end inside the file
+    with mock.patch.object(grouping, "BATCH_LINES", group):  # groups end inside the file
         batched = parse(tok)
     assert batched == single  # items (counts, signatures, payloads), errors, order
     numbers = [p.line_no for p in batched]
@@ -182,7 +183,7 @@ def test_a_component_is_counted_once_across_batches(pieces: bool) -> None:
     lines = [j({"id": f"q{i}", "model": "m", "prefix": [system], "prompt": f"question {i}",
                 "max_tokens": 4}) for i in range(50)]
     counter = CountingBatches(TokenizerCounter(_tokenizer_path(), pieces=pieces, cores=2))
-    with mock.patch.object(reader, "BATCH_LINES", 8):
+    with mock.patch.object(grouping, "BATCH_LINES", 8):
         got = list(parse_lines(lines, counter=counter))
     assert len(got) == 50 and all(isinstance(p, Parsed) for p in got)
     assert len(counter.batches) == 7  # ceil(50 / 8): one batch a group
@@ -199,7 +200,7 @@ def test_cheap_texts_are_counted_on_the_reading_thread_the_rest_on_the_worker() 
                 "prompt": f"question {i}" if i % 3 else f"question numéro {i}",
                 "max_tokens": 4}) for i in range(40)]
     counter = CountingBatches(tokenizer())
-    with mock.patch.object(reader, "BATCH_LINES", 8):
+    with mock.patch.object(grouping, "BATCH_LINES", 8):
         got = list(parse_lines(lines, counter=counter))
     reference = list(parse_lines(lines, counter=TokenizerCounter(_tokenizer_path(),
                                                                  batched=False, pieces=False)))
@@ -224,10 +225,10 @@ def _endless(read: list[int], size: int = 20) -> Iterator[bytes]:
 def test_reading_is_streaming_two_groups_ahead_at_most() -> None:
     read = [0]
     got = parse_lines(_endless(read), counter=tokenizer())
-    first = list(itertools.islice(got, 3 * reader.BATCH_LINES + 1))
-    assert len(first) == 3 * reader.BATCH_LINES + 1
+    first = list(itertools.islice(got, 3 * grouping.BATCH_LINES + 1))
+    assert len(first) == 3 * grouping.BATCH_LINES + 1
     # the group being yielded and the next one, read while the worker counted: not the file
-    assert read[0] <= len(first) + 2 * reader.BATCH_LINES
+    assert read[0] <= len(first) + 2 * grouping.BATCH_LINES
     assert isinstance(got, types.GeneratorType)
     got.close()  # the worker thread ends with the reading
     assert not [t for t in threading.enumerate() if t.name.startswith("fabricctl-tokens")]
@@ -235,7 +236,7 @@ def test_reading_is_streaming_two_groups_ahead_at_most() -> None:
 
 def test_long_lines_make_smaller_groups() -> None:
     read = [0]
-    with mock.patch.object(reader, "BATCH_CHARS", 10_000):
+    with mock.patch.object(grouping, "BATCH_CHARS", 10_000):
         got = parse_lines(_endless(read, size=4_000), counter=tokenizer())
         first = next(got)
     assert isinstance(first, Parsed) and first.line_no == 1

@@ -10,6 +10,7 @@ and decodes the stream on a worker thread of its own, never on the UI thread.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from server_helpers import MODEL, SIG_A, SIG_B, fast_config, running_server
 from textual.pilot import Pilot
 
 from fabricctl.core.config import CoreConfig
+from fabricctl.core.shape import ShapeState
 from fabricctl.core.snapshot import Snapshot
 from fabricctl.core.types import Contract, Item, ItemResult
 from fabricctl.server.app import BrokerServer
@@ -52,6 +54,17 @@ def items(n: int, sig: int, label: str, tokens: int = 100) -> list[Item]:
     return [Item(f"{label}{k}", MODEL, sig, tokens, 8, b"p", label) for k in range(n)]
 
 
+def alpha_draining(server: BrokerServer) -> bool:
+    ms = server.state.view.models[MODEL]
+    return any(s.current is not None and s.current.signature == SIG_A
+               and s.current.state is ShapeState.DRAINING for s in ms.slots.values())
+
+
+def alpha_staged_again(server: BrokerServer) -> bool:
+    again = server.state.view.models[MODEL].open.get(SIG_A)
+    return again is not None and again.state is ShapeState.STAGED and again.items > 0
+
+
 def text_of(app: TopApp, selector: str) -> str:
     return app.query_one(selector, TextBox).text.plain
 
@@ -74,7 +87,9 @@ def critical_line(lines: LineList, needle: str) -> bool:
 
 
 async def test_state_counts_and_a_thrash_event_follow_the_broker(tmp_path: Path) -> None:
-    async with running_server(tmp_path, HOLD, **SLOW_WATCHDOG) as server:
+    # alpha drains with 3 batches left, so its prefix can arrive again while it drains
+    early_drain = dataclasses.replace(HOLD, drain_multiple=3.0)
+    async with running_server(tmp_path, early_drain, **SLOW_WATCHDOG) as server:
         path = server.state.cfg.socket_path
         producer = await Client.connect(path, "producer")
         app = TopApp(BrokerSource(path), interval=0.1)
@@ -91,12 +106,19 @@ async def test_state_counts_and_a_thrash_event_follow_the_broker(tmp_path: Path)
             assert work is not None and work.signature == SIG_A
             await until(pilot, lambda: "active 1" in machine(app), "alpha active")
             assert "active alpha" in machine(app)  # the model line names the active shape
-            done = 0
+            done, late = 0, False
             while done < 140:
+                if not late and alpha_draining(server):  # alpha's prefix arrives again as it
+                    late = True  # drains: staged anew, so alpha thrashes as it finishes
+                    cur = server.state.view.models[MODEL].slots["w0"].current
+                    assert cur is not None and cur.items  # not finished before they arrive
+                    await producer.submit(items(3, SIG_A, "alpha-late"))
+                    await until(pilot, lambda: alpha_staged_again(server), "alpha staged")
                 if work is not None:
                     done += await consumer.complete(
                         work.id, [ItemResult(i.id, text="x") for i in work.items])
                 work = await consumer.pull(1.0)
+            assert late, "alpha was never seen draining"
             await until(pilot, lambda: "finished 1" in machine(app), "alpha finished")
             assert "active 1" in machine(app)  # beta took over
 

@@ -112,4 +112,4 @@ def test_json_once_and_no_tty_print_one_snapshot_without_importing_textual(
     assert json.loads(plain.stderr.strip().splitlines()[-1]) == {"rc": 0, "textual": []}
     assert "\x1b[" not in plain.stdout  # a pipe gets no colour
     assert "staged" in plain.stdout and f"{SIG_A:016x}" in plain.stdout
-    assert "ledger received 5/500" in plain.stdout
+    assert "ledger difference 0/0  received 5/500" in plain.stdout

@@ -1,5 +1,6 @@
 """The overview's jobs box: hidden with no job, one line per job (live first) with its
-progress, failures and ETA when the snapshot carries jobs (`Snapshot.jobs`); and each GPU's
+progress and failures when the snapshot carries jobs (its finish is on its place line, the
+one forecast) (`Snapshot.jobs`); and each GPU's
 line naming the shape its consumer pulls from now and the one warming for it."""
 
 from __future__ import annotations
@@ -36,13 +37,13 @@ def _jobs(t: float) -> list:
     return [done, live]
 
 
-def test_job_line_shows_progress_failures_and_eta() -> None:
+def test_job_line_shows_progress_and_failures_and_no_second_forecast() -> None:
     j = _jobs(1000.0)[1]
-    line = draw.job_line(j, 1000.0).plain
+    line = draw.job_line(j).plain
     assert line.startswith("batch_2aa  in_progress")
     assert "253/1,000+ (25.3%)" in line
     assert "failed 3  cancelled 0" in line
-    assert "ETA" in line  # 253 outcomes in 100 s: 747 to go at that rate
+    assert "ETA" not in line and "finish" not in line  # the place line has the forecast
 
 
 def test_jobs_lines_put_live_jobs_first() -> None:
@@ -84,9 +85,9 @@ def test_job_line_names_the_endpoint_mix_in_its_colour() -> None:
     from fabricctl.tui.palette import MIX
 
     j = _jobs(1000.0)[1]
-    assert "chat" not in draw.job_line(j, 1000.0).plain  # none counted: no mix
+    assert "chat" not in draw.job_line(j).plain  # none counted: no mix
     j.endpoints = {"chat": 750, "embeddings": 250}
-    line = draw.job_line(j, 1000.0)
+    line = draw.job_line(j)
     assert "(25.3%)  chat 75% · embed 25%  failed 3" in line.plain
     at = line.plain.index("chat 75%")
     assert any(s.style == MIX and s.start <= at < s.end for s in line.spans)
@@ -104,3 +105,32 @@ async def test_overview_jobs_box_shows_each_jobs_mix() -> None:
         lines = box.text.plain.split("\n")
         assert "chat 50% · responses 25% · +1" in lines[0]  # the live job first
         assert "  rerank  " in lines[1]
+
+
+def test_top_and_jobs_show_print_one_and_the_same_forecast(monkeypatch, capsys) -> None:
+    """For the same snapshot (the job, its place, the time), top's job lines and `jobs show`
+    print one finish forecast each, the same one (`core.forecast.finish_in`); `jobs show
+    --json`'s `eta_s` is that figure. (They printed `ETA 6m40s` beside `finish in 3m12s`,
+    and `eta` beside `predicted ... (in 3m12s)`: the job's own rate and the fleet's.)"""
+    import re
+
+    from fabricctl.cli import jobs as jobs_cli
+    from fabricctl.config import AppConfig
+    from fabricctl.core.forecast import JobView as JobPlace
+    from fabricctl.core.forecast import finish_in
+    from fabricctl.wire.protocol import JobView
+
+    t = 10_000.0
+    live = _jobs(t)[1]  # 253 outcomes in 100 s, 747 to go: 5m at its own rate
+    place = JobPlace(live.number, 0, t + 600, 747, 80_000, 42.0, 2, 0.5, t + 192.0)
+    snap = msgspec.structs.replace(make_snapshot(t=t), jobs=[live], job_views=[place])
+    durations = re.compile(r"(?:ETA|eta|finish in|\(in) +(\d[\dhms.]*)")
+    top = durations.findall(draw.jobs_lines(snap).plain)
+
+    view = JobView(live, 3, [], 2.53, finish_in(place, t), place)
+    monkeypatch.setattr(jobs_cli, "_fetch_view", lambda cfg, job: (view, {}))
+    monkeypatch.setattr(jobs_cli.time, "time", lambda: t)
+    jobs_cli.show_job(AppConfig(), live.id, False)
+    show = durations.findall(capsys.readouterr().out)
+    assert top == show == ["3m12s"]
+    assert view.eta_s == 192.0

@@ -151,3 +151,39 @@ async def test_assigning_the_reactive_data_redraws_without_a_call() -> None:
         app.interval = 2.0
         assert "every 2 s" in header(app)
         await until(pilot, lambda: source.requests[-1] == (2.0, []), "a new subscription")
+
+
+async def test_help_lists_every_key_bound_with_what_it_does_and_each_view() -> None:
+    """`?` shows, in a box wide enough to read, each binding of the app, the shapes table
+    and the help screen itself: every key as the footer shows it and its tooltip; and each
+    view's line. (It was an empty box over a hand-kept list.)"""
+    from textual.binding import Binding
+
+    from fabricctl.tui.widgets.panes import EventsPane, LanesPane, Overview, ThrashPane
+
+    app, _ = fixed_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot, app)
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), "the help screen")
+        await pilot.pause()
+        keys = app.screen.query_one("#help-keys")
+        shown = str(keys.render())
+        assert keys.region.width >= max(len(ln) for ln in shown.splitlines())
+        rows = dict(ln.strip().split("  ", 1) for ln in shown.splitlines())
+        owners = (TopApp, ShapesTable, HelpScreen)
+        bindings = [b for owner in owners for b in owner.BINDINGS if isinstance(b, Binding)]
+        assert len(bindings) >= len(TopApp.BINDINGS) + len(ShapesTable.BINDINGS)
+        for b in bindings:
+            if b.key == "enter" and b.action == "details":
+                continue  # the focused table's Enter takes it (same effect, listed once)
+            assert b.tooltip, f"{b.key} has no tooltip for the help"
+            row = next((k for k, v in rows.items() if v == b.tooltip), None)
+            assert row is not None, f"{b.key}: {b.tooltip!r} not in the help"
+            for key in b.key.split(","):
+                assert app.get_key_display(Binding(key, b.action)) in row.split(), (key, row)
+        views = str(app.screen.query_one("#help-views").render())
+        for pane in (Overview, LanesPane, ThrashPane, EventsPane):
+            assert pane.HELP in " ".join(views.split())
+        await pilot.press("question_mark")
+        assert not isinstance(app.screen, HelpScreen)

@@ -89,7 +89,7 @@ def test_histogram_marks_buckets_below_the_thrash_line_and_draws_the_line() -> N
     counts = [0] * 14
     counts[4], counts[7] = 2, 3  # 10-19 batches (thrashing), 100-199 batches
     view = BatchesHistogramView([1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000],
-                                counts, [12, 150], 100)
+                                counts, [12, 150], 100, thrashed=2)
     text = charts.batches_histogram(view, 40)
     lines = text.split("\n")
     labels = [line.plain.split()[0] for line in lines[2:]]
@@ -155,6 +155,27 @@ def test_gpu_panel_with_nvml_and_rates() -> None:
     assert "simulated" not in "\n".join(lines)
     assert kv_hit_rate({"prefix_cache_queries": 4, "prefix_cache_hits": 3}) == 0.75
     assert kv_hit_rate({}) is None
+
+
+def test_gpu_panel_marks_a_server_in_a_crash_loop_and_one_still_starting() -> None:
+    snap = make_snapshot(4, 4, nvml=True)
+    view = {"index": 1, "gpus": "1", "model": "emb", "restarts": 2, "failed_starts": 3,
+            "last_exit": 1, "log": "/d/logs/engine-1.log",
+            "reason": "crash loop: 3 starts in a row failed before it was ever ready (last: "
+                      "exited with 1); see /d/logs/engine-1.log"}
+    snap.extra["servers"] = [{**view, "index": 0, "gpus": "0", "model": "tiny",
+                              "state": "ready", "failed_starts": 0, "reason": ""},
+                             {**view, "state": "failed"},
+                             {**view, "index": 2, "gpus": "2", "state": "starting",
+                              "failed_starts": 0, "last_exit": None, "reason": ""}]
+    panel = gpu_panel(snap, RateTracker())
+    lines = panel.plain.splitlines()
+    failed = [ln for ln in lines if "engine 1 gpu1" in ln]
+    assert failed == [" engine 1 gpu1 emb  FAILED crash loop, exit 1  log engine-1.log"]
+    assert any(s.style == CRITICAL and panel.plain[s.start:s.end].startswith("FAILED")
+               for s in panel.spans)
+    assert [ln for ln in lines if "engine 2 gpu2" in ln] == [" engine 2 gpu2 emb  starting"]
+    assert not any("engine 0 gpu0" in ln for ln in lines)  # ready: its consumer's line says it
 
 
 def test_once_prints_the_overview_and_json_round_trips() -> None:

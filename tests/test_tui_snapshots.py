@@ -95,3 +95,51 @@ def test_overview_with_jobs_one_at_risk_120x36(snap_compare: SnapCompare) -> Non
     snap = msgspec.structs.replace(make_snapshot(t=t), jobs=[late, calm], job_views=views)
     app = TopApp(FixedSource([snap]), interval=1.0)
     assert snap_compare(app, terminal_size=(120, 36), run_before=ready(1))
+
+
+# The README's example workload on the simulator, as a newcomer first sees it: labels as
+# long as `support-0/fewshot-2/tools-1`, each GPU showing the shape it pulls from and the
+# next one, event reasons longer than a line, a live job with its one forecast. Nothing
+# wraps (a wrapped GPU row pushed the second GPU off the screen), the GPU and job ids are
+# whole, event reasons end at a word with an ellipsis.
+def newcomer_app() -> TopApp:
+    snaps = [make_snapshot(t=1000.0 + k, newcomer=True) for k in range(3)]
+    return TopApp(FixedSource(snaps), interval=1.0)
+
+
+def events_filled(app: TopApp) -> bool:
+    return app.view == "events" and app.query_one("#event-list", LineList).count > 0
+
+
+def test_newcomer_overview_80x24(snap_compare: SnapCompare) -> None:
+    assert snap_compare(newcomer_app(), terminal_size=(80, 24), run_before=ready(3))
+
+
+def test_newcomer_overview_120x40(snap_compare: SnapCompare) -> None:
+    assert snap_compare(newcomer_app(), terminal_size=(120, 40), run_before=ready(3))
+
+
+def test_newcomer_events_80x24(snap_compare: SnapCompare) -> None:
+    assert snap_compare(newcomer_app(), terminal_size=(80, 24),
+                        run_before=ready(3, ("4",), events_filled))
+
+
+def test_newcomer_events_120x40(snap_compare: SnapCompare) -> None:
+    assert snap_compare(newcomer_app(), terminal_size=(120, 40),
+                        run_before=ready(3, ("4",), events_filled))
+
+
+def test_help_80x24(snap_compare: SnapCompare) -> None:
+    def shown(app: TopApp) -> bool:
+        return type(app.screen).__name__ == "HelpScreen"
+
+    assert snap_compare(newcomer_app(), terminal_size=(80, 24),
+                        run_before=ready(3, ("question_mark",), shown))
+
+
+def test_help_120x40(snap_compare: SnapCompare) -> None:
+    def shown(app: TopApp) -> bool:
+        return type(app.screen).__name__ == "HelpScreen"
+
+    assert snap_compare(newcomer_app(), terminal_size=(120, 40),
+                        run_before=ready(3, ("question_mark",), shown))

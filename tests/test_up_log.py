@@ -120,7 +120,7 @@ def _wait_ready(data_dir: Path, proc: subprocess.Popen[bytes], log: Path) -> Non
     async def consumers() -> int:
         c = await Client.connect(data_dir, "observer", "test", timeout=1.0)
         try:
-            return int((await c.query("status"))["consumers"])
+            return int((await c.status())["consumers"])
         finally:
             await c.close()
 

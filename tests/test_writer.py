@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from server_helpers import make_items, running_server
+from store_helpers import SyncStore
 
 from fabricctl.core.types import Contract, Item, ItemResult, Work
 from fabricctl.errors import BrokerError, StoreFullError
@@ -38,10 +39,10 @@ def result_ids(store: DurableBroker) -> list[str]:
 
 
 def drain(store: DurableBroker, now: float = 1.0) -> int:
-    if "drain" not in store.core.consumers:
-        store.core.register("drain", Contract(MODEL, 64, 1 << 20, 4096), now)
+    if "drain" not in store.view.consumers:
+        store.register("drain", Contract(MODEL, 64, 1 << 20, 4096), now)
     n = 0
-    for name in list(store.core.consumers):  # "consumer" scope: a shape's holder drains it
+    for name in list(store.view.consumers):  # "consumer" scope: a shape's holder drains it
         while (w := store.pull(name, now)) is not None:
             n += store.complete(w.id, answer(w), now)
     return n
@@ -49,7 +50,7 @@ def drain(store: DurableBroker, now: float = 1.0) -> int:
 
 @pytest.fixture
 def store(tmp_path: Path) -> DurableBroker:
-    s = DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=64))
+    s = SyncStore(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=64))
     yield s  # type: ignore[misc]
     s.close()
 
@@ -57,7 +58,7 @@ def store(tmp_path: Path) -> DurableBroker:
 def test_a_disconnect_while_a_completion_commits_leaves_that_batch_to_it(
     store: DurableBroker,
 ) -> None:
-    store.core.register("gpu", CONTRACT, 0.0)
+    store.register("gpu", CONTRACT, 0.0)
     store.ingest(items(12), 0.0)
     settling = store.pull("gpu", 0.0)
     received = store.pull("gpu", 0.0)  # its completion arrived, not yet prepared
@@ -70,23 +71,23 @@ def test_a_disconnect_while_a_completion_commits_leaves_that_batch_to_it(
     assert run_steps(store.steps.apply_complete(plan, 0.0)) == [4]
     assert store.complete_many([(received.id, answer(received), None)], 0.0) == [4]
     # only the batch nobody answered went back; every item ends with one result
-    assert store.core.ledger.items_queued == 4
+    assert store.view.ledger.items_queued == 4
     assert drain(store) == 4
     assert sorted(result_ids(store)) == sorted(f"i{k}" for k in range(12))
-    assert store.core.ledger.difference() == (0, 0)
-    assert store.core.settling == set()
+    assert store.view.ledger.difference() == (0, 0)
+    assert store.view.settling == set()
 
 
 def test_a_failed_completion_commit_returns_an_orphaned_batch(
     store: DurableBroker, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    store.core.register("gpu", CONTRACT, 0.0)
+    store.register("gpu", CONTRACT, 0.0)
     store.ingest(items(4), 0.0)
     w = store.pull("gpu", 0.0)
     assert w is not None
     plan = run_steps(store.steps.complete([(w.id, answer(w), None)], 0.0))
     store.disconnect("gpu", 0.0, "gone")
-    assert w.id in store.core.inflight  # settling: the disconnect left it
+    assert w.id in store.view.inflight  # settling: the disconnect left it
 
     def broken(*a: object, **k: object) -> None:
         raise StoreFullError("write refused: disk full")
@@ -95,8 +96,8 @@ def test_a_failed_completion_commit_returns_an_orphaned_batch(
     with pytest.raises(StoreFullError):
         store.steps.commit(complete=plan)
     store.steps.abort_complete(plan, 0.0)
-    assert w.id not in store.core.inflight
-    assert store.core.ledger.items_queued == 4  # back in its lane, nobody else would send it
+    assert w.id not in store.view.inflight
+    assert store.view.ledger.items_queued == 4  # back in its lane, nobody else would send it
     monkeypatch.undo()
     assert drain(store) == 4
 
@@ -105,21 +106,21 @@ def test_placements_retired_while_their_commit_runs_join_the_open_shape(
     store: DurableBroker,
 ) -> None:
     plan = run_steps(store.steps.ingest(items(10), 0.0))
-    store.core.tick(100.0)  # the new shape is empty and staged: the tick drops it
-    assert SIG not in store.core.model(MODEL).open
+    store.tick(100.0)  # the new shape is empty and staged: the tick drops it
+    assert SIG not in store.view.models[MODEL].open
     store.steps.commit(ingest=plan)
     assert run_steps(store.steps.apply_ingest(plan, 100.0)) == []
-    shape = store.core.model(MODEL).open[SIG]
+    shape = store.view.models[MODEL].open[SIG]
     assert shape.items == 10
     assert sum(len(lane.queue) for lane in shape.lanes.lanes.values()) == 10
     assert drain(store, 101.0) == 10
-    assert store.core.ledger.difference() == (0, 0)
+    assert store.view.ledger.difference() == (0, 0)
 
 
 def test_an_ingest_into_the_segment_a_completion_empties_keeps_it(
     store: DurableBroker,
 ) -> None:
-    store.core.register("gpu", CONTRACT, 0.0)
+    store.register("gpu", CONTRACT, 0.0)
     store.ingest(items(4), 0.0)
     (seg_id,) = store.segs
     w = store.pull("gpu", 0.0)
@@ -132,7 +133,7 @@ def test_an_ingest_into_the_segment_a_completion_empties_keeps_it(
     run_steps(store.steps.apply_complete(cp, 0.0))
     assert store.segs[seg_id].count == 7 and store.segs[seg_id].deleted == 4
     store.close()
-    again = DurableBroker(store.env.data_dir, 1.0, store=StoreConfig(segment_entries=64))
+    again = SyncStore(store.env.data_dir, 1.0, store=StoreConfig(segment_entries=64))
     assert again.recovery.items == 3 and again.recovery.ledger_ok
     assert drain(again) == 3
     assert sorted(result_ids(again)) == sorted([f"i{k}" for k in range(4)]
@@ -144,7 +145,7 @@ def test_an_ingest_into_the_segment_a_completion_empties_keeps_it(
 async def test_the_writer_commits_submits_and_completions_together(
     store: DurableBroker, threaded: bool,
 ) -> None:
-    store.core.register("gpu", CONTRACT, 0.0)
+    store.register("gpu", CONTRACT, 0.0)
     store.ingest(items(4), 0.0)
     w = store.pull("gpu", 0.0)
     assert w is not None
@@ -159,14 +160,14 @@ async def test_the_writer_commits_submits_and_completions_together(
     await writer.stop()
     assert got[0] == [] and [r.index for r in got[1]] == [0] and got[2] == 4
     assert writer.commits == 1 and len(commits) == 1  # one transaction for all three
-    assert store.core.ledger.items_queued == 7
+    assert store.view.ledger.items_queued == 7
     assert drain(store) == 7
 
 
 async def test_a_refused_ingest_lets_the_completions_commit_alone(tmp_path: Path) -> None:
     cfg = StoreConfig(map_size=1 * MiB, map_ceiling=1 * MiB, segment_entries=64)
-    store = DurableBroker(tmp_path / "d", 0.0, store=cfg)
-    store.core.register("gpu", CONTRACT, 0.0)
+    store = SyncStore(tmp_path / "d", 0.0, store=cfg)
+    store.register("gpu", CONTRACT, 0.0)
     store.ingest(items(4), 0.0)
     w = store.pull("gpu", 0.0)
     assert w is not None
@@ -180,7 +181,7 @@ async def test_a_refused_ingest_lets_the_completions_commit_alone(tmp_path: Path
     assert isinstance(sub, StoreFullError) and "ingest refused" in str(sub)
     assert done == 4
     assert sorted(result_ids(store)) == [f"i{k}" for k in range(4)]
-    assert store.core.ledger.difference() == (0, 0)
+    assert store.view.ledger.difference() == (0, 0)
     store.close()
 
 
@@ -213,7 +214,7 @@ async def test_a_refused_completion_commit_is_an_error_and_the_batch_goes_back(
         assert again is not None and sorted(it.id for it in again.items) == sorted(
             it.id for it in w.items)
         assert await second.complete(again.id, answer(again)) == 4
-        assert store.core.ledger.difference() == (0, 0)
-        assert store.core.settling == set()
+        assert store.view.ledger.difference() == (0, 0)
+        assert store.view.settling == set()
         for c in (producer, second):
             await c.close()

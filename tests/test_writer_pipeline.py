@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from store_helpers import SyncStore
 from test_writer import CONTRACT, answer, drain, items, result_ids
 
 from fabricctl.errors import StoreFullError
@@ -66,12 +67,12 @@ class Gate:
 
 def reopened(store: DurableBroker) -> DurableBroker:
     store.close()
-    return DurableBroker(store.env.data_dir, 2.0, store=StoreConfig(segment_entries=64))
+    return SyncStore(store.env.data_dir, 2.0, store=StoreConfig(segment_entries=64))
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> DurableBroker:
-    return DurableBroker(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=64))
+    return SyncStore(tmp_path / "d", 0.0, store=StoreConfig(segment_entries=64))
 
 
 async def test_a_cycle_prepared_during_a_commit_counts_its_ids_and_starts_new_segments(
@@ -117,7 +118,7 @@ async def test_when_the_commit_it_was_screened_against_fails_the_cycle_is_prepar
 async def test_an_ingest_prepared_while_a_completion_empties_the_newest_segment_keeps_out(
     store: DurableBroker, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    store.core.register("gpu", CONTRACT, 0.0)
+    store.register("gpu", CONTRACT, 0.0)
     store.ingest(items(4), 0.0)
     (emptied,) = store.segs
     w = store.pull("gpu", 0.0)

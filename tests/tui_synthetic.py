@@ -5,6 +5,10 @@ Contract: `make_snapshot(shapes, lanes, seed=..., t=...)` builds a plausible `Sn
 a warming one and staged ones, `lanes` lanes each, events including thrash events,
 engines with prefix-cache stats, NVML available or not) from a seeded RNG only: the same
 arguments give the same snapshot, and a shape's signature depends only on its index.
+`newcomer=True` makes it look like the README's example workload on the simulator: labels
+as long as `support-0/fewshot-2/tools-1`, each consumer pulling from one shape with the next
+one warming for it, long force-drain and guard reasons, and a live job with its place in
+the fleet (its predicted finish `NEWCOMER_FINISH_IN` s after `t`).
 `SyntheticSource` streams such snapshots through msgpack (as the wire does, so decoding
 costs what it costs with a broker), one every `interval`, cycling through a few
 pre-encoded variants, with lane lists only for the shapes subscribed (or all).
@@ -20,6 +24,8 @@ from typing import Any
 import msgspec
 
 from fabricctl.core.events import Event, EventKind
+from fabricctl.core.forecast import JobView
+from fabricctl.core.jobs import JobRecord, new_job, seal
 from fabricctl.core.ledger import Ledger
 from fabricctl.core.snapshot import (
     BatchesHistogramView,
@@ -94,15 +100,66 @@ def _events(rng: random.Random, t: float, shapes: list[ShapeView], n: int) -> li
     return out
 
 
+NEWCOMER_LABELS = ("support-0/fewshot-2/tools-1", "legal-1/fewshot-0/tools-2",
+                   "support-1/fewshot-1/tools-0", "legal-0/fewshot-2/tools-1")
+NEWCOMER_FINISH_IN = 21.0
+NEWCOMER_JOB = "batch_2c08525"
+
+
+def _newcomer_events(t: float, shapes: list[ShapeView]) -> list[Event]:
+    """Events whose reasons are longer than any terminal line: force-drains of many lanes,
+    a guard, a thrash, transitions."""
+    out: list[Event] = []
+    for k, s in enumerate(shapes * 2):
+        when = round(t - 20 + k * 0.8, 3)
+        if k % 4 == 0:
+            out.append(Event(k + 1, when, EventKind.FORCE_DRAIN, s.model, s.signature, s.label,
+                             value=3, count=17, reason=f"force-drained 17 lanes, {412 + k} items"
+                             " after the shape's oldest lane waited past its starvation bound"))
+        elif k % 4 == 1:
+            out.append(Event(k + 1, when, EventKind.GUARD, s.model, s.signature, s.label,
+                             critical=True, reason="prefix-cache hit rate 12.5% of 81.0% "
+                             "achievable over the last 40 batches: the engine evicts the "
+                             "shape's prefix between batches"))
+        elif k % 4 == 2:
+            out.append(Event(k + 1, when, EventKind.THRASH, s.model, s.signature, s.label,
+                             value=7, critical=True, reason="finished after 7 batches (< 100)"))
+        else:
+            out.append(Event(k + 1, when, EventKind.TRANSITION, s.model, s.signature, s.label,
+                             src="staged", dst="active", reason="threshold", value=2))
+    return out
+
+
+def _newcomer_job(t: float) -> tuple[list[JobRecord], list[JobView]]:
+    """A live job of the example workload (with its place: predicted to finish
+    `NEWCOMER_FINISH_IN` s after `t`) and an earlier, completed one."""
+    live = new_job(2, NEWCOMER_JOB, "submit", t - 2.6, name="-")
+    live.total, live.completed = 20_000, 10_853
+    live.endpoints = {"completions": 20_000}
+    seal(live, 20_000, t - 2.0)
+    done = new_job(1, "batch_1d91224", "submit", t - 60, name="-")
+    done.total, done.completed = 20_000, 20_000
+    done.endpoints = {"completions": 20_000}
+    seal(done, 20_000, t - 55)
+    seal(done, 20_000, t - 40)  # finalizing -> completed
+    place = JobView(2, 0, None, 9_147, 9_700_000, 2.6, 2, 1.0, t + NEWCOMER_FINISH_IN)
+    return [live, done], [place]
+
+
 def make_snapshot(shapes: int = 8, lanes: int = 16, *, seed: int = 7, t: float = 1000.0,
                   lane_shapes: int | None = None, nvml: bool = False, events: int = 20,
-                  consumers: int = 2, fleet: bool = False) -> Snapshot:
+                  consumers: int = 2, fleet: bool = False, newcomer: bool = False) -> Snapshot:
     """A deterministic snapshot; only the first `lane_shapes` shapes carry lanes (all: None).
     `fleet`: three GPUs, two servers: one over GPUs 0 and 1 answering a base model and two
-    LoRA adapters (pulling from one of them now), one embedder on GPU 2."""
+    LoRA adapters (pulling from one of them now), one embedder on GPU 2. `newcomer`: see the
+    module's contract."""
     rng = random.Random(seed)
     views = [_shape(rng, k, lanes, lane_shapes is None or k < lane_shapes)
              for k in range(shapes)]
+    if newcomer:
+        views = [msgspec.structs.replace(v, model="fabric-demo",
+                                         label=NEWCOMER_LABELS[k % len(NEWCOMER_LABELS)])
+                 for k, v in enumerate(views)]
     states = {s: 0 for s in ("staged", "warming", "active", "draining", "finished")}
     for v in views:
         states[v.state] += 1
@@ -134,13 +191,22 @@ def make_snapshot(shapes: int = 8, lanes: int = 16, *, seed: int = 7, t: float =
         engines = extra["engines"]
         del engines["gpu1-idle"]
         engines["tp-server"]["gpus"] = [0, 1]
+    jobs: list[JobRecord] = []
+    places: list[JobView] = []
+    event_list = _events(rng, t, views, events)
+    if newcomer:
+        consumer_views = [msgspec.structs.replace(c, current=views[2 * g].signature,
+                                                  next=views[2 * g + 1].signature)
+                          for g, c in enumerate(consumer_views)]
+        event_list = _newcomer_events(t, views)
+        jobs, places = _newcomer_job(t)
     return Snapshot(
         t, views, model_views, consumer_views,
         ledger, (0, 0), states,
         Counters(sum(v.lanes_in_use for v in views), 10, 20, 5, 5, 0, 3, 4000, 40, 15,
                  {"transition": 90, "thrash": 15}),
-        BatchesHistogramView(list(BATCH_BUCKETS), counts, samples, 100),
-        _events(rng, t, views, events), simulated=not nvml, extra=extra)
+        BatchesHistogramView(list(BATCH_BUCKETS), counts, samples, 100, thrashed=15),
+        event_list, simulated=not nvml, extra=extra, jobs=jobs, job_views=places)
 
 
 class SyntheticSource:

@@ -1,37 +1,26 @@
 """The OpenAI Batch API over HTTP: a Starlette app, served by uvicorn in the daemon's loop.
 
 Contract:
-- `build_app(api)` serves `/v1/files` (POST multipart upload with purpose "batch", GET list,
-  GET/DELETE `/v1/files/{id}`, GET `/v1/files/{id}/content`) and `/v1/batches` (POST create,
-  GET list with `limit`/`after` newest first, GET `/{id}`, POST `/{id}/cancel`) with OpenAI's
-  object shapes (`fabricctl.api.objects`). Every refusal is OpenAI's error shape with its
-  status: 400 bad request, 401 a wrong or missing bearer token (only when a token is set),
-  404 unknown id or route, 405 wrong method, 409 cancelling a batch that ended, 500 (type
-  `server_error`) what failed here or in the broker. Cancelling a batch still being fed
-  stops its feed first.
-- An upload streams (`fabricctl.api.upload`) into the files dir and is kept only when every
-  line passed; then its record is in the `FileStore`. A batch names one endpoint, any an
-  OpenAI batch line may name (`objects.check_endpoint`: completions, chat, embeddings,
-  score, rerank, responses, and vLLM's short forms; else a 400 listing them), and every line
-  of its file must be for that endpoint (`objects.check_urls`: else a 400 naming the first
-  line that is not; nothing is created). A batch is created by
-  `open_job(kind="api", validating=True, ...)` and answered at once (`validating`); its file
-  is fed in by a task of the `BatchApi` (`api.service`; a feed that fails fails the job
-  with its error).
-  Jobs left validating by a stopped daemon are fed again (`resume`) when the API starts.
-- A batch's output and error files are virtual: `file-<batch id>-output` / `-error`, found
-  once the batch ended with such lines, their content streamed from the job's results.
-  A batch created with `output_expires_after` (checked: `parse_output_expires`, a 400
-  otherwise; kept on its job) loses them when that passes: retrieving or reading either is
-  a 404 from then on, by the API's clock (`BatchApi.clock`), while the Batch keeps their
-  ids, as OpenAI's does. The Batch object carries `model` and `usage` (`batch_object`).
-- `process_feeder(...)` is how the daemon feeds: each batch from a child process
-  (`fabricctl.api.feeder`), a producer on the daemon's socket, so parsing and token
-  counting never hold the broker's GIL (a child that fails is a `FeedError`, its last line
-  on stderr); without it `BatchApi` feeds in its own loop.
-- `ApiServer(api, host, port)` binds the socket itself (a clear error when it cannot; port
-  0 picks one, `port` then says which), serves with `uvicorn.Server` as a task of the
-  running loop without touching its signal handlers, and `stop()` ends it and the feeds.
+- `build_app(api)` serves `/v1/files` (POST upload with purpose "batch", GET list, GET/DELETE
+  `/v1/files/{id}`, GET `/v1/files/{id}/content`) and `/v1/batches` (POST create, GET list
+  with `limit`/`after` newest first, GET `/{id}`, POST `/{id}/cancel`) with OpenAI's object
+  shapes (`api.objects`). Every refusal is OpenAI's error shape: 400 bad request, 401 a wrong
+  or missing bearer token (when a token is set), 404 unknown id or route, 405 wrong method,
+  409 cancelling a batch that ended, 500 `server_error`. Cancelling a batch being fed stops
+  its feed first.
+- An upload streams (`api.upload`) into the files dir and is kept only when every line
+  passed (its record in the `FileStore`). A batch names one endpoint (`objects.check_endpoint`)
+  and every line must be for it (`objects.check_urls`); it is a job opened `validating` and
+  answered at once, its file fed by a task of the `BatchApi` (`api.service`; a failed feed
+  fails the job). Jobs left validating by a stopped daemon are fed again (`resume`).
+- Output and error files are virtual (`file-<batch id>-output` / `-error`), streamed from
+  the job's results; past `output_expires_after` (by `BatchApi.clock`) they are 404s while
+  the Batch keeps their ids.
+- `process_feeder(...)` feeds each batch from a child process (`api.feeder`), so parsing
+  never holds the broker's GIL (a failed child is a `FeedError`).
+- `ApiServer(api, host, port)` binds the socket itself (port 0 picks one), serves with
+  `uvicorn.Server` as a task of the running loop without touching its signal handlers, and
+  `stop()` ends it and the feeds. What clients see: README.md, "The OpenAI Batch API".
 """
 
 from __future__ import annotations

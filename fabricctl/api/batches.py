@@ -2,7 +2,7 @@
 
 Contract:
 - `feed(backend, path, job, counter)` streams an uploaded file into its (validating) job
-  through `fabricctl.producer.feed.Feed`, the pipeline `submit` and `run` use, and seals it
+  through `fabricctl.producer.Job.run`, the orchestration `submit` and `run` use, and seals it
   with the refused lines' first messages in line order (a line the broker refused, a line
   the reader refused) and their count. Every item carries its input line.
   With `resume` (the daemon restarted while it fed) items the job already holds are
@@ -30,7 +30,7 @@ from fabricctl.formats.autoshape import ShapeFinder
 from fabricctl.formats.reader import read_lines
 from fabricctl.formats.results import result_line
 from fabricctl.formats.tokens import TokenCounter
-from fabricctl.producer.feed import Feed
+from fabricctl.producer.session import Job
 
 PAGE = 1000
 
@@ -40,14 +40,9 @@ async def feed(backend: BatchBackend, path: Path, job: JobRecord, counter: Token
                ) -> JobRecord:
     """Feed the file at `path` (of `lines` lines) into `job`, then seal it; its record.
     `finder`: the job's shapes found where none is declared (None: declared only)."""
-    f = Feed(backend, job.number, resume=resume, finder=finder)
-    with open(path, "rb") as fp:
-        await f.run(read_lines(fp), counter=counter)
-    if f.accepted + f.skipped == 0:
-        messages = f.refusals.messages() or ["the file has no requests"]
-        return (await backend.seal_job(job.number, lines, errors=messages, failed=True)).job
-    f.lines = lines
-    return (await f.seal()).job
+    run = Job(backend, job, attached=resume, finder=finder, counter=counter)
+    with open(path, "rb") as fp:  # the one orchestration, with the Batch API's seal rule
+        return await run.run(read_lines(fp), fail_empty=True, line_count=lines)
 
 
 # ---- output -------------------------------------------------------------------------------

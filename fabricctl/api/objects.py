@@ -1,48 +1,27 @@
 """The OpenAI objects the Batch API answers with, and how a job and an upload map onto them.
 
-Contract (pure: no I/O, no clock):
-- `parse_window("24h")` -> seconds: `<N>h`, `<N>m` or `<N>s` with N a positive integer
-  (`fabricctl.core.jobs.parse_window`); anything else raises `ApiError` (400, param
-  `completion_window`). `window_text(job)` gives the window back in the same form.
-- `parse_priority(metadata)`: the job's priority from `metadata["priority"]` (OpenAI's
-  metadata values are strings; OpenAI has no priority field): 0 when absent, else a whole
-  number 0..`MAX_PRIORITY` (`core.terms.check_priority`), or `ApiError` (400, param
-  `metadata.priority`).
-- `batch_object(job)` maps a `JobRecord` onto OpenAI's `Batch` (`BatchObject`): status is
-  the job's state (the same names); `*_at` are the whole seconds it entered each state
-  (`job.times`), None when it never did; `request_counts.failed` is failed + cancelled +
-  rejected (a cancelled or expired request is an error line `batch_cancelled` /
-  `batch_expired` in the error file, as OpenAI writes it), so `completed + failed == total`
-  once the batch ended. The output file id is given once the batch ended with a successful
-  result, the error file id once it ended with an error line. Their ids are
-  `output_file_id(batch)` / `error_file_id(batch)`, read back by `virtual_file`.
-- `batch_object` also gives `model` (the model the batch's first line named, None until a
-  line is stored) and `usage` (OpenAI's `BatchUsage`, `core.jobs.job_usage`: input tokens
-  with their cached part, output tokens, reasoning 0, total), the job's sums over its
-  successful results, which are the usage objects of the output file's lines
-  (`core.records.usage_of`: a result's counts are read from its body's usage, so per
-  endpoint input is `prompt_tokens` or, for responses, `input_tokens`; output
-  `completion_tokens` or `output_tokens`, 0 for pooling; cached what the line reports in
-  `prompt_tokens_details` / `input_tokens_details`, which vLLM's pooling usage never does).
-- `parse_output_expires(value)`: `output_expires_after` `{"anchor": "created_at", "seconds":
-  N}` with N a whole number 3600..2592000 -> N (None -> 0: never); anything else is an
-  `ApiError` 400 in OpenAI's wording, its param the field at fault. The anchor is the output
-  file's creation, which is when the batch ended (`output_created_at`): the output and error
-  files expire at `output_expires_at(job)` (their `FileObject.expires_at`), and once
-  `output_expired(job, now)` they are gone (404) while the batch keeps their ids.
-- `check_endpoint(endpoint)`: a batch's `endpoint` must be one of `ENDPOINTS` (every url
-  the reader takes: /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/score,
-  /v1/rerank, /v1/responses, and vLLM's /score, /rerank, /v2/rerank), else a 400 (param
-  `endpoint`, code `invalid_value`) naming them. `check_urls(endpoint, urls)`: every line's
-  url (`urls`: each url of the file with its first line) must name the same endpoint (an
-  alias names its canonical one: `/rerank` and `/v2/rerank` are `/v1/rerank`, `/score` is
-  `/v1/score`), else a 400 (param `endpoint`, code `mismatched_url`) naming the first line
-  that does not, as OpenAI's Batch API requires one endpoint per batch. The Batch's
-  `endpoint` is the one given.
-- `job_errors(job)` turns the job's "line N: reason" messages into `errors.data` entries
-  with their `line`.
-- `ApiError(status, message, param, code)` (`fabricctl.errors`) is every refusal;
-  `error_body` writes it in OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.
+Contract (pure: no I/O, no clock; every refusal an `ApiError` 400 in OpenAI's wording, its
+param the field at fault):
+- `parse_window("24h")` -> seconds (`<N>h`, `<N>m`, `<N>s`, N > 0 whole; `core.jobs`), param
+  `completion_window`; `window_text(job)` writes it back.
+- `parse_priority(metadata)`: the job's priority from the string `metadata["priority"]`
+  (OpenAI has no priority field): 0 when absent, else 0..`MAX_PRIORITY`.
+- `batch_object(job)` maps a `JobRecord` onto OpenAI's `Batch`: status the job's state,
+  `*_at` the whole seconds it entered each (None if never), `request_counts.failed` =
+  failed + cancelled + rejected (so `completed + failed == total` once ended), the output
+  and error file ids (`output_file_id`, `error_file_id`, read back by `virtual_file`) once
+  it ended with such lines, `model` (its first line's) and `usage` (`core.jobs.job_usage`:
+  the sums over its successful results, exactly its output lines' usage).
+- `parse_output_expires(value)`: `{"anchor": "created_at", "seconds": N}`, N in
+  3600..2592000 -> N (None -> 0: never); the files expire at `output_expires_at(job)` (their
+  creation, when the batch ended, + N) and are gone once `output_expired(job, now)`.
+- `check_endpoint(endpoint)`: one of `ENDPOINTS` (every url the reader takes), else a 400
+  (code `invalid_value`) naming them; `check_urls(endpoint, urls)`: every line's url names
+  that endpoint (aliases count as their canonical one), else a 400 (code `mismatched_url`)
+  naming the first line that does not.
+- `job_errors(job)`: the job's "line N: reason" messages as `errors.data` with their `line`;
+  `error_body` writes an `ApiError` as `{"error": {"message", "type", "param", "code"}}`.
+What clients see: README.md, "The OpenAI Batch API".
 """
 
 from __future__ import annotations

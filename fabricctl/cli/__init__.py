@@ -8,7 +8,9 @@ Contract:
   the root app and registers them. `demo` is `make demo`'s script, not a command.
 - Shared pieces: `support` (the common options, logging, and `guarded`/`report`, which
   apply `fabricctl.errors.exit_code_of`, the one error-to-exit-code mapping), `common`
-  (finding the broker, JSON/TSV/Rich output rules), `ordered` (input-order output).
+  (finding the broker, JSON/TSV/Rich output rules), `ordered` (input-order output),
+  `helpfmt` (the command and group classes every command is declared with, so `--help`
+  shows its text as written and flowing).
   Numbers, percentages, ages and bytes are formatted by `fabricctl.fmt`, shared with the
   dashboard and below both; shape signatures by `fabricctl.core.signature.signature_hex`.
 - Building the app imports Typer and the command modules only: Rich, the server, the store,

@@ -1,10 +1,11 @@
 """The `fabricctl` command line: the root Typer app; each command lives in its own module.
 
 Contract: this module builds the root app (`--version`, the help text) and registers, in
-help order, the command of each module of `fabricctl.cli`: `up`, `run`, `consume`, `replay`,
-`calibrate`, `submit`, `results`, `status`, `doctor`, `down`, `top`, and the groups `jobs`,
-`shapes` and `config` (`configcmd`). Each module declares its command as `command` (a group
-as `group`) next to the logic it calls, and imports its heavy dependencies (Rich tables, the
+help order, the command of each module of `fabricctl.cli`: `up`, `run`, `table`, `consume`,
+`replay`, `calibrate`, `submit`, `results`, `status`, `doctor`, `down`, `top`, and the groups
+`jobs`, `shapes` and `config` (`configcmd`), each with `fabricctl.cli.helpfmt`'s classes (`cls=`:
+`--help` shows the text as written, flowing). Each module declares its command as `command` (a
+group as `group`) next to the logic it calls, and imports its heavy dependencies (Rich tables, the
 server, the store, Textual) only when the command runs, so building the app stays cheap and
 never loads Textual.
 `main` is the console-script entry point; `setup_logging` is `fabricctl.cli.support`'s.
@@ -35,9 +36,11 @@ from fabricctl.cli import (
     shapes,
     status,
     submit,
+    table,
     top,
     up,
 )
+from fabricctl.cli.helpfmt import HelpCommand, HelpGroup
 from fabricctl.cli.support import setup_logging
 
 __all__ = ["EXIT_CODES_HELP", "app", "main", "setup_logging"]
@@ -50,6 +53,7 @@ EXIT_CODES_HELP = (
 
 app = typer.Typer(
     name="fabricctl",
+    cls=HelpGroup,
     help="Shape-aware batch inference on your own GPUs: broker, supervisor and dashboard.\n\n"
     + EXIT_CODES_HELP,
     no_args_is_help=True,
@@ -73,13 +77,13 @@ def _root(
     """Shape-aware batch inference on your own GPUs: broker, supervisor and dashboard."""
 
 
-COMMANDS = {"up": up, "run": run, "consume": consume, "replay": replay,
+COMMANDS = {"up": up, "run": run, "table": table, "consume": consume, "replay": replay,
             "calibrate": calibrate, "submit": submit,
             "results": results, "status": status, "doctor": doctor, "down": down, "top": top}
 GROUPS = {"jobs": jobs, "shapes": shapes, "config": configcmd}
 
 for _name, _module in COMMANDS.items():
-    app.command(_name)(_module.command)
+    app.command(_name, cls=HelpCommand)(_module.command)
 for _name, _module in GROUPS.items():
     app.add_typer(_module.group, name=_name)
 

@@ -29,7 +29,8 @@ def command(
                                                     "(vLLM's CPU default: 2048)."),
     out: Path | None = typer.Option(None, "--output", "-o", help="Write the TOML here "
                                     "(default: stdout)."),
-    api_key: str | None = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY"),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY",
+                                       help="Bearer token, for a server that asks for one."),
 ) -> None:
     """Time a few probes on a live server and print simulated costs for `replay --costs`."""
     text = run_async(calibrate(endpoint, model, max_num_seqs, max_num_batched_tokens,

@@ -22,13 +22,15 @@ from typing import Any
 import typer
 
 from fabricctl.cli.common import write_json
-from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded, settings
+from fabricctl.cli.helpfmt import HelpCommand, HelpGroup
+from fabricctl.cli.support import ConfigFile, DataDir, guarded, settings
 from fabricctl.config import AppConfig, load_config, to_toml, user_config_path
 
-group = typer.Typer(help="Print the configuration as TOML.", no_args_is_help=True)
+JsonOut = typer.Option(False, "--json", help="Print one JSON document instead of TOML.")
+group = typer.Typer(cls=HelpGroup, help="Print the configuration as TOML.", no_args_is_help=True)
 
 
-@group.command("show")
+@group.command("show", cls=HelpCommand)
 def show_command(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
                  config: Path | None = ConfigFile) -> None:
     """Print the effective configuration, each key set by a file, env or flag marked so."""
@@ -40,7 +42,7 @@ def show_command(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
     sys.stdout.write(guarded(lambda: show(config, flags)))
 
 
-@group.command("default")
+@group.command("default", cls=HelpCommand)
 def default_command(json_out: bool = JsonOut) -> None:
     """Print every setting with its default value."""
     if json_out:

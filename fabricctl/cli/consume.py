@@ -34,10 +34,21 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from fabricctl.cli.support import ConfigFile, DataDir, Verbose, load, run_async, setup_logging
+from fabricctl.cli.support import (
+    ConfigFile,
+    DataDir,
+    Device,
+    Verbose,
+    VllmPython,
+    engine_flags,
+    load,
+    parse_gpus,
+    run_async,
+    setup_logging,
+)
 from fabricctl.config import AppConfig
+from fabricctl.config.fleetspec import within
 from fabricctl.errors import UsageError
-from fabricctl.fleetspec import within
 
 if TYPE_CHECKING:
     from fabricctl.engines.base import Engine
@@ -54,11 +65,13 @@ def command(
     endpoint: str | None = typer.Option(None, "--endpoint", help="OpenAI-compatible base URL "
                                         "(engine openai; with --gpus, one per GPU, "
                                         "comma-separated)."),
-    model: str | None = typer.Option(None, "--model", "-m"),
+    model: str | None = typer.Option(None, "--model", "-m", help="The model the consumers "
+                                     "serve, as items name it (the config's model)."),
     name: str | None = typer.Option(None, "--name", help="Consumer name (default: host-gpu); "
                                     "with --gpus the prefix of each GPU's consumer "
                                     "(default: the host name)."),
-    gpu: int | None = typer.Option(None, "--gpu"),
+    gpu: int | None = typer.Option(None, "--gpu", help="Without --gpus: the GPU index this "
+                                   "consumer reports to the broker (and in its default name)."),
     gpus: str | None = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1: run the "
                                     "agent, one engine and consumer per GPU."),
     token: str | None = typer.Option(None, "--token", help="The token the broker asks for "
@@ -66,13 +79,16 @@ def command(
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Connect with TLS, trusting "
                                        "this CA file or pinned certificate "
                                        "(server.tls_ca)."),
+    vllm_python: str | None = VllmPython,
+    device: str | None = Device,
     data_dir: Path | None = DataDir,
     config: Path | None = ConfigFile,
     verbose: bool = Verbose,
 ) -> None:
     """Run consumers against a broker (for example on another GPU host)."""
     setup_logging(verbose)
-    cfg = load(config, model=model, data_dir=data_dir)
+    cfg = load(config, model=model, data_dir=data_dir,
+               **engine_flags(None, vllm_python, device))
     tok = token if token is not None else cfg.server.token
     ca = str(tls_ca) if tls_ca is not None else cfg.server.tls_ca
     if gpus is None:
@@ -87,16 +103,6 @@ def tls_context(ca: str) -> ssl.SSLContext | None:
     from fabricctl.wire.tls import client_context
 
     return client_context(ca)
-
-
-def parse_gpus(gpus: str) -> list[int]:
-    try:
-        out = [int(g) for g in gpus.split(",") if g.strip()]
-    except ValueError:
-        raise UsageError(f"--gpus takes GPU indices such as 0,1, not {gpus!r}") from None
-    if not out or len(set(out)) != len(out) or min(out) < 0:
-        raise UsageError(f"--gpus takes distinct GPU indices such as 0,1, not {gpus!r}")
-    return out
 
 
 def build_engine(cfg: AppConfig, engine: str, endpoint: str | None) -> Engine:
@@ -116,7 +122,10 @@ def build_engine(cfg: AppConfig, engine: str, endpoint: str | None) -> Engine:
                             max_batch_tokens=c.max_batch_tokens, max_input_len=c.max_input_len,
                             window=consumer_window(cfg, "openai") or 0,
                             group_pooling=c.group_pooling, counter=counter,
-                            names=cfg.vllm.names_of_endpoints())
+                            names=cfg.vllm.names_of_endpoints(),
+                            shared_capacity=cfg.vllm.shared_capacity if cfg.vllm.shared else None,
+                            batch_priority=cfg.vllm.batch_priority if cfg.vllm.shared else None,
+                            live_target_s=cfg.vllm.live_ttft_target_s or None)
     raise UsageError(f"--engine must be sim or openai, not {engine!r}")
 
 
@@ -208,7 +217,7 @@ async def run_agent(cfg: AppConfig, broker: str, engine: str, endpoint: str | No
                     gpu_sample=_gpu_sampler(monitor) if monitor is not None else None)
         await _until_stopped(fleet, stop)
     finally:
-        await fleet.stop()
+        await fleet.stop(cfg.server.drain_s)  # as long as a broker drains
         if monitor is not None:
             await monitor.stop()
     errors = [e for t in fleet.tasks if t.done() and not t.cancelled()

@@ -6,8 +6,10 @@ Contract: a fixed list of checks, each `Check(name, status, detail)` with status
 of `AppConfig.fleet` against this host, `fleetspec.gpu_problems` and `adapter_problems`:
 every group's GPUs found by NVML, every adapter directory present with its
 adapter_config.json; the GPU checks say they were skipped without NVML, or with the
-simulated engine, and nothing is checked for engine openai), `vllm` (importable, on
-PATH, the configured `vllm.command`), `data_dir` (exists, writable, free space), `broker`
+simulated engine or `vllm.device = cpu`, and nothing is checked for engine openai),
+`vllm` (when the configuration launches vLLM, the named vLLM imported as its servers will
+import it, with its version or the last lines of why not: `supervisor.vllm_install.probe`;
+else whether its command is found), `data_dir` (exists, writable, free space), `broker`
 (socket present and a broker answering a status query). A check fails only for what stops
 the configured setup from working (e.g. no GPUs with `engine = "vllm"`, an unwritable data
 dir, an invalid config); what merely degrades (no NVML with the simulated engine, no broker
@@ -19,7 +21,6 @@ runs `doctor` and exits with its status.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import shutil
 from dataclasses import asdict, dataclass
@@ -28,10 +29,18 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded
+from fabricctl.cli.support import (
+    ConfigFile,
+    DataDir,
+    Device,
+    JsonOut,
+    VllmPython,
+    engine_flags,
+    guarded,
+)
 from fabricctl.config import AppConfig, load_config, user_config_path
+from fabricctl.config.fleetspec import ServerSpec, adapter_problems, gpu_problems
 from fabricctl.errors import FabricError
-from fabricctl.fleetspec import ServerSpec, adapter_problems, gpu_problems
 from fabricctl.fmt import human_bytes
 from fabricctl.wire.protocol import SOCKET_NAME
 
@@ -44,12 +53,20 @@ LOW_DISK = 1 << 30  # warn below 1 GiB free in the data dir's file system
 
 
 def command(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
-            config: Path | None = ConfigFile) -> None:
+            config: Path | None = ConfigFile,
+            engine: str | None = typer.Option(None, "--engine", "-e",
+                                              metavar="auto|sim|vllm|openai",
+                                              help="Check for this engine instead of the "
+                                              "configured one.", show_default=False),
+            vllm_python: str | None = VllmPython, device: str | None = Device) -> None:
     """Check the host: config files, NVML and GPUs, vLLM, the data dir, a running broker.
 
+    When the configuration launches vLLM (engine vllm, or auto with GPUs or vllm.device
+    cpu), the vllm check imports it the way its servers will and reports its version.
     One line per check: ok, warn or fail. Exit status 0 when no check failed, else 1.
     """
-    raise typer.Exit(guarded(lambda: doctor(config, {"data_dir": data_dir}, json_out)))
+    flags = {"data_dir": data_dir, "engine": engine, **engine_flags(None, vllm_python, device)}
+    raise typer.Exit(guarded(lambda: doctor(config, flags, json_out)))
 
 
 @dataclass(frozen=True)
@@ -97,6 +114,8 @@ def check_nvml(cfg: AppConfig, report: GpuReport | None = None) -> Check:
         return Check("nvml", "ok", f"{len(report.gpus)} GPU(s) ({', '.join(names)}), driver "
                                    f"{report.driver_version or '?'}")
     reason = report.reason or "NVML found no GPUs"
+    if cfg.vllm.device == "cpu":
+        return Check("nvml", "ok", f"{reason}; not needed: vllm.device = cpu")
     if cfg.engine == "vllm":
         return Check("nvml", "fail", f"{reason}; engine 'vllm' needs GPUs")
     return Check("nvml", "warn", f"{reason}; `fabricctl up` will use simulated GPUs")
@@ -126,7 +145,9 @@ def check_fleet(cfg: AppConfig, loaded: bool, report: GpuReport | None) -> Check
                                     and report.available and bool(report.gpus))
     problems = adapter_problems(servers)
     skipped = ""
-    if not real:
+    if cfg.vllm.device == "cpu" and cfg.engine != "sim":
+        skipped = "GPU groups not checked: vllm.device = cpu runs them on the CPU"
+    elif not real:
         skipped = ("GPU groups not checked: " + (
             "engine sim simulates them" if cfg.engine == "sim"
             else f"no NVML ({(report.reason if report else None) or 'unavailable'})"))
@@ -140,19 +161,28 @@ def check_fleet(cfg: AppConfig, loaded: bool, report: GpuReport | None) -> Check
     return Check("fleet", "ok", what + (f"; {skipped}" if skipped else ""))
 
 
-def check_vllm(cfg: AppConfig) -> Check:
-    importable = importlib.util.find_spec("vllm") is not None
-    on_path = shutil.which("vllm")
-    cmd = cfg.vllm.command[0] if cfg.vllm.command else ""
-    resolved = shutil.which(cmd) if cmd else None
-    parts = [f"import vllm: {'yes' if importable else 'no'}",
-             f"vllm on PATH: {on_path or 'no'}",
-             f"configured command {' '.join(cfg.vllm.command)!r}: "
-             f"{resolved or 'not found'}"]
-    detail = "; ".join(parts)
-    if resolved:
-        return Check("vllm", "ok", detail)
-    return Check("vllm", "fail" if cfg.engine == "vllm" else "warn", detail)
+def uses_vllm(cfg: AppConfig, report: GpuReport | None) -> bool:
+    """Whether `up` and `run` would launch vLLM servers with this configuration."""
+    gpus = report is not None and report.available and bool(report.gpus)
+    return cfg.engine == "vllm" or (cfg.engine == "auto" and (gpus or cfg.vllm.device == "cpu"))
+
+
+def check_vllm(cfg: AppConfig, report: GpuReport | None = None) -> Check:
+    """The vLLM the servers would run: imported as they will import it (its version), when
+    the configured setup launches vLLM; else only whether its command is found."""
+    from fabricctl.supervisor.vllm_install import launch_command, missing, probe
+
+    shown = " ".join(launch_command(cfg.vllm).command)
+    if not uses_vllm(cfg, report):
+        why = missing(cfg.vllm)
+        return Check("vllm", "warn" if why else "ok",
+                     f"not checked further: engine {cfg.engine} launches no vLLM here; "
+                     + (why or f"{shown!r} found"))
+    found = probe(cfg.vllm)
+    if found.ok and found.version:
+        return Check("vllm", "ok", f"vLLM {found.version} ({found.detail}); servers run "
+                                   f"{shown!r} on {cfg.vllm.device}")
+    return Check("vllm", "ok" if found.ok else "fail", found.detail)
 
 
 def check_data_dir(cfg: AppConfig) -> Check:
@@ -180,7 +210,7 @@ def check_broker(cfg: AppConfig) -> Check:
 
         c = await Client.connect(cfg.data_dir, "observer", "fabricctl-doctor", timeout=3.0)
         try:
-            return await asyncio.wait_for(c.query("status"), 5.0)
+            return await asyncio.wait_for(c.status(), 5.0)
         finally:
             await c.close()
 
@@ -199,7 +229,7 @@ def run_checks(config: Path | None, flags: dict[str, object]) -> list[Check]:
     first, cfg = check_config(config, flags)
     report = gpu_report()
     return [first, check_nvml(cfg, report), check_fleet(cfg, first.status != "fail", report),
-            check_vllm(cfg), check_data_dir(cfg), check_broker(cfg)]
+            check_vllm(cfg, report), check_data_dir(cfg), check_broker(cfg)]
 
 
 def doctor(config: Path | None, flags: dict[str, object], as_json: bool) -> int:

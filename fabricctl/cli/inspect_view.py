@@ -3,7 +3,10 @@ percentiles, the lanes table (a live shape's) and the shape's recent events.
 
 Contract: pure rendering of the document `shapes.inspect_doc` builds (the same one `--json`
 prints) onto a Rich console given by the caller; no colour is forced, so pipes and
-`NO_COLOR` get plain text. Ages and percentages are `fabricctl.fmt`'s, as `top` shows them.
+`NO_COLOR` get plain text. Nothing is cut with "…": on a narrow terminal the summary's
+values and the events' details wrap (a word too long folds); on a pipe the caller's
+console (`common.console`) lays every table out at its natural width. Ages and
+percentages are `fabricctl.fmt`'s, as `top` shows them.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ def _when(t: float, now: float) -> str:
 
 def _summary(doc: dict[str, Any], view: ShapeView | None) -> Table:
     t = Table(show_header=False, box=None, pad_edge=False)
-    t.add_column("field", style="bold")
-    t.add_column("value")
+    t.add_column("field", style="bold", no_wrap=True)
+    t.add_column("value", overflow="fold")
     rows: list[tuple[str, str]] = [
         ("shape", signature_hex(doc["signature"])),
         ("label", doc.get("label") or "-"),
@@ -92,9 +95,9 @@ def _lanes(view: ShapeView) -> Table:
 
 def _events(doc: dict[str, Any]) -> Table:
     t = Table(title="recent events", title_justify="left")
-    t.add_column("when")
-    t.add_column("kind")
-    t.add_column("detail")
+    t.add_column("when", no_wrap=True)
+    t.add_column("kind", no_wrap=True)
+    t.add_column("detail", overflow="fold")
     for e in doc["events"][-RECENT_EVENTS:]:
         if e.kind == "transition":
             detail = f"{e.src} → {e.dst}" + (f" ({e.reason})" if e.reason else "")

@@ -1,45 +1,27 @@
-"""`fabricctl jobs [list]|show|cancel|priority`: the broker's jobs (one per submit, run or API
-batch).
+"""`fabricctl jobs [list]|show|cancel|priority`: the jobs (one per submit, run or API batch).
 
-Contract:
-- `group` is the `jobs` Typer group; `fabricctl jobs` alone lists (as `jobs list`).
-- `list`: the jobs the broker keeps, newest first: id, state (OpenAI's names), kind,
-  priority, input, progress (items with an outcome of the total), failed, cancelled, refused
-  lines, age, its endpoint mix (`chat 80% · embed 20%`: the two biggest shares, `+N` more;
-  the endpoint alone when it has one; `fmt.endpoint_mix`), and each job's place in the
-  fleet: its oldest queued item's wait, its share of the consumers (holders), its predicted
-  finish (at risk: how late against its deadline) and deadline.
-  A Rich table on a terminal, TSV with a header line when piped (its last column,
-  `endpoints`, is `chat=80,embeddings=20`: items per endpoint, most first), `--json` one
-  document `{"jobs": [JobRecord...], "job_views": [every field of each place]}` (each
-  record's `endpoints`: items per endpoint name).
-- `show ID`: one job by id or a unique prefix of it: state and the times it entered each
-  state, its priority and deadline, counts, progress, throughput and ETA, the shapes it
-  touched, in-flight items, the first refused lines' messages, and the broker's "N items
-  wait for model X: no consumer" lines; while it has queued items, its oldest wait, holders
-  and share, predicted finish (a time and "in 3m12s") and "AT RISK: predicted to finish Xs
-  after its deadline". Its model (the first line's) and usage: input tokens (of them
-  cached), output and total tokens summed over its successful results, the numbers the
-  Batch API's `usage` gives. Its endpoints: items per endpoint (completions, chat,
-  embeddings, score, rerank, responses; `unknown` for items whose producer named none), with
-  their shares, counted once per item at ingest (a job stored before the counts existed
-  says so; items it took before then are named as not counted). `--json`: the broker's
-  `JobView` (`place`: every field of its place, or null) with `usage` in the Batch API's
-  shape (`core.jobs.job_usage`; the record's `input_tokens`, `cached_tokens`,
-  `output_tokens`, `model` and `endpoints` are in `job`) and `mix`: `[{endpoint, items,
-  share}]`, most items first (`core.mix.mix`). Unknown id:
-  exit 1, ambiguous: exit 1 with the broker's message.
-- `cancel ID`: queued items are removed durably (each gets a "cancelled" error result and
-  is counted as cancelled); in-flight ones finish; prints the job's state after (cancelling,
-  or cancelled when nothing was in flight). A job that already ended is left as it is and
-  said so (exit 0).
-- `priority ID N`: a live job's new priority (0..MAX_PRIORITY, higher goes first; the
-  broker's shape choice follows it at once); prints `ID: priority N` on stderr (`--json`:
-  the record). N out of range or not a whole number: exit 2, nothing sent; a job that ended
-  or none: the broker's refusal, exit 1.
-
-The job terms `submit` and `run` take (`--priority N`, `--window DUR`) are read by
-`priority_option` and `window_option` here: a bad value is exit 2 before anything is sent.
+Contract: `group` is the `jobs` Typer group; `fabricctl jobs` alone lists (as `jobs list`).
+- `list` (`show_list`): the jobs the broker keeps, newest first: id, state (OpenAI's names), kind,
+  priority, input, progress (items with an outcome / total), failed, cancelled, refused lines,
+  age, the endpoint mix (`fmt.endpoint_mix`) and each job's place in the fleet (oldest wait,
+  holders, share, predicted finish, how late against its deadline). A Rich table on a terminal,
+  fitted by `common.fitted_table` (id, state and progress never cut; the caption names hidden
+  columns), TSV with a header when piped (last column `endpoints`: `chat=80,embeddings=20`),
+  `--json` `{"jobs": [JobRecord...], "job_views": [...]}`.
+- `show ID` (`show_job`): one job by id or unique prefix, as README's table of commands lists
+  (usage by `usage_text`; the predicted finish is `core.forecast.finish_in`, `eta_s` in `--json`;
+  "AT RISK: predicted to finish Xs after its deadline"). `--json`: the broker's `JobView`
+  (`place`: every field, or null), `usage` as the Batch API's (`core.jobs.job_usage`) and `mix`
+  (`core.mix.mix`: `[{endpoint, items, share}]`, most first).
+- `cancel ID` (`cancel_job`): queued items removed durably (each a "cancelled" error result,
+  counted cancelled), in-flight ones finish; prints the state after (cancelling, or cancelled); a
+  job already ended is left as it is and said so (exit 0).
+- `priority ID N` (`set_priority`): a live job's new priority (0..MAX_PRIORITY, higher first; the
+  shape choice follows at once); prints `ID: priority N` on stderr (`--json`: the record).
+- Exit: 1 an unknown or ambiguous id (the broker's message), or a priority for a job ended or none
+  (its refusal); 2 N out of range or not whole (nothing sent). `priority_option` and
+  `window_option` read the terms of `submit` and `run` too (`--priority N`, `--window DUR`): a bad
+  one is exit 2 before anything is sent.
 """
 
 from __future__ import annotations
@@ -55,22 +37,26 @@ import typer
 from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, fail, guarded, settings
 from fabricctl.config import AppConfig
 from fabricctl.core.forecast import JobView as JobPlace
+from fabricctl.core.forecast import finish_in
 from fabricctl.core.jobs import JobRecord, job_usage, parse_window
 from fabricctl.core.mix import mix
 from fabricctl.core.terms import MAX_PRIORITY, check_priority
 from fabricctl.core.unserved import Waiting, waiting_line
 from fabricctl.errors import ExitCode
-from fabricctl.fmt import CRITICAL, NA, age, finish_vs_deadline, pct, relative, shorten, si
+from fabricctl.fmt import CRITICAL, NA, age, finish_vs_deadline, pct, relative, si
 from fabricctl.wire.client import Client
 
-from .common import call, console, stdout_is_tty, write_json, write_tsv
+from .common import Col, call, console, fitted_table, stdout_is_tty, write_json, write_tsv
+from .helpfmt import HelpCommand, HelpGroup
 from .jobmix import endpoints_text, endpoints_tsv, mix_cell
 
 JobId = typer.Argument(..., metavar="ID", help="A job id, or a unique prefix of one.")
 JobAction = Callable[[AppConfig, str, bool], None]  # (settings, job id or prefix, --json)
 
-group = typer.Typer(help="List, show, cancel and prioritise jobs (one per submit, run or API "
-                    "batch).", invoke_without_command=True)
+group = typer.Typer(cls=HelpGroup, help="List, show, cancel and prioritise jobs (one per "
+                    "submit, run or API batch).\n\nAlone, `fabricctl jobs` lists them (as "
+                    "`jobs list`): the options here are for that list.",
+                    invoke_without_command=True)
 
 
 @group.callback()
@@ -82,7 +68,7 @@ def _default(ctx: typer.Context, json_out: bool = JsonOut, data_dir: Path | None
         guarded(lambda: show_list(cfg, json_out))
 
 
-@group.command("list")
+@group.command("list", cls=HelpCommand)
 def list_command(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
                  config: Path | None = ConfigFile) -> None:
     """List jobs, newest first: state, progress, failures, age."""
@@ -101,7 +87,7 @@ def job_command(name: str) -> Callable[[JobAction], JobAction]:
             guarded(lambda: action(cfg, job, json_out))
 
         command.__doc__ = action.__doc__
-        group.command(name)(command)
+        group.command(name, cls=HelpCommand)(command)
         return action
 
     return declare
@@ -109,7 +95,7 @@ def job_command(name: str) -> Callable[[JobAction], JobAction]:
 
 @job_command("show")
 def show_command(cfg: AppConfig, job: str, json_out: bool) -> None:
-    """Show one job: state and times, counts, throughput and ETA, shapes, errors."""
+    """Show one job: state and times, counts, throughput, predicted finish, shapes, errors."""
     show_job(cfg, job, json_out)
 
 
@@ -119,7 +105,8 @@ def cancel_command(cfg: AppConfig, job: str, json_out: bool) -> None:
     cancel_job(cfg, job, json_out)
 
 
-@group.command("priority", context_settings={"ignore_unknown_options": True})  # N may be -1
+@group.command("priority", cls=HelpCommand,
+               context_settings={"ignore_unknown_options": True})  # N may be -1
 def priority_command(
     job: str = JobId,
     priority: str = typer.Argument(..., metavar="N", help=f"The new priority: a whole number "
@@ -142,6 +129,10 @@ PRIORITY_HELP = (f"The job's priority: a whole number from 0 (the default) to {M
 WINDOW_HELP = ("The job's completion window, as the Batch API's completion_window: \"24h\", "
                "\"90m\", \"30s\". Items still queued when it passes are cancelled and the "
                "job ends expired. Default: none.")
+# the job-terms options `run`, `submit` and `table` share (read with the two parsers below)
+Priority = typer.Option(None, "--priority", "-p", metavar="N", help=PRIORITY_HELP,
+                        show_default=False)
+Window = typer.Option(None, "--window", metavar="DUR", help=WINDOW_HELP, show_default=False)
 
 
 def priority_option(text: str | None, name: str = "--priority") -> int | None:
@@ -174,6 +165,16 @@ def progress_of(j: JobRecord) -> str:
 LIST_COLUMNS = ["id", "state", "kind", "input", "total", "completed", "failed", "cancelled",
                 "refused", "created", "priority"]
 PLACE_COLUMNS = ["oldest_wait_s", "holders", "share", "predicted_finish", "deadline", "at_risk"]
+# The table on a terminal: the id, state and progress are never cut nor hidden; the input
+# (its start: the file name stays) and endpoints are cut first, then the other columns
+# hidden, those with nothing to say first, then from DEADLINE up to AGE.
+TABLE_COLUMNS = [
+    Col("JOB"), Col("STATE"), Col("KIND", drop=6), Col("PRIO", True, drop=5),
+    Col("INPUT", shrink=12, drop=3, tail=True), Col("PROGRESS", True),
+    Col("ENDPOINTS", shrink=12, drop=4),
+    Col("FAILED", True, drop=2), Col("CANCELLED", True, drop=10), Col("REFUSED", True, drop=9),
+    Col("AGE", True, drop=1), Col("WAIT", True, drop=8), Col("SHARE", True, drop=11),
+    Col("FINISH", True, drop=7), Col("DEADLINE", True, drop=12)]
 
 
 
@@ -200,7 +201,7 @@ def place_cells(j: JobRecord, p: JobPlace | None, now: float) -> list[Any]:
     share = f"{pct(p.share, 0)} ({p.holders})"
     if p.predicted_finish is None:
         return [age(p.oldest_wait_s), share, NA, deadline]
-    finish = Text(relative(p.predicted_finish - now))
+    finish = Text(relative(finish_in(p, now)))
     if p.at_risk and p.deadline is not None:
         finish.append(f" ({age(p.predicted_finish - p.deadline)} late)")
         finish.stylize(CRITICAL)
@@ -222,28 +223,22 @@ def show_list(cfg: AppConfig, as_json: bool) -> None:
                     j.failed, j.cancelled, j.rejected, j.created, j.priority,
                     *place_tsv(j, placed.get(j.number)), endpoints_tsv(j)] for j in jobs])
         return
-    from rich.table import Table
+    from rich.text import Text
 
     now = time.time()
-    t = Table(title=f"{len(jobs)} job(s) — {cfg.data_dir}", title_justify="left")
-    for name, right in [("JOB", False), ("STATE", False), ("KIND", False), ("PRIO", True),
-                        ("INPUT", False), ("PROGRESS", True), ("ENDPOINTS", False),
-                        ("FAILED", True), ("CANCELLED", True), ("REFUSED", True), ("AGE", True)]:
-        t.add_column(name, justify="right" if right else "left", no_wrap=True)
-    for name in ("WAIT", "SHARE", "FINISH", "DEADLINE"):
-        t.add_column(name, justify="right", no_wrap=True)
-    for j in jobs:
-        t.add_row(j.id, j.state.value, j.kind, str(j.priority), shorten(j.name or "-", 40),
-                  progress_of(j), mix_cell(j), f"{j.failed:,}",
-                  f"{j.cancelled:,}", f"{j.rejected:,}",
-                  age(now - j.created), *place_cells(j, placed.get(j.number), now))
-    console().print(t)
+    con = console()
+    rows = [[j.id, j.state.value, j.kind, str(j.priority), j.name or "-", progress_of(j),
+             mix_cell(j), f"{j.failed:,}", f"{j.cancelled:,}", f"{j.rejected:,}",
+             age(now - j.created), *place_cells(j, placed.get(j.number), now)] for j in jobs]
+    con.print(fitted_table(TABLE_COLUMNS, rows, con.width, " (see jobs show ID)",
+                           title=Text(f"{len(jobs)} job(s) — {cfg.data_dir}"),
+                           title_justify="left"))
 
 
 def _fetch_view(cfg: AppConfig, job: str) -> tuple[Any, dict[str, Any]]:
     async def fetch(c: Client) -> tuple[Any, dict[str, Any]]:
         view = await c.job(job)
-        status = await c.query("status")
+        status = await c.status()
         return view, status
 
     return call(cfg, "observer", fetch)
@@ -291,8 +286,6 @@ def show_job(cfg: AppConfig, job: str, as_json: bool) -> None:
         t.add_row("endpoints", endpoints)
     if view.items_per_s:
         t.add_row("throughput", f"{view.items_per_s:,.1f} items/s")
-    if view.eta_s is not None:
-        t.add_row("eta", age(view.eta_s))
     if j.deadline is not None:
         left = j.deadline - now
         t.add_row("deadline", f"in {age(left)}" if left > 0 else f"{age(-left)} ago")
@@ -338,7 +331,7 @@ def place_rows(j: JobRecord, p: JobPlace | None, now: float) -> list[tuple[str, 
     deadline = p.deadline if p.deadline is not None else j.deadline
     deadline_in = None if deadline is None else deadline - now
     rows.append(("finish", f"predicted {stamp}  "
-                           f"({finish_vs_deadline(p.predicted_finish - now, deadline_in)})"))
+                           f"({finish_vs_deadline(finish_in(p, now), deadline_in)})"))
     if p.at_risk and p.deadline is not None:
         late = age(p.predicted_finish - p.deadline)
         rows.append(("risk", Text(f"AT RISK: predicted to finish {late} after its deadline",

@@ -1,43 +1,25 @@
 """`fabricctl replay WORKLOAD.jsonl`: the command and its body.
 
 Contract: the `replay` command (`command`) parses the flags and exits with `run_replay`'s
-status. `run_replay(...)` reads a JSONL workload (native or OpenAI batch lines, exactly as
-`fabricctl submit` reads them; bad lines are reported on stderr with their line numbers and
-skipped), replays it through each requested policy on `gpus` identical simulated GPUs and
-prints either a Rich table (one row per policy, on stdout, the parameters on stderr) or, with
-`json_out`, one JSON object keyed by policy name whose values are `PolicyResult` fields.
-`policy` is one name or "all" (fabric, the three baselines and the oracle: an omniscient
-shape scheduler on the same GPUs, the limit the "vs oracle" column measures against); a
-comma-separated list of names (ablations included) also works. The simulated GPU is the
-default profile (`fabricctl/engines/costs.py`), or the `costs` file (a TOML table of
-`SimCosts` fields, as `fabricctl calibrate` writes for a live server; a file that does not
-load is a `UsageError`). Its KV pool is `kv_tokens`, else the pool that gives cache
-`pressure`, else the profile's; `max_num_seqs` (None: the profile's, 64 for the default
-one) bounds running sequences. Each simulated consumer registers the contract `run` and `up`
-would (`[consumer] max_batch_size`, `max_batch_tokens`, `max_input_len`).
-Arrivals: all at t = 0 when `rate` is 0 (an offline batch job), else Poisson at `rate`
-items per simulated second from `seed`.
-Jobs (`fabricctl/replay/jobs.py` has the form): a line may name its job (`"job": "name"`)
-and `jobs_file` (`--jobs FILE`, JSON Lines) gives each job's `arrival`, `window_s` and
-`priority`. A workload with either is multi-job: each job's items arrive from its arrival
-(all at once, or Poisson at `rate` per job), "all" adds fabric-tokens (fabric by tokens
-alone, blind to jobs), and each policy reports per job its completion time, its standalone
-time (the job replayed alone with the same policy on the same GPUs), the slowdown and
-whether it met its deadline, with the deadlines met and the makespan: a second table (and
-a third, per job), or the `jobs`, `deadlines`, `deadlines_met`, `deadlines_missed` and
-`worst_slowdown` fields of each policy's JSON object (absent for a single-job workload). A
-line whose `job` is not a non-empty string is reported and skipped like any bad line; a
-jobs file that does not parse, or that names a job with no item, is a `UsageError`.
-Token counts (and so every prefix's size in blocks) come from the counter `submit` and `run`
-use, `formats.tokens.choose_counter(tokenizer, model)`: `[producer] tokenizer`, else the
-configured model directory's `tokenizer.json`, else the 4-bytes-a-token estimate; the command
-reads them from the configuration (`--config`, `--model`), and the counter's name is on the
-parameters line (stderr) and in every policy's JSON object (`token_counter`).
-Returns the exit code 0. Bad arguments, a tokenizer that does not load or a workload with no
-readable item raise a `UsageError` (a jobs file that does not parse, a `WorkloadError`),
-which the command ends with as every command does (`support.guarded`): one
-`fabricctl: error: ...` line on stderr and exit 2. Every figure is simulated.
-The simulator and Rich are imported when a replay runs.
+status. `run_replay(...)` reads a JSONL workload as `submit` reads it (bad lines reported on
+stderr with their numbers and skipped), replays it through each requested policy on `gpus`
+identical simulated GPUs and prints a Rich table (rows per policy on stdout, parameters on
+stderr) or, with `json_out`, one JSON object keyed by policy (`PolicyResult` fields).
+`policy`: one name, a comma-separated list (ablations included) or "all" (fabric, the three
+baselines and the oracle). The GPU is the default profile (`engines/costs.py`) or the `costs`
+TOML file (`SimCosts` fields, as `calibrate` writes); its KV pool is `kv_tokens`, else the
+pool that gives cache `pressure`; `max_num_seqs` bounds running sequences; each consumer
+registers the `[consumer]` contract. Arrivals: all at t = 0 (`rate` 0), else Poisson at
+`rate` from `seed`. Jobs (`replay/jobs.py`): a line's `job` and `jobs_file` make it
+multi-job: per-job arrival, "all" adds fabric-tokens, fabric-fair (no windows) and edf
+(earliest deadline first, blind to shapes), and per policy the per-job completion against
+standalone, slowdowns and deadlines met (more tables; JSON fields `jobs`, `deadlines`,
+`deadlines_met`, `deadlines_missed`, `worst_slowdown`). Tokens are counted by
+`formats.tokens.choose_counter` as `submit` counts them, named in `token_counter`.
+Returns 0; bad arguments, a tokenizer that does not load or no readable item raise
+`UsageError` (a bad jobs file: `WorkloadError`): exit 2 through `support.guarded`. Every
+figure is simulated; the simulator and Rich are imported when a replay runs. What a replay
+shows: README.md, "Commands" (`fabricctl replay`, "Several jobs in one replay").
 """
 
 from __future__ import annotations
@@ -62,18 +44,21 @@ if TYPE_CHECKING:
 
 
 def command(
-    workload: Path = typer.Argument(..., help="JSONL workload (native or OpenAI batch)."),
+    workload: Path = typer.Argument(..., metavar="FILE",
+                                    help="JSONL workload (native or OpenAI batch)."),
     gpus: int = typer.Option(2, "--gpus", "-g", min=1, help="Simulated GPUs."),
     policy: str = typer.Option("all", "--policy", "-p", help="fabric, round-robin, "
                                "prefix-affinity, pow2-buckets, all, or a comma list "
                                "(ablations: fabric-no-lanes, fabric-no-prewarm, "
-                               "fabric-no-lifecycle, fabric-per-model)."),
+                               "fabric-no-lifecycle, fabric-per-model; with jobs: "
+                               "fabric-tokens, fabric-fair, edf)."),
     kv_tokens: int | None = typer.Option(None, "--kv-tokens", help="KV capacity per GPU."),
     pressure: float | None = typer.Option(None, "--pressure", help="Size the KV capacity so "
                                           "distinct prefix tokens / free KV = this."),
     rate: float = typer.Option(0.0, "--rate", help="Poisson arrivals per simulated second "
                                "(0: all at once, an offline batch job)."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the Poisson arrivals (--rate): the "
+                             "same seed, the same arrivals."),
     max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="Running sequences "
                                             "per GPU (default: the --costs file's, else 64)."),
     costs: Path | None = typer.Option(None, "--costs", help="Simulated GPU costs (TOML, e.g. "
@@ -102,7 +87,7 @@ def command(
 
 def policy_names(policy: str, jobs: bool = False) -> list[str]:
     """`policy` as a list of known names ("all" = fabric, the baselines and the oracle, and
-    fabric-tokens for a multi-job workload)."""
+    fabric-tokens, fabric-fair and edf for a multi-job workload)."""
     from fabricctl.replay.run import JOB_POLICIES, KNOWN, POLICIES
 
     if policy == "all":

@@ -2,29 +2,20 @@
 
 Contract: the `results` command (`command`) refuses (exit 2) `--json` with `--follow` and
 `--ordered` with `--since` or `--follow`, then runs `print_results` on stdout.
-Results carry a sequence number (1, 2, ... in storage order); `since` N prints those after N.
-Default output is JSONL, one `result_line` per result (native or OpenAI batch output, as its
-input line came), flushed per page. `as_json` writes one document instead,
-`{"results": [<result line objects>], "since": N, "next": M}` where M is the `since` to
-pass next time; it is streamed, so memory stays constant either way. `follow` keeps polling
-for new results until interrupted (exit 130) and cannot be combined with `as_json`.
-
-`ordered` lists every stored result in *ingest order* instead, paged by entry key (the
-broker's `results_by_key` query): the entry key is seg_id << 32 | offset and segment ids
-only grow (store/keys.py), so the order is the order of the broker's ingest commits, as it
-acknowledged the submits (one commit may hold several submit chunks, from one producer or
-several); within one commit, grouped by shape: the shape that continues the newest segment
-first, then the others in the order their first item came, a shape that filled a segment
-continuing after them; within a shape, input order. So one submit's results are in its
-input order when its items have one shape. It takes no `since` and cannot `follow`
-(a late result can belong anywhere in the order); with `as_json`, `since` is 0 and
-`next` the number of results stored when the listing began (every one of them is in it;
-a result stored while it ran may be too). Memory stays constant: one page at a time.
-
-`job` (an id or a unique prefix) keeps only that job's results: in storage order (with
-`since`), or with `ordered` in the job's *input order* (line by line, whatever the shapes),
-or with `follow` until the job ends (what it has, in input order, then each result as it is
-stored: `follow.JobFollower`), then exit 0. An unknown job is exit 1.
+- Results carry a sequence number (1, 2, ... in storage order); `since` N prints those after N.
+  Default output is JSONL, one `result_line` per result (native or OpenAI batch output, as its
+  input line came), flushed per page (`PAGE`). `as_json` writes one document instead, `{"results":
+  [<result line objects>], "since": N, "next": M}`, M the `since` to pass next time. Both stream:
+  memory stays constant.
+- `follow` then prints each new result as the broker pushes it until interrupted (exit 130).
+- `ordered` lists every stored result in *ingest order* instead, paged by entry key (the broker's
+  `results_by_key`; what that order is: ARCHITECTURE.md, "The store on disk"), one page at a time.
+  With `as_json`, `since` is 0 and `next` the number of results stored when the listing began (all
+  of them are in it; one stored while it ran may be too).
+- `job` (an id or a unique prefix) keeps only that job's results: in storage order (with `since`),
+  or with `ordered` in the job's *input order* (line by line, whatever the shapes), or with
+  `follow` until the job ends (what it has, in input order, then each result as it is stored:
+  `follow.JobFollower`), then exit 0. An unknown job is exit 1.
 """
 
 from __future__ import annotations
@@ -42,10 +33,11 @@ from fabricctl.config import AppConfig
 from fabricctl.errors import ExitCode
 from fabricctl.formats.results import ResultRecord, result_line
 from fabricctl.producer import JobFollower, results_stored
+from fabricctl.producer.follow import job_pages
 from fabricctl.wire.client import Client
+from fabricctl.wire.questions import pages
 
 PAGE = 2000
-FOLLOW_POLL_S = 0.25
 
 
 def command(
@@ -100,43 +92,34 @@ def command(
 
 
 async def _pages(client: Client, since: int, follow: bool) -> Any:
+    """The stored results after `since`, a page at a time; with `follow`, then each result
+    as the broker pushes it (`Client.follow_results`), until interrupted."""
     seq = since
-    while True:
-        page = await client.query("results", since=seq, limit=PAGE,
-                                  type=list[tuple[int, ResultRecord]])
-        if page:
-            seq = page[-1][0]
-            yield page
-        if len(page) < PAGE:
-            if not follow:
-                return
-            await asyncio.sleep(FOLLOW_POLL_S)
+    async for page in pages(client.results, since, lambda row: row[0], PAGE):
+        seq = page[-1][0]
+        yield page
+    if follow:
+        async for push in client.follow_results(0, seq):
+            if push.rows:
+                yield push.rows
 
 
-async def _key_pages(client: Client) -> AsyncIterator[list[tuple[str, ResultRecord]]]:
+def _key_pages(client: Client) -> AsyncIterator[list[tuple[str, ResultRecord]]]:
     """Every stored result in entry-key order, a page at a time (each key as hex)."""
-    after = ""
-    while True:
-        page = await client.query("results_by_key", after, limit=PAGE,
-                                  type=list[tuple[str, ResultRecord]])
-        if page:
-            after = page[-1][0]
-            yield page
-        if len(page) < PAGE:
-            return
+    return pages(client.results_by_key, "", lambda row: row[0], PAGE)
 
 
 async def print_results(cfg: AppConfig, out: BinaryIO, *, since: int, follow: bool,
                         as_json: bool, ordered: bool = False) -> None:
     client = await Client.connect(cfg.data_dir, "observer", "fabricctl-results")
     try:
-        pages = _key_pages(client) if ordered else _pages(client, since, follow and not as_json)
+        source = _key_pages(client) if ordered else _pages(client, since, follow and not as_json)
         if as_json:
             out.write(b'{"results":[')
             first, last = True, since
             if ordered:
                 last = await results_stored(client)  # before the listing: all of those are in it
-            async for page in pages:
+            async for page in source:
                 for key, rec in page:
                     if not first:
                         out.write(b",")
@@ -147,23 +130,11 @@ async def print_results(cfg: AppConfig, out: BinaryIO, *, since: int, follow: bo
             out.write(b'],"since":%d,"next":%d}\n' % (since, last))
             out.flush()
             return
-        async for page in pages:
+        async for page in source:
             out.write(b"".join(result_line(rec) for _, rec in page))
             out.flush()
     finally:
         await client.close()
-
-
-async def _job_line_pages(client: Client, job: str) -> AsyncIterator[list[ResultRecord]]:
-    """A job's results in input order, a page at a time."""
-    after = 0
-    while True:
-        page = await client.job_results(job, after_line=after, limit=PAGE)
-        if page:
-            after = page[-1].line
-            yield page
-        if len(page) < PAGE:
-            return
 
 
 async def _job_stream_pages(client: Client, number: int, since: int
@@ -186,12 +157,12 @@ async def print_job_results(cfg: AppConfig, out: BinaryIO, job: str, *, since: i
 
             await JobFollower(client, job_id, number, write, since=since).run()
             return
-        pages = (_job_line_pages(client, job_id) if ordered
-                 else _job_stream_pages(client, number, since))
+        source = (job_pages(client, job_id) if ordered
+                  else _job_stream_pages(client, number, since))
         first = True
         if as_json:
             out.write(b'{"job":"%s","results":[' % job_id.encode())
-        async for page in pages:
+        async for page in source:
             if as_json:
                 for rec in page:
                     if not first:

@@ -1,37 +1,27 @@
 """`fabricctl run`: the one-shot batch job — embedded broker and engines, submit, wait, write.
 
 Contract: the `run` command (`command`) writes the results on stdout (or `--output`) and the
-summary on stderr: a Rich table (`print_run_summary`, also `make demo`'s), or with `--json`
-one JSON document (on stdout with `--output`, else on stderr after the results). A missing
-input file is exit 2; errors are `support.guarded`'s. Lines that declare no shape get the one
-`[producer] shapes` (`--shapes`) finds, as `submit`'s (`formats.autoshape`).
-`run_job` starts a `Daemon` in a data dir of its own (a temporary one unless given),
-streams the input through the producer reader (a bad line is reported with its line number
-and the rest still goes in; token counts from `formats.tokens.choose_counter`: `[producer]
-tokenizer` when set, else the configured model directory's `tokenizer.json`, else the
-estimate, named in the summary's `token_counter`), waits until every accepted item has its
-result, writes the results in the input's form (native or OpenAI batch output) and returns a
-`RunSummary` whose figures come from the broker's and the engines' own counters. KV hit rate
-is the engines' hits over their queries, which count every request they ran, pre-warms
-included; achievable is the most those same requests could hit (`AchievableHits`): on each GPU,
-every request's leading prefix blocks below its last token, less one computation of each
-distinct prefix block there (a pre-warm's prefill pays it for the items after it; shapes
-whose components start alike share their leading blocks). Results are written in
-completion order, or with `ordered` in input order (`ordered.InputOrder`: the accepted ids
-in input order, and only the results that came out of order, are held). The input is one
-job of kind "run" (`core.jobs`), followed by `follow.JobFollower`: the results are the
-job's, whatever else the data dir holds, and the run keeps running totals of them, not the
-records.
-Resume: with `--data-dir` (`keep_data`) a FILE's job is found again by its path and sha256.
-The same command after a crash or Ctrl-C attaches to it and sends every line with `resume`:
-the broker skips those it already stored (items with a result are never sent to an engine
-again; queued ones run from the store), and the output holds the earlier run's results
-too, so it ends with exactly one line per accepted input line.
-`--priority N` and `--window DUR` are its job's terms, as `submit` takes them (a bad value:
-exit 2 before anything starts); a continued job takes the priority, keeps its own window.
-Items for a model none of the run's own consumers serves get an error row at once and
-refused lines their run-batch error row (`run_rows.Unserved`, `run_rows.RefusedRows`); the
-command then exits 1, as `submit` does.
+summary on stderr: a Rich table (`print_run_summary`, also `make demo`'s), or with `--json` one
+JSON document (on stdout with `--output`, else on stderr after the results).
+- `run_job` starts a `Daemon` in a data dir of its own (temporary unless given; deleted after a
+  run that succeeded, kept after a failed or interrupted one and named on stderr, with the
+  `logs/engine-<n>.log` an error names), feeds the input as one job of kind "run" (`core.jobs`),
+  waits for every accepted item's result, writes the job's results in the input's form (native or
+  OpenAI batch output) and returns a `RunSummary` (`run_summary`: the broker's and the engines'
+  own counters; KV hits against `AchievableHits`).
+- Results go in completion order, or with `ordered` in input order (`ordered.InputOrder`); it
+  keeps running totals, not the records. A bad line is reported by number; the rest goes in.
+- Token counts (`formats.tokens.choose_counter`, named in `token_counter`) and the shapes of lines
+  declaring none (`[producer] shapes`, `--shapes`) are `submit`'s.
+- Resume: with `--data-dir` (`keep_data`) the same command after a crash or Ctrl-C finds a FILE's
+  job by path and sha256 and sends every line with `resume` (stored items skipped, none with a
+  result runs again); the output, earlier results included, has one line per accepted input line.
+- `--priority N`, `--window DUR`: its job's terms, as `submit`'s (a continued job takes the
+  priority, keeps its window). Without `--verbose`, warnings (a vLLM server's failed start, with
+  its log's tail) go to stderr as `fabricctl: <message>`. Items for a model no consumer of the run
+  serves, and refused lines, get error rows (`run_rows.Unserved`, `run_rows.RefusedRows`).
+- Exit 1: a refused line or an unserved item (as `submit`); 2: a missing input file or a bad term
+  (before anything starts); other errors: `support.guarded`'s.
 """
 
 from __future__ import annotations
@@ -52,17 +42,21 @@ from typing import IO
 import msgspec
 import typer
 
-from fabricctl.cli.jobs import PRIORITY_HELP, WINDOW_HELP, priority_option, window_option
+from fabricctl.cli.jobs import Priority, Window, priority_option, window_option
 from fabricctl.cli.run_rows import RefusedRows, Unserved
-from fabricctl.cli.run_summary import AchievableHits, RunSummary, print_run_summary
+from fabricctl.cli.run_summary import AchievableHits, RunSummary, print_run_summary, thrash_note
 from fabricctl.cli.support import (
     ConfigFile,
+    Device,
+    Gpus,
     Shapes,
     Verbose,
+    VllmPython,
+    engine_flags,
     fail,
+    job_logging,
     load,
     run_async,
-    setup_logging,
     shapes_flag,
     stdin_binary,
 )
@@ -76,55 +70,70 @@ from fabricctl.formats.results import (
     result_line,
 )
 from fabricctl.formats.tokens import choose_counter
-from fabricctl.producer import Chunk, Feed, InputOrder, Job, Producer, file_digest
+from fabricctl.producer import Chunk, Feed, FeedHooks, InputOrder, Job, Producer, file_digest
 from fabricctl.wire.protocol import Ack
 
 log = logging.getLogger("fabricctl.run")
 
 
 def command(
-    file: Path = typer.Argument(..., help="JSONL (native or OpenAI batch), or - for stdin."),
+    file: Path = typer.Argument(..., metavar="FILE|-",
+                                help="JSONL (native or OpenAI batch), or - for stdin."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Where to write results "
                                        "(default: stdout)."),
     config: Path | None = ConfigFile,
-    engine: str | None = typer.Option(None, "--engine", "-e"),
-    model: str | None = typer.Option(None, "--model", "-m"),
+    engine: str | None = typer.Option(None, "--engine", "-e", metavar="auto|sim|vllm|openai",
+                                      help="The engine: vllm launches vLLM servers, sim "
+                                      "simulates GPUs, openai sends to the servers of "
+                                      "vllm.endpoints; auto (the default): vllm when NVML "
+                                      "finds GPUs, else sim.", show_default=False),
+    model: str | None = typer.Option(None, "--model", "-m", help="The model the vLLM servers "
+                                     "load (a directory or a model id) and the name items "
+                                     "ask for by default.", show_default=False),
+    gpus: str | None = Gpus,
+    vllm_python: str | None = VllmPython,
+    device: str | None = Device,
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON: on stdout "
                                   "with --output, else on stderr after the results."),
     ordered: bool = typer.Option(False, "--ordered", help="Write the results in input order "
                                  "(as vllm run-batch does) instead of as they complete; each "
                                  "is written once every earlier line's result has been. "
                                  "A refused OpenAI batch line's error row takes its place."),
-    data_dir: Path | None = typer.Option(None, "--data-dir", "-d", help="Keep the job in this "
-                                         "data dir (default: a temporary one, deleted): the "
-                                         "same command again after a crash or Ctrl-C continues "
-                                         "it, sending only what has no result yet.",
+    data_dir: Path | None = typer.Option(None, "--data-dir", "-d", metavar="DIR",
+                                         help="Keep the job in this data dir (default: a "
+                                         "temporary one, deleted): the same command again "
+                                         "after a crash or Ctrl-C continues it, sending only "
+                                         "what has no result yet.",
                                          show_default=False),
-    priority: str | None = typer.Option(None, "--priority", "-p", metavar="N",
-                                        help=PRIORITY_HELP, show_default=False),
-    window: str | None = typer.Option(None, "--window", metavar="DUR", help=WINDOW_HELP,
-                                      show_default=False),
+    priority: str | None = Priority,
+    window: str | None = Window,
     shapes: str | None = Shapes,
     verbose: bool = Verbose,
 ) -> None:
     """One-shot batch job: embedded broker and engines; submit, wait, write results, summarise.
 
-    Results are written in completion order, or in input order with --ordered. Token counts
-    come from [producer] tokenizer, else the model directory's tokenizer.json (--model
-    DIR), else an estimate of 4 bytes a token; the --json summary names it (token_counter).
+    Results are written in completion order, or in input order with --ordered.
+
+    Token counts come from [producer] tokenizer, else the model directory's tokenizer.json
+    (--model DIR), else an estimate of 4 bytes a token; the --json summary names it
+    (token_counter).
+
     Items for a model no engine of this run serves are not sent: each gets an error result,
     stderr names the model and what is served, the rest runs, and the exit status is 1.
     A refused line is reported on stderr as "line N: reason" (an OpenAI batch line also
     gets an error row in the output, as vllm run-batch writes one), the rest runs, and the
     exit status is 1.
+
     --priority and --window set the job's priority and completion window (as submit's).
     """
-    setup_logging(verbose) if verbose else logging.basicConfig(level=logging.WARNING)
+    job_logging(verbose)
     prio = priority_option(priority)
     window_s = window_option(window)
-    cfg = load(config, engine=engine, model=model, data_dir=data_dir, **shapes_flag(shapes))
+    cfg = load(config, engine=engine, model=model, data_dir=data_dir, **shapes_flag(shapes),
+               **engine_flags(gpus, vllm_python, device))
     if str(file) != "-" and not file.is_file():
-        raise fail(f"{file}: no such file", ExitCode.USAGE)
+        what = "is a directory, not a JSONL file" if file.is_dir() else "no such file"
+        raise fail(f"{file}: {what}", ExitCode.USAGE)
     out = output.open("wb") if output else sys.stdout.buffer
     try:
         summary = run_async(run_job(cfg, file, out, ordered=ordered,
@@ -141,14 +150,22 @@ def command(
         raise typer.Exit(ExitCode.RUNTIME)  # some lines got an error, not an answer
 
 
-async def _submit(job: Job, path: Path, shapes: AchievableHits, errors: Callable[[str], None],
-                  order: InputOrder | None, unserved: Unserved, refused: RefusedRows) -> Feed:
-    """Send the input into `job` (`Job.submit`, the one pipeline) and seal it; its feed.
+async def _run(job: Job, path: Path, shapes: AchievableHits, errors: Callable[[str], None],
+               results: _Results, unserved: Unserved) -> Feed:
+    """Run `job` over the input (`Job.run`, the one orchestration: follow, submit, seal,
+    await every result through `results.write`); its feed.
     `order` learns the ids in input order (and which the broker refused). Items `unserved`
     takes (no consumer of this run serves their model) are not sent: their error results go
     out through `unserved.write`, or into `order` at their place in the input. `refused`
     gets every refused line (the reader's before the chunk's items go, the broker's before
     `order` drops them)."""
+
+    order, refused = results.order, results.refused
+
+    async def before_seal() -> None:
+        for message in unserved.messages():
+            errors(f"fabricctl: error: {message}")
+        results.out.flush()
 
     def prepare(chunk: Chunk) -> None:
         refused.chunk(chunk)
@@ -177,10 +194,10 @@ async def _submit(job: Job, path: Path, shapes: AchievableHits, errors: Callable
                 order.drop(items[r.index].id)
 
     with path.open("rb") if str(path) != "-" else contextlib.nullcontext(stdin_binary()) as fp:
-        feed = await job.submit(read_lines(fp, job.producer.max_line_bytes),
-                                on_refused=errors, prepare=prepare, on_ack=acked)
-    await job.seal()
-    return feed
+        await job.run(read_lines(fp, job.max_line_bytes), write=results.write,
+                      hooks=FeedHooks(on_refused=errors, prepare=prepare, on_ack=acked),
+                      before_seal=before_seal)
+    return job.feed
 
 
 class _Totals:
@@ -237,11 +254,11 @@ async def run_job(
     if not keep_data:
         tmp = Path(tempfile.mkdtemp(prefix="fabricctl-run-"))
         cfg = dataclasses.replace(cfg, data_dir=tmp)
-    daemon = Daemon(cfg)
     t0 = time.perf_counter()
+    done = False
+    daemon: Daemon | None = None
     try:
-        await daemon.start()
-        assert daemon.server is not None and daemon.fleet is not None
+        daemon = await Daemon.start(cfg)
         shapes = AchievableHits()
         for c in daemon.fleet.consumers:  # before any pre-warm: each is a request counted
             c.on_prewarm = functools.partial(shapes.prewarmed, c.gpu)
@@ -251,7 +268,6 @@ async def run_job(
                                           max_line_bytes=cfg.producer.max_line_bytes,
                                           shapes=cfg.producer.shapes,
                                           block_size=cfg.producer.block_size)
-        collector = None
         results = _Results(out, shapes, ordered)
         try:
             name, sha256 = "-", ""
@@ -265,31 +281,27 @@ async def run_job(
                 j = job.record
                 log.warning("continuing job %s from %s: %d items stored, %d with an outcome",
                             j.id, cfg.data_dir, j.total, j.outcomes)
-            follower = job.follower(results.write)
-            collector = asyncio.ensure_future(follower.run())
             unserved = Unserved({n for c in daemon.fleet.consumers
                                  for n in c.contract().served()},
                                 lambda rec: out.write(result_line(rec)))
-            feed = await _submit(job, input_path, shapes, errors, results.order, unserved,
-                                 results.refused)
-            for message in unserved.messages():
-                errors(f"fabricctl: error: {message}")
-            out.flush()
-            follower.nudge()
-            await collector
+            feed = await _run(job, input_path, shapes, errors, results, unserved)
             serve_s = time.perf_counter() - t_job
             results.finish()
         finally:
-            if collector is not None and not collector.done():
-                collector.cancel()
             await producer.close()
         wall = time.perf_counter() - t0
-        return await _summarise(daemon, feed, results, shapes, unserved, counter.name,
-                                wall, serve_s)
+        summary = await _summarise(daemon, feed, results, shapes, unserved, counter.name,
+                                   wall, serve_s)
+        done = True
+        return summary
     finally:
-        await daemon.stop()
-        if tmp is not None:
+        if daemon is not None:
+            await daemon.stop()
+        if tmp is not None and done:
             shutil.rmtree(tmp, ignore_errors=True)
+        elif tmp is not None:  # what the error names (an engine's log) must still be there
+            errors(f"fabricctl: the run did not finish; its data dir is kept: {tmp} (the "
+                   f"servers' logs in {tmp / 'logs'}; delete it when done)")
 
 
 async def _summarise(daemon: Daemon, feed: Feed, results: _Results, shapes: AchievableHits,
@@ -297,8 +309,7 @@ async def _summarise(daemon: Daemon, feed: Feed, results: _Results, shapes: Achi
                      ) -> RunSummary:
     """The run's figures from the broker's and the engines' own counters (the engines'
     once nothing more reaches them)."""
-    assert daemon.server is not None and daemon.fleet is not None
-    core = daemon.server.state.core
+    fig = daemon.store.figures()
     stats = await daemon.fleet.settled_stats()
     queries = sum(s.prefix_cache_queries for s in stats)
     hits = sum(s.prefix_cache_hits for s in stats)
@@ -310,12 +321,15 @@ async def _summarise(daemon: Daemon, feed: Feed, results: _Results, shapes: Achi
         rejected=feed.refusals.count,
         tokens_in=totals.tokens_in, tokens_out=totals.tokens_out,
         wall_s=round(wall, 3), shapes=len(shapes.prefix),
-        shape_switches=sum(m.switches for m in core.models.values()),
-        midstream_switches=sum(m.midstream_switches for m in core.models.values()),
+        shape_switches=fig.shape_switches, midstream_switches=fig.midstream_switches,
         kv_hit_rate=round(hits / queries, 4) if queries else 0.0,
         kv_hit_achievable=round(min(1.0, achievable / queries), 4) if queries else 0.0,
-        padding_waste=round(core.waste(), 4), thrash_events=core.batches_hist.thrashed,
+        padding_waste=round(fig.padding_waste, 4), thrash_events=fig.thrash_events,
         engine=daemon.fleet.kind, simulated=daemon.fleet.kind == "sim",
-        gpus=len(daemon.fleet.engines), ledger_difference=core.ledger.difference(),
+        gpus=len(daemon.fleet.engines), ledger_difference=fig.ledger_difference,
         token_counter=counter, unserved=unserved.total, serve_s=round(serve_s, 3),
+        kv_note=shapes.kv_note(queries, achievable, block),
+        thrash_note=thrash_note(fig.thrash_events),
+        device=("cpu" if daemon.fleet.kind == "vllm" and daemon.fleet.cfg.vllm.device == "cpu"
+                else "gpu"),
     )

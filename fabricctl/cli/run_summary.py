@@ -1,10 +1,15 @@
 """What `fabricctl run` reports: its summary and the achievable KV hit bound behind it.
 
 Contract: `RunSummary` is the one figure set of a run (`fabricctl run --json` prints it;
-`print_run_summary` draws it as a Rich table on stderr). `AchievableHits` is the bound on
-the KV cache hits the engines could have made on the requests they ran: `add` each item
-sent, `completed` each result, `prewarmed` each pre-warm an engine took, then
-`achievable(block)` (the class says how it is counted).
+`print_run_summary` draws it as a Rich table on stderr). A figure that reads as alarming or
+empty carries its reason in the summary, printed beside it and in `--json`: `kv_note` says
+why the achievable KV hit rate is 0 (`AchievableHits.kv_note`: the engines gave no cache
+statistics, no item declared a shared prefix, no prefix is as long as one KV block, or no
+prefix was asked twice on one GPU), `thrash_note` why shapes thrashed and what to change
+(`thrash_note`, when any did). `AchievableHits` is the bound on the KV cache hits the
+engines could have made on the requests they ran: `add` each item sent, `completed` each
+result, `prewarmed` each pre-warm an engine took, then `achievable(block)` (the class says
+how it is counted).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from fabricctl import fmt
+from fabricctl.core.stats import THRASH_FIX
 from fabricctl.core.types import Item, Prewarm
 from fabricctl.engines.blocks import (
     achievable_cached_tokens,
@@ -50,17 +56,29 @@ class RunSummary(msgspec.Struct):
     token_counter: str = "estimate"  # "estimate" or "tokenizer:<path>" (choose_counter)
     unserved: int = 0  # items for a model no consumer serves: not sent, an error result each
     serve_s: float = 0.0  # the job alone: from opening it to its last result (no start-up)
+    kv_note: str = ""  # why the achievable KV hit rate is 0 ("" when it is not)
+    thrash_note: str = ""  # why shapes thrashed and what to change ("" when none did)
+    device: str = "gpu"  # where the engines ran: "cpu" for vLLM's CPU build (vllm.device)
+
+
+def thrash_note(thrash_events: int) -> str:
+    """The reason beside a run's thrash count: what thrashing was and what to change."""
+    if thrash_events <= 0:
+        return ""
+    return f"shapes ended short while their prefix was staged again; {THRASH_FIX}"
 
 
 def print_run_summary(s: RunSummary, console: Console | None = None) -> None:
     """The summary as a Rich table on stderr (or `console`)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = console or Console(stderr=True)
     pct = fmt.pct
     label = " (simulated)" if s.simulated else ""
-    t = Table(title=f"fabricctl run — {s.engine}{label}, {s.gpus} GPU(s)", show_header=False)
+    where = "CPU server(s)" if s.device == "cpu" else "GPU(s)"
+    t = Table(title=f"fabricctl run — {s.engine}{label}, {s.gpus} {where}", show_header=False)
     t.add_column("figure")
     t.add_column("value", justify="right")
     rows = [
@@ -70,13 +88,14 @@ def print_run_summary(s: RunSummary, console: Console | None = None) -> None:
         ("wall time", f"{s.wall_s:.2f} s"),
         ("shapes", f"{s.shapes}"),
         ("shape switches (mid-stream)", f"{s.shape_switches} ({s.midstream_switches})"),
-        (f"KV hit rate{label}", f"{pct(s.kv_hit_rate)} of {pct(s.kv_hit_achievable)} achievable"),
+        (f"KV hit rate{label}", f"{pct(s.kv_hit_rate)} of {pct(s.kv_hit_achievable)} achievable"
+         + (f": {s.kv_note}" if s.kv_note else "")),
         ("padding waste", pct(s.padding_waste)),
-        ("thrash events", f"{s.thrash_events}"),
+        ("thrash events", f"{s.thrash_events}" + (f": {s.thrash_note}" if s.thrash_note else "")),
         ("ledger difference", f"{s.ledger_difference[0]} items, {s.ledger_difference[1]} tokens"),
     ]
     for k, v in rows:
-        t.add_row(k, v)
+        t.add_row(k, Text(v))  # plain text: a "[broker]" in a reason is not markup
     console.print(t)
 
 
@@ -146,6 +165,23 @@ class AchievableHits:
         if ran is None:
             ran = self.ran[(*key, gpu)] = _Ran()
         ran.prewarms += 1
+
+    def kv_note(self, queries: int, achievable: int, block: int) -> str:
+        """Why the achievable hits are 0 when they are ("" otherwise): `queries` is what the
+        engines counted, `achievable` this bound at their `block` size."""
+        if not self.ran:
+            return ""  # no request ran: nothing to explain
+        if queries <= 0:
+            return "the server reports no cache statistics"
+        if achievable > 0:
+            return ""
+        longest = max((sum(max(0, n) for _, n in src)
+                       for src in (*self.prefix.values(), *self.unlisted.values())), default=0)
+        if longest <= 0:
+            return "no item declares a shared prefix"
+        if longest < block:
+            return f"no prefix as long as one KV block ({block} tokens)"
+        return "no prefix was asked twice on one GPU"
 
     def achievable(self, block: int) -> int:
         """The most prompt tokens the engines' caches could have hit (see the class)."""

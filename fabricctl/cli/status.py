@@ -1,30 +1,27 @@
 """`fabricctl status`: how a running broker stands.
 
-Contract:
-- The `status` command (`command`) finds the broker as every client command does
-  (`--data-dir` > `FABRICCTL_DATA_DIR` > the config); no broker is exit 3.
-- `status --json` is one document: the broker's `status` answer (`version`, `ledger`,
+Contract: the `status` command (`command`) finds the broker as every client command does
+(`--data-dir` > `FABRICCTL_DATA_DIR` > config); no broker: exit 3.
+- `--json` (`show_status`): one document, the broker's `status` answer (`version`, `ledger`,
   `difference`, `states`, `models`, `counters`, `extra` with `store`, `engine`, `gpus`,
-  `processes`, `uptime_s`, `unserved`: `{model, items, tokens}` for each model with
-  queued items and no registered consumer, `jobs`: the live jobs with their counts and
-  `endpoints`, and `mix`: `{"jobs": N, "endpoints": {name: items}}`, the live jobs' items
-  per endpoint summed) with `consumers` being the list of registered
-  consumers rather than their count, and `token_counter` added: the counter a `fabricctl
-  submit` (or `run`) with this command's configuration counts input tokens with,
-  `choose_counter`'s name ("estimate" or "tokenizer:<path>"; "error: ..." when the
-  configured tokenizer does not load); each consumer's `current` and `next` shape (the one
-  it pulls from now, the one warming for it) are hex signatures (null for none). The broker
-  itself counts no tokens: producers do, before they submit, so this is the client-side
-  choice, not something the broker reports. Without `--json`: the ledger and its
-  difference (which must read 0), one line `N items wait for model 'X': no consumer` per
-  unserved model (under the ledger), the live jobs' endpoint mix (`cli/jobmix.fleet_line`:
-  each endpoint's share and items; absent with no live job), shape states, consumers (with
-  their current and next shape), store usage, the last recovery, every host's GPUs grouped
-  by host (the broker's own, and those the agents' heartbeats report: host, GPU, consumer,
-  engine, NVML utilisation and memory or "simulated", tokens, KV hit rate; a broker started
-  with `--gpus none` says "no local GPUs: waiting for agents") and the token counter, as
-  Rich tables; figures through `fabricctl.fmt` (the formatting the dashboard shows), a
-  figure the broker did not report as "n/a".
+  `processes`, `uptime_s`, `servers`: each launched vLLM server's `ServerView`; `unserved`:
+  `{model, items, tokens}` per model with queued items and no consumer; `jobs`: the live jobs with
+  counts and `endpoints`; `mix`: `{"jobs": N, "endpoints": {name: items}}`) with `consumers` the
+  list of registered consumers (each one's `current` and `next` shape a hex signature or null,
+  `shapes_hex`), and `token_counter` added: `choose_counter`'s name ("estimate",
+  "tokenizer:<path>", "error: ..." when the tokenizer does not load) for a `submit` or `run` with
+  this configuration (`submit_counter`: producers count tokens, the broker counts none).
+- Without `--json` (`render_status`), Rich tables: the ledger and its difference (which must read
+  0); under it one line per unserved model (`waiting_lines`: `N items wait for model 'X': no
+  consumer`) and per vLLM server not ready (`server_lines`: starting, restarting, or failed with
+  reason, last exit and log); the live jobs' endpoint mix (`mix_lines`, absent with no live job);
+  shape states; consumers with their current and next shape; store usage; the last recovery; every
+  host's GPUs (`hosts_table`: the broker's and the agents', with consumer, engine, NVML
+  utilisation and memory or "simulated", tokens, KV hit rate; `NO_LOCAL_GPUS` for `up --gpus
+  none`) and the token counter. Figures through `fabricctl.fmt`, "n/a" for one not reported.
+- On a terminal the consumers' and GPUs' tables fit its width (`common.fitted_table`: names,
+  signatures and item counts never cut) and a key-value table's value wraps; through a pipe the
+  same tables at their natural width (`common.console`), no line cut or folded.
 """
 
 from __future__ import annotations
@@ -32,15 +29,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from fabricctl.cli.support import ConfigFile, DataDir, JsonOut, guarded, settings
 from fabricctl.config import AppConfig
+from fabricctl.core.colocate import shared_note
 from fabricctl.core.signature import signature_hex
 from fabricctl.core.unserved import Waiting, waiting_line
 from fabricctl.fmt import age, gib, human_bytes, pct
 from fabricctl.formats.tokens import choose_counter
 from fabricctl.wire.client import Client
 
-from .common import call, console, write_json
+from .common import PIPE_WIDTH, Col, call, console, fitted_table, write_json
 from .jobmix import fleet_line
 
 NO_LOCAL_GPUS = "no local GPUs: waiting for agents"  # what `up --gpus none` reports
@@ -67,8 +67,9 @@ def command(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
 
 def fetch_status(cfg: AppConfig) -> dict[str, Any]:
     async def fetch(c: Client) -> dict[str, Any]:
-        status = await c.query("status")
-        status["consumers"] = [shapes_hex(v) for v in await c.query("consumers")]
+        status = await c.status()
+        status["consumers"] = [shapes_hex(msgspec.to_builtins(v))
+                               for v in await c.consumers()]
         return status
 
     status = call(cfg, "observer", fetch)
@@ -102,18 +103,36 @@ def submit_counter(cfg: AppConfig) -> str:
 
 
 def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
+    """A titled two-column table; a value too wide for the terminal wraps, never cut, and
+    the table is at least as wide as its title (which would wrap at the table's width)."""
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title=title, title_justify="left", show_header=False)
+    t = Table(title=Text(title), title_justify="left", show_header=False,
+              min_width=len(title))
     t.add_column("what")
-    t.add_column("value", justify="right")
+    t.add_column("value", justify="right", overflow="fold")
     for k, v in rows:
         t.add_row(k, v)
     return t
 
 
-def render_status(st: dict[str, Any], data_dir: str) -> list[Table | Text]:
-    from rich.table import Table
+# The consumers' and GPUs' tables on a terminal: names, signatures and the items done are
+# never cut; the other figures are hidden when they do not fit, the highest `drop` first.
+CONSUMER_COLUMNS = [
+    Col("NAME"), Col("MODEL", shrink=12), Col("SHAPE"), Col("NEXT", drop=1),
+    Col("BATCH", True, drop=6), Col("TOKENS/BATCH", True, drop=5),
+    Col("IN FLIGHT", True, drop=4), Col("BATCHES", True, drop=3), Col("ITEMS", True)]
+GPU_COLUMNS = [
+    Col("HOST"), Col("GPU", True), Col("CONSUMER"), Col("ENGINE", drop=4),
+    Col("UTIL", True, drop=2), Col("MEMORY", True, drop=3), Col("TOKENS", True, drop=1),
+    Col("KV HIT", True)]
+
+
+def render_status(st: dict[str, Any], data_dir: str, width: int = PIPE_WIDTH
+                  ) -> list[Table | Text]:
+    """The status as Rich renderables for a console `width` columns wide."""
+    from rich.text import Text
 
     led, diff = st["ledger"], st["difference"]
     extra = st.get("extra", {})
@@ -129,18 +148,18 @@ def render_status(st: dict[str, Any], data_dir: str) -> list[Table | Text]:
         ("ledger difference", f"{diff[0]} items, {diff[1]} tokens ({ok})"),
     ]))
     out.extend(waiting_lines(st))
+    out.extend(server_lines(extra))
+    out.extend(shared_lines(extra))
     out.extend(mix_lines(st))
     out.append(_kv("shapes", [(k + (" (since start)" if k == "finished" else ""), f"{v:,}")
                               for k, v in st["states"].items()]))
-    ct = Table(title=f"consumers ({len(st['consumers'])})", title_justify="left")
-    left = ("NAME", "MODEL", "SHAPE", "NEXT")
-    for name in ("NAME", "MODEL", "SHAPE", "NEXT", "BATCH", "TOKENS/BATCH", "IN FLIGHT",
-                 "BATCHES", "ITEMS"):
-        ct.add_column(name, justify="left" if name in left else "right")
-    for c in st["consumers"]:
-        ct.add_row(c["name"], served_names(c), c.get("current") or "-", c.get("next") or "-",
-                   str(c["max_batch_size"]), f"{c['max_batch_tokens']:,}",
-                   str(c["batches_inflight"]), f"{c['batches_done']:,}", f"{c['items_done']:,}")
+    ct = fitted_table(
+        CONSUMER_COLUMNS,
+        [[c["name"], served_names(c), c.get("current") or "-", c.get("next") or "-",
+          str(c["max_batch_size"]), f"{c['max_batch_tokens']:,}", str(c["batches_inflight"]),
+          f"{c['batches_done']:,}", f"{c['items_done']:,}"] for c in st["consumers"]],
+        width, " (see status --json)", title=Text(f"consumers ({len(st['consumers'])})"),
+        title_justify="left")
     out.append(ct)
     store = extra.get("store", {})
     if store:
@@ -162,12 +181,49 @@ def render_status(st: dict[str, Any], data_dir: str) -> list[Table | Text]:
         line = (f"{len(gpus.get('gpus', []))} GPU(s)" if gpus.get("available")
                 else gpus.get("reason") or "NVML unavailable")
         out.append(_kv("host", [("GPUs", line)]))
-    by_host = hosts_table(extra)
+    by_host = hosts_table(extra, width)
     if by_host is not None:
         out.append(by_host)
     if "token_counter" in st:
         out.append(_kv("producers", [("token counts (fabricctl submit, this config)",
                                       st["token_counter"])]))
+    return out
+
+
+def server_lines(extra: dict[str, Any]) -> list[Text]:
+    """One line per launched server that is not ready: `engine 1 (gpu 1, model emb) failed:
+    <reason>; exit 1; log <path>` (a failed one in bold red)."""
+    from rich.text import Text
+
+    out = []
+    servers = extra.get("servers")
+    for v in servers if isinstance(servers, list) else ():
+        if not isinstance(v, dict) or v.get("state") == "ready":
+            continue
+        line = f"engine {v.get('index')} (gpu {v.get('gpus')}, model {v.get('model')}) " \
+               f"{v.get('state')}"
+        if v.get("reason"):
+            line += f": {v['reason']}"
+        if v.get("last_exit") is not None:
+            line += f"; exit {v['last_exit']}"
+        if str(v.get("log")) not in line:
+            line += f"; log {v.get('log')}"
+        out.append(Text(line, style="bold red" if v.get("state") == "failed" else "bold"))
+    return out
+
+
+def shared_lines(extra: dict[str, Any]) -> list[Text]:
+    """One line per consumer whose server it shares with live traffic: its last reading
+    (`core.colocate.shared_note`), bold while the batch is paused."""
+    from rich.text import Text
+
+    out = []
+    for _, _, name, eng, _ in gpu_rows(extra):
+        stats = eng.get("stats")
+        shared = stats.get("shared") if isinstance(stats, dict) else None
+        if isinstance(shared, dict):
+            note = shared_note(**shared)
+            out.append(Text(f"{name}: {note}", style="bold" if shared["window"] == 0 else ""))
     return out
 
 
@@ -213,18 +269,16 @@ def gpu_rows(extra: dict[str, Any]) -> list[tuple[str, int | None, str, dict[str
     return rows
 
 
-def hosts_table(extra: dict[str, Any]) -> Table | None:
-    """Every host's GPUs (the broker's and the agents'), grouped by host; None without any."""
-    from rich.table import Table
+def hosts_table(extra: dict[str, Any], width: int = PIPE_WIDTH) -> Table | None:
+    """Every host's GPUs (the broker's and the agents'), grouped by host, fitted to
+    `width` columns; None without any."""
+    from rich.text import Text
 
     rows = gpu_rows(extra)
     if not rows:
         return None
     hosts = {r[0] for r in rows}
-    t = Table(title=f"GPUs by host ({len(hosts)} host{'s' if len(hosts) > 1 else ''}, "
-              f"{len(rows)} GPU{'s' if len(rows) > 1 else ''})", title_justify="left")
-    for col in ("HOST", "GPU", "CONSUMER", "ENGINE", "UTIL", "MEMORY", "TOKENS", "KV HIT"):
-        t.add_column(col, justify="left" if col in ("HOST", "CONSUMER", "ENGINE") else "right")
+    cells: list[list[str]] = []
     last = None
     for host, gpu, name, eng, sample in rows:
         raw = eng.get("stats")
@@ -235,11 +289,15 @@ def hosts_table(extra: dict[str, Any]) -> Table | None:
         tokens = int(stats.get("prompt_tokens", 0) or 0) + int(
             stats.get("generation_tokens", 0) or 0)
         q = stats.get("prefix_cache_queries") or 0
-        t.add_row(host if host != last else "", "-" if gpu is None else str(gpu), name,
-                  str(eng.get("engine") or "?"), "n/a" if util is None else f"{util}%", mem,
-                  f"{tokens:,}", pct((stats.get("prefix_cache_hits") or 0) / q if q else None))
+        cells.append([host if host != last else "", "-" if gpu is None else str(gpu), name,
+                      str(eng.get("engine") or "?"), "n/a" if util is None else f"{util}%",
+                      mem, f"{tokens:,}",
+                      pct((stats.get("prefix_cache_hits") or 0) / q if q else None)])
         last = host
-    return t
+    title = (f"GPUs by host ({len(hosts)} host{'s' if len(hosts) > 1 else ''}, "
+             f"{len(rows)} GPU{'s' if len(rows) > 1 else ''})")
+    return fitted_table(GPU_COLUMNS, cells, width, " (see status --json)", title=Text(title),
+                        title_justify="left")
 
 
 def show_status(cfg: AppConfig, as_json: bool) -> None:
@@ -248,5 +306,5 @@ def show_status(cfg: AppConfig, as_json: bool) -> None:
         write_json(st)
         return
     con = console()
-    for table in render_status(st, str(cfg.data_dir)):
+    for table in render_status(st, str(cfg.data_dir), con.width):
         con.print(table)

@@ -1,53 +1,27 @@
 """`fabricctl submit`: stream JSONL into a running broker, optionally waiting for the results.
 
-Contract:
-- The `submit` command (`command`) reads FILE, or stdin for `-` (saying so on a terminal);
-  a missing file, or `--ordered` without `--wait`, is exit 2; errors are written after the
-  progress bar is gone (`support.guarded`).
-- A submit is one **job** (`fabricctl.core.jobs`): it opens one before the first line
-  goes (`fabricctl: job ID` on stderr) and seals it when the input ends, with its line
-  count and the first refused lines' messages. A FILE (not stdin) is sent with its sha256:
-  the same file submitted again *attaches* to its job (unless `--new-job`), as `--job ID`
-  does for any input; an attached submit sends every line again with `resume`, and the
-  broker skips the ones the job already stored (`Ack.skipped`), with no duplicate errors.
-- `--priority N` and `--window DUR` are the new job's terms (`jobs.priority_option`,
-  `jobs.window_option`: a bad value is exit 2 and nothing is sent); an attached submit with
-  `--priority` changes its live job's priority to N, and keeps the job's own window.
-- The input goes through `fabricctl.producer.feed.Feed`, the one submit pipeline (at most
-  `max_line_bytes` of one line held; memory bounded by its chunking, not by the input).
-  What grows with the input is the reader's set of ids seen (duplicate check) and, with
-  `--wait`, one int per result written (`producer.follow.JobFollower`).
-- Items for a model no registered consumer serves still go in (a remote consumer may
-  join): once the input is in, one `fabricctl: warning: no consumer serves model 'M'
-  (served: ...): its N items wait until one joins` per such model (`ServedCheck`: the
-  broker is asked by a task the first ack starts, and again only when needed).
-- Every refused line, the reader's (`line N: reason`) or the broker's (a duplicate id, same
-  form, with the input line number), is one `fabricctl: error: line N: reason` on stderr; the
-  other lines still go in.
-- stdout stays empty unless `wait`: then each result of the job is written as one JSONL
-  line (`result_line`: native or OpenAI batch output, as the input line came) as soon as the
-  broker has stored it, and nothing else, until every item of the job has its outcome. An
-  attached submit writes the results the job already had too, so the output holds one line
-  per accepted input line.
-- `ordered` (with `wait`): the same results in input order instead of completion order,
-  through an `InputOrder` (`producer.ordered`): each is written once every earlier accepted line's
-  result has been, so output still streams; refused lines have no place in the order. It
-  holds the ids sent and not yet written, and only the results that came out of order.
-- Exit: 0 every line accepted (and with `wait` every result written), 1 some line refused,
-  4 `timeout` seconds passed after the input ended with results still missing (what has
-  arrived is written, in input order with `ordered`). No broker raises `BackendMissing` (3).
-- The broker lost after the connect (killed mid-stream): exit 3 with exactly one error line
-  (`lost_message`) naming how many lines were acknowledged, i.e. stored durably, and saying
-  to run the same submit again; nothing after it on stderr: the reader thread stops at its
-  next hand-off, in-flight sends end with the connection, and no task or reply future is
-  left with an exception nobody saw.
-- Token counts: `formats.tokens.choose_counter([producer] tokenizer, model)` of this
-  command's configuration (the broker counts nothing; `fabricctl status` names the choice).
-- Shapes of lines that declare none: `[producer] shapes` (`--shapes auto|declared`) and
-  `block_size` of this command's configuration (`formats.autoshape`, one finder per job).
-- A progress line (Rich, `ProgressView`) is drawn on stderr only when the CLI passes one:
-  stderr is a terminal and results are not streaming to a terminal. It starts on the
-  first chunk, so a failed connect leaves no bar; refused lines print above it.
+Contract: the `submit` command (`command`) reads FILE, or stdin for `-` (said on a terminal), and
+`run_submit` sends it through `producer.feed.Feed` as one job (`core.jobs`; `fabricctl: job ID` on
+stderr), sealed with its line count and first refusals at its end; it returns the exit code.
+- A FILE goes with its sha256: submitted again it attaches to its job (unless `--new-job`), as
+  `--job ID` does any input, and sends every line with `resume` (stored ones skipped:
+  `Ack.skipped`). `--priority N`, `--window DUR`: the new job's terms (`jobs.priority_option`,
+  `jobs.window_option`); attached, `--priority` sets the live job's priority, its window stays.
+- Every refused line is one `fabricctl: error: line N: reason` on stderr; the rest still goes in.
+  Items for a model no consumer serves go in too; once the input is in, `fabricctl: warning: no
+  consumer serves model 'M' (served: ...): its N items wait until one joins` per model
+  (`ServedCheck`).
+- stdout stays empty unless `wait`: then each result of the job, as soon as stored, is one JSONL
+  line (`result_line`, in its input line's form), an attached job's earlier ones too; `ordered`:
+  in input order (`producer.ordered.InputOrder`, still streaming).
+- A progress line (`ProgressView`) when the CLI passes one (stderr a terminal, results not
+  streaming to one), from the first chunk on; errors come after it is gone (`support.guarded`).
+  Tokens, shapes: this command's `[producer] tokenizer`, `shapes` (`--shapes`), `block_size`.
+- Exit: 0 every line accepted (with `wait`, every result written); 1 some line refused; 2 a
+  missing file, `--ordered` without `--wait`, a bad term (nothing sent); 3 no broker
+  (`BackendMissing`), or one lost mid-stream: one error line (`lost_message`: the lines
+  acknowledged, i.e. stored, and to run it again), nothing after; 4 `timeout` seconds after the
+  input ended, results missing (those arrived are written).
 """
 
 from __future__ import annotations
@@ -61,7 +35,7 @@ from typing import Any, BinaryIO
 
 import typer
 
-from fabricctl.cli.jobs import PRIORITY_HELP, WINDOW_HELP, priority_option, window_option
+from fabricctl.cli.jobs import Priority, Window, priority_option, window_option
 from fabricctl.cli.support import (
     ConfigFile,
     DataDir,
@@ -79,7 +53,7 @@ from fabricctl.errors import BackendMissing, ExitCode
 from fabricctl.formats.reader import read_lines
 from fabricctl.formats.results import ResultRecord, result_line
 from fabricctl.formats.tokens import choose_counter
-from fabricctl.producer import Chunk, InputOrder, Job, Producer, file_digest
+from fabricctl.producer import Chunk, FeedHooks, InputOrder, Job, Producer, file_digest
 from fabricctl.wire.client import Client
 from fabricctl.wire.protocol import Ack
 
@@ -102,26 +76,33 @@ def command(
                             "FILE submitted again continues its job on its own."),
     new_job: bool = typer.Option(False, "--new-job", help="Always start a new job, even for "
                                  "a file submitted before."),
-    priority: str | None = typer.Option(None, "--priority", "-p", metavar="N",
-                                        help=PRIORITY_HELP, show_default=False),
-    window: str | None = typer.Option(None, "--window", metavar="DUR", help=WINDOW_HELP,
-                                      show_default=False),
+    priority: str | None = Priority,
+    window: str | None = Window,
     shapes: str | None = Shapes,
     data_dir: Path | None = DataDir,
     config: Path | None = ConfigFile,
 ) -> None:
     """Stream JSONL prompts into the running broker as one job.
 
-    Input is read and sent in chunks, so memory stays flat on any input size.
-    Each refused line is one "fabricctl: error: line N: reason" on stderr; the rest goes in.
+    Input is read and sent in chunks, so memory stays flat on any input size. Each refused
+    line is one "fabricctl: error: line N: reason" on stderr; the rest goes in.
+
     stdout stays empty unless --wait, which prints each result as JSONL as it completes
     (in input order with --ordered).
+
     Items for a model no consumer serves go in (one may join) with one warning per model
     on stderr. If the broker dies mid-stream, one error line says how many lines were
     acknowledged (stored durably): run the same submit again, it skips what is stored.
+
     --priority and --window set the new job's priority and completion window.
-    Exit status: 0 all lines accepted, 1 some refused, 2 a bad flag (nothing is sent), 3 no
-    broker (or lost), 4 --timeout expired.
+
+    \b
+    Exit status:
+      0  every line accepted
+      1  some lines refused
+      2  a bad flag (nothing is sent)
+      3  no broker (or it was lost)
+      4  --timeout expired
     """
     from fabricctl.cli.progress import ProgressView, input_size, stderr_is_tty
 
@@ -174,8 +155,8 @@ class _Counting:
 class Submitter:
     """Why: the state one submit shares between its feed, its acks and its result follower."""
 
-    def __init__(self, job: Job, *, wait: bool, out: BinaryIO, err: Any = None,
-                 progress: Any = None, ordered: bool = False) -> None:
+    def __init__(self, job: Job, client: Client, *, wait: bool, out: BinaryIO,
+                 err: Any = None, progress: Any = None, ordered: bool = False) -> None:
         self.job, self.wait, self.out, self.err = job, wait, out, err
         self.progress = progress
         self.written = 0
@@ -184,7 +165,7 @@ class Submitter:
         self.results_done = False
         self.started = time.monotonic()
         self.first_result: float | None = None
-        self.served = ServedCheck(job.producer.client)
+        self.served = ServedCheck(client)
         self.feed = job.feed
 
     # what the progress bar and the lost-broker message read
@@ -205,13 +186,19 @@ class Submitter:
         for message in await self.served.warnings():
             self.error(message, "warning")
 
-    async def run(self, fp: BinaryIO) -> None:
-        """Send the input into the job (`Job.submit`), counting the bytes read."""
+    async def run(self, fp: BinaryIO, timeout: float | None) -> None:
+        """The job's one orchestration (`Job.run`): the input in, counting the bytes read,
+        then (`wait`) every result out, `timeout` seconds at most after the seal."""
         counting = _Counting(fp)
-        lines = read_lines(counting, self.job.producer.max_line_bytes)  # type: ignore[arg-type]
-        await self.job.submit(lines, position=lambda: counting.n, on_refused=self.error,
-                              prepare=self._prepare, on_ack=self._acked,
-                              on_progress=self._tick)
+        lines = read_lines(counting, self.job.max_line_bytes)  # type: ignore[arg-type]
+        hooks = FeedHooks(on_refused=self.error, prepare=self._prepare, on_ack=self._acked,
+                          on_progress=self._tick)
+        await self.job.run(lines, hooks=hooks, position=lambda: counting.n,
+                           write=self._write if self.wait else None, timeout=timeout,
+                           before_seal=self.warn_unserved)
+        if self.wait:
+            self.results_done = True
+            self._tick()
 
     def _prepare(self, chunk: Chunk) -> None:
         if self.order is not None:  # sent in input order; refusals dropped on ack
@@ -267,26 +254,15 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
         the_job = await producer.open_job("submit", name=name, sha256=sha256, size=size,
                                           window_s=window_s, priority=priority, job=job,
                                           attach=bool(sha256) and not new_job)
-        sub = Submitter(the_job, wait=wait, out=out, err=err, progress=progress,
-                        ordered=ordered)
+        sub = Submitter(the_job, producer.client, wait=wait, out=out, err=err,
+                        progress=progress, ordered=ordered)
         _announce(err, the_job.record, the_job.attached)
-        follower = the_job.follower(sub._write) if wait else None
-        collector = asyncio.ensure_future(follower.run()) if follower is not None else None
         try:
-            await sub.run(fp)
-            await sub.warn_unserved()
-            await the_job.seal()
-            if follower is not None and collector is not None:
-                follower.nudge()
-                await asyncio.wait_for(asyncio.shield(collector), timeout)
-                sub.results_done = True
-                sub._tick()
+            await sub.run(fp, timeout)
         except BackendMissing as e:  # the broker went away mid-stream
             sub.finish()
             raise BackendMissing(lost_message(sub, e)) from None
-        except TimeoutError:
-            if collector is not None and not collector.done():
-                collector.cancel()  # no result may come in while the held ones go out
+        except TimeoutError:  # the follower is stopped: no result comes in while held ones go
             sub.finish()
             left = (await producer.client.job(the_job.id)).job.queued
             sub.error(f"timed out after {timeout:g} s with {left:,} result(s) missing "
@@ -294,8 +270,6 @@ async def run_submit(cfg: AppConfig, fp: BinaryIO, *, wait: bool, timeout: float
                       "prints them later")
             return ExitCode.TIMEOUT
         finally:
-            if collector is not None:
-                _settle(collector)
             sub.served.close()
             out.flush()
         return ExitCode.RUNTIME if sub.rejected else ExitCode.OK
@@ -336,10 +310,10 @@ class ServedCheck:
     async def _served(self) -> set[str] | None:
         """The models the broker's registered consumers serve; None when it cannot say."""
         try:
-            consumers = await self.client.query("consumers")
+            consumers = await self.client.consumers()
         except Exception:  # a warning is best effort; a lost broker is the feed's to report
             return None
-        return {str(n) for c in consumers for n in (c.get("model", ""), *c.get("names", ()))}
+        return {n for c in consumers for n in (c.model, *c.names)}
 
     async def warnings(self) -> list[str]:
         """`no consumer serves model 'M' (served: ...): its N items wait until one joins`,

@@ -13,7 +13,8 @@ Contract:
 - `setup_logging(verbose)`: logs (`up`, `consume`, `run -v`) go to stderr as Rich lines:
   fabricctl's own loggers at INFO (DEBUG with `-v`), every other library (httpx, httpcore,
   asyncio, ...) at WARNING unless `-v`, so a health probe's request line never fills the
-  broker's log.
+  broker's log. `job_logging(verbose)`: the one-shot jobs' (`run`, `table`): with `-v` that,
+  else only warnings, as plain `fabricctl: message` lines.
 Importing this module costs Typer only (Rich is imported when logging is set up).
 """
 
@@ -29,25 +30,67 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import typer
 
-from fabricctl.errors import ExitCode, FabricError, exit_code_of
+from fabricctl.errors import ExitCode, FabricError, UsageError, exit_code_of
 
 if TYPE_CHECKING:
     from fabricctl.config import AppConfig
 
 T = TypeVar("T")
 
-DataDir = typer.Option(None, "--data-dir", "-d", help="Broker data dir (LMDB, socket, logs); "
-                       "default: $FABRICCTL_DATA_DIR, else the config's data_dir.",
-                       show_default=False)
-ConfigFile = typer.Option(None, "--config", "-c", help="A fabric.toml to read (overrides the "
-                          "project and user files).", show_default=False)
+DataDir = typer.Option(None, "--data-dir", "-d", metavar="DIR",
+                       help="Broker data dir (LMDB, socket, logs); default: "
+                       "$FABRICCTL_DATA_DIR, else the config's data_dir.", show_default=False)
+ConfigFile = typer.Option(None, "--config", "-c", metavar="FILE",
+                          help="A fabric.toml to read (overrides the project and user files).",
+                          show_default=False)
 JsonOut = typer.Option(False, "--json", help="Print one JSON document instead of a table.")
-Verbose = typer.Option(False, "--verbose", "-v")
+Verbose = typer.Option(False, "--verbose", "-v", help="Debug logs on stderr: fabricctl's own, "
+                       "and those of the libraries it uses (httpx, asyncio, ...).")
 Shapes = typer.Option(None, "--shapes", metavar="auto|declared",
                       help="Lines that declare no shape (OpenAI lines without body.prefix): "
                       "auto gives each the prefix it shares with earlier lines of the job, "
                       "cut at producer.block_size tokens; declared leaves them unshaped "
                       "(producer.shapes, default auto).", show_default=False)
+
+Gpus = typer.Option(None, "--gpus", metavar="0,1", help="The NVML indices of the GPUs to run "
+                    "one vLLM server each on (the gpus setting; [[servers]] name their groups "
+                    "instead). With --device cpu, each is one server on the CPU.",
+                    show_default=False)
+VllmPython = typer.Option(None, "--vllm-python", metavar="PYTHON",
+                          help="The Python of the environment vLLM is installed in, e.g. "
+                          ".venv-vllm/bin/python: its servers run as PYTHON -m "
+                          "vllm.entrypoints.openai.api_server (vllm.python; default: the "
+                          "vllm command on PATH).", show_default=False)
+Device = typer.Option(None, "--device", metavar="gpu|cpu",
+                      help="cpu runs vLLM's CPU build, no NVIDIA GPU needed, for trying "
+                      "things out (vllm.device; default gpu).", show_default=False)
+
+
+def parse_gpus(gpus: str, also: str = "") -> list[int]:
+    """`--gpus` as distinct GPU indices (`0,1`); else a usage error naming `also`, what else
+    the command takes."""
+    try:
+        out = [int(g) for g in gpus.split(",") if g.strip()]
+    except ValueError:
+        out = []
+    if not out or len(set(out)) != len(out) or min(out) < 0:
+        raise UsageError(f"--gpus takes distinct NVML GPU indices such as 0,1{also}, not "
+                         f"{gpus!r} (nvidia-smi -L lists them)")
+    return out
+
+
+def engine_flags(gpus: str | None, vllm_python: str | None, device: str | None,
+                 none: bool = False) -> dict[str, object]:
+    """`--gpus`, `--vllm-python` and `--device` as configuration flags (the given ones);
+    a bad `--gpus` is a usage error (exit 2); with `none`, `--gpus none` sets no GPUs (the
+    caller starts no local engine)."""
+    flags: dict[str, object] = {}
+    if gpus is not None and not (none and gpus.strip().lower() == "none"):
+        flags["gpus"] = guarded(lambda: parse_gpus(gpus, ", or none" if none else ""))
+    vllm = {k: v for k, v in (("python", vllm_python), ("device", device)) if v is not None}
+    if vllm:
+        flags["vllm"] = vllm
+    return flags
 
 
 def shapes_flag(shapes: str | None) -> dict[str, object]:
@@ -106,6 +149,14 @@ def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="%(message)s", datefmt="[%X]", handlers=[handler], force=True)
     logging.getLogger(FABRIC_LOGGER).setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def job_logging(verbose: bool) -> None:
+    """A one-shot job's logs: `setup_logging` with `verbose`, else warnings alone, plain."""
+    if verbose:
+        setup_logging(verbose)
+    else:
+        logging.basicConfig(level=logging.WARNING, format="fabricctl: %(message)s")
 
 
 def stdin_binary() -> BinaryIO:

@@ -52,7 +52,7 @@ async def fetch_snapshot(address: str | Path) -> Snapshot:
 
     client = await Client.connect(address, "observer", "fabricctl-top", timeout=5.0)
     try:
-        snap: Snapshot = await client.query("snapshot", type=Snapshot)
+        snap: Snapshot = await client.snapshot()
         return snap
     finally:
         await client.close()

@@ -6,7 +6,9 @@ Contract: the `up` command (`command`) loads the configuration (its flags over t
 FABRICCTL_TOKEN being read by the configuration) and runs `fabricctl.daemon.serve_forever`
 on fabricctl's event loop (the daemon's contract says what starts and how it stops); its
 exit status is 0, 130 after an interrupt, or an error's (`fabricctl.errors`: 2 a bad
-configuration, 3 no engine, 6 vLLM did not become ready). `--gpus none` starts no local
+configuration, 3 no engine, 6 no vLLM server of the fleet started: each gave up, a crash
+loop of `[vllm] start_attempts` failed starts, its log named; with some started it serves
+on them, the others marked failed in `status` and `top`). `--gpus none` starts no local
 engine: the agents that join over `--listen` bring the GPUs; `--ray ADDRESS|auto` has Ray
 place the GPU workers. With `--api HOST:PORT` a host that is not loopback needs
 `server.token` (checked before anything starts, exit 2). The daemon is imported when the
@@ -25,7 +27,10 @@ import typer
 from fabricctl.cli.support import (
     ConfigFile,
     DataDir,
+    Device,
     Verbose,
+    VllmPython,
+    engine_flags,
     guarded,
     load,
     run_async,
@@ -45,8 +50,14 @@ def command(
     engine: str | None = typer.Option(None, "--engine", "-e",
                                       help="auto, sim, vllm or openai (auto: vllm when NVML "
                                       "finds GPUs, else simulated GPUs)."),
-    gpus: str | None = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1 (the "
-                                    "single-model form; [[servers]] name their groups)."),
+    gpus: str | None = typer.Option(None, "--gpus", metavar="0,1|none",
+                                    help="The NVML indices of the GPUs to run one vLLM "
+                                    "server each on (the gpus setting; [[servers]] name "
+                                    "their groups instead); none: no local engine. With "
+                                    "--device cpu, each is one server on the CPU.",
+                                    show_default=False),
+    vllm_python: str | None = VllmPython,
+    device: str | None = Device,
     model: str | None = typer.Option(None, "--model", "-m", help="Model to serve."),
     listen: str | None = typer.Option(None, "--listen", help="Also listen on HOST:PORT (TCP, "
                                       "needs server.token) for consumers on other hosts."),
@@ -80,10 +91,9 @@ def command(
     from fabricctl.server import eventloop
 
     setup_logging(verbose)
-    flags: dict[str, object] = {"data_dir": data_dir, "engine": engine, "model": model}
+    flags: dict[str, object] = {"data_dir": data_dir, "engine": engine, "model": model,
+                                **engine_flags(gpus, vllm_python, device, none=True)}
     no_gpus = (gpus or "").strip().lower() == "none"
-    if gpus and not no_gpus:
-        flags["gpus"] = [int(g) for g in gpus.split(",") if g.strip()]
     cfg = with_sections(load(config, **flags), listen=listen, metrics_port=metrics_port,
                         api=api)
     cfg = with_wire(cfg, token, tls_cert, tls_key)

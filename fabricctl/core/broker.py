@@ -1,40 +1,27 @@
 """The memory-mode broker: shapes, lanes, packing, lifecycle and ledger composed.
 
 Contract: `ingest(items, now)` assigns every item to a lane of its shape and makes it
-dispatchable (`place` + `admit` do the same in two steps for the durable store, which writes
-between them); `pull(consumer, now)` returns a batch of one lane of the model's current shape
-or None; `complete(batch_id, now)` and `fail(batch_id, now)` settle a batch (a failed batch
-goes back to the front of its lane); `disconnect` fails every batch a consumer holds;
-a batch in `settling` (its completion is being committed) stays in flight through a
-disconnect, as do the batches a disconnect is told to `keep`; `tick(now)` runs lane
-maintenance and the lifecycle's timeouts; `snapshot(now)` is all an observer needs;
-`take_finished()` hands over the records of the shapes finished since it was last called
-(the durable store keeps them). Time is always an argument. A batch whose entry belongs to
-another shape raises `ShapeGuardError`, which derives from BaseException so no
-`except Exception` hides it.
-
-Placement and restore, the public API a durable store uses (`Intake` has the rules):
-`open_shape(model, signature, label, now)` is the shape an item of a key joins (its open
-shape, made staged, or active with the lifecycle off, when there is none); `place`, `admit`,
-`admit_all`, `admit_shape` and `placement_live` are ingest in two steps around the store's
-commit.
-`restore_shape(model, signature, label, lanes, now)` re-queues one shape a store recorded —
-each (lane id, target, entries in arrival order) in a lane reopened with that id and target,
-its entries admitted — and returns the (items, tokens) restored; `restore_epochs(epochs)`
-gives each model back its epoch; `restore_ledger(...)` puts the persisted received and
-completed counts over what was re-admitted and returns the ledger's difference, (0, 0) when
-they agree.
-
-Withdrawal: `withdraw(pick, models)` takes queued entries out of their lanes unrun (a
-cancelled job's), `settle_withdrawn` / `return_withdrawn` end that (`fabricctl.core.withdrawal`).
-
+dispatchable; `pull(consumer, now)` returns a batch of one lane of the model's current shape
+or None; `complete` and `fail(batch_id, now)` settle a batch (a failed one goes back to the
+front of its lane); `disconnect` fails every batch a consumer holds but those in `settling`
+(their completion is being committed) and those it is told to `keep`; `tick(now)` runs lane
+maintenance, the lifecycle's timeouts and `judge_windows` (also at a completion `JUDGE_S`
+after the last); `snapshot(now)` is all an observer needs; `take_finished()` hands over the
+records of the shapes finished since it was last called. Time is always an argument. A batch
+whose entry belongs to another shape raises `ShapeGuardError` (a BaseException, so no
+`except Exception` hides it).
+The durable store's API (`Intake` has the rules): `open_shape`, `place`, `admit`,
+`admit_all`, `admit_shape` and `placement_live` are ingest in two steps around its commit;
+`restore_shape` re-queues one shape it recorded (lanes reopened with their ids and targets),
+`restore_epochs` gives each model back its epoch, `restore_ledger` puts the persisted counts
+over what was re-admitted and returns the difference ((0, 0): they agree). `withdraw`,
+`settle_withdrawn` and `return_withdrawn` take a cancelled job's entries out unrun.
 Structure: the broker owns the models, consumers, ledger, event log, lifecycle and pre-warm
-outbox, and composes the parts that act on that state, each handed what it uses at
-construction: `Intake` (items in), `Dispatcher` (which batch a pull gets, whom a pre-warm
-signal is for), `Settlement` (batches in flight: booked out, completed, failed back, split)
-and `Maintenance` (the tick, the cache audit, the live shapes); `snapshot` hands the pieces
-to `take_snapshot`. Its methods of those names are thin delegations, so callers see one
-`Broker`.
+outbox, and composes the parts acting on that state, each handed what it uses: `Intake`
+(items in), `Dispatcher` (which batch a pull gets, whom a pre-warm is for), `Settlement`
+(batches in flight), `Maintenance` (the tick, the cache audit, the live shapes) and
+`Windows` (the measured rate, the deadlines it can meet, each job's forecast). Its methods
+of those names are thin delegations, so callers see one `Broker`.
 """
 
 from __future__ import annotations
@@ -42,10 +29,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from fabricctl.core.config import CoreConfig
-from fabricctl.core.context import held_jobs
 from fabricctl.core.dispatch import Dispatcher
 from fabricctl.core.events import EventKind, EventLog
-from fabricctl.core.forecast import JobView, RiskWatch, job_views
+from fabricctl.core.forecast import JobView
 from fabricctl.core.intake import Intake
 from fabricctl.core.lanes import Lane, LaneCounters
 from fabricctl.core.ledger import Ledger
@@ -67,10 +53,14 @@ from fabricctl.core.tracking import (
     guard_signature,
 )
 from fabricctl.core.types import Batch, Contract, Entry, Item, Prewarm
+from fabricctl.core.windows import Windows
 from fabricctl.core.withdrawal import Withdrawn, return_withdrawn, settle_withdrawn, withdraw
 
 __all__ = ["Broker", "ConsumerState", "InFlight", "Placement", "ShapeGuardError",
            "UnknownBatchError", "guard_signature"]
+
+
+JUDGE_S = 0.1  # windows are judged at completions this often, besides the tick
 
 
 class Broker:
@@ -85,7 +75,6 @@ class Broker:
         self.lane_counters = LaneCounters()
         self.batches_hist = BatchesHistogram(self.cfg.thrash_batches)
         self.terms: dict[int, JobTerms] = {}  # job number -> what the shape choice knows of it
-        self.risk = RiskWatch(self.events)  # jobs predicted to miss their deadline (said once)
         self.intake = Intake(self.cfg, self.models, self.model, self.lane_counters, self.ledger,
                              self.queued)
         self.lifecycle = Lifecycle(self.cfg, self.events, self.batches_hist, self.terms,
@@ -96,6 +85,8 @@ class Broker:
                                        self.events, self.signals)
         self.dispatcher = Dispatcher(self.cfg, self.models, self.consumers, self.lifecycle,
                                      self.settlement, self.signals)
+        self.windows = Windows(self.cfg, self.models, self.consumers, self.terms, self.intake,
+                               self.lifecycle, self.events, self.shapes)
 
     # -- models and consumers ------------------------------------------------------------
 
@@ -152,6 +143,7 @@ class Broker:
             return
         else:
             self.terms[job] = terms
+        self.lifecycle.chooser.terms_changed()
         for ms in self.models.values():
             for shape in ms.waiting.with_job(job):
                 self.lifecycle.index(ms, shape)
@@ -241,6 +233,9 @@ class Broker:
         ms = self.models.get(b.model)
         if ms is not None:
             ms.meter.add(now, b.tokens)
+        if now >= self.windows.judged + JUDGE_S and self.lifecycle.chooser.windows():
+            self.windows.judge(now)  # (a window out of reach is said early, not at a tick,
+            self.windows.risk.update(self.windows.job_views(now), now)  # and a job at risk)
         return b
 
     def fail(self, batch_id: int, now: float) -> Batch:
@@ -280,22 +275,30 @@ class Broker:
         return self.maintenance.starving_lanes
 
     def tick(self, now: float) -> None:
-        """The 1 s maintenance tick: quiescing lanes, starvation, lifecycle timeouts, and a
-        critical event for each job newly predicted to miss its deadline."""
+        """The 1 s maintenance tick: quiescing lanes, starvation, lifecycle timeouts, the
+        windows that cannot be met (`judge_windows`), and a critical event for each job
+        newly predicted to miss its deadline."""
         self.maintenance.tick(now)
         if any(t.deadline is not None for t in self.terms.values()):
-            self.risk.update(self.job_views(now), now)
+            self.windows.judge(now)
+            self.windows.risk.update(self.windows.job_views(now), now)
+
+    def serving(self, model: str) -> int:
+        return self.windows.serving(model)
+
+    def paces(self, now: float) -> dict[str, float]:
+        return self.windows.paces(now)
+
+    def restore_paces(self, paces: Mapping[str, float]) -> None:
+        """The paces a store kept from the last run: each model's prior until it measures."""
+        for model, p in paces.items():
+            self.model(model).meter.prior = p
+
+    def judge_windows(self, now: float) -> None:
+        self.windows.judge(now)
 
     def job_views(self, now: float) -> list[JobView]:
-        """Each job with queued items: its oldest wait, holders and share of the fleet, and
-        its predicted finish at the measured rate (`core.forecast`)."""
-        held: dict[int, int] = {}
-        for ms in self.models.values():
-            for job, n in held_jobs(self.cfg, ms, self.consumers).items():
-                held[job] = held.get(job, 0) + n
-        rates = [r for ms in self.models.values() if (r := ms.meter.rate(now)) is not None]
-        return job_views(self.shapes(), held, len(self.consumers), self.terms,
-                         sum(rates) if rates else None, now)
+        return self.windows.job_views(now)
 
     def record_cache(
         self, batch_id: int, queries: int, hits: int, achievable: int, now: float
@@ -314,7 +317,7 @@ class Broker:
         """The records of the shapes that finished since the last call, oldest first
         (`finished_view`: for the store to keep); the outbox is emptied."""
         out = self.lifecycle.finished_out
-        views = [finished_view(s, self.cfg.thrash_batches) for s in out]
+        views = [finished_view(s) for s in out]
         out.clear()
         return views
 

@@ -1,43 +1,30 @@
 """The shape choice: which waiting shape a consumer takes next, and when it leaves its own.
 
-Contract (ARCHITECTURE.md, "The shape choice"). Candidates are the model's waiting shapes
-(`core.waiting`: queued items, no holder). Priority is strict: a level is read only when no
-higher one has a shape to give. Within a level, in order:
-1. **deadlines**: the earliest-deadline shape, when its deadline falls before the model could
-   drain everything queued at its measured rate (`horizon`: it would miss if served last);
-2. **fair share**: a job holding fewer consumers (whose current shape holds its items) than
-   the most served job: its biggest eligible shape, the job with the fewest holders first;
-3. **the bound**: the shape that has waited `bound` seconds or more (`Shape.waiting_since`:
-   since its oldest item arrived or a batch of it last went out, whichever is later);
+Contract (the rules and why: ARCHITECTURE.md, "The shape choice"). Candidates are the model's
+waiting shapes (`core.waiting`). A shape of any priority that has waited `aging_s` goes
+first; then priority is strict, and within a level, in order:
+1. **deadlines**: the earliest-deadline shape when it is due (it falls before the model could
+   drain everything queued at its measured rate, `horizon`; before a rate is known every
+   deadline is due). A consumer serving a due window keeps it against rules 2-4; a
+   `hopeless` job's deadline does not count (`shape_terms`);
+2. **fair share**: a job holding fewer consumers than the most served job: its biggest
+   eligible shape, the job with the fewest holders first;
+3. **the bound**: a shape waiting `bound` seconds or more (`Shape.waiting_since`);
 4. **tokens**: the biggest eligible shape of the job with the fewest holders (with
    `fair_share` off: of any job).
-A staged shape is eligible when its tokens reach the activation threshold, when its oldest
-item is `stage_timeout_s` old, when every job it holds is sealed (it can grow no more, so
-waiting buys nothing), or when consumers are idle; an active shape a consumer left is always
-eligible; rules 1 and 2 need no eligibility.
-
-Before all of these, a shape of any priority that has waited `aging_s` goes first, so strict
-priority never starves a job for good. `choose(..., against=None)` picks for a consumer with
-no current shape. With `against` (its
-current shape, which still has work and whose run has amortised its switch), it returns the
-shape worth leaving for, or None: a shape of a higher level (due, eligible or past the bound);
-at its own level, a due deadline earlier than its own, a job with fewer holders than its own
-shape's main job unless that job is `short_ratio` times shorter (fair share, shortest
-first), or a shape past the bound.
-
-**New jobs** (fair share on): a job no consumer has served yet (`served`: the jobs whose
-items some consumer's current shape has held) goes before served jobs of equal holders, and
-it takes a consumer at its next batch boundary even before that consumer's run has
-amortised (`choose(..., amortised=False)`, which answers this rule alone), unless the
-consumer's own job is `short_ratio` times shorter, has an earlier deadline or a higher
-priority. It costs at most
-one switch per job, and a small job's wait stops depending on where the big job's run
-stands. Pure: no clock, no I/O.
+Eligible: a staged shape at the activation threshold, `stage_timeout_s` old, whose jobs are
+all sealed, or with consumers idle; an active shape a consumer left, always.
+`choose(..., against=None)` picks for a consumer with no current shape; with `against` (its
+amortised current shape) it returns the shape worth leaving for, or None. With fair share, a
+job never served goes before served jobs of equal holders and takes a consumer at its next
+batch boundary even before its run amortised (`choose(..., amortised=False)`, which answers
+that rule and an earlier due window, `earlier_due`, alone) unless the consumer's own job is
+`short_ratio` times shorter, due earlier or of a higher priority. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 
 from fabricctl.core.config import CoreConfig
@@ -66,17 +53,34 @@ class Context:
     threshold: float  # tokens at which a staged shape is worth a switch
 
 
-def shape_terms(shape: Shape, terms: Mapping[int, JobTerms]) -> tuple[int, float | None]:
-    """(priority, deadline) of a shape: its jobs' highest priority and earliest deadline."""
+def shape_terms(shape: Shape, terms: Mapping[int, JobTerms],
+                hopeless: Container[int] = ()) -> tuple[int, float | None]:
+    """(priority, deadline) of a shape: its jobs' highest priority and earliest deadline
+    (the deadlines of `hopeless` jobs, which cannot be met, not counted)."""
     prio = 0
     deadline: float | None = None
     for job in shape.jobs:
         t = terms.get(job, NO_TERMS)
         if t.priority > prio:
             prio = t.priority
-        if t.deadline is not None and (deadline is None or t.deadline < deadline):
+        if t.deadline is not None and (deadline is None or t.deadline < deadline) and (
+                job not in hopeless):
             deadline = t.deadline
     return prio, deadline
+
+
+HOPELESS_MARGIN = 1.25  # a window is given up only if the fleet this much faster would miss it
+
+
+def hopeless(tokens: float, deadline: float, rate: float | None, switch_s: float,
+             now: float) -> bool:
+    """A job with `tokens` queued cannot finish by `deadline` even served first, by the
+    whole fleet at `HOPELESS_MARGIN` times its measured `rate` (tokens per second: the
+    margin absorbs a rate measured low, as while the input is still being read), after a
+    switch of `switch_s` seconds. False while no rate is known: a window is given up only
+    on evidence."""
+    return (rate is not None and rate > 0
+            and now + switch_s + tokens / (rate * HOPELESS_MARGIN) > deadline)
 
 
 def sealed(shape: Shape, terms: Mapping[int, JobTerms]) -> bool:
@@ -96,6 +100,29 @@ class Chooser:
         self.cfg = cfg
         self.terms = terms  # the broker's job terms, read live
         self.served: set[int] = set()  # jobs some consumer has taken a shape of (not job 0)
+        # jobs whose window cannot be met even served first (`hopeless`): their deadline
+        # does not count here, so they are served after the windows that still can be met
+        self.hopeless: set[int] = set()
+        self.has_windows = False  # some job has a deadline (`terms_changed`)
+        self.terms_changed()
+
+    def terms_of(self, shape: Shape) -> tuple[int, float | None]:
+        """(priority, deadline) of a shape as the choice reads them (`shape_terms`)."""
+        return shape_terms(shape, self.terms, self.hopeless)
+
+    def windows(self) -> bool:
+        """Some job has a window (`terms_changed` keeps it)."""
+        return self.has_windows
+
+    def terms_changed(self) -> None:
+        """The jobs' terms changed: whether some job has a window, again."""
+        self.has_windows = any(t.deadline is not None for t in self.terms.values())
+
+    def due(self, shape: Shape, ctx: Context) -> bool:
+        """The shape holds a window that would be missed if it were served last: its
+        deadline falls before the model could drain everything queued (`horizon`)."""
+        deadline = self.terms_of(shape)[1]
+        return deadline is not None and deadline - ctx.now < ctx.horizon
 
     def taken(self, shape: Shape) -> None:
         """A consumer (or the model) took `shape`: its jobs are served from now on."""
@@ -104,6 +131,7 @@ class Chooser:
     def forget(self, job: int) -> None:
         """A job ended: nothing of it waits any more."""
         self.served.discard(job)
+        self.hopeless.discard(job)
 
     def _fresh(self, job: int) -> bool:
         return job != 0 and job not in self.served
@@ -142,7 +170,7 @@ class Chooser:
         s = level.by_deadline.top()
         if s is None:
             return None
-        deadline = shape_terms(s, self.terms)[1]
+        deadline = self.terms_of(s)[1]
         if deadline is not None and deadline - ctx.now < ctx.horizon:
             return s, deadline
         return None
@@ -192,8 +220,8 @@ class Chooser:
         fresh = [job for job in shape.jobs if self._fresh(job) and job not in against.jobs]
         if not fresh or not self.cfg.fair_share:  # (checked at every pull: the cheap test first)
             return False
-        prio, deadline = shape_terms(shape, self.terms)
-        a_prio, a_deadline = shape_terms(against, self.terms)
+        prio, deadline = self.terms_of(shape)
+        a_prio, a_deadline = self.terms_of(against)
         if prio < a_prio:
             return False
         own = main_job(against)
@@ -208,14 +236,38 @@ class Chooser:
 
     def _new_job(self, waiting: Waiting, ctx: Context, against: Shape, a_prio: int
                  ) -> Pick | None:
-        """An eligible candidate that `cuts_in` before `against` (the new-jobs rule)."""
+        """An eligible candidate that `cuts_in` before `against` (the new-jobs rule): of the
+        highest priority, the earliest deadline first."""
         for prio, level in waiting.ordered():
             if prio < a_prio:
                 return None
+            best: Shape | None = None
+            best_deadline = float("inf")
             for job, s in level.job_tops():
                 if (self._fresh(job) and self.eligible(s, ctx) is not None
                         and self.cuts_in(s, against)):
-                    return Pick(s, "new job")
+                    deadline = self.terms_of(s)[1]
+                    deadline = float("inf") if deadline is None else deadline
+                    if best is None or deadline < best_deadline:
+                        best, best_deadline = s, deadline
+            if best is not None:
+                return Pick(best, "new job")
+        return None
+
+    def earlier_due(self, waiting: Waiting, ctx: Context, than: Shape) -> Pick | None:
+        """A waiting shape with a due window earlier than `than`'s due one (any due window
+        when `than` has none), at `than`'s priority or above: what takes a consumer from
+        `than` before its run amortised, or before it activates `than`, pre-warmed (a
+        switch is worth a window that would otherwise be missed)."""
+        prio, deadline = self.terms_of(than)
+        if deadline is not None and not self.due(than, ctx):
+            deadline = None
+        for p, level in waiting.ordered():
+            if p < prio:
+                return None
+            due = self._due(level, ctx)
+            if due is not None and (p > prio or deadline is None or due[1] < deadline):
+                return Pick(due[0], "deadline")
         return None
 
     def choose(self, waiting: Waiting, ctx: Context, against: Shape | None = None,
@@ -226,8 +278,12 @@ class Chooser:
             return Pick(aged, "waited past aging_s")
         if against is None:
             return self._free(waiting, ctx)
-        a_prio, a_deadline = shape_terms(against, self.terms)
+        a_prio, a_deadline = self.terms_of(against)
         if not amortised:
+            if self.has_windows:
+                pick = self.earlier_due(waiting, ctx, against)
+                if pick is not None:
+                    return pick
             return self._new_job(waiting, ctx, against, a_prio) if self.cfg.fair_share else None
         a_held = ctx.held.get(main_job(against), 0)
         for prio, level in waiting.ordered():
@@ -247,6 +303,8 @@ class Chooser:
             due = self._due(level, ctx)
             if due is not None and (a_deadline is None or due[1] < a_deadline):
                 return Pick(due[0], "deadline")
+            if a_deadline is not None and a_deadline - ctx.now < ctx.horizon:
+                return None  # a window that would otherwise be missed keeps its consumer
             fair = self._fair(level, ctx)
             if (fair is not None and self.cfg.fair_share and fair[1] not in against.jobs
                     and ctx.held.get(fair[1], 0) < a_held

@@ -45,7 +45,8 @@ class CoreConfig:
     shape_scope: str = "consumer"
     prewarm: str = "auto"  # "auto" | "on" | "off": push pre-warms (`prewarm_enabled`)
     join_multiple: float = 4.0  # "consumer": join another's shape with this many budgets queued
-    thrash_batches: int = 100  # a shape finishing with fewer batches is thrashing
+    thrash_batches: int = 100  # a shape finishing with fewer batches while items of its
+    # prefix were staged again is thrashing (`stats.thrash_reason`)
     # The clock and the job (ARCHITECTURE.md, "The shape choice"). A switch costs about one
     # batch (the new shape's first batch computes its prefix; the sim also builds graphs), so:
     amortise_batches: int = 8  # a consumer's run has paid for its switch after this many

@@ -25,6 +25,7 @@ from fabricctl.core.events import EventKind
 from fabricctl.core.lifecycle import Lifecycle
 from fabricctl.core.model_state import ModelState, Slot
 from fabricctl.core.packing import pack_counted
+from fabricctl.core.rate import IDLE_S
 from fabricctl.core.serving import Live, rank, serves
 from fabricctl.core.settlement import Settlement
 from fabricctl.core.shape import Shape, ShapeState
@@ -74,8 +75,10 @@ class Dispatcher:
             return cur
         live = Live(self.consumers, ms.name)
         if (slot is not None and cur is not None and slot.batches >= 1
-                and (ms.waiting.levels or slot.warming is not None) and cur.items
-                and self.lifecycle.preempt(ms, slot, now, live)):
+                and (ms.waiting.levels or slot.warming is not None or (
+                    slot.batches % self.cfg.amortise_batches == 0
+                    and self.lifecycle.chooser.windows()))
+                and cur.items and self.lifecycle.preempt(ms, slot, now, live)):
             cur = slot.current
         if cur is None or cur.state is not ShapeState.ACTIVE or (
             cur.tokens < self.cfg.prewarm_multiple * ms.budget
@@ -150,8 +153,8 @@ class Dispatcher:
             other = self.models.get(name)
             if other is None or other is ms:
                 continue
-            pick = self.lifecycle.worth_leaving_for(other, cur, now, Live(self.consumers, name),
-                                                    amortised)
+            pick = self.lifecycle.preemption.worth_leaving_for(
+                other, cur, now, Live(self.consumers, name), amortised)
             if pick is None:
                 continue
             self.lifecycle.switch_event(ms, slot, cur, pick.shape, now, f"{name}: {pick.why}")
@@ -194,10 +197,19 @@ class Dispatcher:
         slot = ms.slots.get(consumer)
         if slot is not None and slot.current is shape:
             slot.batches += 1
-        ms.meter.begin(now)
+        self._begin(ms, now)
         shape.served_at = now
         return self.settlement.dispatch(c, ms.name, shape, lane, entries, pad_to, tokens,
                                         max_tokens)
+
+    def _begin(self, ms: ModelState, now: float) -> None:
+        """Mark a dispatch on the model's meter; a span may start (`RateMeter.begin`): told
+        whether nothing of the model is in flight and how many consumers serve it."""
+        meter = ms.meter
+        if meter.start is not None and (meter.done_at is None or now - meter.done_at <= IDLE_S):
+            return  # (the common case: a busy span goes on)
+        idle = not any(f.batch.model == ms.name for f in self.settlement.inflight.values())
+        meter.begin(now, idle, sum(1 for c in self.consumers.values() if serves(c, ms.name)))
 
 
 def _guard(sig: int, items: list[Item | None]) -> None:

@@ -26,6 +26,7 @@ class EventKind(StrEnum):
     GUARD = "guard"
     SWITCH = "switch"  # a consumer left a shape with work for a waiting one (the choice)
     JOB_AT_RISK = "job_at_risk"  # a job is predicted to finish after its deadline
+    JOB_HOPELESS = "job_hopeless"  # a job cannot meet its window even served first
     SWEEP = "sweep"  # a job's loose shapes moved into its swept shape (`core.sweep`)
 
 

@@ -1,22 +1,31 @@
 """Each job's place in the fleet: its oldest wait, its share, its predicted finish.
 
-Contract: `job_views(shapes, held, consumers, terms, rate, now)` gives one `JobView` per job
-with queued items in the live `shapes`: queued items and tokens (a shape's tokens split
-between its jobs by their items), the oldest wait among the shapes holding its items, its
-holders (`held`: consumers whose current shape holds its items) and share of the
-`consumers`, and a predicted finish at the fleet's measured `rate` (tokens per second; None
-while unmeasured). The prediction follows the shape choice: every job of a higher priority,
-or of the same priority and an earlier deadline, goes first; jobs of one class share the
-fleet, so a job finishes after each peer's tokens up to its own (processor sharing). A job
-whose predicted finish is after its deadline is `at_risk`; a `RiskWatch` announces each
-job that becomes at risk once (a critical `JOB_AT_RISK` event naming the predicted finish).
+Contract: `job_views(shapes, held, consumers, terms, rate, now, hopeless)` gives one
+`JobView` per job with queued items in the live `shapes`: queued items and tokens (a
+shape's tokens split between its jobs by their items), the oldest wait among the shapes
+holding its items, its holders (`held`: consumers whose current shape holds its items) and
+share of the `consumers`, and a predicted finish at the fleet's measured `rate` (tokens per
+second; None while unmeasured). The prediction follows the shape choice: every job of a
+higher priority, or of the same priority and an earlier deadline, goes first; jobs of one
+class share the fleet, so a job finishes after each peer's tokens up to its own (processor
+sharing); a `hopeless` job (its window cannot be met even served first:
+`Broker.judge_windows`) goes as one without a deadline. A job whose predicted finish at a
+`trusted` rate (`core.pace.forecast_rate`: settled, or the last run's pace; not the first
+seconds' floored measurement) is after its deadline, or that is hopeless, is `at_risk`; a
+`RiskWatch` announces each job that becomes at risk once (a critical `JOB_AT_RISK` event
+naming the predicted finish).
+This is the one forecast of a job's finish: `finish_in(place, now)` (seconds to go, None
+without a prediction) is what `top`'s job lines, `jobs show` (and its JSON `eta_s`) and the
+`jobs` list show, so no reader prints a second, disagreeing figure. A job whose file is
+still being read (`JobTerms.reading`), or that waits for such a job, has no predicted finish
+until that input is whole.
 Pure: `now` is an argument.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 
 import msgspec
 
@@ -41,8 +50,8 @@ class JobView(msgspec.Struct, omit_defaults=True):
 
 
 def job_views(shapes: Iterable[Shape], held: Mapping[int, int], consumers: int,
-              terms: Mapping[int, JobTerms], rate: float | None, now: float
-              ) -> list[JobView]:
+              terms: Mapping[int, JobTerms], rate: float | None, now: float,
+              hopeless: Container[int] = (), trusted: bool = True) -> list[JobView]:
     """One view per job with queued items, by job number."""
     # One pass over the shapes (thousands at scale, most of one job): per job its queued
     # items, tokens and oldest arrival. The oldest wait is taken once per job from the
@@ -78,18 +87,40 @@ def job_views(shapes: Iterable[Shape], held: Mapping[int, int], consumers: int,
         v.holders = held.get(job, 0)
         v.share = round(v.holders / consumers, 3) if consumers else 0.0
     if rate:
+        reading = {job for job in views if terms.get(job, NO_TERMS).reading}
         for v in views.values():
-            klass = (-v.priority, math.inf if v.deadline is None else v.deadline)
+            v.at_risk = v.deadline is not None and v.job in hopeless
+            klass = _klass(v, hopeless)
             ahead = 0.0
             for o in views.values():
-                ok = (-o.priority, math.inf if o.deadline is None else o.deadline)
+                ok = _klass(o, hopeless)
                 if ok < klass:
                     ahead += o.queued_tokens
                 elif ok == klass:
                     ahead += min(o.queued_tokens, v.queued_tokens)
-            v.predicted_finish = round(now + ahead / rate, 3)
-            v.at_risk = v.deadline is not None and v.predicted_finish > v.deadline
+                else:
+                    continue
+                if o.job in reading:  # a job it waits for (or itself) is not whole yet
+                    break
+            else:
+                v.predicted_finish = round(now + ahead / rate, 3)
+                v.at_risk = v.deadline is not None and (
+                    (trusted and v.predicted_finish > v.deadline) or v.job in hopeless)
     return [views[j] for j in sorted(views)]
+
+
+def _klass(v: JobView, hopeless: Container[int]) -> tuple[int, float]:
+    """The order the shape choice serves a job in: priority, then deadline (none, or one
+    that cannot be met: last)."""
+    return -v.priority, math.inf if v.deadline is None or v.job in hopeless else v.deadline
+
+
+def finish_in(place: JobView | None, now: float) -> float | None:
+    """Seconds from `now` to the job's predicted finish (never below 0), or None while it
+    has none (nothing queued, or no rate measured yet)."""
+    if place is None or place.predicted_finish is None:
+        return None
+    return max(0.0, place.predicted_finish - now)
 
 
 class RiskWatch:
@@ -102,12 +133,15 @@ class RiskWatch:
 
     def update(self, views: list[JobView], now: float) -> None:
         risky = {v.job: v for v in views if v.at_risk}
+        said = set()  # at risk and said (a job at risk before it has a finish: once it has)
         for job, v in risky.items():
-            if job not in self.jobs and v.deadline is not None and (
-                    v.predicted_finish is not None):
+            if job in self.jobs:
+                said.add(job)
+            elif v.deadline is not None and v.predicted_finish is not None:
+                said.add(job)
                 self.events.emit(
                     now, EventKind.JOB_AT_RISK, value=job, critical=True,
                     reason=f"job {job} is predicted to finish at {v.predicted_finish:.0f}, "
                     f"{v.predicted_finish - v.deadline:.0f}s after its deadline "
                     f"({v.queued_items} items queued)")
-        self.jobs = set(risky)
+        self.jobs = said

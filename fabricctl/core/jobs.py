@@ -1,34 +1,22 @@
 """Jobs: one submission (a `submit`, a `run`, an OpenAI batch) as a thing with a state.
 
-Contract: a `JobRecord` is the durable record of one job (the store keeps one per job, in
-the same transactions that change its counts); `JobState` uses the OpenAI Batch API's
-status names. The life of a job is pure logic here, driven by the store and the server:
-
-- `new_job(...)` starts it `validating` (API batches, while their file is checked) or
-  `in_progress` (a submit or a run: their lines are checked as they stream);
-- `seal(job, lines, now)`: its input has ended; no more items join it;
-- `request_cancel(job, now)` -> `cancelling` (queued items are to be cancelled by the
-  store; in-flight ones finish), `expire_due(job, now)` says its completion window passed;
-- `settle(job, in_flight, now)` moves a job whose every item has an outcome on: in_progress
-  -> finalizing -> completed, cancelling -> cancelled, an expired window -> expired.
-
-Counts: `total` items accepted; each ends in exactly one of `completed` (a result),
-`failed` (an error result) or `cancelled` (removed unrun by a cancel or an expiry);
-`rejected` lines never became items (bad JSON, a duplicate id), with the first
-`MAX_ERRORS` of their messages in `errors`. `queued` (accepted, not yet out) is derived.
-Usage: `input_tokens`, `cached_tokens`, `output_tokens` are the sums of the engine's usage
-over the job's successful results (`add_usage`, counted in the commit that stores each
-item's one result); `job_usage(job)` gives them in OpenAI's `BatchUsage` shape (`JobUsage`:
-input tokens with their cached part, output tokens, reasoning 0, total). `model` is the
-model its first stored line named. `endpoints` counts its accepted items per endpoint
-(`core.mix`: completions, chat, embeddings, score, rerank, responses, unknown), each once,
-in the commit that stores it; a job stored before the field existed has none.
+Contract: a `JobRecord` is the durable record of one job (kept by the store in the same
+transactions that change its counts); `JobState` uses the OpenAI Batch API's status names.
+The life of a job is pure logic here: `new_job(...)` starts it `validating` (API batches) or
+`in_progress`; `seal(job, lines, now)` ends its input; `request_cancel(job, now)` makes it
+`cancelling`; `expire_due(job, now)` says its window passed; `settle(job, in_flight, now)`
+moves a job whose every item has an outcome on (in_progress -> finalizing -> completed,
+cancelling -> cancelled, an expired window -> expired).
+Counts: `total` items accepted, each ending in exactly one of `completed`, `failed` or
+`cancelled`; `rejected` lines never became items (the first `MAX_ERRORS` messages kept in
+`errors`); `queued` is derived. Usage: the sums of the engine's usage over successful
+results (`add_usage`), in OpenAI's `BatchUsage` shape by `job_usage(job)`. `model` is the
+model its first stored line named; `endpoints` counts accepted items per endpoint
+(`core.mix`), each once (none for a job stored before the field existed).
+Terms: `priority` (0..`MAX_PRIORITY`, higher first; `set_priority`), `deadline` and `sealed`
+are what the shape choice knows of a job (`terms_of(job)`, None once it ended).
+`parse_window("24h")` reads a completion window (`<N>h`, `<N>m` or `<N>s`, N > 0 whole).
 Times are unix seconds passed in as `now`; nothing here reads a clock.
-
-Terms: `priority` (0..`MAX_PRIORITY`, higher first; `set_priority` changes a live job's),
-`deadline` and `sealed` are what the shape choice knows of a job: `terms_of(job)` is its
-`JobTerms`, None once it ended. `parse_window("24h")` reads a completion window (`<N>h`,
-`<N>m` or `<N>s`, N a positive whole number) as the API and the CLI take it.
 """
 
 from __future__ import annotations
@@ -213,7 +201,8 @@ def terms_of(job: JobRecord) -> JobTerms | None:
     """What the shape choice knows of a job (`Broker.set_job_terms`): None once it ended."""
     if job.ended:
         return None
-    return JobTerms(priority=job.priority, deadline=job.deadline, sealed=job.sealed)
+    return JobTerms(priority=job.priority, deadline=job.deadline, sealed=job.sealed,
+                    reading=not job.sealed and job.size > 0)
 
 
 def set_priority(job: JobRecord, priority: int) -> bool:
@@ -303,12 +292,3 @@ def settle(job: JobRecord, in_flight: int, now: float) -> bool:
         return True
     return False
 
-
-def eta_s(job: JobRecord, now: float) -> float | None:
-    """Seconds to go at the rate so far, or None while there is no rate."""
-    began = job.times.get(JobState.IN_PROGRESS.value, job.created)
-    elapsed = now - began
-    done = job.outcomes
-    if job.ended or done == 0 or elapsed <= 0:
-        return None
-    return job.queued / (done / elapsed)

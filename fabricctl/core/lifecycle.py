@@ -1,37 +1,26 @@
 """The shape lifecycle of one model: staged -> (warming) -> active -> draining -> finished.
 
 Contract:
-- a new shape is staged: its items are assigned and stored, nothing dispatches;
-- a staged shape is eligible to activate when its staged tokens reach activate_multiple x B,
-  when its oldest staged item is older than stage_timeout_s, or (activate_when_idle) when
-  the model's consumers are idle with nothing else to run;
-- with no current shape, the warming shape (or else the best eligible one) activates at once;
-  activation bumps the model's epoch and copies the length histogram onto the shape;
-- when the active shape's queued tokens fall below prewarm_multiple x B, the eligible staged
-  shape with the most tokens above its threshold becomes warming (one at a time) and a
-  `Prewarm` signal goes to the model's consumers;
-- the active shape drains when its queued tokens fall below drain_multiple x B and a warming
-  shape waits; a draining shape is closed to new items;
-- a draining shape finishes when every lane has returned its slot, i.e. dispatched its last
-  item (its batches in flight settle afterwards, so no GPU waits on another's tail); the
-  warming shape then activates at once; a shape finishing after fewer than thrash_batches
-  batches is thrashing.
-With the lifecycle off (an ablation), shapes dispatch as soon as they exist and the current
-shape is sticky: kept while it has queued tokens, then the shape with the most tokens.
-
-Scope (`shape_scope`): "model" keeps one current and one warming shape per model, so every
-consumer of the model drains the same shape (the seed's rule, now an ablation). "consumer"
-(the default of up, run and replay) keeps them per consumer (a `Slot`): each GPU stays
-shape-pure and sticky, but two GPUs may run two shapes, so a shape too small to amortise its
-prefix on every GPU is prefilled on one. The consumers holding one shape are its group. A
-consumer whose shape is exhausted and that has no warming shape of its own takes, in order:
-a shape a departed consumer left (adopted), a staged shape, a shape warming for a consumer
-that still has queued work (taken while idle), else it joins the live shape with the most
-queued tokens if that is at least join_multiple x B (worth one more prefill of its prefix).
-A consumer leaving an exhausted shape nobody else holds drains and finishes it at once (late
-arrivals stage a new one). A join bumps no epoch. A pre-warm signal is for the consumer the
-shape warms for (`Broker.prewarm_targets`; the signal names it in `consumer`). Every shape
-that finishes also joins `finished_out` (bounded), which the store takes to keep its record.
+- a new shape is staged (assigned and stored, nothing dispatches); it is eligible to activate
+  when its staged tokens reach activate_multiple x B, its oldest item is older than
+  stage_timeout_s, or (activate_when_idle) the model's consumers idle with nothing else;
+- with no current shape, the warming shape (or the best eligible one) activates at once,
+  bumping the model's epoch and copying the length histogram onto the shape;
+- below prewarm_multiple x B queued, the best eligible staged shape becomes warming (one at
+  a time) and a `Prewarm` goes to the consumer it warms for (`Broker.prewarm_targets`);
+- below drain_multiple x B with a warming shape waiting, the active shape drains (closed to
+  new items); it finishes when every lane returned its slot (dispatched its last item; its
+  batches in flight settle afterwards), and the warming shape activates. One finishing after
+  fewer than thrash_batches batches while its prefix was staged again is thrashing
+  (`stats.thrash_reason`, a critical event). Finished shapes join `finished_out` (bounded).
+- off (an ablation): shapes dispatch once they exist; the current one is sticky.
+Scope (`shape_scope`): "model" keeps one current and one warming shape per model (the seed's
+rule, an ablation); "consumer" (the default) keeps them per consumer (a `Slot`): each GPU
+stays shape-pure and sticky, two GPUs may run two shapes. A consumer whose shape is exhausted
+takes, in order: a shape a departed consumer left (adopted), a staged shape, a shape warming
+for a busy consumer (taken while idle), else it joins the live shape with the most queued
+tokens if at least join_multiple x B. The last holder leaving an exhausted shape drains and
+finishes it. A join bumps no epoch. Leaving a shape with work left is `core.preemption`'s.
 """
 
 from __future__ import annotations
@@ -39,7 +28,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Container, Mapping
 
-from fabricctl.core.choice import Chooser, Context, Pick, main_job, shape_terms
+from fabricctl.core.choice import Chooser, Context, Pick
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.context import choice_context, horizon
 from fabricctl.core.events import EventKind, EventLog
@@ -52,8 +41,9 @@ from fabricctl.core.model_state import (
     orphaned,
     steal_target,
 )
+from fabricctl.core.preemption import Preemption
 from fabricctl.core.shape import Shape, ShapeState
-from fabricctl.core.stats import BatchesHistogram
+from fabricctl.core.stats import BatchesHistogram, thrash_reason
 from fabricctl.core.sweep import OpenSwept, Sweeper
 from fabricctl.core.terms import JobTerms
 from fabricctl.core.types import Prewarm
@@ -75,6 +65,7 @@ class Lifecycle:
         self.terms: Mapping[int, JobTerms] = {} if terms is None else terms
         self.chooser = Chooser(cfg, self.terms)
         self.sweeper = Sweeper(cfg, self.terms, log, open_swept, self.index)
+        self.preemption = Preemption(cfg, self.terms, self.chooser, self.sweeper, self.context)
         self.queued_tokens = queued_tokens  # queued and in-flight tokens (the horizon)
         self._models_of: Mapping[str, ModelState] = {} if models is None else models
         self.finished: list[Shape] = []  # recently finished shapes, newest last (bounded)
@@ -99,41 +90,26 @@ class Lifecycle:
     def choose(self, ms: ModelState, now: float, hungry: bool,
                live: Container[str] | None = None, slot: Slot | None = None) -> Pick | None:
         """The shape a consumer with none takes next (`Chooser.choose`); in "consumer" scope,
-        rather than a waiting shape of a lower priority, a live shape of a higher one that
-        has a batch budget to share (joined: priority first at every choice)."""
+        rather than that waiting shape, a live shape that goes before it (`Preemption.held_first`:
+        a higher priority, or a due window earlier than the pick's), joined."""
         pick = None
+        ctx = self.context(ms, now, hungry, live)
         if ms.waiting.levels:
-            pick = self.chooser.choose(ms.waiting, self.context(ms, now, hungry, live))
+            pick = self.chooser.choose(ms.waiting, ctx)
             if pick is not None and self.sweeper.loose(ms, pick.shape):
                 pick = self.sweeper.sweep(ms, pick, now)
         if slot is None or live is None:
             return pick
-        # nothing waits: priority 0 joins only by the join rule (`_join_target`)
-        floor = 0 if pick is None else shape_terms(pick.shape, self.terms)[0]
-        return self._higher_held(ms, floor, slot, live) or pick
-
-    def _higher_held(self, ms: ModelState, floor: int, slot: Slot, live: Container[str]
-                     ) -> Pick | None:
-        """Another live consumer's shape of a priority above `floor` with at least a batch
-        budget queued (the highest priority, then the most tokens), to join."""
-        best: Shape | None = None
-        best_key = (floor, 0)
-        for consumer, other in ms.slots.items():
-            s = other.current
-            if (s is None or other is slot or s is slot.current or consumer not in live
-                    or s.state is not ShapeState.ACTIVE or s.tokens < ms.budget):
-                continue
-            key = (shape_terms(s, self.terms)[0], s.tokens)
-            if key[0] > floor and key > best_key:
-                best, best_key = s, key
-        return None if best is None else Pick(best, "priority")
+        # nothing waits: priority 0 joins only by the join rule (`_join_target`), or a window
+        return self.preemption.held_first(ms, None if pick is None else pick.shape, slot, live,
+                                          ctx) or pick
 
     def index(self, ms: ModelState, shape: Shape) -> None:
         """(Re)enter a shape in the model's waiting index under its current terms (a shape
         with a holder, or nothing queued, is not a candidate and stays out)."""
         if not candidate(shape):
             return
-        prio, deadline = shape_terms(shape, self.terms)
+        prio, deadline = self.chooser.terms_of(shape)
         since = shape.waiting_since()
         if shape.fifo_by is None and since is not None and self.cfg.wait_bound_s <= 0:
             shape.fifo_by = since + horizon(ms, since, self.queued_tokens())
@@ -159,35 +135,6 @@ class Lifecycle:
                 if ms is not None:
                     self.index(ms, old)
 
-    def _shortest(self, ms: ModelState, cur: Shape, ctx: Context, live: Container[str]
-                  ) -> Pick | None:
-        """Fair share's shortest-first half: another consumer's shape whose job has at least
-        `short_ratio` times fewer tokens queued than this consumer's job, holds no more
-        consumers, and has a batch budget left to share; the shortest such. A short job then
-        runs on more GPUs than its share for a while, which costs the long one little, and
-        fair share brings the long one back once the taker's run amortised."""
-        if not self.cfg.fair_share:
-            return None
-        own = main_job(cur)
-        tokens = cur.tally.tokens
-        own_tokens = tokens.get(own, 0)
-        own_held = ctx.held.get(own, 0)
-        own_prio = shape_terms(cur, self.terms)[0]
-        best: Shape | None = None
-        for consumer, other in ms.slots.items():
-            s = other.current
-            if (s is None or s is cur or consumer not in live or s.state is not ShapeState.ACTIVE
-                    or s.tokens < ms.budget):
-                continue
-            job = main_job(s)
-            if (job in cur.jobs or ctx.held.get(job, 0) > own_held
-                    or tokens.get(job, 0) * self.cfg.short_ratio > own_tokens
-                    or shape_terms(s, self.terms)[0] < own_prio):
-                continue
-            if best is None or tokens.get(job, 0) < tokens.get(main_job(best), 0):
-                best = s
-        return None if best is None else Pick(best, "shortest job")
-
     def take(self, ms: ModelState, pick: Pick, now: float, slot: Slot | None) -> None:
         """Give a consumer (or the model) the picked shape: a staged one activates, an
         active one a consumer left is joined."""
@@ -200,41 +147,19 @@ class Lifecycle:
             self.hold(ms, pick.shape, now)
 
     def preempt(self, ms: ModelState, slot: Slot, now: float, live: Container[str]) -> bool:
-        """At a batch boundary: a consumer whose run has amortised its switch leaves a shape
-        that still has work when the choice finds a waiting shape worth more (a higher
-        priority, one past the bound, a due deadline, a job with fewer holders); before it
-        amortised, only for a job nobody has served yet (`core.choice`, new jobs). True when
-        it switched."""
+        """At a batch boundary, apply the switch `Preemption.decide` finds (a shape worth
+        more than the one this consumer serves); True when it switched."""
+        switch = self.preemption.decide(ms, slot, now, live)
         cur = slot.current
-        if (cur is None or cur.state is not ShapeState.ACTIVE or not cur.items
-                or slot.batches < 1):
+        if switch is None or cur is None:
             return False
-        amortised = slot.batches >= self.cfg.amortise_batches
-        warming = slot.warming
-        if warming is not None and self.chooser.cuts_in(warming, cur):
-            # the next shape it pre-warmed is a new job's: it need not wait for this one
-            self.switch_event(ms, slot, cur, warming, now, "new job")
-            self.hold(slot, None, now)
-            self.activate(ms, warming, now, "new job", slot)
-            return True
-        if not ms.waiting.levels or (
-                not amortised and not self.chooser.fresh_waiting(ms.waiting)):
-            return False
-        ctx = self.context(ms, now, False, live)
-        pick = self.chooser.choose(ms.waiting, ctx, against=cur, amortised=amortised)
-        if pick is None and amortised:
-            pick = self._higher_held(ms, shape_terms(cur, self.terms)[0], slot, live)
-        if pick is None and amortised:
-            pick = self._shortest(ms, cur, ctx, live)
-        if pick is not None and self.sweeper.loose(ms, pick.shape):
-            pick = self.sweeper.sweep(ms, pick, now)
-            if pick.shape is cur:  # swept into the shape this consumer serves: stay
-                return False
-        if pick is None:
-            return False
+        pick = switch.pick
         self.switch_event(ms, slot, cur, pick.shape, now, pick.why)
         self.hold(slot, None, now)
-        self.take(ms, pick, now, slot)
+        if switch.warmed:
+            self.activate(ms, pick.shape, now, pick.why, slot)
+        else:
+            self.take(ms, pick, now, slot)
         return True
 
     def switch_event(self, ms: ModelState, slot: Slot, cur: Shape, to: Shape, now: float,
@@ -243,20 +168,6 @@ class Lifecycle:
         self.log.emit(now, EventKind.SWITCH, model=ms.name, signature=cur.signature,
                       label=cur.label, value=to.signature,
                       reason=f"{slot.consumer} left after {slot.batches} batches: {why}")
-
-    def worth_leaving_for(self, ms: ModelState, against: Shape, now: float,
-                          live: Container[str], amortised: bool) -> Pick | None:
-        """A waiting shape of `ms` that the shape choice puts before `against` (a consumer's
-        current shape, or the one it is about to take), swept if loose; before `against`'s
-        run has amortised, only a job nobody has served (`core.choice`, new jobs)."""
-        if not ms.waiting.levels or (not amortised and not self.chooser.fresh_waiting(
-                ms.waiting)):
-            return None
-        ctx = self.context(ms, now, False, live)
-        pick = self.chooser.choose(ms.waiting, ctx, against=against, amortised=amortised)
-        if pick is not None and self.sweeper.loose(ms, pick.shape):
-            pick = self.sweeper.sweep(ms, pick, now)
-        return pick
 
     def activate(self, ms: ModelState, shape: Shape, now: float, why: str,
                  slot: Slot | None = None) -> None:
@@ -302,12 +213,14 @@ class Lifecycle:
     def finish(self, ms: ModelState, shape: Shape, now: float) -> None:
         shape.finished_at = now
         self._transition(ms, shape, ShapeState.FINISHED, now, "lanes returned")
-        self.histogram.add(shape.batches)
-        if shape.batches < self.cfg.thrash_batches:
+        again = ms.open.get(shape.signature)  # its prefix's items staged since it drained
+        shape.thrash = thrash_reason(shape.batches, self.cfg.thrash_batches,
+                                     0 if again is None or again is shape else again.items)
+        self.histogram.add(shape.batches, bool(shape.thrash))
+        if shape.thrash:
             self.log.emit(
                 now, EventKind.THRASH, model=ms.name, signature=shape.signature,
-                label=shape.label, value=shape.batches, critical=True,
-                reason=f"finished after {shape.batches} batches (< {self.cfg.thrash_batches})",
+                label=shape.label, value=shape.batches, critical=True, reason=shape.thrash,
             )
         if ms.current is shape:
             self.hold(ms, None, now)
@@ -348,8 +261,12 @@ class Lifecycle:
             cur = None
         if cur is None:
             if h.warming is not None:
-                cut = None if slot is None else self.worth_leaving_for(
+                cut = None if slot is None else self.preemption.worth_leaving_for(
                     ms, h.warming, now, live, amortised=False)
+                if cut is None and slot is not None and ms.waiting.levels and (
+                        self.chooser.windows()):  # an earlier window due since it warmed
+                    cut = self.chooser.earlier_due(
+                        ms.waiting, self.context(ms, now, hungry, live), h.warming)
                 if cut is not None:  # the warmed shape stays next, after the new job's
                     self.take(ms, cut, now, slot)
                     return True

@@ -6,12 +6,12 @@ broker is content-blind): `Item.endpoint`, which the reader sets from the line i
 native line's `endpoint`, else `messages` for chat, `prompt` for completions; an OpenAI line's
 `url`), else `Item.source` (an OpenAI line's url names its endpoint); 0 (`UNKNOWN`) for an
 item whose producer stated neither (an `Item` built by hand, or sent by an older producer).
-`ENDPOINT_NAMES` names them: `completions`, `chat`, `embeddings`, `score`, `rerank`,
-`responses` and `unknown`, the keys of `JobRecord.endpoints` and the values of the metrics'
-`endpoint` label (seven at most). `count_endpoints(items)` counts a group of items by
-endpoint number; `add_endpoints(job, counts)` adds such counts to a job's record (the store
-does, in the commit that stores the items: each item once); `mix(counts)` lists a record's
-counts as `MixPart`s (name, items, share of the counted items), most items first.
+`ENDPOINT_NAMES` names them (each `core.endpoints` entry's `name`, and `unknown`): the keys
+of `JobRecord.endpoints` and the values of the metrics' `endpoint` label.
+`count_endpoints(items)` counts a group of items by endpoint number; `add_endpoints(job,
+counts)` adds such counts to a job's record (the store does, in the commit that stores the
+items: each item once); `mix(counts)` lists a record's counts as `MixPart`s (name, items,
+share of the counted items), most items first.
 Pure: no clock, no I/O.
 """
 
@@ -22,15 +22,13 @@ from collections.abc import Iterable
 
 import msgspec
 
+from fabricctl.core.endpoints import ENDPOINTS
 from fabricctl.core.jobs import JobRecord
-from fabricctl.core.records import Source
 from fabricctl.core.types import Item
 
 UNKNOWN = 0  # no endpoint stated (Source.NATIVE's number: a native line with no endpoint)
 ENDPOINT_NAMES: dict[int, str] = {
-    UNKNOWN: "unknown", Source.COMPLETIONS: "completions", Source.CHAT: "chat",
-    Source.EMBEDDINGS: "embeddings", Source.SCORE: "score", Source.RERANK: "rerank",
-    Source.RESPONSES: "responses"}
+    UNKNOWN: "unknown", **{spec.source: spec.name for spec in ENDPOINTS}}
 ENDPOINT_ORDER = [*list(ENDPOINT_NAMES.values())[1:], "unknown"]  # how listings order them
 
 

@@ -5,48 +5,21 @@ fields go at the end with a default, so older records still decode); `make_recor
 result, ...)` builds it from the item and its engine's `ItemResult`, with the engine's own
 prompt count when it gave one, and the item's job and input line (results per job are read
 in line order); `usage_of(record)` is what a result adds to its job's token usage.
-`Source` records which input form an item came in (native, or the OpenAI
-endpoint its batch line named), because its result goes back out in the same form
-(`fabricctl.formats.results`). Pure data: the store writes these, the formats read them.
+`Source` (from `fabricctl.core.endpoints`) records which input form an item came in
+(native, or the OpenAI endpoint its batch line named), because its result goes back out in
+the same form (`fabricctl.formats.results`). Pure data: the store writes these, the
+formats read them.
 """
 
 from __future__ import annotations
 
-from enum import IntEnum
-
 import msgspec
 
+from fabricctl.core.endpoints import URL_SOURCES, Source
 from fabricctl.core.types import Item, ItemResult
 
-
-class Source(IntEnum):
-    """Why: an OpenAI batch line's result must come back as an OpenAI batch output line."""
-
-    NATIVE = 0
-    COMPLETIONS = 1  # OpenAI batch, url /v1/completions
-    CHAT = 2  # OpenAI batch, url /v1/chat/completions
-    EMBEDDINGS = 3  # OpenAI batch, url /v1/embeddings
-    SCORE = 4  # OpenAI batch, url /v1/score or /score
-    RERANK = 5  # OpenAI batch, url /v1/rerank, /rerank or /v2/rerank
-    RESPONSES = 6  # OpenAI batch, url /v1/responses
-
-    @property
-    def is_openai(self) -> bool:
-        return self is not Source.NATIVE
-
-    @property
-    def url(self) -> str | None:
-        """The OpenAI endpoint the line named (its canonical path), or None for native lines."""
-        return _URLS.get(self)
-
-
-_URLS = {Source.COMPLETIONS: "/v1/completions", Source.CHAT: "/v1/chat/completions",
-         Source.EMBEDDINGS: "/v1/embeddings", Source.SCORE: "/v1/score",
-         Source.RERANK: "/v1/rerank", Source.RESPONSES: "/v1/responses"}
-# Every url an OpenAI batch line may name (vLLM serves the short and the v2 forms too).
-URL_SOURCES = {**{url: src for src, url in _URLS.items()},
-               "/score": Source.SCORE, "/rerank": Source.RERANK, "/v2/rerank": Source.RERANK}
-
+__all__ = ["LENGTH_EXCEEDED", "URL_SOURCES", "ResultRecord", "Source", "make_record",
+           "usage_of"]
 
 LENGTH_EXCEEDED = "length_exceeded"
 _SOURCES: dict[int, Source] = {int(s): s for s in Source}  # an enum call costs more than this

@@ -84,6 +84,7 @@ class Shape:
         "stats",
         "swept",
         "tally",
+        "thrash",
         "tokens",
         "wver",
     )
@@ -133,6 +134,7 @@ class Shape:
         self.fifo_by: float | None = None  # when arrival order would have served it (the
         # derived wait bound never calls it overdue before then)
         self.swept = False  # a job's swept shape (`core.sweep`): its batches mix signatures
+        self.thrash = ""  # set as it finishes: why it thrashed ("": it did not; `stats`)
 
     @property
     def key(self) -> tuple[str, int]:

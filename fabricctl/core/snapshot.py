@@ -7,8 +7,9 @@ next shape (its own in "consumer" scope, the model's in "model" scope) and how m
 batches it holds are settling (their completion received); recent events;
 counters; the ledger) out of the pieces it is handed, never a broker: it reads them and changes
 nothing. `lanes` selects which shapes carry their lane list: all, none, or some keys.
-`finished_view(shape, thrash_line)` is the record kept of a finished shape: its `ShapeView`
-as of its finish (lanes none, `finished_at` and `thrashed` set), what the store persists.
+`finished_view(shape)` is the record kept of a finished shape: its `ShapeView` as of its
+finish (lanes none, `finished_at`, `thrashed` and `thrash` set from the lifecycle's verdict),
+what the store persists.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ class ShapeView(msgspec.Struct):
     consumers: list[str] = []  # the consumers its batches went to
     gpus: list[int] = []  # the GPUs its completed batches ran on
     finished_at: float | None = None  # a finished shape's record: when it finished
-    thrashed: bool = False  # a finished shape's record: finished below the thrash line
+    thrashed: bool = False  # a finished shape's record: it thrashed (`stats.thrash_reason`)
+    thrash: str = ""  # ... and why, with what to change
 
 
 class ModelView(msgspec.Struct):
@@ -132,12 +134,14 @@ class Counters(msgspec.Struct):
 
 
 class BatchesHistogramView(msgspec.Struct):
-    """Why: thrashing shows as finished shapes that ran few batches (below the thrash line)."""
+    """Why: short shapes show as finished shapes that ran few batches (below the thrash line);
+    `thrashed` counts those of them that thrashed (`stats.thrash_reason`), not every short one."""
 
     buckets: list[int]
     counts: list[int]
     samples: list[int]
     thrash_line: int
+    thrashed: int = 0
 
 
 class Snapshot(msgspec.Struct):
@@ -185,11 +189,11 @@ def shape_view(shape: Shape, now: float, starve_s: float, with_lanes: bool) -> S
     )
 
 
-def finished_view(shape: Shape, thrash_line: int) -> ShapeView:
+def finished_view(shape: Shape) -> ShapeView:
     """The record kept of a shape that finished: its view as of its finish, without lanes."""
     at = shape.finished_at if shape.finished_at is not None else shape.created
     view = shape_view(shape, at, 0.0, False)
-    view.thrashed = shape.batches < thrash_line
+    view.thrashed, view.thrash = bool(shape.thrash), shape.thrash
     return view
 
 
@@ -241,6 +245,6 @@ def take_snapshot(
         now, views, model_views, consumer_views, msgspec.structs.replace(ledger),
         ledger.difference(), states, counters,
         BatchesHistogramView(list(BATCH_BUCKETS), list(hist.counts), list(hist.samples[-200:]),
-                             hist.thrash_line),
+                             hist.thrash_line, hist.thrashed),
         log.recent(events), job_views=job_views or [],
     )

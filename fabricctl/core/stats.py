@@ -4,7 +4,14 @@ Contract: `LengthHistogram` counts input lengths in 512 piecewise-linear bins (f
 prompts, coarse for long ones) and answers percentiles by linear interpolation inside a bin;
 `add_many(ns)` adds a list at once (the same counts, min and max as `add` of each); it is
 copied onto a shape when it activates. `BatchesHistogram` records how many batches each
-finished shape ran, the figure that exposes thrashing (< thrash_batches).
+finished shape ran and how many of them thrashed (`thrash_reason`'s verdict, handed in).
+`thrash_reason(batches, line, waiting)` is the thrash rule: a shape that finished under the
+thrash line (`line` batches) while `waiting` items of its own prefix had already been staged
+again (they arrived as it drained, so its prefix is prefilled once more in another run)
+thrashed; it returns why and what to change (`THRASH_FIX`), "" when it did not. A shape
+that left nothing of its prefix waiting ran as long as its work allowed: however few its
+batches (the Zipf tail of a file, or a stream slower than the GPUs), it ran every item
+there was, so it is short, not thrashing.
 """
 
 from __future__ import annotations
@@ -98,6 +105,17 @@ class LengthHistogram:
         return {f"p{p:g}": self.percentile(p) for p in ps}
 
 
+THRASH_FIX = "to gather more per run, raise [broker] activate_multiple or stage_timeout_s"
+
+
+def thrash_reason(batches: int, line: int, waiting: int) -> str:
+    """Why the shape thrashed, with what to change ("" when it did not: see the module)."""
+    if batches >= line or waiting <= 0:
+        return ""
+    return (f"finished after {batches} batches (< {line}) with {waiting} items of its prefix "
+            f"staged again; {THRASH_FIX}")
+
+
 # Buckets for "batches a shape ran before it finished"; 100 is the thrashing line.
 BATCH_BUCKETS: tuple[int, ...] = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000)
 
@@ -111,13 +129,13 @@ class BatchesHistogram:
         self.thrash_line = thrash_line
         self.counts = [0] * (len(BATCH_BUCKETS) + 1)  # counts[i]: B[i-1] <= batches < B[i]
         self.total = 0
-        self.thrashed = 0  # finished shapes below the thrash line
+        self.thrashed = 0  # finished shapes that thrashed (`thrash_reason`)
         self.samples: list[int] = []  # the most recent finished shapes' batch counts
 
-    def add(self, batches: int) -> None:
+    def add(self, batches: int, thrashed: bool = False) -> None:
         self.counts[bisect_right(BATCH_BUCKETS, batches)] += 1
         self.total += 1
-        if batches < self.thrash_line:
+        if thrashed:
             self.thrashed += 1
         self.samples.append(batches)
         if len(self.samples) > 1000:

@@ -5,7 +5,9 @@ through `Broker.set_job_terms(job, terms)` whenever a job opens, seals, changes 
 is restored; items carry their job's number (`Item.job`, `Entry.job`). Job 0 (items with no
 job) has the default terms: priority 0, no deadline, never sealed. Higher `priority` goes
 first at every choice; `deadline` is unix seconds (the job's `expires_at`) or None; `sealed`
-says its input ended, so its shapes can gain no more items and need not wait to grow.
+says its input ended, so its shapes can gain no more items and need not wait to grow;
+`reading` that its input is a file of known size not yet read to its end (its queued items
+are not yet the job: no finish is forecast for it until it is sealed, a moment later).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class JobTerms:
     priority: int = 0
     deadline: float | None = None
     sealed: bool = False
+    reading: bool = False  # a file of known size still being read (see the contract)
 
 
 NO_TERMS = JobTerms()

@@ -71,7 +71,6 @@ async def start_api(cfg: AppConfig, daemon: Daemon) -> ApiService:
     from fabricctl.api.service import BatchApi, process_feeder
     from fabricctl.store.files import FileStore
 
-    assert daemon.server is not None
     host, port = api_address(cfg.server.api, cfg.server.token)
     clock = api_clock()
     backend = ClientBackend(daemon.server.state.cfg.socket_path)
@@ -95,9 +94,7 @@ async def serve_forever(cfg: AppConfig, local_gpus: bool = True,
                         ray: str | None = None) -> int:
     from fabricctl.server.heap import settle_heap
 
-    daemon = Daemon(cfg, local_gpus=local_gpus, ray=ray)
-    await daemon.start()
-    assert daemon.server is not None
+    daemon = await Daemon.start(cfg, local_gpus=local_gpus, ray=ray)
     api = await start_api(cfg, daemon) if cfg.server.api else None
     settle_heap()  # what recovery and the imports left is never garbage
     loop = asyncio.get_running_loop()

@@ -22,6 +22,12 @@ from fabricctl.core.types import ItemResult, Prewarm, Work
 WINDOW_BATCHES = 3
 
 
+def request_window(window: int, max_batch_size: int) -> int:
+    """Requests a consumer keeps in a real engine at once: `window` when set (> 0), else the
+    one default, `WINDOW_BATCHES` x the contract's max batch size (`[consumer] window`)."""
+    return window if window > 0 else WINDOW_BATCHES * max(1, max_batch_size)
+
+
 class EngineLimits(msgspec.Struct, frozen=True):
     """The engine's side of the contract; the consumer adds the model name."""
 
@@ -44,6 +50,16 @@ class EngineCounters(msgspec.Struct, kw_only=True):
     busy_s: float = 0.0
 
 
+class SharedLoad(msgspec.Struct, frozen=True):
+    """Why: a shared server's last reading, for `status` and `top` (`core.colocate`)."""
+
+    capacity: int
+    window: int
+    live: int
+    live_ttft_s: float | None = None
+    target_s: float | None = None
+
+
 class EngineStats(EngineCounters):
     """What an engine reports: whether it is simulated, its KV block size, its counters.
 
@@ -53,6 +69,7 @@ class EngineStats(EngineCounters):
 
     simulated: bool
     block_size: int = 0
+    shared: SharedLoad | None = None  # a server shared with live traffic: its last reading
 
 
 class Engine(Protocol):

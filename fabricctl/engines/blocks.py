@@ -173,7 +173,8 @@ def item_blocks(item: Item, block_size: int, adapter: str = "") -> BlockChain:
 
 
 def achievable_cached_tokens(prefix_len: int, prompt_len: int, block_size: int) -> int:
-    """The most a warm cache can give one request: floor(min(prefix, L-1)/B)*B (vllm.md A3)."""
+    """The most a warm cache can give one request: floor(min(prefix, L-1)/B)*B
+    (docs/engine-notes.md, section 2)."""
     usable = min(prefix_len, prompt_len - 1)
     if usable <= 0:
         return 0

@@ -28,13 +28,13 @@ class SimCosts:
 
     # KV pool -------------------------------------------------------------------------------
     block_size: int = 16
-    """Tokens per KV block: vLLM's DEFAULT_BLOCK_SIZE on CUDA (vllm.md A1)."""
+    """Tokens per KV block: vLLM's DEFAULT_BLOCK_SIZE on CUDA (docs/engine-notes.md, 1)."""
     num_blocks: int = 7168
-    """KV blocks incl. the null block. 80 GB x 0.92 (gpu_memory_utilization, vllm.md A1)
+    """KV blocks incl. the null block. 80 GB x 0.92 (gpu_memory_utilization, engine-notes 1)
     - 13.5 GB bf16 weights - ~4 GB activations/graphs ~= 56 GB; at 512 KiB/token
     (2 x 32 layers x 4096 x 2 bytes) that is ~115k tokens = ~7200 blocks of 16."""
 
-    # scheduler (vLLM defaults for the API server on a >= 70 GiB GPU, vllm.md A1) ------------
+    # scheduler (vLLM's API-server defaults on a >= 70 GiB GPU, docs/engine-notes.md, 1) ----
     max_num_seqs: int = 1024
     """--max-num-seqs: running sequences at most."""
     max_num_batched_tokens: int = 8192

@@ -1,49 +1,24 @@
 """An Engine for any OpenAI-compatible server (vLLM first of all): one request per item.
 
 Contract (on top of `fabricctl.engines.base.Engine`):
-- `run(work)` sends every item of the batch as its own request, concurrently, on its own
-  endpoint with the body its producer wrote (`fabricctl.engines.request.request_of`): the
-  engine sets `model` to the served name (the batch's own when it is one of the other names
-  the server answers: its LoRA adapters, `names`, configured or learnt from the server's
-  /v1/models by `learn_names`) and adds nothing. Requests in flight are bounded by
-  one window per engine (`window`, FIFO, shared by every batch the consumer has in hand),
-  so a later batch's requests queue behind an earlier one's: each holds one of the window's
-  kept-alive HTTP/1.1 connections while it is sent (`fabricctl.engines.pool.Connections`);
-  /metrics and pre-warms go on a small client of their own. It returns one ItemResult per
-  item, in order. Items with `input_tokens > work.max_input_len` are not sent and get an
-  empty result with finish_reason "length_exceeded" (not embeddings, score or rerank
-  requests, whose several inputs are sequences of their own: vLLM refuses a too-long one
-  with a 400, that item's result); an unreadable payload gets an "error" result.
-- Grouped embeddings (`group_pooling`, on by default; `fabricctl.engines.pooled`): items of
-  the batch whose `/v1/embeddings` bodies differ only in their one input (a text counted by
-  `counter`, the served model's tokenizer, or token ids) travel as one request with an
-  input list, one window slot, and each gets the body its own request would have got
-  (`split_answer`). A refusal of the group (4xx, 501: one bad input refuses the list) or an
-  answer that does not split (its usage is not the counted sum; texts then travel alone for
-  the engine's life) sends the group's items one by one, each with its own outcome.
-- A 200 answer: text and finish_reason of choice 0 (`text`, or `message.content` for chat),
-  vLLM's `usage` (prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens),
-  and the body as the server sent it, kept for OpenAI-batch items (their output line
-  carries it) and for native items whose answer has several choices or logprobs; an
-  embeddings, score, rerank or responses answer is read as `read_answer` says, its body
-  always kept.
-- A 4xx (not 408/429) and a 501 (vLLM's "The model does not support ... API") are that
-  item's error result: the server's message in `error`, its status in `status`, its error
-  body in `body`; the batch goes on.
-- Connection errors, timeouts, 408/429 and other 5xx are retried with exponential backoff
-  (`attempts` in all), then `EngineError` for the batch. An answer whose choices have
-  finish_reason "abort" (the server is shutting down) is resent; still aborted after
-  `attempts`, the item's result has finish_reason "abort" (the consumer isolates it).
-- Cache accounting: `/metrics` is scraped after each batch (and once before the first), one
-  scrape at a time (the server reads its counters when it answers);
-  `vllm:prefix_cache_{queries,hits}_total` deltas accumulate into `stats()` (a decrease, or a
-  new `process_start_time_seconds`, is a restart: the new value is the delta). Block size is
-  read once from `vllm:cache_config_info{block_size=...}`. A server without /metrics (404)
-  is simply not scraped again.
-- `prewarm(signal)` sends the sample item's shared prefix with `max_tokens 1`: its
-  components joined to /v1/completions, or for a chat shape its messages but the last to
-  /v1/chat/completions (tools included); best effort; nothing for an embeddings, score,
-  rerank or responses shape (`fabricctl.engines.request.prewarm_request`).
+- `run(work)` sends every item as its own request, concurrently, on its own endpoint with the
+  body its producer wrote (`engines.request.request_of`), only `model` set to the served
+  name (or the batch's own when the server answers it: `names`, or learnt by `learn_names`).
+  One FIFO window per engine (`window`) bounds the requests in flight, each on a kept-alive
+  connection (`engines.pool.Connections`). One ItemResult per item, in order; an item over
+  `work.max_input_len` (not pooling) gets "length_exceeded", an unreadable payload "error".
+- `group_pooling`: embeddings items differing only in their input go as one request
+  (`engines.pooled`), resent one by one when the group is refused or does not split.
+- A 200 is the item's answer (text, finish_reason, vLLM's `usage`, the body where kept); a
+  4xx (not 408/429) or a 501 is the item's error result; connection errors, timeouts,
+  408/429 and other 5xx are retried with backoff (`attempts`), then `EngineError` for the
+  batch; "abort" answers are resent, still aborted they stay "abort".
+- `stats()`: `vllm:prefix_cache_{queries,hits}_total` deltas scraped from `/metrics` after
+  each batch (a restart counted), the block size from `vllm:cache_config_info`.
+- `prewarm(signal)`: the shape's prefix with `max_tokens 1`, best effort (none for pooling).
+- `shared_capacity`: a server shared with live traffic; the window follows its load
+  (`engines.shared_server`), each body carries `batch_priority`.
+The details of each: ARCHITECTURE.md, "The OpenAI engine".
 """
 
 from __future__ import annotations
@@ -56,63 +31,32 @@ from typing import Any
 
 import httpx
 import msgspec
-from prometheus_client.parser import text_string_to_metric_families
 
+from fabricctl.core.colocate import Colocation
+from fabricctl.core.endpoints import MULTIPART_URLS
 from fabricctl.core.payload import decode_payload
 from fabricctl.core.types import ItemResult, Prewarm, Work
-from fabricctl.engines.base import WINDOW_BATCHES, EngineLimits, EngineStats
+from fabricctl.engines.base import EngineLimits, EngineStats, request_window
+from fabricctl.engines.metrics import MetricsSample, counter_delta, parse_metrics
 from fabricctl.engines.pool import Connections
 from fabricctl.engines.pooled import InputCounter, Send, plan_sends, split_answer
 from fabricctl.engines.request import (
     ABORT,
     POOLING_PATHS,
     error_message,
+    fetch_file,
+    form_fields,
     prewarm_request,
     read_answer,
     request_of,
 )
+from fabricctl.engines.shared_server import LoadFollower
 from fabricctl.errors import EngineError, WorkloadError
 
 log = logging.getLogger(__name__)
 
-COUNTERS = {
-    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
-    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
-    "vllm:prompt_tokens_total": "prompt_tokens",
-    "vllm:generation_tokens_total": "generation_tokens",
-}
 RETRYABLE_STATUS = frozenset({408, 429})
 NOT_IMPLEMENTED = 501  # vLLM: "The model does not support <X> API", never worth a retry
-
-
-class MetricsSample(msgspec.Struct):
-    """One scrape of a server's /metrics, reduced to what cache accounting needs."""
-
-    counters: dict[str, float]  # EngineStats field name -> value summed over label sets
-    block_size: int | None = None
-    start_time: float | None = None
-
-
-def parse_metrics(text: str) -> MetricsSample:
-    """Parse Prometheus text into the counters fabricctl tracks (unknown series ignored)."""
-    counters = dict.fromkeys(COUNTERS.values(), 0.0)
-    sample = MetricsSample(counters=counters)
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name in COUNTERS:
-                counters[COUNTERS[s.name]] += s.value
-            elif s.name == "vllm:cache_config_info" and s.labels.get("block_size"):
-                sample.block_size = int(s.labels["block_size"])
-            elif s.name == "process_start_time_seconds":
-                sample.start_time = s.value
-    return sample
-
-
-def counter_delta(prev: float | None, cur: float) -> float:
-    """Increase of a counter since `prev`; a decrease means it was reset (restart)."""
-    if prev is None:
-        return 0.0
-    return cur - prev if cur >= prev else cur
 
 
 class _Rejected(Exception):
@@ -139,7 +83,9 @@ class OpenAIEngine:
                  scrape_metrics: bool = True, api_key: str | None = None,
                  window: int = 0, group_pooling: bool = True,
                  counter: InputCounter | None = None,
-                 names: Sequence[str] | None = None) -> None:
+                 names: Sequence[str] | None = None, shared_capacity: int | None = None,
+                 batch_priority: int | None = None, live_target_s: float | None = None,
+                 ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -152,7 +98,7 @@ class OpenAIEngine:
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
         # requests in flight at once; 0: the consumer's default window
-        self.window = window if window > 0 else WINDOW_BATCHES * max(1, max_batch_size)
+        self.window = request_window(window, max_batch_size)
         self.requests = 0  # requests answered (any status), for tests and benches
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._conns = Connections(self.base_url, self.window, timeout_s=timeout_s,
@@ -169,6 +115,13 @@ class OpenAIEngine:
         self.group_pooling = group_pooling
         self._counter = counter  # None: texts are not grouped (token ids still are)
         self.grouped = 0  # items answered through a grouped request, for tests and benches
+        # a shared server (its slots): the window follows its live load; bodies carry priority
+        self.follower = (None if shared_capacity is None else LoadFollower(
+            self.scrape, self._conns, Colocation(shared_capacity, max_window=self.window,
+                                                 target_s=live_target_s),
+            canary=self._canary if live_target_s else None))
+        self.batch_priority = batch_priority
+        self._refused_priority: int | None = None  # the batch priority a server refused
 
     def limits(self) -> EngineLimits:
         return self._limits
@@ -200,9 +153,12 @@ class OpenAIEngine:
         return names
 
     def stats(self) -> EngineStats:
-        return msgspec.structs.replace(self._stats)
+        shared = None if self.follower is None else self.follower.view()
+        return msgspec.structs.replace(self._stats, shared=shared)
 
     async def close(self) -> None:
+        if self.follower is not None:
+            await self.follower.stop()
         await self._conns.aclose()
 
     # -- HTTP ---------------------------------------------------------------------------
@@ -211,16 +167,18 @@ class OpenAIEngine:
         return min(self.backoff_s * (2**attempt), self.backoff_max_s)
 
     async def _post(self, path: str, body: dict[str, Any],
-                    client: httpx.AsyncClient | None = None) -> httpx.Response:
+                    client: httpx.AsyncClient | None = None,
+                    file: bytes | None = None) -> httpx.Response:
         """POST on `client` (default: the side client), retrying transient failures; any
-        answer that is not one comes back."""
+        answer that is not one comes back. With `file`: multipart, the body as form fields."""
         last = ""
         unreachable = False
         client = client or self._client
         for attempt in range(self.attempts):
             unreachable = True
             try:
-                resp = await client.post(path, json=body)
+                resp = await (client.post(path, json=body) if file is None else client.post(
+                    path, data=form_fields(body), files={"file": ("audio.bin", file)}))
             except httpx.TimeoutException:
                 last = f"timed out after {self.timeout_s} s"
             except httpx.TransportError as e:
@@ -254,8 +212,15 @@ class OpenAIEngine:
         """One item's request, resent while its answer is aborted; result id left blank."""
         async with self._conns.slot() as client:
             res: ItemResult | None = None
+            file = await fetch_file(body.get("file_url", ""), client) \
+                if path in MULTIPART_URLS else None
+            if isinstance(file, ItemResult):
+                return file
             for attempt in range(self.attempts):
-                resp = await self._post(path, body, client)
+                resp = await self._post(path, body, client, file)
+                if resp.status_code == 400 and self._priority_refused(body, resp.content):
+                    body = {k: v for k, v in body.items() if k != "priority"}
+                    resp = await self._post(path, body, client, file)
                 res = read_answer(resp.status_code, resp.content, keep_body, path)
                 if res is None:
                     raise EngineError(f"{self.base_url}: HTTP {resp.status_code} with a body "
@@ -266,6 +231,20 @@ class OpenAIEngine:
                     await asyncio.sleep(self._backoff(attempt))
             assert res is not None  # attempts >= 1
             return res
+
+    def _priority_refused(self, body: dict[str, Any], content: bytes) -> bool:
+        """Whether a 400 refused the batch `priority` this engine added (a server that does
+        not schedule by priority may): then batch requests go without it from now on, said
+        once, and the window alone keeps the live traffic's latency."""
+        ours = self.batch_priority if self.batch_priority is not None else self._refused_priority
+        if ours is None or body.get("priority") != ours or b"priority" not in content.lower():
+            return False
+        if self.batch_priority is not None:
+            log.warning("%s refused the batch requests' priority (%s): they go without it; "
+                        "start vLLM with --scheduling-policy priority to let live requests "
+                        "go first", self.base_url, content[:200].decode(errors="replace"))
+            self._refused_priority, self.batch_priority = self.batch_priority, None
+        return True
 
     # -- metrics ------------------------------------------------------------------------
 
@@ -300,6 +279,21 @@ class OpenAIEngine:
             self._stats.block_size = sample.block_size
         return sample
 
+    async def _canary(self) -> float | None:
+        """Seconds to the first token of one tiny request at live priority (None: failed)."""
+        body = {"model": self.model, "prompt": "ping", "max_tokens": 1, "stream": True,
+                "priority": 0}
+        t0 = time.monotonic()
+        try:
+            async with self._client.stream("POST", "/v1/completions", json=body) as resp:
+                if resp.status_code >= 400:
+                    return None
+                async for _ in resp.aiter_bytes():
+                    return time.monotonic() - t0
+        except httpx.HTTPError as e:
+            log.debug("%s: canary failed: %r", self.base_url, e)
+        return None
+
     # -- Engine -------------------------------------------------------------------------
 
     async def run(self, work: Work) -> list[ItemResult]:
@@ -318,7 +312,11 @@ class OpenAIEngine:
             if item.input_tokens > work.max_input_len and path not in POOLING_PATHS:
                 results[i] = ItemResult(id=item.id, finish_reason="length_exceeded")
                 continue
+            if self.batch_priority is not None:
+                body.setdefault("priority", self.batch_priority)
             sends.append(Send(i, path, body, keep))
+        if self.follower is not None:
+            await self.follower.start()
         if sends:
             if not self._last:  # no baseline yet: without one this batch goes uncounted
                 await self.scrape()

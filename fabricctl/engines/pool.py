@@ -10,7 +10,9 @@ are served in arrival order; the connection freed last is taken first, so a tric
 requests keeps to one connection and a full window keeps all of them busy. Every connection
 is kept alive while idle for `KEEPALIVE_S`. Connections open as the window first fills; none
 is opened again while the server keeps them. `aclose()` closes every client. A given
-`transport` (tests) serves every client.
+`transport` (tests) serves every client. `limit` (a shared server's window, set by its
+`Colocation`) caps the places in use below `window`; lowering it lets the requests in flight
+finish and holds new ones until fewer than `limit` are in use (None: no cap, no cost).
 """
 
 from __future__ import annotations
@@ -64,15 +66,39 @@ class Connections:
         for c, n in reversed(list(zip(self.clients, self.sizes, strict=True))):
             for _ in range(n):
                 self._free.put_nowait(c)
+        self.in_use = 0  # places taken (their requests in flight or about to be)
+        self._limit: int | None = None
+        self._gate = asyncio.Condition()
+
+    @property
+    def limit(self) -> int | None:
+        return self._limit
+
+    async def set_limit(self, limit: int | None) -> None:
+        """Cap the places in use (None: the whole window); waiters under it go on at once."""
+        async with self._gate:
+            self._limit = limit
+            self._gate.notify_all()
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[httpx.AsyncClient]:
         """One place of the window, as the client whose connection the request may use."""
+        if self._limit is not None:
+            async with self._gate:
+                await self._gate.wait_for(
+                    lambda: self._limit is None or self.in_use < self._limit)
+                self.in_use += 1
+        else:
+            self.in_use += 1
         c = await self._free.get()
         try:
             yield c
         finally:
             self._free.put_nowait(c)
+            self.in_use -= 1
+            if self._limit is not None:
+                async with self._gate:
+                    self._gate.notify()
 
     async def aclose(self) -> None:
         for c in (self.side, *self.clients):

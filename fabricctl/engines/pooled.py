@@ -1,35 +1,26 @@
 """Embeddings items of a batch that travel as one request, and each one's answer split back.
 
-vLLM's `/v1/embeddings` takes a list of inputs and answers one vector per input (`data[i]`,
-in input order) with the usage summed over them (`usage.prompt_tokens` is the sum of each
-input's prompt token ids: `vllm/entrypoints/pooling/utils.py:get_pooling_usage`); each
-input runs as its own engine request. So items whose bodies differ only in their input can
-travel together and get, each, the body a request of its own would have got.
+vLLM's `/v1/embeddings` answers a list of inputs with one vector per input and the usage
+summed over them, each input its own engine request (docs/engine-notes.md, section 6), so
+items whose bodies differ only in their input can travel together and each get the body a
+request of its own would have got.
 
 Contract:
 - `pool_input(path, body)`: the one input of an embeddings body that may travel with others
-  (a string, or one list of token ids), or None: another endpoint; an input that is itself
-  a list of inputs (a group of its own); chat `messages`; `truncate_prompt_tokens`; an
-  `encoding_format` other than float or base64 (bytes answers are not JSON).
-  `pool_key(path, body)` is the canonical JSON (sorted keys) of the rest of the body and the
-  input's kind (text or ids): items of equal keys differ only in their input.
-- Token counts: an input of token ids counts its ids; a text is counted by an
-  `InputCounter` (`ServedTokenizer`: the served model's `tokenizer.json`, special tokens
-  as the body's `add_special_tokens`, vLLM's default true), the rule vLLM's renderer
-  applies; `served_counter(tokenizer, model)` finds it (`[producer] tokenizer`, else
-  `<model>/tokenizer.json`) or gives None, and then texts travel one a request.
-- `plan_groups(keys, counts, max_inputs, max_tokens)`: the indices with a key and a count,
-  bucketed by key in batch order and cut greedily at `max_inputs` inputs and `max_tokens`
-  tokens (`GROUP_INPUTS`, `GROUP_TOKENS` by default); only runs of two or more are groups,
-  every other index travels alone.
-- `split_answer(content, counts)`: the group's 2xx body cut into one body per input, as a
-  request of its own is answered: the same top-level fields in vLLM's order, `data` its one
-  entry with `index` 0 (the vector's JSON text untouched), `usage.prompt_tokens` and
-  `total_tokens` its own count, `created` and `model` the group's, and `id` the group's id
-  with `-<i>` (vLLM's id is random per request; `<id>-<i>` is the id vLLM gives the
-  input's engine request inside the group, unique per item). `why` is set instead when the
-  body is not a list of `len(counts)` vectors or its usage is not the counts' sum (the
-  counts were not the server's: the caller resends the items one by one).
+  (a string, or one list of token ids), or None (another endpoint, a list of inputs, chat
+  `messages`, `truncate_prompt_tokens`, an `encoding_format` other than float or base64).
+  `pool_key(path, body)`: the canonical JSON of the rest of the body and the input's kind.
+- Token counts: token ids count themselves; a text is counted by an `InputCounter`
+  (`ServedTokenizer`: the served model's `tokenizer.json`, special tokens as the body's
+  `add_special_tokens`, as vLLM's renderer does); `served_counter(tokenizer, model)` finds
+  it or gives None, and then texts travel one a request.
+- `plan_groups(keys, counts, max_inputs, max_tokens)`: indices bucketed by key in batch
+  order, cut greedily at `max_inputs` inputs and `max_tokens` tokens (`GROUP_INPUTS`,
+  `GROUP_TOKENS`); only runs of two or more are groups.
+- `split_answer(content, counts)`: the group's 2xx body cut into one body per input, in
+  vLLM's field order: `data` its one entry with `index` 0 (the vector's JSON untouched),
+  its own `usage`, the group's `created` and `model`, `id` the group's with `-<i>`. `why` is
+  set instead when the body is not `len(counts)` vectors or its usage is not the counts' sum.
 """
 
 from __future__ import annotations

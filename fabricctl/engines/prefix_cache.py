@@ -1,34 +1,25 @@
-"""A block-level model of vLLM's automatic prefix caching (vllm.md A4), for the simulated GPU.
+"""A block-level model of vLLM's automatic prefix caching, for the simulated GPU.
 
-Contract (follows the validated reference model `APCSim` of vllm.md A4, corrected to keep
-every copy of a block hash as vLLM 0.32's `BlockHashToBlockMap` does):
+Contract (vLLM's behaviour as docs/engine-notes.md, section 3, states it, with every copy of
+a block hash kept as vLLM 0.32's `BlockHashToBlockMap` does):
 - KV lives in `num_blocks` blocks of `block_size` tokens; block 0 is the null block, so
   `capacity = num_blocks - 1`. A block is *used* (ref > 0) or *free* (in the free queue).
-- `match` walks a sequence's full-block hashes from the start, limited to the first
-  floor((L-1)/B) blocks, and stops at the first miss. Hits are multiples of B, at most L-1.
-- `allocate` is atomic: it touches the hit blocks (ref+1, out of the free queue), pops the
-  new blocks from the HEAD of the free queue (evicting, lazily, the hash a popped block
-  still carries: only that block's copy is dropped), then registers the hash of every block
-  that became full (prompt blocks with the caller's hashes, generated blocks with fresh
-  unique hashes). If there are not enough free blocks it changes nothing and returns False
-  (`can_allocate` asks the same question without acting).
-- Duplicates are kept, as in vLLM: a hash maps to every block holding it, in registration
-  order, and a lookup takes the oldest surviving copy (`get_one_block`: the first entry of
-  an insertion-ordered dict). A duplicate arises when a request recomputes a cached block,
-  e.g. the last block of a pre-warm whose prefix is a whole number of blocks (its hit stops
-  at L-1). Evicting one copy leaves the hash cached while another copy remains.
+- `match` walks a sequence's full-block hashes from the start over the first floor((L-1)/B)
+  blocks and stops at the first miss: hits are multiples of B, at most L-1.
+- `allocate` is atomic: it touches the hit blocks, pops new blocks from the HEAD of the free
+  queue (lazily evicting the hash a popped block carries: that copy only), then registers
+  the hash of every block that became full (generated blocks get fresh unique hashes). Not
+  enough free blocks: it changes nothing and returns False (`can_allocate` asks only).
+- Duplicates are kept: a hash maps to every block holding it and a lookup takes the oldest
+  surviving copy (`cache`; `dups` holds the copies of hashes with two or more).
 - `free` releases a sequence tail first: blocks reaching ref 0 go to the HEAD of the queue
-  when unhashed and to the TAIL when hashed, deepest block first (LRU by finish time, and
-  within a request the longest-prefix blocks are evicted before the shared head).
-- Blocks in use are never in the free queue, so they are never evicted; free + used ==
-  capacity always. `queries`/`hits` count tokens, like vllm:prefix_cache_{queries,hits}.
-Sequences may be held across many scheduler steps (continuous batching): `allocate` grows a
-held sequence, `free` releases it (finish or preemption). The free queue is an OrderedDict,
-so every operation is O(1) per block. `cache` maps a hash to the copy a lookup returns
-(the oldest); `dups` holds, only for hashes with two or more copies, all of them in
-registration order (so the common single-copy case costs one dict entry, like vLLM's).
-A bad size, hit blocks given for a sequence that holds blocks, or a `run` whose request does
-not fit the pool is a `UsageError`.
+  unhashed and to the TAIL hashed (LRU by finish time, deepest blocks evicted first).
+- Blocks in use are never evicted; free + used == capacity always. `queries`/`hits` count
+  tokens, like vllm:prefix_cache_{queries,hits}.
+Sequences may be held across scheduler steps (`allocate` grows one, `free` releases it on
+finish or preemption); every operation is O(1) per block (an OrderedDict free queue). A bad
+size, hit blocks for a sequence that holds blocks, or a `run` that does not fit the pool is
+a `UsageError`.
 """
 
 from __future__ import annotations

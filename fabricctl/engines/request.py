@@ -2,57 +2,46 @@
 
 Contract:
 - `request_of(item, payload, model)` is (path, body, keep): `payload.path` when set (an
-  embeddings, score, rerank or responses request), else `/v1/chat/completions` for a chat
-  payload, else `/v1/completions`; the body is the payload's body as the producer wrote it
-  with `model` set to the served name and, for completions, `prompt` set to
-  `payload.text()` (an older payload without a body gets `{"prompt", "max_tokens"}`);
-  nothing else is added; a body that is not a JSON object is a `WorkloadError`. `keep`
-  says whether the answer's body must be kept whole: always for OpenAI-batch items, whose
-  output line carries it, and for every item with a `path` (a native result carries its
-  vectors, scores or response).
-- `read_answer(status, content, keep, path)` turns an HTTP answer to a request on `path`
-  into an ItemResult (id blank):
-  - completions and chat, 2xx: choice 0's text (`text`, or `message.content` for chat) and
-    finish_reason, and vLLM's usage (completion tokens summed over the choices by vLLM
-    itself, prompt tokens, cached tokens from `prompt_tokens_details`); the body is kept
-    when `keep`, or when the answer has several choices or logprobs.
-  - embeddings, score, rerank (`POOLING_PATHS`), 2xx: a body with `data` (embeddings,
-    score) or `results` (rerank), kept whole; text "", finish_reason "stop", tokens_out 0,
-    prompt tokens from `usage.prompt_tokens`, cached tokens only when vLLM reports
-    `usage.prompt_tokens_details.cached_tokens` (never claimed otherwise).
-  - responses, 2xx: a body with `output`, kept whole; text the `output_text` parts of its
-    message items joined, usage from `usage.input_tokens`, `output_tokens` and
-    `input_tokens_details.cached_tokens`; finish_reason from `status`: "completed" is
-    "stop", "incomplete" (max_output_tokens reached) "length", "cancelled" "abort" (resent
-    like an aborted completion), any other status as it is.
-  - a 4xx: finish_reason "error", the server's message, its status and its error body. A
-    404 whose body is not vLLM's error object (FastAPI's `{"detail": "Not Found"}`: the
-    served model has no such route, e.g. /v1/embeddings on a generative model) is the row
-    `vllm run-batch` writes for that line: status 400 and the bare message "Model does not
-    support endpoint: <path>" as its error (a JSON string, not an error object).
-  None when a 2xx body is not the endpoint's answer.
-- `prewarm_request(payload, model)` is (path, body) for a request that prefills the shape's
-  shared prefix (max_tokens 1), or None when the payload shares nothing or has a `path`:
-  pooling models cache prefixes only when causal with last-token pooling, and a responses
-  request is pre-warmed by none of the completion endpoints (pre-warm is off by default on
-  real engines).
+  endpoint beyond completions and chat), else `/v1/chat/completions` for a chat payload,
+  else `/v1/completions`; the body is the producer's with `model` set to the served name
+  and, for completions, `prompt` set to `payload.text()` (an older payload without a body
+  gets `{"prompt", "max_tokens"}`); a body that is not a JSON object is a `WorkloadError`.
+  `keep`: the answer's body is kept whole (OpenAI-batch items, every item with a `path`).
+- A multipart endpoint (`core.endpoints`: transcriptions) goes as `form_fields(body)` with
+  the `file` that `fetch_file(file_url)` reads, as `vllm run-batch` downloads it.
+- `read_answer(status, content, keep, path)` turns an HTTP answer into an ItemResult (id
+  blank), or None when a 2xx body is not the endpoint's answer: completions and chat give
+  choice 0's text and finish_reason and vLLM's usage (body kept when `keep`, or with several
+  choices or logprobs); pooling its body whole, text "", tokens_out 0, cached tokens only
+  when vLLM reports them; responses its body whole, the `output_text` parts as text, usage
+  from `input_tokens`/`output_tokens`, finish_reason from `status`; transcriptions `text`,
+  the body whole. A 4xx is finish_reason "error" with the server's message, status and
+  error body; a 404 that is not vLLM's error object (no such route for the model) is `vllm
+  run-batch`'s row: 400, "Model does not support endpoint: <path>".
+- `prewarm_request(payload, model)` is (path, body) prefilling the shape's shared prefix
+  (max_tokens 1), or None when the payload shares nothing or has a `path`.
+The forms these answers take in the output: README.md, "Formats".
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
+import httpx
 import msgspec
 
+from fabricctl.core.endpoints import BY_SOURCE, BY_URL, POOLING_URLS, Kind, Source
 from fabricctl.core.payload import Payload
-from fabricctl.core.records import Source
 from fabricctl.core.types import Item, ItemResult
 from fabricctl.errors import WorkloadError
 
-COMPLETIONS_PATH = "/v1/completions"
-CHAT_PATH = "/v1/chat/completions"
-RESPONSES_PATH = "/v1/responses"
-POOLING_PATHS = frozenset({"/v1/embeddings", "/v1/score", "/v1/rerank"})
+COMPLETIONS_PATH = BY_SOURCE[Source.COMPLETIONS].url
+CHAT_PATH = BY_SOURCE[Source.CHAT].url
+POOLING_PATHS = POOLING_URLS
 ABORT = "abort"  # vLLM's finish_reason for a request it dropped (shutdown, preemption)
 NATIVE_SOURCE = int(Source.NATIVE)
 
@@ -233,10 +222,9 @@ def read_answer(status: int, content: bytes, keep: bool, path: str = "") -> Item
     contract."""
     if status >= 400:
         return _refusal(status, content, path)
-    if path in POOLING_PATHS:
-        return _pooling_answer(content)
-    if path == RESPONSES_PATH:
-        return _responses_answer(content)
+    spec = BY_URL.get(path)
+    if spec is not None and spec.kind is not Kind.GENERATION:
+        return _READ[spec.kind](content)
     try:
         answer = _answer.decode(content)
     except msgspec.DecodeError:
@@ -311,3 +299,57 @@ def _responses_answer(content: bytes) -> ItemResult | None:
         prompt_tokens=usage.input_tokens,
         body=_compact(content),
     )
+
+
+class _Transcript(msgspec.Struct):
+    """Why: a transcription body (json or verbose_json), read just as far as results need."""
+
+    text: str
+
+
+_transcript = msgspec.json.Decoder(_Transcript)
+
+
+def _transcription_answer(content: bytes) -> ItemResult:
+    """Its `text`; a text, srt or vtt answer (not JSON) is its text, kept as a JSON string."""
+    try:
+        return ItemResult(id="", text=_transcript.decode(content).text, body=_compact(content))
+    except msgspec.DecodeError:
+        text = content.decode("utf-8", "replace")
+        return ItemResult(id="", text=text, body=_encode(text))
+
+
+# How a 2xx body of each kind of endpoint beyond completions and chat is read.
+_READ = {Kind.POOLING: _pooling_answer, Kind.RESPONSES: _responses_answer,
+         Kind.TRANSCRIPTION: _transcription_answer}
+
+
+def form_fields(body: dict[str, Any]) -> dict[str, str | list[str]]:
+    """A multipart request's form fields: the body but `file_url`, each value as text (a
+    list repeats its field, an object goes as JSON)."""
+    def text(v: Any) -> str:
+        return v if isinstance(v, str) else _encode(v).decode("utf-8")
+    return {k: [text(x) for x in v] if isinstance(v, list) else text(v)
+            for k, v in body.items() if k != "file_url" and v is not None}
+
+
+async def fetch_file(url: str, client: httpx.AsyncClient) -> bytes | ItemResult:
+    """The bytes `file_url` names (data:, file:// or http(s)://), as run-batch downloads
+    them, or the item's 400 refusal in vLLM's words when they cannot be had."""
+    try:
+        parsed = urlparse(url)
+        if parsed.scheme == "data" and ";base64," in url:
+            return base64.b64decode(url.split(",", 1)[1], validate=True)
+        if parsed.scheme == "file":
+            return await asyncio.to_thread(Path(unquote(parsed.path)).read_bytes)
+        if parsed.scheme in ("http", "https"):
+            resp = await client.get(url)
+            resp.raise_for_status()
+            return resp.content
+        why = f"Unsupported URL scheme: {parsed.scheme}. Supported schemes: http, https, " \
+              "data, file"
+    except (OSError, ValueError, httpx.HTTPError) as e:
+        why = f"{type(e).__name__}: {e}"
+    message = f"Failed to process transcription: {why}"
+    return _refusal(400, _encode({"error": {"message": message, "type": "BadRequestError",
+                                            "param": None, "code": 400}}), "")

@@ -1,39 +1,26 @@
 """What the simulated engine answers to one item's request, as vLLM would. SIMULATED.
 
 Contract:
-- `sim_spec(item)` reads the item's request as a real engine receives it: its endpoint
-  (`simendpoints.endpoint_of` of the payload's path), `n` choices (default 1; always 1
-  beyond completions and chat) and `ignore_eos`. Each choice `j` has a natural length drawn
-  deterministically from the item id: `output_len(id, j, max_tokens)` is uniform over 1 ..
-  max_tokens + ceil(max_tokens / 4), so about four choices in five stop before max_tokens
-  (finish_reason "stop", as when a model emits its end of sequence) and the rest are cut at
-  max_tokens ("length"). With `ignore_eos` every choice runs to max_tokens ("length").
-  `stop` strings are not simulated (the text is made up).
-- `plan_item(item, payload, cap, endpoints)` is what the item runs: a `SimPlan` (one
-  request per choice, each with its tokens to generate; a pooling request, on
-  `/v1/embeddings`, `/v1/score` or `/v1/rerank`, is one request of its prompt with no
-  output token) or, for a request the server refuses, its error ItemResult: an endpoint
-  outside `endpoints` (None: every one the simulator answers) or unknown to the simulator is
+- `sim_spec(item)` reads the request as a real engine receives it: its endpoint
+  (`simendpoints.endpoint_of`), `n` choices (1 beyond completions and chat) and
+  `ignore_eos`. Choice `j`'s natural length is drawn from the item id: `output_len(id, j,
+  max_tokens)` is uniform over 1 .. max_tokens + ceil(max_tokens / 4), so about four choices
+  in five "stop" and the rest are cut at max_tokens ("length"); with `ignore_eos` all run to
+  max_tokens. `stop` strings are not simulated.
+- `plan_item(item, payload, cap, endpoints)` is a `SimPlan` (one request per choice with its
+  tokens to generate; a pooling request is its prompt with no output), or the error
+  ItemResult of a request the server refuses: an endpoint outside `endpoints` or unknown is
   a 400 "Model does not support endpoint: <path>", a body vLLM refuses its 400
-  (`simendpoints.parse_ask`). The output limit is the item's `max_tokens` (a Responses
-  request's own `max_output_tokens` when given), at most `cap`.
-- `sim_body(item, spec, choices, prompt_tokens, cached)` is the response body vLLM would
-  send for a completion (JSON): a `text_completion`, or a `chat.completion` for a chat
-  payload, with one choice per `(text, finish_reason)` and vLLM's usage (completion tokens
-  summed over the choices, `prompt_tokens_details.cached_tokens`). Ids are derived from the
-  item id.
-- `item_answer(item, plan, reqs, ...)` is the ItemResult of an item's finished requests.
-  Completions and chat: choice 0's text and finish_reason, the tokens of all choices, and
-  the body for an OpenAI batch item or several choices (no `prompt_tokens`: the item's
-  estimate stands, as before). The other endpoints always carry their body
-  (`simendpoints`) and the request's `prompt_tokens` (the payload's counted tokens); the
-  result's counts are its body's usage, as a real engine reads them (`engines.request`).
-  Pooling has `tokens_out` 0, no text and `cached_tokens` None: vLLM's pooling usage has
-  no `prompt_tokens_details`, so the result claims no hit (the simulated prefix cache still
-  has it: the GPU's `prefix_cache_hits` count it). A Responses answer has its text,
-  finish_reason, output tokens and `cached_tokens` the simulated hit, as in its usage
-  (`input_tokens_details`), with `cache_write_tokens` = the prompt's full blocks less the
-  hit, as vLLM counts them.
+  (`simendpoints.parse_ask`). Output is `max_tokens` (responses: `max_output_tokens`), at
+  most `cap`.
+- `sim_body(...)` is the completion body vLLM would send: a `text_completion` or
+  `chat.completion` with one choice per `(text, finish_reason)` and vLLM's usage; ids derive
+  from the item id.
+- `item_answer(item, plan, reqs, ...)` is the ItemResult of the finished requests:
+  completions and chat as a real engine reads them (`engines.request`); other endpoints
+  carry their body and counts from its usage. Pooling claims no cached tokens (vLLM's
+  pooling usage has none; the simulated cache still counts the hit); a Responses answer has
+  the simulated hit as `cached_tokens` and `cache_write_tokens` = full prompt blocks - hit.
 """
 
 from __future__ import annotations
@@ -53,6 +40,7 @@ from fabricctl.engines.simendpoints import (
     SIMULATED,
     Ask,
     ResponsesAsk,
+    TranscriptionAsk,
     endpoint_of,
     parse_ask,
 )
@@ -206,5 +194,6 @@ def item_answer(item: Item, plan: SimPlan, reqs: list[SimRequest], *, block_size
         return ItemResult(id=item.id, text=text, finish_reason=reason, tokens_out=first.out,
                           cached_tokens=cached, prompt_tokens=prompt, body=body)
     # vLLM's pooling usage reports no cached tokens: neither does the result (its body's)
-    return ItemResult(id=item.id, tokens_out=0, cached_tokens=None, prompt_tokens=prompt,
-                      body=ask.body(item.model, item.id, prompt))
+    text = ask.text if isinstance(ask, TranscriptionAsk) else ""
+    return ItemResult(id=item.id, text=text, tokens_out=0, cached_tokens=None,
+                      prompt_tokens=prompt, body=ask.body(item.model, item.id, prompt))

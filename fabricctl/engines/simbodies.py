@@ -4,8 +4,9 @@ SIMULATED. Contract: the Structs the simulated engine encodes its answers with, 
 field and in vLLM's order (its pydantic `model_dump()`, None fields included):
 `EmbeddingResponse` and `ScoreResponse` (`vllm/entrypoints/pooling/embed/protocol.py`,
 `.../scoring/protocol.py`, usage from `pooling/utils.py:get_pooling_usage`),
-`RerankResponse` (`.../scoring/serving.py`) and `ResponsesResponse`
-(`vllm/entrypoints/openai/responses/protocol.py`); what goes in them is
+`RerankResponse` (`.../scoring/serving.py`), `ResponsesResponse`
+(`vllm/entrypoints/openai/responses/protocol.py`) and `TranscriptionResponse`
+(`vllm/entrypoints/speech_to_text/transcription/protocol.py`); what goes in them is
 `fabricctl.engines.simendpoints`'s. `refusal(message, status, kind, param)` is vLLM's
 `ErrorResponse` as a `Refusal` (status, message, body); `unsupported(path)` is the refusal
 of an endpoint the model does not serve: 400 and the bare string "Model does not support
@@ -205,6 +206,20 @@ class ResponsesResponse(msgspec.Struct):
     ec_transfer_params: None = None
     input_messages: None = None
     output_messages: None = None
+
+
+class TranscriptionUsage(msgspec.Struct):
+    """Why: vLLM's `TranscriptionUsageAudio`: the audio's length, not tokens."""
+
+    type: str
+    seconds: int
+
+
+class TranscriptionResponse(msgspec.Struct):
+    """Why: vLLM's `TranscriptionResponse` (`response_format` "json")."""
+
+    text: str
+    usage: TranscriptionUsage
 
 
 class Refusal(NamedTuple):

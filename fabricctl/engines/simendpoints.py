@@ -3,31 +3,24 @@
 SIMULATED. The bodies and refusals are vLLM 0.32's (`fabricctl.engines.simbodies`).
 
 Contract:
-- `endpoint_of(path, chat)` is a payload's canonical endpoint (`Source.url`: the short and
-  v2 forms of score and rerank map to `/v1/score` and `/v1/rerank`; an empty path is
-  `/v1/completions`, or `/v1/chat/completions` for a chat payload), or the path itself when
-  no OpenAI batch line may name it. `SIMULATED` are the endpoints the simulator answers.
-- `parse_ask(endpoint, request, model)` reads a request body (a decoded JSON object) as the
-  server would: an `EmbedAsk`, `ScoreAsk`, `RerankAsk` or `ResponsesAsk`, or a `Refusal`
-  (400 `BadRequestError`, vLLM's message where it has one) for a body vLLM refuses or a
-  parameter the simulator does not model (`encoding_format` bytes, an `embed_dtype` other
-  than float32/float16).
-- Vectors are deterministic: `embedding(key)` is `EMBED_DIM` values drawn from the xxh3
-  hash of the input (its text, or the JSON of token ids or chat messages), cut to
-  `dimensions` (Matryoshka: any 1..EMBED_DIM, else a 400 as vLLM's) and then unit-normalised
-  (unless `use_activation` is false), each rounded to float32, written as vLLM's stdlib
-  JSON writes a float32 (its float64 repr). base64 is the float32 (or float16) bytes,
-  little-endian unless `endianness` is "big". A score is the cosine of the two texts'
-  full vectors (an embedding model's score), rounded to float32; rerank's relevance too.
-- An ask's `prompts` are the texts the server would run (one per engine request: each
-  input; query + text of each pair); `body(...)` is the JSON answer given the prompt tokens
-  (and, for responses, the output and the cache counts). Ids are vLLM's prefixes (`embd-`,
-  `score-` for score and rerank, `resp_`, `msg_`) then "sim-" and a hash of the seed (the
-  item id); `created` is 0. A Responses answer echoes the request's own fields as written
-  (instructions, metadata, text, reasoning, tools, ...: not re-validated as vLLM's pydantic
-  models would), with vLLM's defaults where absent (temperature and top_p 1.0, top_p 1.0
-  when greedy, penalties 0.0, tool_choice "none" without tools, as its request validator
-  sets it, truncation "disabled", service_tier "auto").
+- `endpoint_of(path, chat)` is a payload's canonical endpoint (`Source.url`; an empty path
+  is `/v1/completions`, or `/v1/chat/completions` for chat), or the path itself when no
+  OpenAI batch line may name it. `SIMULATED` are the endpoints the simulator answers.
+- `parse_ask(endpoint, request, model)` reads a body as the server would: an `EmbedAsk`,
+  `ScoreAsk`, `RerankAsk` or `ResponsesAsk`, or a `Refusal` (400 `BadRequestError`, vLLM's
+  message where it has one) for a body vLLM refuses or a parameter not modelled.
+- Vectors are deterministic: `embedding(key)` is `EMBED_DIM` values from the xxh3 hash of
+  the input, cut to `dimensions` (1..EMBED_DIM, else vLLM's 400), unit-normalised (unless
+  `use_activation` is false) and rounded to float32, written as vLLM writes a float32;
+  base64 is the float32 (or float16) bytes, little-endian unless `endianness` is "big". A
+  score is the cosine of the two texts' vectors (rerank's relevance too). A transcript is
+  `sim_text` of its `file_url` (the audio is not read), json only.
+- An ask's `prompts` are the texts the server would run (one per engine request);
+  `body(...)` is the JSON answer given the prompt tokens (responses: also the output and the
+  cache counts). Ids are vLLM's prefixes (`embd-`, `score-`, `resp_`, `msg_`), "sim-" and a
+  hash of the item id; `created` is 0. A Responses answer echoes the request's fields as
+  written, with vLLM's defaults where absent (temperature and top_p 1.0, penalties 0.0,
+  tool_choice "none" without tools, truncation "disabled", service_tier "auto").
 """
 
 from __future__ import annotations
@@ -35,12 +28,13 @@ from __future__ import annotations
 import base64
 import math
 import struct
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import msgspec
 import xxhash
 
-from fabricctl.core.records import URL_SOURCES
+from fabricctl.core.endpoints import BY_SOURCE, URL_SOURCES, Source
 from fabricctl.engines.simbodies import (
     EmbeddingData,
     EmbeddingResponse,
@@ -59,20 +53,18 @@ from fabricctl.engines.simbodies import (
     ResponseUsage,
     ScoreData,
     ScoreResponse,
+    TranscriptionResponse,
+    TranscriptionUsage,
     refusal,
     unsupported,
 )
+from fabricctl.engines.simrequest import sim_text
 
+TRANSCRIPT_WORDS = 8  # a simulated transcript's words, drawn from the audio's url
 EMBED_DIM = 16  # the simulated model's hidden size: small, so test bodies stay short
-COMPLETIONS = "/v1/completions"
-CHAT = "/v1/chat/completions"
-EMBEDDINGS = "/v1/embeddings"
-SCORE = "/v1/score"
-RERANK = "/v1/rerank"
-RESPONSES = "/v1/responses"
-POOLING = frozenset({EMBEDDINGS, SCORE, RERANK})
+COMPLETIONS = BY_SOURCE[Source.COMPLETIONS].url
+CHAT = BY_SOURCE[Source.CHAT].url
 GENERATION = frozenset({COMPLETIONS, CHAT})
-SIMULATED = POOLING | GENERATION | {RESPONSES}  # every endpoint the simulator answers
 _DTYPES = {"float32": "f", "float16": "e"}
 _F32 = struct.Struct("<f")
 _encode = msgspec.json.encode
@@ -244,7 +236,23 @@ class ResponsesAsk(NamedTuple):
             frequency_penalty=_number(r.get("frequency_penalty"), 0.0)))
 
 
-Ask = EmbedAsk | ScoreAsk | RerankAsk | ResponsesAsk
+class TranscriptionAsk(NamedTuple):
+    """Why: a transcription request: the audio it names and the prompt the decoder reads."""
+
+    file_url: str
+    prompt: str
+    text: str  # the transcript: `sim_text` of the url
+
+    @property
+    def prompts(self) -> list[str]:
+        return [self.prompt]
+
+    def body(self, model: str, seed: str, prompt_tokens: int) -> bytes:
+        seconds = 1 + xxhash.xxh3_64_intdigest(self.file_url.encode("utf-8")) % 30
+        return _encode(TranscriptionResponse(self.text, TranscriptionUsage("duration", seconds)))
+
+
+Ask = EmbedAsk | ScoreAsk | RerankAsk | ResponsesAsk | TranscriptionAsk
 
 
 def _number(value: Any, default: float) -> float:
@@ -267,15 +275,9 @@ def parse_ask(endpoint: str, request: Any, model: str) -> Ask | Refusal:
         return refusal("the request body must be a JSON object")
     if request.get("stream") is True:
         return refusal("the simulated engine does not stream")
-    if endpoint == EMBEDDINGS:
-        return _embed_ask(request, model)
-    if endpoint == SCORE:
-        return _score_ask(request)
-    if endpoint == RERANK:
-        return _rerank_ask(request)
-    if endpoint == RESPONSES:
-        return _responses_ask(request)
-    return unsupported(endpoint)
+    source = URL_SOURCES.get(endpoint)
+    read = ASKS.get(source) if source is not None else None
+    return unsupported(endpoint) if read is None else read(request, model)
 
 
 def _embed_inputs(request: dict[str, Any]) -> list[str] | None:
@@ -332,7 +334,7 @@ _SCORE_FIELDS = (("text_1", "text_2"), ("queries", "documents"), ("queries", "it
                  ("data_1", "data_2"))
 
 
-def _score_ask(request: dict[str, Any]) -> ScoreAsk | Refusal:
+def _score_ask(request: dict[str, Any], model: str) -> ScoreAsk | Refusal:
     names = next((f for f in _SCORE_FIELDS if f[0] in request and f[1] in request), None)
     if names is None:
         return refusal("text_1, text_2: Field required")
@@ -349,7 +351,7 @@ def _score_ask(request: dict[str, Any]) -> ScoreAsk | Refusal:
     return ScoreAsk(list(zip(firsts, data_2, strict=True)))
 
 
-def _rerank_ask(request: dict[str, Any]) -> RerankAsk | Refusal:
+def _rerank_ask(request: dict[str, Any], model: str) -> RerankAsk | Refusal:
     query, documents = request.get("query"), _texts(request.get("documents"))
     if not isinstance(query, str) or documents is None:
         return refusal("query, documents: text fields required (the simulated model reads "
@@ -362,7 +364,7 @@ def _rerank_ask(request: dict[str, Any]) -> RerankAsk | Refusal:
     return RerankAsk(query, documents, top_n)
 
 
-def _responses_ask(request: dict[str, Any]) -> ResponsesAsk | Refusal:
+def _responses_ask(request: dict[str, Any], model: str) -> ResponsesAsk | Refusal:
     given = request.get("input")
     if not isinstance(given, str | list):
         return refusal("input: Field required")
@@ -375,3 +377,22 @@ def _responses_ask(request: dict[str, Any]) -> ResponsesAsk | Refusal:
     instructions = request.get("instructions")
     prompt = (instructions if isinstance(instructions, str) else "") + _key(given)
     return ResponsesAsk(request, limit, request.get("ignore_eos") is True, prompt)
+
+
+def _transcription_ask(request: dict[str, Any], model: str) -> TranscriptionAsk | Refusal:
+    url, prompt = request.get("file_url"), request.get("prompt", "")
+    if not isinstance(url, str) or not url:
+        return refusal("file_url: Field required")
+    if not isinstance(prompt, str):
+        return refusal("prompt: Input should be a valid string")
+    if request.get("response_format", "json") != "json":
+        return refusal("the simulated engine answers response_format json only")
+    return TranscriptionAsk(url, prompt, sim_text(url, TRANSCRIPT_WORDS))
+
+
+# How each endpoint beyond completions and chat reads its body: every `core.endpoints`
+# entry of another kind has one.
+ASKS: dict[Source, Callable[[dict[str, Any], str], Ask | Refusal]] = {
+    Source.EMBEDDINGS: _embed_ask, Source.SCORE: _score_ask, Source.RERANK: _rerank_ask,
+    Source.RESPONSES: _responses_ask, Source.TRANSCRIPTIONS: _transcription_ask}
+SIMULATED = GENERATION | {BY_SOURCE[source].url for source in ASKS}  # what it answers

@@ -1,34 +1,25 @@
 """A deterministic discrete-event simulated GPU with vLLM-style continuous batching. SIMULATED.
 
 Contract: `SimGPU` owns a simulated clock `now` (seconds); nothing reads the wall clock.
-Time only moves when the caller steps it: `step()` runs one scheduler step, `advance_to(t)`
-runs steps while `now < t` (an idle GPU jumps to t), `drain()` runs until idle. A step is
-atomic: a request added while the GPU is mid-step waits for the next one.
-Scheduling follows vLLM V1's fcfs scheduler: running requests first, in order (decodes take
-one token, partial prefills a chunk), each allocating KV blocks for what it computes; when
-allocation fails the latest running request is preempted (its blocks freed, recomputed
-later, placed first in the waiting queue). If nobody was preempted, waiting requests are
-admitted in order while there are fewer than `max_num_seqs` running, token budget left
-(`max_num_batched_tokens`, chunked prefill) and blocks to allocate. The prefix cache is
-`PrefixCache`; its lookup is counted once per request, not on re-admission. A prompt's last
-token is always computed (hits <= L-1) and yields the first output token; each later step
-yields one more, and a request finishes after `max_out` tokens (max_tokens, clipped so that
-prompt + output <= max_model_len). A pooling request (`add(..., pooling=True)`: embeddings,
-score, rerank) finishes in the step that computes its last prompt token, with no output
-token and no decode step (finish_reason "stop"). Step time comes from
-`SimCosts.step_seconds`; a request's (lane, epoch) key, if any, builds a CUDA graph on its
-first use. Runs of decode-only steps that neither allocate nor finish anything are
-fast-forwarded with identical results.
-With `SimCosts.request_s` > 0 the server's front end comes first: an added request joins the
-waiting queue `request_s` after the front end is free (one request at a time, beside the
-steps; an otherwise idle GPU's clock jumps to the next request's arrival); `queued` counts
-both.
-Two uses: batch mode (`simbatch.run_work`: a whole Work on it, `finish` running it out;
-`endpoints` limits those its model serves, the others are refused) and request mode (`add`,
-`advance_to`, per-request `finish_time`), e.g. a replay of routers.
-Errors: a `max_model_len` that does not fit the KV pool, or a `max_input_len` not below it,
-is a `UsageError`; a step that can schedule nothing and preempted nothing (a request that
-cannot fit, `max_num_seqs` 0) is an `EngineError`.
+Time moves only when the caller steps it: `step()` runs one scheduler step, `advance_to(t)`
+runs steps while `now < t` (an idle GPU jumps to t), `drain()` runs until idle; a request
+added mid-step waits for the next one. Scheduling follows vLLM V1's fcfs scheduler: running
+requests first (decodes one token, partial prefills a chunk), each allocating KV blocks;
+when allocation fails the latest running request is preempted (freed, recomputed later,
+first in the waiting queue); with nobody preempted, waiting requests are admitted in order
+within `max_num_seqs`, the token budget (`max_num_batched_tokens`, chunked prefill) and the
+free blocks. The cache is `PrefixCache`, looked up once per request (hits <= L-1); a
+request finishes after `max_out` tokens (clipped to `max_model_len`); a pooling request
+(`add(..., pooling=True)`) finishes in the step that computes its last prompt token. Step
+time is `SimCosts.step_seconds`; a (lane, epoch) key builds a CUDA graph on first use;
+decode-only runs that neither allocate nor finish are fast-forwarded with identical results.
+With `SimCosts.request_s` > 0 a request reaches the waiting queue `request_s` after the front
+end is free (one at a time); `queued` counts both.
+Two uses: batch mode (`simbatch.run_work`, `endpoints` limiting what its model serves) and
+request mode (`add`, `advance_to`, per-request `finish_time`). A `max_model_len` that does
+not fit the KV pool, or a `max_input_len` not below it, is a `UsageError`; a step that can
+schedule nothing and preempted nothing is an `EngineError`. vLLM's scheduler as the
+simulator follows it: docs/engine-notes.md, sections 1 and 3.
 """
 
 from __future__ import annotations

@@ -1,44 +1,25 @@
 """Shapes found where none is declared: the shared prefix of plain prompts, cut at blocks.
 
 Contract:
-- Which lines: an OpenAI batch line (any endpoint but chat) whose parser found no
-  components and whose prompt is a non-empty string (`applies`): today a `/v1/completions`
-  line without `body.prefix` (an empty one counts as none). Native lines, chat lines and
-  lines that declare a prefix are left exactly as parsed: a native line is fabricctl's own
-  form, whose `prefix` says what the producer means.
-- Blocks: the prompt is cut into blocks of `block_tokens` tokens, as vLLM's prefix cache
-  does: with a tokenizer (a counter with `encode`, `formats.tokens.TokenizerCounter`) its
-  token ids, a block ending before the next block's first token; else fabricctl's estimate,
-  4 UTF-8 bytes a token, so a block is `4 * block_tokens` bytes, and a cut falling inside a
-  character moves back to its start (so a found prefix may be up to 3 bytes short of whole
-  blocks in non-ASCII text). Only full blocks count, at most `max_blocks` of them (deeper
-  sharing is cut there). Block i's chain hash is xxh3_64 of its bytes (token ids as u32)
-  seeded with block i-1's (block 0: `SEED`), so equal chain hashes mean equal leading text.
-- The rule (`ShapeFinder.find`, per job, fed in line order): a line's blocks are looked up
-  in a table of the chain hashes earlier lines registered, and registered. `m` is how many
-  leading blocks an earlier line had too. The line's prefix is then the deepest *cut* (a
-  chain hash the rule chose before) among its first `m` blocks, so a group's lines keep
-  one signature even when two of them share more than the group does; a deeper block of
-  those `m` that at least `promote` lines have passed through becomes a cut and the prefix
-  (so a nested shape, a shared system prompt then one of several instructions, is split
-  once its lines are many). With no cut among them and `m > 0`, block `m` becomes a cut.
-  `m = 0` (the first line of a group, a line sharing nothing) finds no prefix:
-  signature 0, scheduled in arrival order as today; its chain is registered, so the next
-  line of its group finds it.
-- Memory is fixed, whatever the input: the table is `slots` chain hashes with a count each
-  (12 bytes a slot, 12 MiB at the default 2^20, allocated at the first line the finder
-  looks at), two candidate slots per hash, a new hash
-  replacing the candidate with the lower count (so the hot prefix blocks stay and one-off
-  suffix blocks give way); the cuts are at most `max_cuts`, least recently used dropped.
-  A prefix lost from the table is found again as it was first found.
-- Deterministic: the same lines in the same order give the same prefixes, whatever the
-  chunking, timing or process (no randomness; xxh3 is seedless). No I/O, no clock.
-- `shape_all(drafts, counter)` is `shape` of each draft in order; with a batch counter
-  (`formats.tokens.batches`) it encodes the prompts it looks at in one `encode_batch` (on
-  every core), and gives the same drafts.
+- Which lines (`applies`): an OpenAI batch line (any endpoint but chat) whose parser found no
+  components and whose prompt is a non-empty string; native lines, chat lines and lines that
+  declare a prefix are left exactly as parsed.
+- Blocks of `block_tokens` tokens, as vLLM's prefix cache cuts them: a tokenizer's token ids
+  (a counter with `encode`), else 4 UTF-8 bytes a token (a cut inside a character moves back
+  to its start). Only full blocks count, at most `max_blocks`. Block i's chain hash is xxh3_64
+  of its bytes seeded with block i-1's (block 0: `SEED`): equal hashes, equal leading text.
+- The rule (`ShapeFinder.find`, per job, in line order): `m` is how many leading blocks an
+  earlier line had too; the prefix is the deepest *cut* among them (a group keeps one
+  signature), a deeper block `promote` lines passed through becomes a cut, and with no cut
+  and `m > 0` block `m` becomes one. `m = 0` finds nothing (signature 0); its chain is
+  registered for the next line.
+- Fixed memory: a table of `slots` chain hashes with counts (12 MiB at 2^20; two candidate
+  slots per hash, the lower count replaced) and at most `max_cuts` cuts (LRU).
+- Deterministic (same lines, same order, same prefixes); no I/O, no clock.
 - `shape(draft, counter)` returns the draft with `components = [prefix]` and `prompt` the
-  rest (their concatenation is the prompt as written, so what is sent never changes), or
-  the draft as it was.
+  rest (their concatenation is the prompt as written), or the draft as it was; `shape_all`
+  does each in order, encoding with a batch counter in one `encode_batch`.
+The story and its measurements: README.md, "Shapes found where none is declared".
 """
 
 from __future__ import annotations

@@ -1,29 +1,22 @@
 """Chat messages as shape components: what a chat request shares with the others of its shape.
 
 Contract: `chat_components(messages, tools, name)` checks a chat request's `messages` (a
-non-empty list of `{"role", "content"}` objects; content a string, a list of
-`{"type": "text", "text"}` parts, or null/absent on an assistant message that carries
-`tool_calls`) and returns (components, prompt): every message before the last is one
-component, in order, rendered as "<|role|>\\ncontent\\n" followed by the canonical JSON of
-its other fields (name, tool_calls, ...) when it has any; a request's `tools`, when given,
-come first, as one component of their canonical JSON. The last message is the prompt,
-rendered the same way and followed by "<|assistant|>\\n".
-
-`response_components(instructions, items, tools, name)` does the same for a `/v1/responses`
-request: its `tools` (when given and not empty) first, then `instructions` (when not empty)
-rendered as a "system" message, then every input item before the last; the last item is the
-prompt. `input` may be one string (a single "user" message: no item is shared) or a non-empty
-list of input items: an item with a `role` is a message whose content is a string or a list
-of parts (the `text` of "input_text", "output_text" and "text" parts, any other part as its
-canonical JSON), rendered as a chat message (with `"type": "message"` dropped, so the two
-spellings of one message are one component); an item without a role (a function call, its
-output, a reasoning item) is rendered as "<|type|>\\n\\n" and the canonical JSON of its other
-fields.
-
-The rendering is fabricctl's own and serves only the shape signature, the token estimate and
-the simulated engine: the request itself goes to `/v1/chat/completions` (or `/v1/responses`)
-as written, so the served model's chat template applies. Whether that template renders the
-shared messages as a token prefix is what the cache-truth audit measures.
+non-empty list of `{"role", "content"}` objects; content a string, a list of `{"type":
+"text", "text"}` parts, or null/absent on an assistant message with `tool_calls`) and
+returns (components, prompt): every message before the last is one component, rendered as
+"<|role|>\ncontent\n" then the canonical JSON of its other fields when it has any; `tools`,
+when given, come first as one component of their canonical JSON. The last message is the
+prompt, rendered the same way and followed by "<|assistant|>\n".
+`response_components(instructions, items, tools, name)` does the same for `/v1/responses`:
+`tools` first, then `instructions` as a "system" message, then every input item before the
+last (the prompt). `input` is one string (a "user" message: nothing shared) or a list of
+items: one with a `role` is a message (the `text` of "input_text", "output_text" and "text"
+parts, any other part as canonical JSON; `"type": "message"` dropped, so both spellings are
+one component); one without (a function call, its output, a reasoning item) is
+"<|type|>\n\n" and the canonical JSON of its other fields.
+The rendering serves only the shape signature, the token estimate and the simulated engine:
+the request goes to vLLM as written, so the served model's chat template applies (whether it
+renders the shared messages as a token prefix is what the cache-truth audit measures).
 """
 
 from __future__ import annotations

@@ -1,43 +1,32 @@
 """The request bodies of the endpoints beyond completions and chat, and the shape of each.
 
-Contract: `read_endpoint(source, body, where, prefix)` takes the body of a `/v1/embeddings`,
-`/v1/score`, `/v1/rerank` or `/v1/responses` request (without `model`; `where` is the path
-its fields are named by in a refusal: "body." for an OpenAI line, "params." for a native one)
-and returns an `Endpoint`: the body to send (as written, but for the `prefix` extension), the
-shape's components, the rest of the text (for the token estimate: every input, document and
-query is counted once), the exact token count when the input is token ids, and the
-`max_tokens` the broker sizes the item by. It raises `Invalid` naming the first bad field.
-Every field fabricctl does not read reaches vLLM untouched; vLLM checks them (a bad
-`dimensions` is vLLM's 400, that line's result).
-
-Shapes (the components, in order):
-- embeddings: `input` one string: when its first line starts with "Instruct:" (the
-  instruction convention of E5-Mistral, GTE-Qwen and Qwen3-Embedding: "Instruct: <task>\\nQuery:
-  <text>"), that line with its newline is the one component, so lines group by task; any other
-  string has none. A declared prefix (`prefix`: a list of strings, as for completions) is the
-  components instead, and the input sent is the prefix joined, then `input` (it needs one
-  string input). A list of strings whose first lines are all the same "Instruct:" line:
-  that line (counted once); any other list of strings, or token ids (a list of integers,
-  or a list of such lists): no shape. A chat conversation to embed (`messages`) is read as
-  chat is: every message before the last is a component.
-- score: the query side (`text_1`, `queries` or `data_1`, whichever pair the body gives with
-  `text_2`, `documents`, `items` or `data_2`) when it is one string (or a list of one):
-  that query, shared by every document; several queries: no shape. `instruction`, when
-  given, comes first.
-- rerank: `query` (a non-empty string), shared by its `documents`; `instruction` first when
-  given.
-- responses: `tools`, `instructions` and every input item before the last, as
-  `fabricctl.formats.chat.response_components` renders them.
-
-Sizing: pooling endpoints (embeddings, score, rerank) generate nothing, so they are sized at
-`POOLING_MAX_TOKENS` (1, the least the broker accepts): packing weighs their input tokens
-alone. Responses are sized by `max_output_tokens`, else `DEFAULT_OPENAI_MAX_TOKENS`.
-Multimodal inputs (images in score or rerank, chat-in-`input` embeddings) are refused: their
-text, which the shape and the estimate need, is not a string.
+Contract: `read_endpoint(source, body, where, prefix)` takes the body of a request to an
+endpoint beyond completions and chat (`READERS`, one reader per `core.endpoints` entry;
+without `model`; `where` names its fields in a refusal: "body." or "params.") and returns an
+`Endpoint`: the body to send (as written, but for the `prefix` extension), the shape's
+components, the rest of the text (for the estimate: every input, document and query
+counted once), the exact token count of token ids, and the `max_tokens` the item is sized
+by. It raises `Invalid` naming the first bad field; fields fabricctl does not read reach
+vLLM untouched (vLLM checks them).
+Shapes (the table per endpoint: README.md, "Formats"):
+- embeddings: one string `input` whose first line starts with "Instruct:" gives that line
+  (newline included); a declared `prefix` is the components instead (input sent: the prefix
+  joined, then `input`); a list of strings sharing one such line: that line; `messages`: as
+  chat; other lists and token ids: none.
+- score: the query side when it is one string (or a list of one), `instruction` first;
+  several queries: none. rerank: `query`, `instruction` first.
+- responses: `tools`, `instructions` and every input item before the last
+  (`formats.chat.response_components`).
+- transcriptions: `prompt` (all the estimate counts); `file_url` required, `file` refused.
+Sizing: pooling endpoints and transcriptions are sized at `POOLING_MAX_TOKENS` (1: packing
+weighs their input alone); responses by `max_output_tokens`, else
+`DEFAULT_OPENAI_MAX_TOKENS`. Multimodal inputs are refused: their text, which the shape and
+the estimate need, is not a string.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -52,7 +41,6 @@ from fabricctl.formats.common import (
 
 POOLING_MAX_TOKENS = 1  # a pooling request generates nothing; the broker asks for >= 1
 INSTRUCT = "Instruct:"  # an embedding input whose first line starts so shares that line
-POOLING = frozenset({Source.EMBEDDINGS, Source.SCORE, Source.RERANK})
 # The (query, documents) field pairs of a score request, in vLLM 0.32's order of forms.
 SCORE_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"),
                ("text_1", "text_2"))
@@ -74,15 +62,10 @@ def read_endpoint(source: Source, body: dict[str, Any], where: str,
     fields = Fields(body, where)
     if prefix and source is not Source.EMBEDDINGS:
         raise Invalid(f"{where}prefix is only for /v1/completions and /v1/embeddings")
-    if source is Source.EMBEDDINGS:
-        return _embeddings(fields, prefix)
-    if source is Source.SCORE:
-        return _score(fields)
-    if source is Source.RERANK:
-        return _rerank(fields)
-    if source is Source.RESPONSES:
-        return _responses(fields)
-    raise Invalid(f"no endpoint request for {source.name}")  # completions and chat are not
+    reader = READERS.get(source)
+    if reader is None:  # completions and chat are read by their own formats
+        raise Invalid(f"no endpoint request for {source.name}")
+    return reader(fields, prefix)
 
 
 def _embeddings(fields: Fields, prefix: list[str]) -> Endpoint:
@@ -132,7 +115,7 @@ def instruction_split(text: str) -> tuple[list[str], str]:
     return [], text
 
 
-def _score(fields: Fields) -> Endpoint:
+def _score(fields: Fields, prefix: list[str]) -> Endpoint:
     body, where = fields.obj, fields.where
     pair = next(((q, d) for q, d in SCORE_PAIRS if q in body and d in body), None)
     if pair is None:
@@ -146,7 +129,7 @@ def _score(fields: Fields) -> Endpoint:
     return Endpoint(body, components, rest, POOLING_MAX_TOKENS)
 
 
-def _rerank(fields: Fields) -> Endpoint:
+def _rerank(fields: Fields, prefix: list[str]) -> Endpoint:
     body = fields.obj
     query = fields.string("query", nonempty=True)
     documents = _texts(fields.need("documents"), fields.where + "documents")
@@ -154,13 +137,30 @@ def _rerank(fields: Fields) -> Endpoint:
                     POOLING_MAX_TOKENS)
 
 
-def _responses(fields: Fields) -> Endpoint:
+def _responses(fields: Fields, prefix: list[str]) -> Endpoint:
     body, where = fields.obj, fields.where
     instructions = fields.optional_string("instructions")
     components, prompt = response_components(instructions, fields.need("input"),
                                              body.get("tools"), f"{where}input")
     max_tokens = fields.optional_count("max_output_tokens") or DEFAULT_OPENAI_MAX_TOKENS
     return Endpoint(body, components, prompt, max_tokens)
+
+
+def _transcriptions(fields: Fields, prefix: list[str]) -> Endpoint:
+    """The audio at `file_url` (run-batch's form: no `file`); `prompt` is the shape."""
+    if "file" in fields.obj:
+        raise Invalid(f"{fields.where}file is not allowed in a batch: give "
+                      f"{fields.where}file_url")
+    fields.string("file_url", nonempty=True)
+    prompt = fields.optional_string("prompt")
+    return Endpoint(fields.obj, [prompt] if prompt else [], "", POOLING_MAX_TOKENS)
+
+
+# How each endpoint's body is read (`prefix`: the declared one, embeddings only); every
+# `core.endpoints` entry beyond completions and chat has one.
+READERS: dict[Source, Callable[[Fields, list[str]], Endpoint]] = {
+    Source.EMBEDDINGS: _embeddings, Source.SCORE: _score, Source.RERANK: _rerank,
+    Source.RESPONSES: _responses, Source.TRANSCRIPTIONS: _transcriptions}
 
 
 def _instruction(fields: Fields) -> list[str]:

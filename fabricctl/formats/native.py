@@ -2,32 +2,21 @@
 
 Contract: required `id` (non-empty string, at most 256 characters), `model` (non-empty
 string), `max_tokens` (integer >= 1) and either `prompt` (string, may be empty) or
-`messages` (a chat request: see below); optional `prefix` (a list of strings, the cacheable
-components in order; absent, null or `[]` means no shared prefix, i.e. signature 0),
-`input_tokens` (integer >= 1, the producer's own count of the whole prompt, which then wins
-over any tokenizer), `label` (string, a human name for the shape) and `params` (an object of
-OpenAI/vLLM request fields: temperature, top_p, top_k, min_p, stop, seed, n, logprobs,
-penalties, response_format, ignore_eos, ...). An optional field set to null counts as absent.
-Unknown top-level fields are ignored so producers can carry their own metadata.
-
-The request the engine receives is `params` as written plus `max_tokens` and the prompt
-(`"".join(prefix) + prompt` to /v1/completions), or plus `messages` as written (to
-/v1/chat/completions, where the model's chat template applies; every message before the
-last is a component, as for OpenAI chat lines, so `prefix` cannot be given with it).
-fabricctl adds nothing else. `params` may not carry what the line says at top level (model,
-prompt, messages, max_tokens) and may not ask for streaming.
-
-`endpoint` (optional) names where the request goes: "completions" (the default with
-`prompt`), "chat" (the default with `messages`), or one of "embeddings", "score", "rerank",
-"responses" (`ENDPOINTS`). For those four, `params` (required) is the request body exactly as
-an OpenAI batch line's `body` for /v1/embeddings, /v1/score, /v1/rerank or /v1/responses
-would be, less `model` (e.g. `{"input": "..."}`, `{"query": "...", "documents": [...]}`,
-`{"input": [...], "max_output_tokens": 64}`); it goes to vLLM as written, and its shape is
-the one `fabricctl.formats.endpoints` reads. `prompt`, `messages` and `max_tokens` are then
-not given (a pooling request generates nothing; responses are sized by
-`params.max_output_tokens`); top-level `prefix` is allowed with "embeddings" only (the declared
-instruction: the input sent is the prefix joined, then `params.input`). Their results carry
-the engine's answer whole (`fabricctl.formats.results`).
+`messages` (a chat request); optional `prefix` (a list of strings, the cacheable components
+in order; absent, null or `[]`: signature 0), `input_tokens` (integer >= 1, the producer's
+own count, which wins over any tokenizer), `label` (the shape's human name) and `params` (an
+object of OpenAI/vLLM request fields). An optional field set to null counts as absent;
+unknown top-level fields are ignored (producers' own metadata).
+The engine receives `params` as written plus `max_tokens` and the prompt (`"".join(prefix)
++ prompt` to /v1/completions), or plus `messages` (to /v1/chat/completions; every message
+before the last is a component, so `prefix` cannot be given with it); nothing else.
+`params` may not carry model, prompt, messages or max_tokens, nor ask for streaming.
+`endpoint` (optional): "completions" (the default with `prompt`), "chat" (with `messages`),
+or one of `ENDPOINTS` (the other `core.endpoints` entries' names), whose required
+`params` is the request body an OpenAI batch line's `body` would be, less `model`, sent as
+written and shaped by `fabricctl.formats.endpoints`; `prompt`, `messages` and `max_tokens`
+are then not given, and `prefix` is allowed with "embeddings" only (the declared
+instruction). The forms with examples: README.md, "Formats".
 """
 
 from __future__ import annotations
@@ -36,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from fabricctl.core.endpoints import ENDPOINTS as ALL_ENDPOINTS
 from fabricctl.formats.chat import chat_components
 from fabricctl.formats.common import Draft, Fields, Invalid, Source, a_json_type
 from fabricctl.formats.endpoints import read_endpoint
@@ -46,8 +36,8 @@ NATIVE_KEYS = ("id", "model", "prompt", "messages", "prefix", "max_tokens", "par
 # Fields a native line gives at top level; in `params` they would say it twice.
 TOP_LEVEL = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens")
 # The endpoints a native line may name beside completions and chat, and their sources.
-ENDPOINTS = {"embeddings": Source.EMBEDDINGS, "score": Source.SCORE, "rerank": Source.RERANK,
-             "responses": Source.RESPONSES}
+ENDPOINTS = {spec.name: spec.source for spec in ALL_ENDPOINTS
+             if spec.source not in (Source.COMPLETIONS, Source.CHAT)}
 _NAMES = ", ".join(("completions", "chat", *ENDPOINTS))
 
 _encode = msgspec.json.encode

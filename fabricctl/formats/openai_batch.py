@@ -1,9 +1,9 @@
 """The OpenAI batch input line: `{"custom_id", "method": "POST", "url", "body": {...}}`.
 
 Contract: `custom_id` becomes the item id (same rules as a native id); `method` must be
-"POST"; `url` must be one of `URLS` (/v1/completions, /v1/chat/completions, /v1/embeddings,
-/v1/score, /v1/rerank, /v1/responses, and vLLM's /score, /rerank, /v2/rerank, which go to
-/v1/score and /v1/rerank), else the refusal lists them; `body` must be an object with a
+"POST"; `url` must be one of `URLS` (every url of `core.endpoints`: its canonical urls and
+vLLM's /score, /rerank, /v2/rerank, which go to /v1/score and /v1/rerank), else the refusal
+lists them; `body` must be an object with a
 non-empty string `model`. The body goes to the engine as written, on the line's endpoint (see
 `fabricctl.core.payload`): every field, known to fabricctl or not, reaches vLLM untouched, and
 vLLM's answer (or its refusal) is the line's result. fabricctl reads only what it schedules
@@ -17,9 +17,9 @@ the other endpoints) and the shape. `body.stream` must not be true.
   `prefix` field. Without it the line has no components (signature 0).
 - /v1/chat/completions: `body.messages` as `fabricctl.formats.chat` reads them: every
   message before the last (after `body.tools`, when given) is one component, in order.
-- /v1/embeddings, /v1/score, /v1/rerank, /v1/responses: `fabricctl.formats.endpoints` reads
-  the body and says its shape (the embedding instruction or a declared `body.prefix`, the
-  score or rerank query, the responses instructions and input items before the last).
+- the other endpoints: `fabricctl.formats.endpoints` reads the body and says its shape (the
+  embedding instruction or a declared `body.prefix`, the score or rerank query, the
+  responses instructions and input items before the last, the transcription prompt).
 
 `body.metadata.label` (a string), when present, names the shape like native `label`.
 """

@@ -2,39 +2,22 @@
 
 Contract: the broker keeps one `ResultRecord` (`fabricctl.core.records`) per item id (the
 first one wins) and a client writes it with `result_line`, which picks the form from
-`record.source`:
-
-- native (`Source.NATIVE`): `{"id", "model", "text", "finish_reason", "usage":
-  {"prompt_tokens", "completion_tokens", "cached_tokens"}, "shape", "lane", "epoch",
-  "gpu", "error"}` with `shape` the signature as 16 hex digits; the usage is the engine's
-  own (vLLM's `usage`) when it gave one, else fabricctl's estimate of the prompt. When the
-  engine's answer has more than one choice or logprobs, `"choices"` follows with its
-  choices exactly as the engine wrote them (text and finish_reason are choice 0's). A
-  native line that named an embeddings, score, rerank or responses endpoint has its
-  engine's answer (a body without `choices`) whole in `"response"` after `error`: the
-  vectors (`data[].embedding`), scores (`data[].score`, `results[].relevance_score`) or the
-  response (`output`); `text` is "" for pooling answers and the output text for responses.
-- OpenAI (`Source.COMPLETIONS`, `CHAT`, `EMBEDDINGS`, `SCORE`, `RERANK`, `RESPONSES`):
-  `{"id", "custom_id", "response":
-  {"status_code", "request_id", "body"}, "error"}` as vLLM's `run_batch` writes it (its
-  `BatchRequestOutput`). The body is the engine's response body byte for byte when it sent
-  one (`record.response`); an engine's refusal (HTTP 4xx, `record.status`) is that status
-  with `body: null` and the engine's own error object in `error`. Without an engine body
-  (the simulated engine, older records) a `text_completion` or `chat.completion` object is
-  written from the record, with `usage.prompt_tokens_details.cached_tokens` when known. An
-  item refused as too long before it was sent (`finish_reason == "length_exceeded"`) is
-  status 400 with a `BadRequestError`, any other failed item status 500; both have
-  `body: null` and vLLM's `ErrorResponse` shape in `error`. The ids (`fabric-…`,
-  `fabric-batch-…`, and `cmpl-…`, `chatcmpl-…` for written bodies) are derived from the
-  custom_id and `created`, so output is reproducible.
-- A refused input line (`refused_line`, no record: the reader or the broker refused it,
-  so it never ran) is written as `vllm run-batch` writes a line it does not run (its
-  `make_error_request_output`): `{"id", "custom_id", "response": {"status_code": 400,
-  "request_id", "body": null}, "error": "<message>"}`, the error a plain string ("line N:
-  reason"), not an error object. `custom_id` is the line's when it could be read as a
-  string, else "" (no real custom_id is empty). Its ids derive from the custom_id and the
-  line number.
-
+`record.source` (each form field by field: README.md, "Formats"):
+- native (`Source.NATIVE`): `{"id", "model", "text", "finish_reason", "usage", "shape",
+  "lane", "epoch", "gpu", "error"}`, `shape` as 16 hex digits, the usage the engine's own
+  (else fabricctl's estimate); `"choices"` follows when the answer has several choices or
+  logprobs, and `"response"` (the engine's answer whole) after `error` for a line that
+  named embeddings, score, rerank or responses.
+- OpenAI (every other `Source`): `{"id", "custom_id", "response": {"status_code",
+  "request_id", "body"}, "error"}` as vLLM's `run_batch` writes it: the engine's body byte
+  for byte; an engine's 4xx is that status, `body: null` and its error object in `error`;
+  without an engine body (the simulated engine, older records) a `text_completion` or
+  `chat.completion` is written from the record. An item refused as too long before it was
+  sent is a 400 `BadRequestError`, any other failed item a 500, both in vLLM's
+  `ErrorResponse` shape. Ids derive from the custom_id and `created` (reproducible).
+- A refused input line (`refused_line`: no record, it never ran) is `run-batch`'s row for
+  a line it does not run: status 400, `body: null`, the error a plain string ("line N:
+  reason"); `custom_id` the line's when it reads as a string, else "".
 Every line is compact JSON (msgspec) ending in one newline.
 """
 

@@ -1,37 +1,26 @@
 """Token counts for producer input: declared, tokenized, or estimated, in that order.
 
 Contract:
-- A native line's `input_tokens`, when given, is the item's input length: the producer
-  knows its tokenizer best. Components are still counted (below) so the payload can say
-  how long each one is; the prompt gets the rest, and when the declared total is smaller
-  than the counted prefix the component counts are scaled down to fit and the prompt
-  counts 0. So `input_tokens == sum(component_tokens) + prompt_tokens` always holds.
+- A native line's `input_tokens`, when given, is the item's input length. Components are
+  still counted so the payload says how long each is; the prompt gets the rest (components
+  scaled down to fit a smaller declared total, the prompt 0), so `input_tokens ==
+  sum(component_tokens) + prompt_tokens` always holds.
 - Otherwise, with a tokenizer (a Hugging Face `tokenizer.json`, read with the optional
-  `tokenizers` package, `pip install fabricctl[tokenizer]`), each component and the prompt
-  are tokenized separately without special tokens. Which tokenizer is decided in one place,
-  `choose_counter(tokenizer, model)`: `[producer] tokenizer` when set (it must load); else
-  `<model>/tokenizer.json` when the configured `model` is a local directory holding one and
-  `tokenizers` imports (a file that does not load falls back, with a warning); else the
-  estimate. The counter's `name` says which: "estimate" or "tokenizer:<path>".
-- Batches: a counter that has `count_batch(texts)` (and `encode_batch`, for
-  `formats.autoshape`) counts many texts in one call; `TokenizerCounter`'s is the
-  library's `encode_batch`, which releases the GIL and encodes on every core. A batch's
-  counts are exactly the counts `count` gives one text at a time, and its ids and offsets
-  exactly `encode`'s. Counting (not encoding) goes by pieces where it can: ASCII text with a
-  byte-level BPE whose pipeline `formats.pieces` recognizes is counted as the sum of its
-  pre-token pieces' cached counts, the same number at a fraction of the cost; other text,
-  and every other tokenizer, is encoded. In batches pieces are used only on a host with
-  few cores (`pieces_in_batches`; `cheap` says which texts): with many, encoding on all of
-  them keeps pace with the reader and holds no GIL. The reader batches only with such a
-  counter (`batches`); the estimate is counted one text at a time, where batching would
-  only add work.
+  `tokenizers` package), each component and the prompt are tokenized without special tokens.
+  `choose_counter(tokenizer, model)` is the one choice: `[producer] tokenizer` (it must
+  load), else `<model>/tokenizer.json` of a local model directory (one that does not load
+  falls back, with a warning), else the estimate; the counter's `name` says which.
+- Batches: a counter with `count_batch` (and `encode_batch`, for `formats.autoshape`) counts
+  many texts in one call, on every core without the GIL; its counts, ids and offsets are
+  exactly those of one text at a time. ASCII text with a byte-level BPE that
+  `formats.pieces` recognizes is counted by its pieces' cached counts (the same number,
+  cheaper); in batches only on a host with few cores (`pieces_in_batches`, `cheap`). The
+  reader batches only with such a counter (`batches`).
 - Otherwise the **estimate**: `max(1, ceil(len(text.encode("utf-8")) / 4))` per component
-  and for the prompt, i.e. four UTF-8 bytes a token, at least one. It is exact for no
-  model, but deterministic, cheap, and in the usual range for English text with BPE
-  vocabularies; a lane absorbs the error as padding.
-
-`tokenizers` is imported only when a tokenizer is actually loaded; a tokenizer asked for
-without the package installed is a `BackendMissing` (exit 3) saying how to install it.
+  and prompt: exact for no model, deterministic and cheap; a lane absorbs the error.
+`tokenizers` is imported only when a tokenizer is loaded; asked for without the package, a
+`BackendMissing` (exit 3) says how to install it. The measurements: README.md,
+"Configuration" and "The path at GPU speed".
 """
 
 from __future__ import annotations

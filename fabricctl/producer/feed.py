@@ -1,33 +1,27 @@
 """The one submit pipeline: input lines read on a thread, sent into one job with flow control.
 
-Contract:
-- `Feed(sink, job, resume=...)` sends raw JSONL lines into job number `job` of a broker
-  (`sink`: anything with `Client.submit`'s signature). `run(lines, counter=...)` starts a
-  reader thread that parses the lines (`formats.reader.parse_lines`, token counts by
-  `counter`) into `Chunk`s of at most `CHUNK` lines and hands them over through a queue of
-  `QUEUED` chunks; the event loop sends each chunk's items as one Submit frame, with at most
-  `IN_FLIGHT` awaiting their acks. Memory is bounded by these three constants, not by the
-  input: what grows with it is the reader's set of ids seen (duplicates are refused).
-  `fabricctl submit`, `fabricctl run` and the Batch API's feeder all run this pipeline.
+Contract (`fabricctl submit`, `fabricctl run` and the Batch API's feeder all run it):
+- `Feed(sink, job, resume=..., finder=...)` sends raw JSONL lines into job number `job` (`sink`:
+  anything with `Client.submit`'s signature). `run(lines, hooks=..., counter=...)` starts a reader
+  thread that parses them (`formats.reader`, tokens counted by `counter`) into `Chunk`s of at most
+  `CHUNK` lines, handed over through a queue of `QUEUED` chunks; the event loop sends each chunk
+  as one Submit frame, at most `IN_FLIGHT` awaiting their acks. Only the reader's set of ids seen
+  (duplicates are refused) grows with the input.
 - Every refused line, the reader's or the broker's, is counted in `refusals` (the first
-  `MAX_ERRORS` messages kept, in line order, for the job's record) and passed to
-  `on_refused` as `line N: reason`, once. `accepted` and `skipped` (stored in the job
-  before: a `resume`) sum the acks; `lines` is the last input line read.
-- Hooks, all called on the event loop, in input order: `prepare(chunk)` right before a
-  chunk goes (it may take items out of `chunk.items`: they are not sent; `chunk.errors`
-  are the reader's refusals among its lines, each a `formats.reader.LineError` with the
-  line's form and id when they could be read); `on_ack(items, ack)` when its ack comes
-  (`ack.rejects`: the broker's refusals, by index into `items`); `on_progress()` after
-  each chunk read and each ack.
-- The reader never outlives its feed: once the feed stops reading (done, or failed when the
-  broker went away), the reader stops at its next hand-off, and nothing is left on a
-  closing loop (no task pending, no coroutine unawaited). A send that fails fails the feed
-  with that error after the sends in flight end; the first failure is the one raised.
-- Shapes found where none is declared (`finder`, a `formats.autoshape.ShapeFinder`: one
-  per feed, so per job, kept across its `run`s and fed every line in input order on the
-  reader thread): None keeps each line's declared shape only.
-- `seal(sink)` ends the job with the line count and the refusals (an attached job that was
-  sealed before keeps its counts: its refusals were counted then).
+  `MAX_ERRORS` messages kept in line order, for the job's record) and given to `on_refused` once,
+  as `line N: reason`. `accepted` and `skipped` (stored in the job before: a `resume`) sum the
+  acks; `lines` is the last input line read.
+- `FeedHooks`, given to each `run` (never kept for a later one), are called on the event loop in
+  input order: `prepare(chunk)` before a chunk goes (it may take items out of `chunk.items`;
+  `chunk.errors` are the reader's `LineError`s), `on_ack(items, ack)` (`ack.rejects` index
+  `items`), `on_progress()` after each chunk read and each ack.
+- The reader never outlives its feed: once the feed stops reading (done, or failed), it stops at
+  its next hand-off, and nothing is left on a closing loop. A failed send fails the feed with that
+  error once the sends in flight end; the first failure is the one raised.
+- `finder` (a `formats.autoshape.ShapeFinder`, one per feed, so per job, kept across its `run`s,
+  fed every line in order on the reader thread) gives shapes to lines declaring none; None keeps
+  the declared shapes only.
+- `seal(sealed_before=..., fail_empty=...)` ends the job with the line count and the refusals.
 """
 
 from __future__ import annotations
@@ -147,47 +141,55 @@ def _read(lines: Iterable[bytes], counter: TokenCounter | None, max_line_bytes: 
             put(e)
 
 
+@dataclass(frozen=True)
+class FeedHooks:
+    """Why: what a caller of one `Feed.run` hears of it, typed and given per call (never
+    left on the feed for a later call)."""
+
+    on_refused: Callable[[str], object] | None = None  # `line N: reason`, once per line
+    prepare: Callable[[Chunk], object] | None = None  # right before a chunk goes
+    on_ack: Callable[[list[Item], Ack], object] | None = None  # a chunk's ack came
+    on_progress: Callable[[], object] | None = None  # after each chunk read and each ack
+
+
+NO_HOOKS = FeedHooks()
+
+
 class Feed:
     """Why: submit, run and the Batch API send input into a job the same way; this is it."""
 
-    HOOKS = ("on_refused", "prepare", "on_ack", "on_progress")
-
     def __init__(self, sink: Sink, job: int, *, resume: bool = False,
-                 on_refused: Callable[[str], object] | None = None,
-                 prepare: Callable[[Chunk], object] | None = None,
-                 on_ack: Callable[[list[Item], Ack], object] | None = None,
-                 on_progress: Callable[[], object] | None = None,
                  finder: ShapeFinder | None = None) -> None:
         self.sink, self.job, self.resume = sink, job, resume
         self.finder = finder
-        self.on_refused, self.prepare, self.on_ack = on_refused, prepare, on_ack
-        self.on_progress = on_progress
         self.refusals = Refusals()
         self.accepted = self.skipped = self.lines = self.bytes_read = 0
         self.done = False  # every line read went in (or was refused)
         self.failure: BaseException | None = None
 
-    def refuse(self, line: int, reason: str) -> None:
+    def refuse(self, line: int, reason: str, hooks: FeedHooks = NO_HOOKS) -> None:
         message = f"line {line}: {reason}"
         self.refusals.add(line, message)
-        if self.on_refused is not None:
-            self.on_refused(message)
+        if hooks.on_refused is not None:
+            hooks.on_refused(message)
 
-    async def run(self, lines: Iterable[bytes], *, counter: TokenCounter | None = None,
-                  max_line_bytes: int = MAX_LINE_BYTES,
+    async def run(self, lines: Iterable[bytes], *, hooks: FeedHooks = NO_HOOKS,
+                  counter: TokenCounter | None = None, max_line_bytes: int = MAX_LINE_BYTES,
                   position: Callable[[], int] | None = None) -> None:
-        """Send every line of `lines` (read on a thread of its own) into the job."""
+        """Send every line of `lines` (read on a thread of its own) into the job, telling
+        `hooks` (this call's only)."""
         queue: asyncio.Queue[Chunk | BaseException | None] = asyncio.Queue(QUEUED)
         stop = threading.Event()  # set once this feed stops reading, failed or done
         threading.Thread(target=_read, args=(lines, counter, max_line_bytes, self.lines + 1,
                                              position, _handoff(queue, stop), self.finder),
                          daemon=True, name=f"fabricctl-feed-{self.job}").start()
         try:
-            await self._send_all(queue)
+            await self._send_all(queue, hooks)
         finally:
             stop.set()
 
-    async def _send_all(self, queue: asyncio.Queue[Chunk | BaseException | None]) -> None:
+    async def _send_all(self, queue: asyncio.Queue[Chunk | BaseException | None],
+                        hooks: FeedHooks) -> None:
         slots = asyncio.Semaphore(IN_FLIGHT)
         tasks: set[asyncio.Task[None]] = set()
         try:
@@ -199,19 +201,19 @@ class Feed:
                     raise got
                 self._check()
                 for e in got.errors:
-                    self.refuse(e.line_no, e.reason)
+                    self.refuse(e.line_no, e.reason, hooks)
                 # an input of a whole number of chunks ends with an empty one (last_line 0)
                 self.lines = max(self.lines, got.last_line)
                 self.bytes_read = max(self.bytes_read, got.bytes_read)
-                self._tick()
+                _tick(hooks)
                 await slots.acquire()
                 self._check()
-                if self.prepare is not None:
-                    self.prepare(got)
+                if hooks.prepare is not None:
+                    hooks.prepare(got)
                 if not got.items:
                     slots.release()
                     continue
-                task = asyncio.ensure_future(self._send(got.items, slots))
+                task = asyncio.ensure_future(self._send(got.items, slots, hooks))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:
@@ -221,13 +223,14 @@ class Feed:
                 t.cancel()
         self._check()
         self.done = True
-        self._tick()
+        _tick(hooks)
 
     def _check(self) -> None:
         if self.failure is not None:
             raise self.failure
 
-    async def _send(self, items: list[Item], slots: asyncio.Semaphore) -> None:
+    async def _send(self, items: list[Item], slots: asyncio.Semaphore, hooks: FeedHooks
+                    ) -> None:
         try:
             ack = await self.sink.submit(items, job=self.job, resume=self.resume)
         except BaseException as e:
@@ -236,20 +239,29 @@ class Feed:
         finally:
             slots.release()
         for r in ack.rejects:
-            self.refuse(items[r.index].line, r.reason)
+            self.refuse(items[r.index].line, r.reason, hooks)
         self.accepted += ack.accepted
         self.skipped += ack.skipped
-        if self.on_ack is not None:
-            self.on_ack(items, ack)
-        self._tick()
+        if hooks.on_ack is not None:
+            hooks.on_ack(items, ack)
+        _tick(hooks)
 
-    def _tick(self) -> None:
-        if self.on_progress is not None:
-            self.on_progress()
-
-    async def seal(self, *, sealed_before: bool = False) -> JobReply:
-        """Seal the job with what was read; `sealed_before`: an attached job already sealed
-        once, whose refusals were counted then."""
+    async def seal(self, *, sealed_before: bool = False, fail_empty: bool = False,
+                   lines: int | None = None) -> JobReply:
+        """Seal the job with what was read (`lines`: the input's line count when the caller
+        knows it better); `sealed_before`: an attached job already sealed once, whose
+        refusals were counted then; `fail_empty`: an input that put no item in the job
+        fails it (an API batch), with the refusals' messages, or "the file has no
+        requests"."""
+        count = self.lines if lines is None else lines
+        if fail_empty and self.accepted + self.skipped == 0:
+            messages = self.refusals.messages() or ["the file has no requests"]
+            return await self.sink.seal_job(self.job, count, errors=messages, failed=True)
         messages = [] if sealed_before else self.refusals.messages()
         refused = 0 if sealed_before else self.refusals.count - len(messages)
-        return await self.sink.seal_job(self.job, self.lines, errors=messages, refused=refused)
+        return await self.sink.seal_job(self.job, count, errors=messages, refused=refused)
+
+
+def _tick(hooks: FeedHooks) -> None:
+    if hooks.on_progress is not None:
+        hooks.on_progress()

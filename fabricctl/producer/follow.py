@@ -1,61 +1,75 @@
-"""Following one job's results as the broker stores them, each exactly once.
+"""Following one job's results as the broker stores them, each exactly once, pushed.
 
-Contract: a `JobFollower(client, job_id, write, since=N)` writes every result of the job
-through `write`, once, and `run()` returns the job's final `JobRecord` when the job has
-ended and every result of it has been written:
-- first the results the job already has (`job_results`, in input order, a page at a time:
-  a rerun that attached to its job gets the earlier run's results too);
-- then the broker's result stream from sequence number `since` (taken by the caller before
-  the job was opened, so nothing stored in between is missed), keeping only this job's
-  results (`rec.job`) and skipping those already written;
-- when the stream runs dry it asks for the job (every `poll_s`); once the job has ended
-  (or is finalizing: every item has its outcome) it
-  sweeps `job_results` a last time for any result it has not written (a cancel writes its
-  results in one commit) and returns.
+Contract: a `JobFollower(client, job_id, number, write, since=N)` writes every result of the
+job through `write`, once, and `run()` returns the job's final `JobRecord` when the job has
+ended (or is finalizing: every item has its outcome) and every result of it was written:
+- it subscribes to the job's result stream (`Client.follow_results`, from sequence number
+  `since`; -1, the default: from the moment the broker reads the subscription), so every
+  result stored after that point is pushed to it as it is stored: nothing is polled;
+- then, once, it sweeps the results the job already had (`job_results`, in input order, a
+  page at a time: a rerun that attached to its job gets the earlier run's results too);
+- the stream's last push carries the ended job's record.
 A result is known by its input line (unique within a job), so what it holds is one int per
-result written. Timeouts are the caller's (`asyncio.wait_for`); `nudge()` wakes the poll
-early (the submitter calls it after each ack).
+result written. With `reconnect` (a coroutine function giving a new client), a lost
+connection is followed again from the last sequence number pushed (`seq`): nothing is
+missed and nothing is written twice. Timeouts are the caller's (`asyncio.wait_for`).
+`results_stored(client)` is the broker's result sequence number now (a stream's start).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Protocol
 
-from fabricctl.core.jobs import JobRecord, JobState
+from fabricctl.core.jobs import JobRecord
+from fabricctl.errors import BackendMissing
 from fabricctl.formats.results import ResultRecord
-from fabricctl.wire.client import Client
+from fabricctl.wire.queries import ResultsPush
+from fabricctl.wire.questions import pages
 
 PAGE = 2000
-POLL_S = 0.1  # the broker has no result push: the stream is polled this often when dry
 
 
-async def results_stored(client: Client) -> int:
-    """How many results the broker has stored (its result sequence number): a follower
-    started from it misses nothing stored later."""
-    status = await client.query("status")
-    return int(status.get("extra", {}).get("store", {}).get("results", 0))
+class ResultSource(Protocol):
+    """Why: the follower needs only these two broker calls, so a test can stand in for one."""
+
+    def follow_results(self, job: int = 0, since: int = -1
+                       ) -> AsyncGenerator[ResultsPush, None]: ...
+
+    async def job_results(self, job: str, after_line: int = 0, limit: int = 1000
+                          ) -> list[ResultRecord]: ...
+
+
+async def results_stored(client: ResultSource) -> int:
+    """The broker's result sequence number now: a stream from it misses nothing later."""
+    stream = client.follow_results(0, -1)
+    try:
+        return (await anext(stream)).seq
+    finally:
+        await stream.aclose()
+
+
+def job_pages(client: ResultSource, job_id: str) -> AsyncIterator[list[ResultRecord]]:
+    """A job's stored results in input order, `PAGE` at a time (`wire.questions.pages`)."""
+    return pages(lambda after, size: client.job_results(job_id, after_line=after, limit=size),
+                 0, lambda rec: rec.line, PAGE)
 
 
 class JobFollower:
     """Why: submit --wait, run and results --follow --job all need "this job's results,
     once each, until it is done", from two sources that overlap."""
 
-    def __init__(self, client: Client, job_id: str, job_number: int,
-                 write: Callable[[ResultRecord], object], *, since: int,
-                 poll_s: float = POLL_S) -> None:
+    def __init__(self, client: ResultSource, job_id: str, job_number: int,
+                 write: Callable[[ResultRecord], object], *, since: int = -1,
+                 reconnect: Callable[[], Awaitable[ResultSource]] | None = None) -> None:
         self.client, self.job_id, self.number = client, job_id, job_number
         self._write = write
-        self.seq = since
-        self.poll_s = poll_s
+        self.seq = since  # the last sequence number the stream pushed
+        self.reconnect = reconnect
         self.seen: set[int] = set()  # input lines whose result was written
         self.written = 0
+        self.swept = False
         self.job: JobRecord | None = None
-        self._wake = asyncio.Event()
-
-    def nudge(self) -> None:
-        self._wake.set()
 
     def _take(self, rec: ResultRecord) -> None:
         if rec.line in self.seen:
@@ -66,40 +80,36 @@ class JobFollower:
 
     async def _sweep(self) -> None:
         """Every stored result of the job, in input order, that was not written yet."""
-        after = 0
-        while True:
-            page = await self.client.job_results(self.job_id, after_line=after, limit=PAGE)
+        async for page in job_pages(self.client, self.job_id):
             for rec in page:
                 self._take(rec)
-            if len(page) < PAGE:
-                return
-            after = page[-1].line
 
-    async def _drain_stream(self) -> bool:
-        """This job's results from the stream since `seq`; True when a page came."""
-        got = False
-        while True:
-            page = await self.client.query("results", since=self.seq, limit=PAGE,
-                                           type=list[tuple[int, ResultRecord]])
-            for s, rec in page:
-                self.seq = s
-                if rec.job == self.number:
+    async def _follow(self) -> JobRecord | None:
+        """One subscription until the job ended (its record) or the stream stopped (None)."""
+        stream = self.client.follow_results(self.number, self.seq)
+        try:
+            async for push in stream:
+                for _, rec in push.rows:
                     self._take(rec)
-            got = got or bool(page)
-            if len(page) < PAGE:
-                return got
+                self.seq = push.seq
+                if not self.swept:  # the stream is live: what came before is in the sweep
+                    await self._sweep()
+                    self.swept = True
+                if push.ended is not None:
+                    return push.ended
+            return None
+        finally:
+            await stream.aclose()
 
     async def run(self) -> JobRecord:
-        await self._sweep()
         while True:
-            if await self._drain_stream():
+            try:
+                job = await self._follow()
+            except BackendMissing:
+                if self.reconnect is None:
+                    raise
+                self.client = await self.reconnect()
                 continue
-            view = await self.client.job(self.job_id)
-            self.job = view.job
-            if self.job.ended or self.job.state is JobState.FINALIZING:  # all outcomes in
-                await self._drain_stream()
-                await self._sweep()
-                return self.job
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+            if job is not None:
+                self.job = job
+                return job

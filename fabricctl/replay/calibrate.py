@@ -2,34 +2,20 @@
 
 Contract: `fit_costs(probes, server)` turns six timed probes of one idle server (`Probes`,
 measured by `fabricctl calibrate`) and what the server reports of itself (`ServerShape`) into
-a `SimCosts` whose replay takes about as long as that server would:
-- `request_s` = front-end probe seconds / its requests (tiny prompts, one output token, so
-  the API server, not the engine, sets the pace);
-- `step_overhead_s` = (one request decoding `decode_tokens` - `request_s`) / its tokens, the
-  cost of a step that only decodes (the weights pass is in it: `forward_s` = 0);
-- `decode_seq_s` = the extra time per step and per sequence when `batch` requests decode at
-  once (>= 0);
-- `prefill_token_s` = (the prefill probe - the same requests with tiny prompts - the extra
-  steps x `step_overhead_s`) / the extra prompt tokens, where the steps are the
-  chunked-prefill steps its tokens need beyond the first (the budget, or the KV pool when
-  smaller, per step);
-- the cached probe anchors the total: a burst shaped like a grouped workload
-  (`cached_requests` requests of one shared `cached_len`-token prefix, each with
-  `cached_new` tokens of its own and `cached_out` output tokens, `batch` at a time, after
-  one request that caches the prefix), run on a simulated GPU of the costs above
-  (`simulate_burst`). When it takes less time there than on the server, `cached_token_s`
-  (what a prompt token found in the prefix cache still costs: the new tokens and every
-  decode attend to it) is the value in [0, prefill_token_s] that makes the two agree; when
-  it takes more, the short probes read slow (a busy host, a hiccup in a burst of tiny
-  requests) and `request_s`, `step_overhead_s` and `decode_seq_s` are scaled down together
-  until they agree (both by bisection);
-- KV reads of decodes and graph builds cost nothing more on such a server (`--enforce-eager`);
-the KV pool, scheduler limits and block size are the server's. Every fitted cost is clamped
-to >= 0 and `prefill_token_s` to > 0. `costs_toml(costs, note)` writes a flat TOML table of
-every `SimCosts` field; `load_costs(text)` reads one back (missing fields keep the default
-GPU profile's value; an unknown field, a non-number, a negative value or text that is not
-TOML is a `UsageError` naming it), as are probes `fit_costs` cannot fit (one without a
-request or a token, a prefill no longer than the tiny prompts).
+a `SimCosts` whose replay takes about as long as that server would: `request_s` from the
+front-end probe, `step_overhead_s` (with `forward_s` 0) from one decoding request,
+`decode_seq_s` from `batch` decoding at once, `prefill_token_s` from the prefill probe net
+of the tiny-prompt one and its extra chunked-prefill steps, and `cached_token_s` (or, when
+the short probes read slow, a common scale of the first three) from the cached probe, a
+grouped-workload burst simulated on those costs (`simulate_burst`) until it agrees with the
+server (bisection). KV reads and graph builds cost nothing more (`--enforce-eager`); the KV
+pool, scheduler limits and block size are the server's. Every fitted cost is clamped to >= 0
+and `prefill_token_s` to > 0; probes it cannot fit (no request or token, a prefill no longer
+than the tiny prompts) are a `UsageError`. `costs_toml(costs, note)` writes a flat TOML table
+of every `SimCosts` field; `load_costs(text)` reads one back (missing fields keep the default
+profile's; an unknown field, a non-number, a negative value or bad TOML is a `UsageError`
+naming it). `cost_pace(costs, requests, at_once)`: the pace the cost model gives a burst, the
+prior a replay's broker forecasts by before it has measured. ARCHITECTURE.md, "Calibration".
 """
 
 from __future__ import annotations
@@ -167,6 +153,17 @@ def simulate_burst(costs: SimCosts, requests: list[tuple[list[int], int, int]], 
                 gpu.add("probe", *nxt)
                 live += 1
     return gpu, gpu.now - start
+
+
+def cost_pace(costs: SimCosts, requests: list[tuple[list[int], int, int]],
+              at_once: int) -> float | None:
+    """What the cost model says one GPU does: `requests` (block hashes, prompt tokens, max
+    tokens: a shape's first items) burst `at_once` on a fresh simulated GPU, in prompt
+    tokens per simulated second (a broker's pace, `Broker.restore_paces`); None for none."""
+    if not requests:
+        return None
+    _, seconds = simulate_burst(costs, requests, max(1, at_once))
+    return sum(tokens for _, tokens, _ in requests) / seconds if seconds > 0 else None
 
 
 def costs_toml(costs: SimCosts, note: str = "") -> str:

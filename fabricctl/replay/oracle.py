@@ -15,12 +15,10 @@ waits.
   with the most of them (no GPU idles while work waits; each steal costs one prefix).
 - Its consumers fill the engine's queue exactly as fabric's do (`SimFleet.wants`), pad
   nothing, and send no pre-warm.
-- Jobs (`Oracle(items, jobs)`): a GPU's queues are per shape and job, and it takes the most
-  urgent first: the highest priority, then the earliest deadline (none: last), then its
-  current queue, then one of its current shape, then the most items; a steal takes the most
-  urgent queue of the other GPUs likewise. It sees an item's job only once it arrived, so it
-  switches to an urgent job's shape within the engine's queue of its arrival. With one job
-  (or none) this is the order above.
+- Jobs (`Oracle(items, jobs)`): queues per shape and job, the most urgent first (priority,
+  then earliest deadline, then its current queue and shape, then the most items); steals
+  likewise, so a window is served by every GPU, earliest deadline first. It sees an item's
+  job only once it arrived. With one job (or none) this is the order above.
 Pure and deterministic: ties break by shape order, and nothing reads a clock.
 """
 
@@ -101,16 +99,15 @@ class Oracle(_Base):
     def _next_shape(self, g: int) -> Unit | None:
         own = self.queues[g]
         cur = self.current[g]
-        if own:
-            return max(own, key=lambda u: (self.urgency(u), u == cur,
-                                           cur is not None and u[0] == cur[0], len(own[u]), u))
-
         def top(v: int) -> tuple[tuple[int, float], int]:
             qs = self.queues[v]
             return max(((self.urgency(u), len(q)) for u, q in qs.items()),
                        default=((0, -math.inf), 0))
 
         victim = max(range(len(self.queues)), key=lambda v: (*top(v), -v))
+        if own and top(g)[0] >= top(victim)[0]:  # nothing more urgent waits elsewhere
+            return max(own, key=lambda u: (self.urgency(u), u == cur,
+                                           cur is not None and u[0] == cur[0], len(own[u]), u))
         theirs = self.queues[victim]
         if not theirs:
             return None

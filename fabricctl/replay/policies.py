@@ -3,31 +3,28 @@
 Contract: a `Policy` gets every arrival (`arrive`), may give a GPU work (`feed`, called after
 each of its steps and whenever it is idle), hears about finished requests (`finished`) and
 ticks. Baselines, as their real counterparts run:
-- round-robin: each request to the next GPU in turn at arrival; the GPU's continuous
-  batching takes whatever waits (vLLM behind a load balancer);
-- prefix-affinity: each request to the GPU that last served its signature, unless that GPU's
-  load exceeds 1.25 x the least loaded + 32 requests, then the least loaded (cache-aware
-  routers' bounded-load fallback);
-- pow2-buckets: a broker of power-of-two length buckets, blind to shapes: its consumer hands
-  its GPU the fullest bucket's next batch, padded to the bucket.
-fabric is the real `fabricctl.core.Broker` in memory mode, with the defaults `up` and `run`
-use (shape_scope "consumer": each GPU drains its own current shape), each GPU a consumer
-pulling lane batches, with a pre-warm request (the shape's prefix, max_tokens 1, a real
-request on the simulated GPU) to the GPU a shape warms for. The brokers' consumers (fabric,
-pow2-buckets) keep their engine's queue filled as `SimFleet.wants` says: at least one
-request waits, and about what one step admits in steady state (max_num_seqs / output
-tokens), so every step mixes new prefills with decodes instead of admitting a whole cohort
-at once; routers hand over at arrival.
-Jobs (a multi-job workload, `replay.jobs`): every policy sees each item's job number
-(`Item.job`); only fabric acts on it: when a job's first item arrives it tells the broker
-the job's terms (`Broker.set_job_terms`: priority, deadline = arrival + window), and once
-its last item arrived (the replay knows the whole trace) it seals the job. `job_terms=False`
-keeps them from the broker (fabric-tokens, the tokens-only comparison). The baselines
-ignore jobs.
+- round-robin: each request to the next GPU in turn at arrival (vLLM behind a load balancer);
+- prefix-affinity: each request to the GPU that last served its signature, unless its load
+  exceeds 1.25 x the least loaded + 32 requests (cache-aware routers' bounded-load fallback);
+- pow2-buckets: power-of-two length buckets, blind to shapes: the fullest bucket's next
+  batch, padded to the bucket;
+- edf: a queue per job; a GPU that wants work gets the next request of the most urgent job
+  (priority, then earliest deadline), blind to shapes.
+fabric is the real `fabricctl.core.Broker` in memory mode with `up`'s and `run`'s defaults,
+each GPU a consumer pulling lane batches, a pre-warm request (the prefix, max_tokens 1) to
+the GPU a shape warms for. The brokers' consumers keep their engine's queue filled as
+`SimFleet.wants` says (about what one step admits: max_num_seqs / output tokens), so every
+step mixes new prefills with decodes; routers hand over at arrival.
+Jobs (`replay.jobs`): fabric tells the broker a job's terms at its first arrival
+(`Broker.set_job_terms`: priority, deadline = arrival + window) and seals it after its
+last; until a batch completed it forecasts at the cost model's pace (`calibrate.cost_pace`).
+`job_terms=False` keeps the terms back (fabric-tokens); fabric-fair gets priorities but no
+windows; edf orders by the terms; the other baselines ignore jobs.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
 from typing import Protocol
@@ -35,9 +32,12 @@ from typing import Protocol
 from fabricctl.core.broker import Broker
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.types import Contract
+from fabricctl.replay.calibrate import cost_pace
 from fabricctl.replay.fleet import SimFleet
 from fabricctl.replay.jobs import JobSpec
 from fabricctl.replay.workload import ReplayItem
+
+PACE_SAMPLE = 256  # items of a model's first arrivals the cost model's pace is taken on
 
 
 class Policy(Protocol):
@@ -147,6 +147,38 @@ class Pow2Buckets(_Base):
         return {"padding_waste": waste, "thrash_events": None}
 
 
+class Edf(_Base):
+    """Why: the deadline-aware queue a user would put in front of the GPUs, to compare
+    fabric's windows with."""
+
+    name = "edf"
+
+    def __init__(self, jobs: Mapping[int, JobSpec] | None = None) -> None:
+        self.jobs = dict(jobs or {})
+        self.queues: dict[int, deque[ReplayItem]] = {}  # job -> its requests waiting
+        self.out = 1  # output tokens of the last request handed out
+
+    def urgency(self, job: int) -> tuple[int, float, float]:
+        spec = self.jobs.get(job)
+        if spec is None:
+            return 0, math.inf, 0.0
+        deadline = spec.deadline
+        return -spec.priority, math.inf if deadline is None else deadline, spec.arrival
+
+    def arrive(self, r: ReplayItem, now: float) -> None:
+        self.queues.setdefault(r.item.job, deque()).append(r)
+
+    def feed(self, g: int, now: float) -> None:
+        while self.queues and self.sim.wants(g, self.out):
+            job = min(self.queues, key=self.urgency)
+            q = self.queues[job]
+            r = q.popleft()
+            if not q:
+                del self.queues[job]
+            self.out = r.item.max_tokens
+            self.sim.submit(g, r, now)
+
+
 class Fabric(_Base):
     """Why: the broker under test (its real core, memory mode), one consumer per GPU."""
 
@@ -176,6 +208,15 @@ class Fabric(_Base):
             for m in self.models:
                 self.gpu_of[f"gpu{g}:{m}"] = g
                 self.broker.register(f"gpu{g}:{m}", Contract(m, *self.limits), 0.0)
+        if self.jobs and sim.gpus:  # the cost model's pace: the forecast's prior
+            costs = sim.gpus[0].costs
+            for m in self.models:
+                first = sorted((r for r in sim.items if r.item.model == m),
+                               key=lambda r: r.arrival)[:PACE_SAMPLE]
+                pace = cost_pace(costs, [(r.hashes, r.tokens, r.item.max_tokens)
+                                         for r in first], costs.max_num_seqs)
+                if pace is not None:
+                    self.broker.restore_paces({m: pace})
 
     def arrive(self, r: ReplayItem, now: float) -> None:
         self.by_id[r.item.id] = r

@@ -1,33 +1,20 @@
 """The figures a replay reports per policy. Every figure is SIMULATED.
 
-Contract (`summarise(sim)` after `Simulation.run`):
-- tokens/s = (prompt + generated tokens of the workload's requests) / makespan, the makespan
-  running from the first arrival to the last finish; pre-warm requests cost GPU time (they
-  run on the simulated GPUs like any request) but add no tokens;
-- KV hit rate = cached prompt tokens / prompt tokens of the workload's requests (pre-warm
-  requests excluded); achievable = what an unbounded cache would have given the same
-  requests on the same GPUs in the same order: a request can hit the leading prefix blocks
-  (at most floor((L-1)/B)) that any earlier request or pre-warm on its GPU computed. The gap
-  between the two is eviction only; `prefix_refills` counts the requests that recomputed
-  blocks their GPU had computed before (a cache thrash);
-- shape switches per GPU = shape runs - 1 on that GPU, its requests ordered by first token
-  (then hand-over order); a switch is mid-stream when the GPU later returns to the shape it
-  left for an item it already held when it started the next shape (the engine's queue
-  interleaved shapes; with every arrival at t = 0 that is runs - distinct shapes), plus the
-  policy's own count of shapes it left while they still had queued work (the broker's
-  `midstream_switches`);
-- padding waste, thrash events: the policy's own (`Policy.figures`): padded minus real
-  tokens over padded tokens of the batches it formed (0 for routers, which pad nothing), and
-  shapes finishing under `thrash_batches` batches (None for policies without shapes);
-- CUDA-graph rebuilds: graph keys built by the simulated GPUs (vLLM captures its graphs by
-  batch size at start-up, so a replay that passes no key builds none);
-- latency: arrival to finish, p50 and p99.
-Jobs (a multi-job workload; `run.replay` fills these in, None otherwise): per job
-(`JobResult`) its completion time = its last item's finish - the job's arrival, its
-standalone time (the same job replayed alone, arriving at t = 0, on the same GPUs with the
-same policy), the slowdown = completion / standalone, and whether it met its deadline
-(completion <= its window); per policy the deadlines met and the jobs that missed theirs,
-and the worst slowdown. The fleet's makespan is `makespan_s`.
+Contract (`summarise(sim)` after `Simulation.run`), each figure defined in ARCHITECTURE.md,
+"What a replay reports":
+- tokens/s = (prompt + generated tokens of the workload's requests) / makespan (first
+  arrival to last finish); pre-warms cost GPU time but add no tokens;
+- KV hit rate = cached / prompt tokens of the workload's requests, and the achievable rate
+  an unbounded cache would have given them on the same GPUs in the same order (the gap is
+  eviction only); `prefix_refills` counts requests that recomputed blocks their GPU had;
+- shape switches per GPU (runs - 1) and mid-stream switches (the GPU came back to a shape it
+  left while holding its items, plus the policy's own count);
+- padding waste and thrash events: the policy's own (`Policy.figures`; None where a policy
+  has no shapes); CUDA-graph rebuilds; latency p50 and p99 (arrival to finish).
+Jobs (multi-job workloads; `run.replay` fills these in, None otherwise): per job
+(`JobResult`) its completion (last finish - its arrival), its standalone time (replayed
+alone at t = 0 with the same policy and GPUs), the slowdown and whether it met its window;
+per policy the deadlines met and missed and the worst slowdown; `makespan_s` the fleet's.
 """
 
 from __future__ import annotations

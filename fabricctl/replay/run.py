@@ -28,7 +28,14 @@ from fabricctl.engines.costs import SimCosts
 from fabricctl.errors import UsageError
 from fabricctl.replay.jobs import JobSpec
 from fabricctl.replay.oracle import Oracle
-from fabricctl.replay.policies import Fabric, Policy, Pow2Buckets, PrefixAffinity, RoundRobin
+from fabricctl.replay.policies import (
+    Edf,
+    Fabric,
+    Policy,
+    Pow2Buckets,
+    PrefixAffinity,
+    RoundRobin,
+)
 from fabricctl.replay.report import PolicyResult, job_finishes, job_results, with_jobs
 from fabricctl.replay.sim import Simulation
 from fabricctl.replay.workload import ReplayItem, distinct_prefix_tokens
@@ -38,8 +45,10 @@ ABLATIONS = ("fabric-per-model", "fabric-no-lanes", "fabric-no-prewarm", "fabric
 ORACLE = "oracle"  # the reference: an omniscient shape scheduler (replay/oracle.py)
 POLICIES = ("fabric", *BASELINES, ORACLE)
 FABRIC_TOKENS = "fabric-tokens"  # fabric by tokens alone, blind to jobs: the comparison
-COMPARISONS = (FABRIC_TOKENS,)
-JOB_POLICIES = ("fabric", FABRIC_TOKENS, *BASELINES, ORACLE)
+FABRIC_FAIR = "fabric-fair"  # fabric told priorities, not windows: fair share alone
+EDF = "edf"  # a queue per job, earliest deadline first, blind to shapes
+COMPARISONS = (FABRIC_TOKENS, FABRIC_FAIR, EDF)
+JOB_POLICIES = ("fabric", FABRIC_TOKENS, FABRIC_FAIR, EDF, *BASELINES, ORACLE)
 KNOWN = (*POLICIES, *COMPARISONS, *ABLATIONS)
 FABRIC_CORE = CoreConfig()  # the broker as the replay runs it: the same defaults as up/run
 TOKENS_ONLY = {"fair_share": False, "wait_bound_s": 1e9}  # the old policy, approximately
@@ -61,6 +70,8 @@ def make_policy(name: str, limits: BatchLimits, core: CoreConfig | None = None,
     if name == ORACLE:
         return Oracle(items or [], jobs)
     lim = (limits.max_batch_size, limits.max_batch_tokens, limits.max_input_len)
+    if name == EDF:
+        return Edf(jobs)
     if name == "round-robin":
         return RoundRobin()
     if name == "prefix-affinity":
@@ -70,6 +81,9 @@ def make_policy(name: str, limits: BatchLimits, core: CoreConfig | None = None,
     prewarm = prewarm_enabled(core.prewarm, simulated=True)
     if name == "fabric":
         return Fabric(core, *lim, prewarm=prewarm, jobs=jobs)
+    if name == FABRIC_FAIR:
+        return Fabric(core, *lim, prewarm=prewarm, name=name, jobs={
+            n: dataclasses.replace(spec, window_s=None) for n, spec in (jobs or {}).items()})
     if name == FABRIC_TOKENS:
         return Fabric(dataclasses.replace(core, **TOKENS_ONLY), *lim,  # type: ignore[arg-type]
                       prewarm=prewarm, name=name, job_terms=False)

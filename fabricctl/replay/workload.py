@@ -14,7 +14,9 @@ the jobs by number (empty for a single-job workload, loaded exactly as `load` do
 `job_trace(name)` generates the multi-job traces the replay and `bench/jobs_bench.py` study
 (`TRACES`): "small-behind-big" (a big job of four shapes at t = 0, then three one-shape jobs
 arriving while it runs) and "deadlines" (three jobs at t = 0 whose windows an order by
-tokens alone misses and earliest-deadline-first meets); `trace_workload(trace)` loads one
+tokens alone misses and earliest-deadline-first meets); `windows_trace(ks, t)` is issue 41's form:
+equal jobs at t = 0 (two shapes of their own each), windows k x `t` for each k of `ks`
+(`t`: one job's time alone, as the caller measured it); `trace_workload(trace)` loads one
 through the same reader, job field and jobs-file parser as `fabricctl replay --jobs`; an
 unknown trace name is a `UsageError`, a job's bad terms a `WorkloadError` (`replay.jobs`).
 """
@@ -154,6 +156,17 @@ def job_trace(name: str, scale: float = 1.0) -> Trace:
                 {"job": "alert", "window_s": 3.0 * scale}]
         return Trace(name, lines, jobs)
     raise UsageError(f"unknown trace {name!r}; known: {', '.join(TRACES)}")
+
+
+def windows_trace(ks: Sequence[float], t: float, items: int = 300) -> Trace:
+    """Equal jobs "w0", "w1", ... of `items` each (two shapes of their own, one seed each)
+    at t = 0, job k's window `ks[k]` x `t` seconds."""
+    lines: list[dict[str, Any]] = []
+    jobs: list[dict[str, Any]] = []
+    for k, factor in enumerate(ks):
+        lines += _job_lines(f"w{k}", 400 + k, items=items, shapes=2, zipf_s=0.0)
+        jobs.append({"job": f"w{k}", "window_s": round(factor * t, 6)})
+    return Trace("windows", lines, jobs)
 
 
 def trace_workload(trace: Trace, block_size: int = 16, rate: float = 0.0, seed: int = 0

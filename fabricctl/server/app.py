@@ -1,29 +1,22 @@
 """The broker daemon: an asyncio server over a Unix socket (and optionally TCP).
 
-Contract: producers `Submit` chunks and get one `Ack` after the durable commit
-(group-committed with other chunks); consumers `Register` their contract, `Heartbeat`,
-long-poll with `Pull`, and settle batches with `Complete`/`Fail`; observers `Subscribe` to
-the stats stream or send one-shot `Query`s; producers open, seal and cancel jobs and change
-their priority (`OpenJob`, `SealJob`, `CancelJob`, `SetPriority`, answered by `JobReply`
-once durable), and a job tick (every
-`JOB_TICK_S`, within the broker's tick) commits the jobs' expiry and settling. A consumer
-silent past the heartbeat timeout, or whose socket errors, is disconnected and its batches
-go back to the front of their lanes at once. A malformed, unknown or oversized frame gets an
-`Error` and closes that connection only. Pre-warm signals
-are pushed to every consumer of the model before any batch of the warming shape is sent.
-A `Shutdown` (`fabricctl down`) is answered at once and sets `stop_requested`: the server's
-owner stops as on SIGTERM (its own consumers stop pulling and finish their in-flight
-batches, then `stop()` closes the sockets, the writer and the remaining peers); `stopped` is
-set once `stop()` is through.
-
-Structure: `BrokerServer` holds one `ServerState` (store, settings, clock, peers, consumers,
-wake-up, metrics, snapshot extras: `server.state.X`) and composes the
-`Listeners` (the sockets), the `Writer` (group commit) and the `Handlers` (the answers to
-producers and consumers), each given the state and what else it needs explicitly. It is the
-`Router` its connections hand frames to: `welcome` answers a `Hello` (version, and the
-token on TCP), `dispatch` routes every later frame, `drop` ends a peer. The store is read
-and written only through its methods. A TCP listener (`listen`) without a shared token is
-refused at construction (`UsageError`).
+Contract: producers `Submit` chunks and get one `Ack` after the durable (group) commit;
+consumers `Register`, `Heartbeat`, long-poll with `Pull` and settle with `Complete`/`Fail`;
+observers `Subscribe` to the stats stream or ask questions (`wire.queries`, one request type
+each); producers follow results (`FollowResults`, pushed as stored: `server.streams`) and
+open, seal, cancel and reprioritise jobs (answered by `JobReply` once durable); a job tick
+(every `JOB_TICK_S`) commits the jobs' expiry and settling. A consumer silent past the
+heartbeat timeout, or whose socket errors, is disconnected and its batches go back to the
+front of their lanes at once. A malformed, unknown or oversized frame gets an `Error` and
+closes that connection only. Pre-warm signals go to every consumer of the model before any
+batch of the warming shape. A `Shutdown` (`fabricctl down`) is answered at once and sets
+`stop_requested`: the owner stops as on SIGTERM (`server.drain`, then `stop()` closes the
+sockets, the writer and the remaining peers); `stopped` is set once `stop()` is through.
+Structure: `BrokerServer` holds one `ServerState` and composes the `Listeners`, the `Writer`
+(group commit) and the `Handlers`, each given what it needs. It is the `Router` its
+connections hand frames to (`welcome`, `dispatch`, `drop`). Writes go through the store's
+steps, reads through its read-only view (`state.view`). A TCP listener without a shared
+token is refused (`UsageError`).
 """
 
 from __future__ import annotations
@@ -45,6 +38,7 @@ from fabricctl.server.handlers import Handlers
 from fabricctl.server.listeners import Listeners
 from fabricctl.server.signals import push_signals
 from fabricctl.server.state import ServerState
+from fabricctl.server.streams import stop_stream, stream_results
 from fabricctl.server.writer import Writer
 from fabricctl.wire.protocol import (
     PROTOCOL_VERSION,
@@ -57,7 +51,6 @@ from fabricctl.wire.protocol import (
     Hello,
     OpenJob,
     Pull,
-    Query,
     Register,
     SealJob,
     SetPriority,
@@ -66,6 +59,7 @@ from fabricctl.wire.protocol import (
     Subscribe,
     Welcome,
 )
+from fabricctl.wire.queries import QUERIES, FollowResults, StopFollow
 
 if TYPE_CHECKING:
     from fabricctl.server.config import ServerConfig
@@ -83,7 +77,6 @@ class BrokerServer:
     ) -> None:
         if cfg.listen and not cfg.token:
             raise UsageError("--listen needs a shared token (server.token in the config)")
-        store.defer_results()  # quarantine results go through the writer too
         self.writer = Writer(store, clock, self._after_commit, cfg.commit_items,
                              cfg.complete_batches, cfg.commit_wait_s, cfg.writer_thread)
         self.state = ServerState(store, cfg, clock, self.writer.pending_batches)
@@ -214,8 +207,12 @@ class BrokerServer:
             h.fail(peer, frame)
         elif isinstance(frame, Subscribe):
             self._spawn(peer, self._stream(peer, frame), frame.rid)
-        elif isinstance(frame, Query):
+        elif isinstance(frame, QUERIES):  # a question: its one handler (`views.HANDLERS`)
             self._now(peer, lambda: peer.send(views.answer(self.state, frame)), frame.rid)
+        elif isinstance(frame, FollowResults):
+            self._spawn(peer, stream_results(self.state, peer, frame), frame.rid)
+        elif isinstance(frame, StopFollow):
+            stop_stream(peer, frame)
         elif isinstance(frame, OpenJob):
             self._spawn(peer, h.open_job(peer, frame), frame.rid)
         elif isinstance(frame, SealJob):
@@ -247,24 +244,27 @@ class BrokerServer:
 
     async def _ticker(self) -> None:
         st = self.state
-        logged = st.core.events.seq  # events up to here were the previous run's or are known
+        logged = st.view.events.seq  # events up to here were the previous run's or are known
         while True:
             await asyncio.sleep(st.cfg.tick_s)
-            st.core.tick(st.clock())
+            st.store.tick(st.clock())
             logged = self._log_warnings(logged)
             push_signals(st)
             st.wakeup.notify()
 
     def _log_warnings(self, since: int) -> int:
         """Log the events an operator must hear of without a dashboard (a job predicted to
-        miss its window); returns the last event seen."""
-        events = self.state.core.events
+        miss its window, a window given up); returns the last event seen."""
+        events = self.state.view.events
         if events.seq == since:
             return since
         ids = self.state.live_job_ids()
         for e in events.since(since, limit=100_000):
             if e.kind is EventKind.JOB_AT_RISK:
                 log.warning("job %s at risk: %s", ids.get(e.value, e.value), e.reason)
+            elif e.kind is EventKind.JOB_HOPELESS:
+                log.warning("job %s window out of reach: %s", ids.get(e.value, e.value),
+                            e.reason)
         return events.seq
 
     async def _job_ticker(self) -> None:

@@ -21,6 +21,11 @@ from fabricctl.wire.protocol import DEFAULT_MAX_FRAME, SOCKET_NAME
 _SETTINGS = ServerSettings()
 _CORE = CoreConfig()
 
+# the group commit's defaults, the daemon's alone: `ServerConfig` and `Writer` read these
+COMMIT_ITEMS = 512  # items of waiting submits one commit takes (whole chunks)
+COMMIT_WAIT_S = 0.002  # how long a commit waits for company
+COMPLETE_BATCHES = 8  # completions per commit: smaller groups keep the loop's steps short
+
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
@@ -36,9 +41,9 @@ class ServerConfig:
     max_frame: int = DEFAULT_MAX_FRAME
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
-    commit_items: int = 512
-    commit_wait_s: float = 0.002
-    complete_batches: int = 8  # per commit: smaller groups keep the loop's steps short
+    commit_items: int = COMMIT_ITEMS
+    commit_wait_s: float = COMMIT_WAIT_S
+    complete_batches: int = COMPLETE_BATCHES
     writer_thread: bool = True  # commit on a writer thread: the loop dispatches meanwhile
     tick_s: float = _CORE.tick_s
 

@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.terms import check_priority
 from fabricctl.errors import StoreError, StoreFullError
+from fabricctl.server.departures import Departure
 from fabricctl.server.signals import push_signals
 from fabricctl.server.views import resolve_job
 from fabricctl.store.jobs import CancelOp, FlushOp, JobOp, OpenOp, PriorityOp, SealOp
+from fabricctl.store.placement import resume_skip
 from fabricctl.wire.protocol import (
     Ack,
     CancelJob,
@@ -41,6 +43,7 @@ from fabricctl.wire.protocol import (
     Pull,
     Register,
     Registered,
+    Reject,
     SealJob,
     SetPriority,
     Submit,
@@ -59,6 +62,11 @@ def _ticked(fut: asyncio.Future[JobRecord | str]) -> None:
     """A tick's job operation ended: a failure is logged (never left unretrieved)."""
     if not fut.cancelled() and (e := fut.exception()) is not None:
         log.error("a job operation of the tick failed: %s", e)
+
+
+def _stored(r: Reject) -> bool:
+    """A reject of an item already stored in its job (`resume_skip` skips it)."""
+    return r.stored
 
 
 class Handlers:
@@ -87,9 +95,7 @@ class Handlers:
             return
         skipped = 0
         if frame.resume and rejects:
-            keep = [r for r in rejects if not r.stored]
-            skipped = len(rejects) - len(keep)
-            rejects = keep
+            rejects, skipped = resume_skip(rejects, _stored)
         accepted = len(frame.items) - len(rejects) - skipped
         self.state.metrics.submitted(accepted)
         peer.send(Ack(frame.rid, accepted, rejects, skipped))
@@ -203,7 +209,7 @@ class Handlers:
                 del st.consumers[peer.consumer]
             self.disconnect_consumer(peer.consumer, f"re-registered as {frame.name}")
         now = st.clock()
-        st.core.register(frame.name, frame.contract, now)
+        st.store.register(frame.name, frame.contract, now)
         peer.role, peer.consumer, peer.gpu = "consumer", frame.name, frame.gpu
         peer.engine, peer.simulated = frame.engine, frame.simulated
         st.consumers[frame.name] = peer
@@ -219,10 +225,13 @@ class Handlers:
         writer already received (they stay, to be settled; the log line counts them)."""
         st = self.state
         keep = self.writer.pending_batches()
-        c = st.core.consumers.get(name)
-        settling = len(c.batches & (st.core.settling | keep)) if c is not None else 0
+        c = st.view.consumers.get(name)
+        settling = len(c.batches & (st.view.settling | keep)) if c is not None else 0
         note = f"; {settling} answered batches settle" if settling else ""
+        batches = len(c.batches) - settling if c is not None else 0
         items = st.store.disconnect(name, st.clock(), why, keep)
+        if st.draining and items:  # the stop's report says it (`server.drain`)
+            st.departures.append(Departure(name, why, batches, items, st.clock()))
         if items:
             log.warning("consumer %s lost (%s): %d items back to their lanes%s", name, why,
                         items, note)
@@ -237,8 +246,10 @@ class Handlers:
             peer.send(Error("not_registered", "register before pulling", frame.rid))
             return True
         st = self.state
-        if name not in st.core.consumers or peer.closed:
+        if name not in st.view.consumers or peer.closed:
             return True  # dropped meanwhile: nobody to answer
+        if st.draining:
+            return False  # the stop's drain: consumers finish what they hold, take nothing
         store = st.store
         work = store.pull(name, st.clock())
         # quarantined entries: their error results, committed next
@@ -269,14 +280,14 @@ class Handlers:
 
     def complete(self, peer: Peer, frame: Complete) -> None:
         st = self.state
-        c = st.core.consumers.get(peer.consumer or "")
+        c = st.view.consumers.get(peer.consumer or "")
         if c is None or frame.batch not in c.batches:
             peer.send(Done(frame.rid, -1))  # late, duplicate, or another consumer's batch
             return
         n = len(frame.results)
         if len(frame.cache) == 3:  # the cache-truth audit's evidence, while the batch is ours
             q, h, a = frame.cache
-            st.core.record_cache(frame.batch, q, h, a, st.clock())
+            st.store.record_cache(frame.batch, q, h, a, st.clock())
         consumer, rid = peer.consumer or "", frame.rid
         metrics = st.metrics
 
@@ -297,7 +308,7 @@ class Handlers:
 
     def fail(self, peer: Peer, frame: Fail) -> None:
         st = self.state
-        c = st.core.consumers.get(peer.consumer or "")
+        c = st.view.consumers.get(peer.consumer or "")
         ours = c is not None and frame.batch in c.batches
         if ours:
             st.store.fail(frame.batch, st.clock(), frame.reason)

@@ -8,8 +8,8 @@ it is set (TLS when `cfg.tls_cert` is set: `fabricctl.wire.tls.server_context`, 
 handshakes are refused with one log line), and the metrics endpoint on
 `cfg.metrics_host:metrics_port` when that is set; each accepted connection becomes a
 `Connection` over the shared state and the router. `close()` stops accepting (open
-connections stay). `tcp_port()` and `metrics_port()` are the bound ports (useful with port
-0), or None."""
+connections stay) and removes the socket file. `tcp_port()` and `metrics_port()` are the
+bound ports (useful with port 0), or None."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ import contextlib
 import os
 from typing import TYPE_CHECKING
 
+from fabricctl.errors import UsageError
 from fabricctl.server.connection import Connection
+
+SUN_PATH_MAX = 107  # Linux's sockaddr_un holds 108 bytes, the path's NUL included
 
 if TYPE_CHECKING:
     from fabricctl.server.connection import Router
@@ -42,6 +45,10 @@ class Listeners:
         loop = asyncio.get_running_loop()
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # the data dir's lock proves no live broker owns it
+        if len(os.fsencode(path)) > SUN_PATH_MAX:
+            raise UsageError(f"the data dir's socket path {path} is {len(os.fsencode(path))} "
+                             f"bytes, over the {SUN_PATH_MAX} a Unix socket allows: give a "
+                             "shorter --data-dir (or FABRICCTL_DATA_DIR)")
         old = os.umask(0o177)
         try:
             srv = await loop.create_unix_server(lambda: Connection(st, router, "unix"),
@@ -68,6 +75,10 @@ class Listeners:
     def close(self) -> None:
         for srv in self._servers:
             srv.close()
+        if self._servers:  # ours while the data dir's lock is held: a stopped broker leaves
+            # no socket for `doctor` or a client to find and be refused on
+            with contextlib.suppress(FileNotFoundError):
+                self.state.cfg.socket_path.unlink()
 
     def tcp_port(self) -> int | None:
         return _bound_port(self._tcp)

@@ -1,22 +1,22 @@
 """Prometheus metrics of the broker, read from its live state at scrape time.
 
-Contract: `Metrics(core).registry` holds a collector that turns the core's counters, ledger, shape
-states, lanes and consumers into `fabricctl_*` families on every scrape (no bookkeeping on
-the hot path); with `live_jobs` (number -> id of the jobs not ended) and `clock`, also each
-live job's place in the fleet (`core.forecast`): `fabricctl_job_queue_age_seconds`,
-`fabricctl_job_holders`, `fabricctl_job_share` and `fabricctl_job_queued_items`, labelled
-`job_id`, one label set per live job (a job that ended is in no later scrape, so the label
-cardinality is the live jobs), and `fabricctl_jobs_at_risk`, the jobs predicted to finish
-after their deadline; with `mixes` (id -> items per endpoint of the jobs not ended),
-`fabricctl_job_items{job_id, endpoint}`: each live job's accepted items per endpoint
-(`core.mix`: completions, chat, embeddings, score, rerank, responses, unknown; only those
-with items, so at most seven label sets per live job); per consumer, each name its server
-answers (`fabricctl_consumer_names{consumer, model, name}`: 1 for the one it pulls from
-now) and its moves between them (`fabricctl_consumer_name_switches`); plus a pull-latency
-histogram and per-consumer batch/token counters that the server feeds. `serve(host, port)`
-answers `GET /metrics` on the event loop itself, so a scrape never reads broker state from
-another thread.
-"""
+Contract: `Metrics(view).registry` holds a collector that turns the core's counters (read
+through the store's `CoreView`), ledger, shape states, lanes and consumers into
+`fabricctl_*` families on every scrape (no bookkeeping on the hot path); with `live_jobs`
+(number -> id of the jobs not ended) and `clock`, also each live job's place in the fleet
+(`core.forecast`): `fabricctl_job_queue_age_seconds`, `fabricctl_job_holders`,
+`fabricctl_job_share` and `fabricctl_job_queued_items`, labelled `job_id`, one label set per
+live job (a job that ended is in no later scrape, so the label cardinality is the live
+jobs), and `fabricctl_jobs_at_risk`, the jobs predicted to finish after their deadline; with
+`mixes` (id -> items per endpoint of the jobs not ended), `fabricctl_job_items{job_id,
+endpoint}`: each live job's accepted items per endpoint (`core.mix`: completions, chat,
+embeddings, score, rerank, responses, transcriptions, unknown; only those with items, so at
+most eight label sets per live job); per consumer, each name its server answers
+(`fabricctl_consumer_names{consumer, model, name}`: 1 for the one it pulls from now) and its
+moves between them (`fabricctl_consumer_name_switches`); plus a pull-latency histogram and
+per-consumer batch/token counters that the server feeds. `serve(host, port)` answers `GET
+/metrics` on the event loop itself, so a scrape never reads broker state from another
+thread."""
 
 from __future__ import annotations
 
@@ -38,16 +38,16 @@ from fabricctl.core.stats import BATCH_BUCKETS
 from fabricctl.core.types import Work
 
 if TYPE_CHECKING:
-    from fabricctl.core.broker import Broker
+    from fabricctl.store.view import CoreView
 
 
 class BrokerCollector(Collector):
     """Why: scrape-time reads keep the dispatch path free of metric updates."""
 
-    def __init__(self, core: Broker, live_jobs: Callable[[], dict[int, str]] | None = None,
+    def __init__(self, view: CoreView, live_jobs: Callable[[], dict[int, str]] | None = None,
                  clock: Callable[[], float] = time.time,
                  mixes: Callable[[], dict[str, dict[str, int]]] | None = None) -> None:
-        self.core = core
+        self.view = view
         self.live_jobs = live_jobs
         self.clock = clock
         self.mixes = mixes
@@ -74,7 +74,7 @@ class BrokerCollector(Collector):
         """Each live job's queue age, holders, share and queued items, and the count of jobs
         predicted to miss their deadline. Label sets: the live jobs (and items with no job,
         `job_id` "none", while they wait), so an ended job leaves the exposition."""
-        views = {v.job: v for v in self.core.job_views(self.clock())}
+        views = {v.job: v for v in self.view.job_views(self.clock())}
         families = [
             (GaugeMetricFamily("fabricctl_job_queue_age_seconds", "per live job: how long its "
                                "oldest queued item has waited", labels=["job_id"]),
@@ -98,7 +98,7 @@ class BrokerCollector(Collector):
                                 value=sum(v.at_risk for n, v in views.items() if n in live))
 
     def core_families(self) -> Iterator[Metric]:
-        core = self.core
+        core = self.view
         lg = core.ledger
         for what, unit in (("items", ""), ("tokens", "")):
             for stage in ("received", "routed", "queued", "inflight", "completed"):
@@ -155,8 +155,9 @@ class BrokerCollector(Collector):
             audit.add_metric([*key, "flagged"], float(flagged))
         yield audit
         hist = core.batches_hist
-        yield CounterMetricFamily("fabricctl_thrash_events", "shapes finished under the "
-                                  "thrash line", value=hist.thrashed)
+        yield CounterMetricFamily("fabricctl_thrash_events", "shapes that thrashed: under "
+                                  "the thrash line, their prefix staged again",
+                                  value=hist.thrashed)
         buckets, acc = [], 0
         for le, c in zip(BATCH_BUCKETS, hist.counts, strict=False):
             acc += c
@@ -188,12 +189,12 @@ class BrokerCollector(Collector):
 class Metrics:
     """Why: one registry per broker, so several brokers in one test process don't collide."""
 
-    def __init__(self, core: Broker, live_jobs: Callable[[], dict[int, str]] | None = None,
+    def __init__(self, view: CoreView, live_jobs: Callable[[], dict[int, str]] | None = None,
                  clock: Callable[[], float] = time.time,
                  mixes: Callable[[], dict[str, dict[str, int]]] | None = None) -> None:
         self.version = __version__
         self.registry = CollectorRegistry()
-        self.registry.register(BrokerCollector(core, live_jobs, clock, mixes))
+        self.registry.register(BrokerCollector(view, live_jobs, clock, mixes))
         self.pull_latency = Histogram(
             "fabricctl_pull_latency_seconds", "time from a pull request to its batch",
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),

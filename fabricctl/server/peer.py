@@ -29,6 +29,7 @@ class Peer:
     last_seen: float = 0.0
     engine_stats: dict[str, Any] = field(default_factory=dict)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    streams: dict[int, asyncio.Task[Any]] = field(default_factory=dict)  # FollowResults, by rid
     closed: bool = False
     drain: Callable[[], Awaitable[None]] = _ready  # waits while the write buffer is full
 

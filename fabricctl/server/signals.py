@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 def sample_item(store: DurableBroker, model: str, signature: int) -> Item | None:
     """One queued item of a shape, read from the store, for the engine to prefill its prefix."""
-    ms = store.core.models.get(model)
+    ms = store.view.models.get(model)
     shape = ms.open.get(signature) if ms else None
     if shape is None:
         return None
@@ -47,15 +47,15 @@ def sample_item(store: DurableBroker, model: str, signature: int) -> Item | None
 def lone_item(store: DurableBroker, model: str, signature: int) -> bool:
     """The open shape of `signature` queues exactly one item and has none in flight: its
     first batch is all of it, so a pre-warm of its prefix buys that batch nothing."""
-    ms = store.core.models.get(model)
+    ms = store.view.models.get(model)
     shape = ms.open.get(signature) if ms else None
     return shape is not None and shape.items == 1 and shape.inflight_items == 0
 
 
 def push_signals(state: ServerState) -> None:
     """Send every pending pre-warm signal to the consumers it is for."""
-    core = state.core
-    for signal in core.take_signals():
+    core = state.view
+    for signal in state.store.take_signals():
         targets = set(core.prewarm_targets(signal))
         if not targets or lone_item(state.store, signal.model, signal.signature):
             continue

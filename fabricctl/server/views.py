@@ -1,41 +1,36 @@
-"""What observers see: snapshots with the daemon's extras, one-shot query answers, pushes.
+"""What observers see: snapshots with the daemon's extras, the questions' answers, pushes.
 
 Contract: every answer is msgpack of plain Structs/dicts, so `--json` readers and the
-dashboard decode the same bytes. Unknown queries and unknown shapes get an `Error`.
-`shapes` lists the live shapes (with arg "all", then the finished shapes' records, newest
-first); `shape` is the one shape its arg names (`fabricctl.core.naming`: hex, label or a
-unique hex prefix; live first, else a finished record from the store): none is `not_found`,
-several `ambiguous` (the message lists them).
-`status` is the broker's summary; its `unserved` lists the models with queued items and no
-registered consumer (`fabricctl.core.unserved`: model, items, tokens; most items first).
-`results` pages the results in storage order as (sequence number, ResultRecord);
-`results_by_key` pages them in entry-key (ingest) order as (entry key in 24 hex digits,
-ResultRecord), after the key in `arg` ("" from the first): `fabricctl results --ordered`.
-`jobs` lists the job records, newest first (`limit` of them); `job` is the `JobView` of the
-one job its arg names (an id or a unique prefix: none is `not_found`, several `ambiguous`);
-`job_results` the results of that job's lines after `since`, in input order, `limit` at
-most; `status` carries a small `jobs` summary (the jobs not ended, with their counts, their
-items per endpoint and their place in the fleet) and `mix`, the endpoint mix of every live
-job summed (`{"jobs": N, "endpoints": {name: items}}`). A job's place
-(`core.forecast.JobView`: oldest wait, holders and share, predicted finish, at risk) rides
-on its `job` answer (`place`, None with nothing queued), in every snapshot (`job_views`),
-and alone in `job_views` (every job with queued items, by number).
-Each consumer in the `engines` extra carries the `host` and the GPU's NVML sample (`nvml`,
-or None) its heartbeats reported.
-Every read of the store goes through its methods (`results_since`, `results_by_key`,
-`result`, `finished_shapes`, `stats`, `persisted_ledger`, `find_jobs`, `job`, `live_jobs`,
-`recent_jobs`, `job_results`, `job_in_flight`); the views see the daemon through
-its `ServerState`.
+dashboard decode the same bytes. Each question (`wire.queries`) has one handler in
+`HANDLERS`, keyed by its request type (`answer` looks it up); an unknown shape or job gets
+an `Error`: none is `not_found`, several `ambiguous` (the message lists them). `ShapesQuery`
+lists the live shapes (with `all`, then the finished shapes' records, newest first);
+`ShapeQuery` the one shape its `ref` names (`fabricctl.core.naming`: live first, else a
+finished record). `StatusQuery` is the broker's summary: `unserved` lists the models with
+queued items and no registered consumer (`core.unserved`), `jobs` the jobs not ended with
+their counts, endpoints and place in the fleet, `mix` the endpoint mix of every live job
+summed (`{"jobs": N, "endpoints": {name: items}}`). `ResultsQuery` pages the results in
+storage order as (sequence number, ResultRecord); `ResultsByKeyQuery` in entry-key order as
+(24 hex digits, ResultRecord) after `after` (`results --ordered`). `JobsQuery` lists job
+records newest first; `JobQuery` is the `JobView` of the one job its `ref` names;
+`JobResultsQuery` that job's results after `after_line`, in input order. A job's place
+(`core.forecast.JobView`) rides on its `JobView`, in every snapshot and alone in
+`JobViewsQuery`. Each consumer in the `engines` extra carries the `host` and the GPU's
+NVML sample (`nvml`, or None) its heartbeats reported.
+Every read of the store goes through its methods; the views see the daemon through its
+`ServerState`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from fabricctl.core.forecast import JobView as JobPlace
-from fabricctl.core.jobs import JobRecord, JobState, eta_s
+from fabricctl.core.forecast import finish_in
+from fabricctl.core.jobs import JobRecord, JobState
 from fabricctl.core.naming import describe, match
 from fabricctl.core.snapshot import ShapeView, Snapshot, shape_view
 from fabricctl.core.unserved import unserved
@@ -45,10 +40,26 @@ from fabricctl.wire.protocol import (
     Error,
     JobShapeView,
     JobView,
-    Query,
     StatsPush,
     Subscribe,
     encode_raw,
+)
+from fabricctl.wire.queries import (
+    ConsumersQuery,
+    EventsQuery,
+    JobQuery,
+    JobResultsQuery,
+    JobsQuery,
+    JobViewsQuery,
+    LedgerQuery,
+    Query,
+    ResultQuery,
+    ResultsByKeyQuery,
+    ResultsQuery,
+    ShapeQuery,
+    ShapesQuery,
+    SnapshotQuery,
+    StatusQuery,
 )
 
 if TYPE_CHECKING:
@@ -78,7 +89,7 @@ def extras(state: ServerState) -> dict[str, Any]:
 
 
 def snapshot(state: ServerState, lanes: Any = "none", events: int = 100) -> Snapshot:
-    snap = state.core.snapshot(state.clock(), lanes, events, state.received())
+    snap = state.view.snapshot(state.clock(), lanes, events, state.received())
     snap.simulated = any(p.simulated for p in state.consumers.values())
     snap.extra = extras(state)
     snap.jobs = dashboard_jobs(state)
@@ -108,22 +119,22 @@ def find_shapes(state: ServerState, arg: str) -> list[Any]:
     """The shapes `arg` names (`fabricctl.core.naming`): live ones (core `Shape`s) first,
     then finished records (`ShapeView`s) newest first, one per key."""
     finished = state.store.finished_shapes(state.store.store_cfg.finished_shapes_kept)
-    return match(arg, [*state.core.shapes(), *finished])
+    return match(arg, [*state.view.shapes(), *finished])
 
 
-def _shape_answer(state: ServerState, q: Query) -> Any:
-    found = find_shapes(state, q.arg)
+def _shape(state: ServerState, q: ShapeQuery) -> Any:
+    found = find_shapes(state, q.ref)
     if not found:
-        return Error("not_found", f"no shape matches {q.arg!r}", q.rid)
+        return Error("not_found", f"no shape matches {q.ref!r}", q.rid)
     if len(found) > 1:
         listed = ", ".join(describe(s) for s in found[:20])
         more = f" and {len(found) - 20} more" if len(found) > 20 else ""
-        return Error("ambiguous", f"{q.arg!r} names {len(found)} shapes: {listed}{more}; "
+        return Error("ambiguous", f"{q.ref!r} names {len(found)} shapes: {listed}{more}; "
                      "give more hex digits or the label", q.rid)
     s = found[0]
     if isinstance(s, ShapeView):
         return s
-    return shape_view(s, state.clock(), state.core.cfg.starve_s, True)
+    return shape_view(s, state.clock(), state.view.cfg.starve_s, True)
 
 
 def resolve_job(state: ServerState, ref: str, rid: int) -> int | Error:
@@ -152,12 +163,12 @@ def job_view(state: ServerState, rec: JobRecord) -> JobView:
     rate = rec.outcomes / elapsed if elapsed > 0 and rec.outcomes else 0.0
     shapes = [JobShapeView(s.model, f"{s.signature:016x}", s.label) for s in rec.shapes]
     place = None if rec.ended else places(state, now).get(rec.number)
-    return JobView(rec, in_flight, shapes, round(rate, 3), eta_s(rec, now), place)
+    return JobView(rec, in_flight, shapes, round(rate, 3), finish_in(place, now), place)
 
 
 def places(state: ServerState, now: float) -> dict[int, JobPlace]:
     """Each job with queued items: its place in the fleet (`core.forecast`), by number."""
-    return {v.job: v for v in state.core.job_views(now)}
+    return {v.job: v for v in state.view.job_views(now)}
 
 
 def jobs_summary(state: ServerState, limit: int = 20) -> list[dict[str, Any]]:
@@ -189,63 +200,78 @@ def live_mix(state: ServerState) -> dict[str, Any]:
     return {"jobs": len(live), "endpoints": counts}
 
 
-def _job_answer(state: ServerState, q: Query) -> Any:
-    found = resolve_job(state, q.arg, q.rid)
+def _job(state: ServerState, ref: str, rid: int) -> JobRecord | Error:
+    found = resolve_job(state, ref, rid)
     if isinstance(found, Error):
         return found
     rec = state.store.job(found)
-    if rec is None:
-        return Error("not_found", f"no job matches {q.arg!r}", q.rid)
-    if q.what == "job":
-        return job_view(state, rec)
-    return state.store.job_results(found, q.since, max(0, min(q.limit, 100_000)))
+    return Error("not_found", f"no job matches {ref!r}", rid) if rec is None else rec
+
+
+def _job_view(state: ServerState, q: JobQuery) -> Any:
+    rec = _job(state, q.ref, q.rid)
+    return rec if isinstance(rec, Error) else job_view(state, rec)
+
+
+def _job_results(state: ServerState, q: JobResultsQuery) -> Any:
+    rec = _job(state, q.ref, q.rid)
+    if isinstance(rec, Error):
+        return rec
+    return state.store.job_results(rec.number, q.after_line, max(0, min(q.limit, 100_000)))
+
+
+def _shapes(state: ServerState, q: ShapesQuery) -> Any:
+    core, now = state.view, state.clock()
+    data: list[Any] = [shape_view(s, now, core.cfg.starve_s, False) for s in core.shapes()]
+    if q.all:
+        data += state.store.finished_shapes(state.store.store_cfg.finished_shapes_kept)
+    return data
+
+
+def _ledger(state: ServerState, q: LedgerQuery) -> Any:
+    core = state.view
+    return {"ledger": core.ledger, "difference": core.ledger.difference(),
+            "persisted": state.store.persisted_ledger}
+
+
+def _results_by_key(state: ServerState, q: ResultsByKeyQuery) -> Any:
+    if len(q.after) not in (0, 24) or any(c not in "0123456789abcdef" for c in q.after):
+        return Error("bad_query", f"results_by_key takes an entry key in 24 lower-case "
+                     f"hex digits or nothing, not {q.after!r}", q.rid)
+    return state.store.results_by_key(q.after, q.limit)
+
+
+def _status(state: ServerState, q: StatusQuery) -> Any:
+    snap = snapshot(state)
+    return {"version": state.metrics.version, "ledger": snap.ledger,
+            "difference": snap.difference, "states": snap.states,
+            "models": snap.models, "consumers": len(snap.consumers),
+            "counters": snap.counters, "extra": snap.extra,
+            "jobs": jobs_summary(state), "mix": live_mix(state),
+            "unserved": unserved(snap.shapes, snap.consumers)}
+
+
+# One handler per question, keyed by its request type: its answer's data, or an `Error`.
+HANDLERS: dict[type[Any], Callable[[ServerState, Any], Any]] = {
+    ShapesQuery: _shapes,
+    ShapeQuery: _shape,
+    ConsumersQuery: lambda state, q: snapshot(state).consumers,
+    LedgerQuery: _ledger,
+    EventsQuery: lambda state, q: state.view.events.since(q.since, q.limit),
+    ResultsQuery: lambda state, q: state.store.results_since(q.since, q.limit),
+    ResultsByKeyQuery: _results_by_key,
+    ResultQuery: lambda state, q: state.store.result(q.id, q.job),
+    JobsQuery: lambda state, q: state.store.recent_jobs(max(0, q.limit), max(0, q.before),
+                                                        q.kind),
+    JobViewsQuery: lambda state, q: state.view.job_views(state.clock()),
+    JobQuery: _job_view,
+    JobResultsQuery: _job_results,
+    SnapshotQuery: lambda state, q: snapshot(state, "all" if q.all_lanes else "none"),
+    StatusQuery: _status,
+}
 
 
 def answer(state: ServerState, q: Query) -> Answer | Error:
-    core, now = state.core, state.clock()
-    data: Any
-    if q.what == "shapes":
-        data = [shape_view(s, now, core.cfg.starve_s, False) for s in core.shapes()]
-        if q.arg == "all":
-            data += state.store.finished_shapes(state.store.store_cfg.finished_shapes_kept)
-    elif q.what == "shape":
-        data = _shape_answer(state, q)
-        if isinstance(data, Error):
-            return data
-    elif q.what == "consumers":
-        data = snapshot(state).consumers
-    elif q.what == "ledger":
-        data = {"ledger": core.ledger, "difference": core.ledger.difference(),
-                "persisted": state.store.persisted_ledger}
-    elif q.what == "events":
-        data = core.events.since(q.since, q.limit)
-    elif q.what == "results":
-        data = state.store.results_since(q.since, q.limit)
-    elif q.what == "results_by_key":
-        if len(q.arg) not in (0, 24) or any(c not in "0123456789abcdef" for c in q.arg):
-            return Error("bad_query", f"results_by_key takes an entry key in 24 lower-case "
-                         f"hex digits or nothing, not {q.arg!r}", q.rid)
-        data = state.store.results_by_key(q.arg, q.limit)
-    elif q.what == "result":
-        data = state.store.result(q.arg)
-    elif q.what == "jobs":
-        data = state.store.recent_jobs(max(0, q.limit), max(0, q.since), q.arg)
-    elif q.what == "job_views":
-        data = core.job_views(now)
-    elif q.what in ("job", "job_results"):
-        data = _job_answer(state, q)
-        if isinstance(data, Error):
-            return data
-    elif q.what == "snapshot":
-        data = snapshot(state, "all" if q.arg == "all" else "none")
-    elif q.what == "status":
-        snap = snapshot(state)
-        data = {"version": state.metrics.version, "ledger": snap.ledger,
-                "difference": snap.difference, "states": snap.states,
-                "models": snap.models, "consumers": len(snap.consumers),
-                "counters": snap.counters, "extra": snap.extra,
-                "jobs": jobs_summary(state), "mix": live_mix(state),
-                "unserved": unserved(snap.shapes, snap.consumers)}
-    else:
-        return Error("unknown_query", f"unknown query {q.what!r}", q.rid)
-    return Answer(q.rid, encode_raw(data))
+    """The answer to one question, by the handler its type names."""
+    data = HANDLERS[type(q)](state, q)
+    return data if isinstance(data, Error) else Answer(q.rid, encode_raw(data))

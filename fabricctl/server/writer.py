@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.types import Item
 from fabricctl.errors import StoreError
+from fabricctl.server.config import COMMIT_ITEMS, COMMIT_WAIT_S, COMPLETE_BATCHES
 from fabricctl.server.cycle import Cycle, answer_chunks, fail_all
 from fabricctl.server.intake import CommitQueue
 from fabricctl.server.pauses import io_turn, run_steps_async
@@ -50,7 +51,8 @@ class Writer:
 
     def __init__(
         self, store: DurableBroker, clock: Callable[[], float], on_commit: Callable[[], None],
-        max_items: int = 512, max_batches: int = 16, max_wait_s: float = 0.002,
+        max_items: int = COMMIT_ITEMS, max_batches: int = COMPLETE_BATCHES,
+        max_wait_s: float = COMMIT_WAIT_S,
         threaded: bool = True,
     ) -> None:
         self.store = store
@@ -265,9 +267,9 @@ class Writer:
         if c.jobs_plan is not None:
             store.steps.abort_jobs(c.jobs_plan)
         for (batch_id, _, _), _ in c.done:  # one whose consumer left: nobody else returns it
-            f = store.core.inflight.get(batch_id)
-            if (f is not None and batch_id not in store.core.settling
-                    and f.batch.consumer not in store.core.consumers):
+            f = store.view.inflight.get(batch_id)
+            if (f is not None and batch_id not in store.view.settling
+                    and f.batch.consumer not in store.view.consumers):
                 store.fail(batch_id, now, "its completion could not be stored")
         c.failed = True
         fail_all([f for _, f in c.chunks], c.refused or e)

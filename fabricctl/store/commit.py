@@ -93,6 +93,8 @@ class Commit:
                        rseq=com.seq if com is not None else None)
             for model, epoch in com.epochs.items() if com is not None else ():
                 meta.write(txn, dbs["meta"], epoch=(model, epoch))
+            for model, pace in com.paces.items() if com is not None else ():
+                meta.write(txn, dbs["meta"], pace=(model, pace))
             return ledger
 
         drain = ing is None

@@ -51,8 +51,8 @@ class CompletePlan:
     """Why: completion is prepared, committed and applied in three steps, so the commit can
     run off the event loop; this is what passes between them."""
 
-    __slots__ = ("epochs", "gone", "jobs", "now", "out", "per_seg", "rows", "seq", "settled",
-                 "stored", "withdrawn")
+    __slots__ = ("epochs", "gone", "jobs", "now", "out", "paces", "per_seg", "rows", "seq",
+                 "settled", "stored", "withdrawn")
 
     def __init__(self, n: int) -> None:
         self.out: list[int] = [-1] * n
@@ -65,6 +65,7 @@ class CompletePlan:
         self.jobs: dict[int, list[int]] = {}
         self.now = 0.0
         self.epochs: dict[str, int] = {}
+        self.paces: dict[str, float] = {}  # model -> pace for the next run (`Broker.paces`)
         self.per_seg: dict[int, int] = {}
         self.gone: list[int] = []
         self.seq = 0
@@ -132,6 +133,7 @@ class Completion:
             settling.difference_update(b for _, b in plan.settled)
             raise
         plan.epochs = {m: self.state.core.models[m].epoch for m in models}
+        plan.paces = self.state.core.paces(now)
         return plan
 
     def settle_steps(self, txn: lmdb.Transaction, plan: CompletePlan, batched: bool,
@@ -219,6 +221,7 @@ class Completion:
         meta = self.state.meta
         meta.rseq = plan.seq
         meta.epochs.update(plan.epochs)
+        meta.keep_paces(plan.paces)
         for seg_id, n_done in plan.per_seg.items():
             segs[seg_id].deleted += n_done
         for seg_id in plan.gone:

@@ -10,15 +10,14 @@ except those settling or in `keep`; `abort_complete(plan, now)` undoes `prepare_
 after a failed commit (a cancel's withdrawn entries go back to their lanes). Every entry
 that comes back undone is counted in the shared `undone` table; one handed out
 `max_deliveries` times without a result is quarantined at its next pull: it gets an error
-result and the rest of its batch goes out. The error results go through `settle` (the
-broker's `complete_many`) at once, or, after `defer()`, wait in `deferred` for the server's
-next completion commit (`take_deferred()`).
+result and the rest of its batch goes out. The error results wait in `deferred` for the
+caller's next completion commit (`take_deferred()`): the server's writer, or a caller's
+`steps.write`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fabricctl.core.broker import ShapeGuardError, guard_signature
@@ -40,18 +39,11 @@ Completed = tuple[int, list[ItemResult], "int | None"]
 class Dispatch:
     """Why: handing out and taking back is where deliveries are counted and bad ones stopped."""
 
-    def __init__(self, state: StoreState,
-                 settle: Callable[[list[Completed], float], list[int]]) -> None:
+    def __init__(self, state: StoreState) -> None:
         self.state = state
-        self.settle = settle
         self.quarantined = 0
-        # set by a server that commits on a writer thread: quarantine results wait here for
-        # its next completion commit instead of being written on the caller's thread
-        self.deferred: list[Completed] | None = None
-
-    def defer(self) -> None:
-        """From now on, quarantine results wait in `deferred` instead of being committed."""
-        self.deferred = []
+        # quarantine results wait here for the caller's next completion commit
+        self.deferred: list[Completed] = []
 
     def take_deferred(self) -> list[Completed]:
         """The quarantine results waiting for a commit (emptied)."""
@@ -133,10 +125,7 @@ class Dispatch:
         keep = [it for i, it in enumerate(items) if i not in skip]
         qid = batch.id if not keep else self.state.core.split(batch.id, bad).id
         self.state.work[qid] = [items[i] for i in bad]
-        if self.deferred is not None:  # the server commits it with its next completions
-            self.deferred.append((qid, results, None))
-        else:
-            self.settle([(qid, results, None)], now)
+        self.deferred.append((qid, results, None))  # committed with the next completions
         self.quarantined += len(bad)
         log.warning("quarantined %d item(s) of batch %d after %d deliveries without a result "
                     "(%s); they get an error result", len(bad), batch.id, limit,

@@ -1,65 +1,27 @@
 """The durable broker: the core's decisions, with every item kept in LMDB segments.
 
-Contract:
-- `ingest(items, now)` validates, de-duplicates (an id already stored, queued or completed,
-  or repeated within the call is a reject), assigns each item to its lane (assigned first),
-  writes the entries (which extend their segments' boundaries), their id index, new segment
-  headers and the ledger in one durable commit (written second) and only then makes them
-  dispatchable; it returns per-item rejects in index order. A full map or disk raises
-  `StoreFullError` and stores nothing of that call.
-- `pull(consumer, now)` takes a batch from the core, verifies every segment and entry exists
-  and carries the batch's shape (the hard guard) before returning its `Work`; a failed
-  check puts the batch back untouched. Pending entries live in memory only.
-- `complete(batch_id, results, now)` writes each item's one result (keyed by its entry: it
-  marks the entry completed) and its result sequence number and the ledger in one commit,
-  and deletes a segment whose entries all have results in the same commit. A completion
-  for a batch that is no longer in flight (settled, failed, or from before a restart) is
-  dropped and returns -1: it creates no second result.
-- `fail(batch_id, now, reason)` puts a batch back at the front of its lane;
-  `disconnect(consumer, now, why, keep)` does so for every batch a lost consumer held,
-  except those whose completion is settling or was received (`keep`).
-- Each write has one public form here (`ingest`, `submit`, `complete`, `complete_many`, the
-  job operations), committed when it returns. A server that commits off its event loop
-  takes the same writes in their prepare/commit/apply steps from `steps`
-  (`fabricctl.store.writes.WriteSteps`). Batches being settled are in `core.settling` from
-  prepare to apply: a fail or disconnect leaves them alone.
-- Crash loops are bounded: every entry that comes back undone (failed, or held by a lost
-  consumer) is counted in memory; one that was handed out `max_deliveries` times without a
-  result is not handed out again: `pull` completes it with an error result ("quarantined
-  after N deliveries without a result; last: <reason>") and sends the rest of its batch
-  (after `defer_results()`, those error results wait for the server's next commit:
-  `take_deferred()`).
-- Jobs (`fabricctl.store.jobs`): every item may belong to a job (`Item.job`; `submit(items,
-  now, job, resume)`); its id is scoped to the job (two jobs may share ids; a resumed submit
-  counts an id already stored in its job as skipped). A job's record is written in the same
-  transaction as every count it holds: its items' ingest (total), their results (completed,
-  failed: a result with an error) and a cancel (cancelled), so it is exact after kill -9.
-  the job operations (open, seal, cancel, priority, the tick's expiry and finalize) go
-  through the same commit (`steps.jobs`, `apply_jobs`, `abort_jobs`); `job_ops`, `open_job`,
-  `seal_job`, `cancel_job`, `set_job_priority` and `tick_jobs` run
-  them in a row (the four single operations raise `JobRefused`, with the store's reason,
-  for a job that does not exist or has ended). Every live job's priority, deadline and sealed
-  flag reach the core's shape choice (`Broker.set_job_terms`) from the job table: when its
-  record is loaded at start (before recovery restores any entry) and when a commit changes
-  them; an ended job's are dropped. A cancel (or an expiry) withdraws the job's queued
-  entries from the core's lanes and writes an error result for each ("cancelled" /
-  "expired") in one commit; in-flight items finish. A job's results read back in input-line
-  order (`job_results`), also after its segments are gone.
-- Every shape that finishes leaves its record (`finished_view`) in the `shapes` table in the
-  next commit (or on `close`); the last `finished_shapes_kept` are kept (shapes.py).
-- Reads for the server, each in one short read transaction: `entry(key)`,
-  `results_since(seq)`, `results_by_key(after)`, `result(item_id)`, `finished_shapes()`,
-  `usage()`, `stats()`.
-Everything but `steps.finish` runs on the caller's thread; the server calls it from its
-event loop.
-
-Structure: `DurableBroker` composes parts that share one explicit `StoreState` (settings,
-env, core, meta, segments, in-flight work, delivery counts): `Ingest` (ingest.py), `Dispatch`
-(dispatch.py: pull, fail, disconnect, quarantine), `Completion` (completion.py), `Commit`
-(commit.py: the transaction that carries them), `Reads` (reads.py) and the writes' steps
-over them (`WriteSteps`, writes.py); `recover` (recovery.py) fills the state at start. Its
-methods delegate to them; no part imports this module. Why the writes are shaped as they are
-(the cost model): `fabricctl.store.keys`.
+Contract: `DurableBroker` is the store's one public face; nothing outside `fabricctl.store`
+touches the core it owns (reads: `view`, a `CoreView`; changes: the methods here).
+- Writes take one route, `steps` (`fabricctl.store.writes.WriteSteps`; in a row: `steps.write`).
+  An ingest rejects an id already stored in the item's job (queued or done) or repeated in the
+  call (a resume counts those as skipped: `placement.resume_skip`), makes items dispatchable
+  once durable, and on a full map or disk raises `StoreFullError`, storing nothing of that
+  cycle's ingest. A completion stores each item's one result (a batch no longer in flight: -1)
+  and deletes a segment whose entries all have results. Job operations (open, seal, cancel,
+  priority, the tick's `jobs_due`) commit their records with every count: exact after kill -9.
+- `pull(consumer, now)` returns a batch of the core as `Work` once every segment and entry
+  exists with the batch's shape (else the batch goes back untouched); `fail(batch_id, now,
+  reason)` puts a batch back at the front of its lane; `disconnect(consumer, now, why, keep)`
+  does so for every batch a lost consumer held but those settling or in `keep`.
+- An entry handed out `max_deliveries` times without a result is quarantined: `pull` gives it an
+  error result ("quarantined after N deliveries without a result; last: <reason>"), committed
+  with the caller's next completion (`take_deferred()`).
+- Core changes: `register`, `tick`, `record_cache`, `take_signals`; values: `figures()` (a run
+  summary's broker side), `counters()` (this run's store counters). Reads, each one short read
+  transaction: `entry`, `results_since`, `results_by_key`, `result`, `job_results`,
+  `finished_shapes`, `usage`, `stats`; from memory: `job`, `find_jobs`, `attach_to`,
+  `live_jobs`, `recent_jobs`, `job_in_flight`. Only `steps.finish` runs off the caller's thread
+  (the parts: ARCHITECTURE.md, "store").
 """
 
 from __future__ import annotations
@@ -74,23 +36,22 @@ from fabricctl.core.config import CoreConfig
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.records import ResultRecord
 from fabricctl.core.snapshot import ShapeView
-from fabricctl.core.types import Item, ItemResult, Work
-from fabricctl.errors import JobRefused
+from fabricctl.core.types import Contract, Item, Prewarm, Work
 from fabricctl.store.commit import Commit, StagedCommit
 from fabricctl.store.completion import Completion
 from fabricctl.store.config import StoreConfig
 from fabricctl.store.dispatch import Completed, Dispatch
 from fabricctl.store.env import StoreEnv
-from fabricctl.store.ingest import Ingest, IngestPlan, Refused
+from fabricctl.store.ingest import Ingest, Refused
 from fabricctl.store.jobops import JobOps
-from fabricctl.store.jobs import CancelOp, JobOp, JobTable, OpenOp, PriorityOp, SealOp
+from fabricctl.store.jobs import JobOp, JobTable
 from fabricctl.store.keys import SegHeader, StoredEntry
 from fabricctl.store.meta import Meta, PersistedLedger
 from fabricctl.store.reads import Reads
 from fabricctl.store.recovery import RecoveryReport, recover
 from fabricctl.store.shapes import FinishedShapes
 from fabricctl.store.state import StoreState
-from fabricctl.store.steps import run_steps
+from fabricctl.store.view import CoreView, Counters, Figures, figures
 from fabricctl.store.writes import WriteSteps
 
 __all__ = ["DurableBroker", "Refused", "StagedCommit", "StoreConfig"]
@@ -106,16 +67,16 @@ class DurableBroker:
         self.store_cfg = store or StoreConfig()
         self._closed = False
         self.env = StoreEnv(Path(data_dir), self.store_cfg.map_size, self.store_cfg.map_ceiling)
-        self.core = Broker(cfg)
-        self.jobs = JobTable(self.env, self.core.set_job_terms)  # live jobs' terms: the core's
-        self.state = state = StoreState(self.store_cfg, self.env, self.core, self.jobs)
+        self._core = core = Broker(cfg)
+        self.jobs = JobTable(self.env, core.set_job_terms)  # live jobs' terms: the core's
+        self.state = state = StoreState(self.store_cfg, self.env, core, self.jobs)
         self.segs: dict[int, SegHeader] = state.segs
         self.work: dict[int, list[Item]] = state.work  # in-flight batch id -> its items
         self.undone: dict[int, tuple[int, str]] = state.undone  # key -> (times back, why)
         self._ingest = Ingest(state)
         self._completion = Completion(state)
-        self._dispatch = Dispatch(state, self.complete_many)
-        self._finished = FinishedShapes(self.env, self.core, self.store_cfg.finished_shapes_kept)
+        self._dispatch = Dispatch(state)
+        self._finished = FinishedShapes(self.env, core, self.store_cfg.finished_shapes_kept)
         self._commit = Commit(state, self._ingest, self._completion, self._finished)
         self._jobs = JobOps(state)
         # the writes in their prepare/commit/apply steps, for the server's writer
@@ -127,6 +88,34 @@ class DurableBroker:
         except BaseException:
             self.env.close()
             raise
+
+    # -- the core: read through `view`, changed only here ----------
+
+    @property
+    def view(self) -> CoreView:
+        """The core's reads (`fabricctl.store.view`): nothing outside the store writes it."""
+        return self._core
+
+    def figures(self) -> Figures:
+        """The broker's side of a run's summary, as values."""
+        return figures(self._core)
+
+    def register(self, name: str, contract: Contract, now: float) -> None:
+        """A consumer joins (or re-registers) with its contract."""
+        self._core.register(name, contract, now)
+
+    def tick(self, now: float) -> None:
+        """The core's maintenance tick (`Broker.tick`)."""
+        self._core.tick(now)
+
+    def record_cache(self, batch_id: int, queries: int, hits: int, achievable: int,
+                     now: float) -> None:
+        """An engine's prefix-cache figures for a batch in flight (the cache-truth audit)."""
+        self._core.record_cache(batch_id, queries, hits, achievable, now)
+
+    def take_signals(self) -> list[Prewarm]:
+        """The pre-warm signals not yet sent (emptied)."""
+        return self._core.take_signals()
 
     # -- counters ----------
 
@@ -140,116 +129,16 @@ class DurableBroker:
         """The ledger as the last commit persisted it."""
         return self.state.meta.ledger
 
-    @property
-    def results_stored(self) -> int:
-        return self._completion.results_stored
-
-    @property
-    def duplicate_completions(self) -> int:
-        return self._completion.duplicate_completions
-
-    @property
-    def quarantined(self) -> int:
-        return self._dispatch.quarantined
-
-    # -- ingest ----------
-
-    def ingest(self, items: list[Item], now: float) -> list[Refused]:
-        """Store a chunk durably and make it dispatchable; returns the rejects."""
-        return self._ingest_now(items, now)[0]
-
-    def submit(self, items: list[Item], now: float, job: int = 0, resume: bool = False
-               ) -> tuple[list[Refused], int]:
-        """`ingest` for the items of one job (each item's `job` is set to it); with `resume`
-        an id already stored in the job is skipped, not a reject. Returns (rejects, skipped)."""
-        for it in items:
-            it.job = job
-        rejects, plan = self._ingest_now(items, now)
-        if not resume or not plan.stored:
-            return rejects, 0
-        keep = [r for r in rejects if r.index not in plan.stored]
-        return keep, len(rejects) - len(keep)
-
-    def _ingest_now(self, items: list[Item], now: float) -> tuple[list[Refused], IngestPlan]:
-        steps = self.steps
-        plan = run_steps(steps.ingest(items, now))
-        if plan.admits:
-            steps.commit(ingest=plan)
-        return run_steps(steps.apply_ingest(plan, now)), plan
-
-    # -- completion ----------
-
-    def complete(
-        self, batch_id: int, results: list[ItemResult], now: float, gpu: int | None = None
-    ) -> int:
-        """Settle one batch durably; returns results stored, or -1 if it is not in flight."""
-        return self.complete_many([(batch_id, results, gpu)], now)[0]
-
-    def complete_many(self, done: list[Completed], now: float) -> list[int]:
-        """Settle several batches in one durable commit (group commit of completions).
-
-        Returns, per batch, the results stored, or -1 for a batch that is not in flight
-        (a late or duplicate completion: dropped, it creates no second result).
-        """
-        steps = self.steps
-        plan = run_steps(steps.complete(done, now))
-        if plan.writes:
-            try:
-                steps.commit(complete=plan)
-            except BaseException:
-                steps.abort_complete(plan, now)
-                raise
-        return run_steps(steps.apply_complete(plan, now))
+    def counters(self) -> Counters:
+        """This run's results stored, completions dropped as duplicates, entries quarantined."""
+        c = self._completion
+        return Counters(c.results_stored, c.duplicate_completions, self._dispatch.quarantined)
 
     # -- jobs ----------
-
-    def job_ops(self, ops: list[JobOp], now: float) -> list[JobRecord | str]:
-        """Prepare, commit and apply job operations in a row (a store without a writer)."""
-        steps = self.steps
-        plan, cp = steps.jobs(ops, now)
-        if plan.writes() or (cp is not None and cp.writes):
-            try:
-                steps.commit(complete=cp, jobs=plan)
-            except BaseException:
-                if cp is not None:
-                    steps.abort_complete(cp, now)
-                steps.abort_jobs(plan)
-                raise
-        if cp is not None:
-            run_steps(steps.apply_complete(cp, now))
-        return steps.apply_jobs(plan)
-
-    def _one(self, op: JobOp, now: float) -> JobRecord:
-        got = self.job_ops([op], now)[0]
-        if isinstance(got, str):
-            raise JobRefused(got)
-        return got
-
-    def open_job(self, kind: str, now: float, **fields: Any) -> JobRecord:
-        """A new job, durable when this returns (fields: those of `OpenOp`)."""
-        return self._one(OpenOp(kind, **fields), now)
-
-    def seal_job(self, job: int, lines: int, now: float, errors: list[str] | None = None,
-                 failed: bool = False, sha256: str = "") -> JobRecord:
-        return self._one(SealOp(job, lines, errors or [], failed, sha256), now)
-
-    def cancel_job(self, job: int, now: float, expired: bool = False) -> JobRecord:
-        """Cancel: queued items get an error result ("cancelled"), in-flight ones finish."""
-        return self._one(CancelOp(job, expired), now)
-
-    def set_job_priority(self, job: int, priority: int, now: float) -> JobRecord:
-        """A live job's new priority (checked: `core.terms.check_priority`); `JobRefused`
-        with the reason for a job that ended or does not exist."""
-        return self._one(PriorityOp(job, priority), now)
 
     def jobs_due(self, now: float) -> list[JobOp]:
         """The operations the tick owes the live jobs (`JobTable.due`)."""
         return self.jobs.due(now, self._jobs.in_flight)
-
-    def tick_jobs(self, now: float) -> list[JobRecord | str]:
-        """The tick's job operations, committed at once (a store without a writer)."""
-        ops = self.jobs_due(now)
-        return self.job_ops(ops, now) if ops else []
 
     def finished_waiting(self) -> bool:
         """Records of finished shapes wait for a commit (the tick then sends a `FlushOp`)."""
@@ -301,11 +190,6 @@ class DurableBroker:
         """A consumer is gone: every batch it held goes back (counted as undone), except
         those settling or whose completion was received (`keep`)."""
         return self._dispatch.disconnect(consumer, now, why, keep)
-
-    def defer_results(self) -> None:
-        """Quarantine results wait for the caller's next completion commit (`take_deferred`)
-        instead of being committed on the spot: for a server that commits on a writer."""
-        self._dispatch.defer()
 
     def take_deferred(self) -> list[Completed]:
         """The quarantine results waiting for a commit, as completions (emptied)."""

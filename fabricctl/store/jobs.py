@@ -1,36 +1,27 @@
 """Jobs in the store: the `jobs` table, the live jobs in memory, and the job operations.
 
-Contract: a job's record (`fabricctl.core.jobs.JobRecord`) is written in the transaction of
-every change to it, so after any crash its counts agree with the entries and results on
-disk: `write(txn, plan, now, totals, shapes, outcomes)` (called by the commit, inside its
-transaction, with what its ingest and completion count per job) takes the current record of
-every job the commit touches, adds the totals of the ingest (and the shapes its items
-joined; the model of its first item becomes the job's `model` when it has none; its items
-per endpoint are added to `endpoints`), the
-outcomes of the completion (completed, failed, cancelled, and the usage of the results it
-stores: input, cached and output tokens, each item's once), applies the plan's
-operations in order, settles it once (in_progress -> finalizing, cancelling -> cancelled, an
-expired window -> expired, once every item has an outcome; finalizing -> completed is the
-tick's `FinalizeOp`), and puts it; `committed()` makes those records current (a restaged
-transaction writes them again from the same base).
-
-Operations come in as `OpenOp`, `SealOp`, `CancelOp` (expired: the completion window's
-cancel), `PriorityOp` (a live job's new priority) and `FinalizeOp`; `JobPlan` carries them
-from `JobOps.prepare` (jobops.py: the durable broker's `prepare_jobs`, which also withdraws a
-cancelled job's queued entries) to the commit and to `replies(plan)`: per operation, the
-record after it, or the message of why it was refused.
-
-Memory: `live` holds the jobs not ended (what the tick looks at), `ids` every job's id ->
-number (lookup by id or unique prefix), `by_input` (kind, name, sha256) -> numbers (attach);
-ended records are read from the table. `due(now, in_flight)` names the operations the tick
-owes: an expired window, a finalizing job, a cancelled job whose items came back to a lane.
-
-Terms: the core's shape choice knows each live job's priority, deadline and sealed flag
-(`core.terms.JobTerms`, from `core.jobs.terms_of`) through the `terms` hook the table is
-given (`Broker.set_job_terms`). The table calls it in two places only: `load` (every live
-job, at start, before recovery restores an entry) and `committed` (each record the commit
-made current whose terms moved: opened, sealed, cancelled, its priority changed; None once
-it ended).
+Contract: a job's record (`fabricctl.core.jobs.JobRecord`) is written in the transaction of every
+change to it, so after any crash its counts agree with the entries and results on disk.
+- `write(txn, plan, now, totals, shapes, outcomes)`, called by the commit inside its transaction
+  with what its ingest and completion count per job, takes the current record of every job the
+  commit touches and adds the ingest's totals (the shapes its items joined; the first item's model
+  when the job has none; items per endpoint into `endpoints`) and the completion's outcomes
+  (completed, failed, cancelled; input, cached and output tokens, each item's once), applies the
+  plan's operations in order, settles it once (in_progress to finalizing, cancelling to cancelled,
+  an expired window to expired, once every item has an outcome; finalizing to completed is the
+  tick's `FinalizeOp`) and puts it. `committed()` makes them current (a restaged transaction
+  rewrites them from the same base).
+- Operations: `OpenOp`, `SealOp`, `CancelOp` (expired: the window's cancel), `PriorityOp` (a live
+  job's new priority), `FinalizeOp`; a `JobPlan` carries them from `JobOps.prepare` (jobops.py; it
+  also withdraws a cancelled job's queued entries) to the commit and to `replies(plan)`: per
+  operation the record after it, or why it was refused.
+- Memory: `live` the jobs not ended, `ids` every job's id -> number (by id or unique prefix),
+  `by_input` (kind, name, sha256) -> numbers (attach); ended records are read from the table.
+  `due(now, in_flight)`: the operations the tick owes (an expired window, a finalizing job, a
+  cancelled job whose items came back to a lane).
+- Terms: the `terms` hook given to the table (`Broker.set_job_terms`) gets each live job's
+  `core.terms.JobTerms` (`core.jobs.terms_of`) at `load` (every live job, before recovery restores
+  an entry) and at `committed` (each record whose terms moved; None once it ended), nowhere else.
 """
 
 from __future__ import annotations

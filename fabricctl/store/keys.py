@@ -1,57 +1,27 @@
-"""Key and record layout of the LMDB environment.
+"""Key and record layout of the LMDB environment, and the helpers that pack its keys.
 
-Contract: keys are big-endian packed integers so LMDB's memcmp order is numeric order and
-one cursor range is one segment. An entry key is seg_id (u64) + offset (u32); in memory the
-same pair is one int, seg_id << 32 | offset. Only this module knows that layout: everyone
-else converts with its helpers (`ref`, `seg_of`, `seg_base`, `entry_key`,
-`entry_key_of`, `ref_of`, `split_entry_key`). A segment is shape-pure: the entries of one
-(model, signature) and one job from one or more consecutive ingest commits, each carrying
-its lane.
-Segment ids only grow and a segment takes new entries only while it is the newest one, so
-every key an ingest writes is larger than every key on disk: ingest appends at the end of
-the tables (LMDB's append mode, return counts checked), whatever the number of lanes it
-feeds. Named databases:
-
-- `seg`: seg_id -> SegHeader, the routing keys (model, signature, label), written once,
-  when the segment is created;
-- `data`: entry key -> StoredEntry (the item: lane, counts, arrival time, id, payload).
-  Entries are written in the transaction that acknowledges them and deleted only with their
-  whole segment, so a live segment's entries are exactly offsets 0 .. count-1: the last
-  entry on disk is the segment's persisted readable boundary;
-- `ids`: item id -> entry key, for every item ever stored (the duplicate check; kept after
-  completion so a completed id stays a duplicate). Ids are scoped per job (`id_key`): for
-  job 0 (none) the key is the plain UTF-8 id (as every layout before jobs wrote it), for
-  job N > 0 it is NUL + N (u32) + the id, so two jobs may use the same id (ids holding NUL
-  are refused);
-- `results`: entry key -> ResultRecord, the item's one result (kept after its segment goes).
-  A result marks its entry completed: recovery skips the entries of a live segment whose
-  keys are in `results` (layout 3 also wrote a tombstone per entry, in a `tomb` table);
-- `rseq`: the order results were stored in: a commit's new results are numbered on from the
-  last, in one row keyed by the first number (u64) holding their entry keys (12 bytes
-  each) in order (layout 3 wrote one row per result: a run of one);
-- `meta`: counters (meta.py);
-- `shapes` (added in layout 4 without a new FORMAT: a data dir without it still opens and
-  the table is created): finish number (u64, counting on from the last row) -> the
-  `ShapeView` record of a shape that finished, the last `finished_shapes_kept` of them
-  (the oldest rows dropped in the commit that writes past the bound). shapes.py.
-- `jobs` (added like `shapes`): job number (u32) -> its `JobRecord`, rewritten in every
-  transaction that changes its counts (the ingest of its items, their results, a cancel)
-  or its state (open, seal, cancel, settle). jobs.py.
-- `jres` (added like `shapes`): job (u32) + input line (u64) + entry key -> empty, one row
-  per result of an item of a job (N > 0), written with the result: a job's results read
-  back in input order, also after its segments are deleted.
-Entry keys are never reused: segment ids only grow.
-
-Cost model: an LMDB commit costs about one page write per page it dirties, so every write
-the store makes is shaped to touch few pages. A segment holds one shape's entries of
-consecutive commits (each entry records its lane), and only the newest segment takes more
-entries, so an ingest's entry keys all lie above every stored key: it appends them
-(`putmulti` in append mode, return counts checked) onto fresh, full pages at the end of the
-table, whatever the number of lanes it feeds. Lane-keyed segments cost one dirty leaf per
-lane an ingest fed: about 600 scattered page writes per 1,024-item commit, a third of the
-ingest rate. Results are keyed by entry key (a batch's results are neighbours when its lane
-filled in order), result sequence numbers are appended, and segment headers are rewritten
-only when a segment is created or its deleted count moves.
+Contract: keys are big-endian packed integers, so LMDB's order is numeric order and one
+cursor range is one segment. An entry key is seg_id (u64) + offset (u32); in memory the same
+pair is one int, seg_id << 32 | offset. Only this module knows that layout: everyone else
+converts with `ref`, `seg_of`, `seg_base`, `entry_key`, `entry_key_of`, `ref_of` and
+`split_entry_key`. A segment is shape-pure: one (model, signature) and one job, its entries
+from consecutive ingest commits, each carrying its lane. Segment ids only grow and only the
+newest segment takes entries, so entry keys are never reused and an ingest appends above
+every key on disk. Named databases (`DB_NAMES`; an older `FORMAT` is refused):
+- `seg`: seg_id -> `SegHeader` (model, signature, label), written when the segment is made;
+- `data`: entry key -> `StoredEntry` (lane, counts, arrival, id, payload), written in the
+  commit that acknowledges it, deleted only with its whole segment: a live segment's
+  entries are offsets 0 .. count-1, the last on disk its readable boundary;
+- `ids`: `id_key(job, id)` -> entry key of every item ever stored (the duplicate check, kept
+  after completion): job 0 the plain UTF-8 id, job N > 0 NUL + N (u32) + the id (no NUL ids);
+- `results`: entry key -> `ResultRecord`, the item's one result, marking it completed;
+- `rseq`: results in stored order: per commit one row keyed by its first number (u64),
+  holding its results' entry keys (12 bytes each) in order;
+- `meta`: counters (meta.py); `shapes`: finish number (u64) -> the `ShapeView` of the last
+  `finished_shapes_kept` finished shapes (shapes.py); `jobs`: job (u32) -> `JobRecord`, put
+  by every commit that changes it (jobs.py); `jres`: job (u32) + input line (u64) + entry key
+  -> empty: a job's results in input order, also after its segments are gone.
+Why the writes append, and the layouts before: ARCHITECTURE.md, "The store on disk".
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@
 Contract: the persisted ledger (items and tokens received and completed), the next segment
 id, the boot counter, the result sequence and each model's epoch are written only inside
 the write transaction of the change they count, so after any crash they agree with the
-segments and results on disk.
+segments and results on disk. Beside them, each model's pace (tokens per second per
+consumer over its last run, `Broker.paces`) is written in the completions' commits when it
+moved by more than `PACE_STEP`, and handed to the core at start (`Broker.restore_paces`):
+the forecast's prior before the fleet has measured itself.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import lmdb
 
 _U64 = struct.Struct(">Q")
 _LEDGER = struct.Struct(">QQQQ")
+_F64 = struct.Struct(">d")
+PACE_STEP = 0.02  # a pace is rewritten when it moved by more than this fraction
 
 
 @dataclass(slots=True)
@@ -37,6 +42,18 @@ class Meta:
     rseq: int = 0
     ledger: PersistedLedger = field(default_factory=PersistedLedger)
     epochs: dict[str, int] = field(default_factory=dict)
+    paces: dict[str, float] = field(default_factory=dict)  # model -> last run's pace
+
+    def pace_moved(self, model: str, pace: float) -> bool:
+        """Whether `pace` differs from the kept one by more than `PACE_STEP`."""
+        kept = self.paces.get(model)
+        return kept is None or abs(pace - kept) > PACE_STEP * kept
+
+    def keep_paces(self, paces: dict[str, float]) -> None:
+        """The paces a commit wrote (those that moved) are the kept ones."""
+        for model, pace in paces.items():
+            if self.pace_moved(model, pace):
+                self.paces[model] = pace
 
     def ledger_after(
         self, received: tuple[int, int] = (0, 0), completed: tuple[int, int] = (0, 0)
@@ -50,6 +67,7 @@ class Meta:
         self, txn: lmdb.Transaction, db: lmdb._Database, *, next_seg: int | None = None,
         ledger: PersistedLedger | None = None, rseq: int | None = None, boot: int | None = None,
         epoch: tuple[str, int] | None = None, fmt: int | None = None,
+        pace: tuple[str, float] | None = None,
     ) -> None:
         if next_seg is not None:
             txn.put(b"next_seg", _U64.pack(next_seg), db=db)
@@ -65,6 +83,8 @@ class Meta:
             txn.put(b"format", _U64.pack(fmt), db=db)
         if epoch is not None and self.epochs.get(epoch[0]) != epoch[1]:
             txn.put(b"epoch/" + epoch[0].encode(), _U64.pack(epoch[1]), db=db)
+        if pace is not None and self.pace_moved(*pace):
+            txn.put(b"pace/" + pace[0].encode(), _F64.pack(pace[1]), db=db)
 
     @classmethod
     def load(cls, txn: lmdb.Transaction, db: lmdb._Database) -> Meta:
@@ -85,4 +105,9 @@ class Meta:
                 if not k.startswith(b"epoch/"):  # type: ignore[union-attr]
                     break
                 m.epochs[k[6:].decode()] = _U64.unpack(v)[0]  # type: ignore[union-attr]
+        if cur.set_range(b"pace/"):
+            for k, v in cur:
+                if not k.startswith(b"pace/"):  # type: ignore[union-attr]
+                    break
+                m.paces[k[5:].decode()] = _F64.unpack(v)[0]  # type: ignore[union-attr]
         return m

@@ -8,14 +8,17 @@ has room), in order of arrival; `number_runs` gives the new runs their segment n
 that order; `encode_runs` encodes each run's data rows, id rows and the entries the core
 admits once the commit is durable, into the `IngestPlan` (what passes between the ingest's
 prepare, commit and apply; `Refused` is an item it did not take), its rows in key order.
+`resume_skip` is the resume rule (a resumed submit counts a reject already stored as skipped).
 Pure placement and encoding: nothing here reads or writes LMDB.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from itertools import repeat
 from operator import itemgetter
+from typing import TypeVar
 
 import msgspec
 
@@ -26,6 +29,7 @@ from fabricctl.core.types import Entry, Item
 from fabricctl.store.keys import _ENTRY, SegHeader, entry_encoder, header_encoder, seg_base, seg_key
 from fabricctl.store.steps import STEP_ITEMS, Steps
 
+R = TypeVar("R")
 
 class Run:
     """Why: an ingest appends to a few segments; this is what it adds to one (one shape's
@@ -47,6 +51,13 @@ class Refused(msgspec.Struct, array_like=True):
 
     index: int
     reason: str
+
+
+def resume_skip(rejects: list[R], stored: Callable[[R], bool]) -> tuple[list[R], int]:
+    """The resume rule, written once: a resumed submit skips (counts) each reject whose
+    item is already `stored` in its job instead of refusing it; (rejects kept, skipped)."""
+    keep = [r for r in rejects if not stored(r)]
+    return keep, len(rejects) - len(keep)
 
 
 class IngestPlan:

@@ -247,6 +247,7 @@ def _restore(state: StoreState, disk: _Disk, scan: _Scan, now: float) -> _Restor
     for sid in scan.live:
         state.segs[sid] = disk.headers[sid]
     core.restore_epochs(disk.meta.epochs)
+    core.restore_paces(disk.meta.paces)
     pl = disk.meta.ledger
     restored.ledger_difference = core.restore_ledger(
         pl.items_received, pl.tokens_received, pl.items_completed, pl.tokens_completed)

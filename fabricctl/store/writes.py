@@ -1,33 +1,32 @@
-"""The store's writes in their steps, for a writer that commits off its event loop.
+"""The store's writes in their steps (prepare, commit, apply), for a writer off its event loop.
 
-Contract: a `WriteSteps` (a store's `steps`) carries each write through prepare, commit and
-apply, so the server's writer can prepare on its event loop, commit on a thread of its own,
-and serve sockets at each pause; everyone else calls the store's one form per operation
-(`DurableBroker.ingest`, `submit`, `complete`, `complete_many`, the job operations), which
-runs these steps in a row.
-- prepare: `ingest(items, now, landing, after)` (screen, place and encode a chunk),
-  `complete(done, now)` (encode the results of the batches still in flight and mark them
-  settling: a disconnect leaves them alone until apply or abort), `jobs(ops, now, into)`
-  (new records and changes; a cancel's or an expiry's withdrawn entries with their error
-  results go into `into`, a completion plan of the same commit, or a new one). Nothing is
-  written yet.
-- commit: `stage(ingest, complete, jobs)` writes the plans into a new transaction, not
-  committed yet (None: nothing to write); `finish(staged)` commits it and touches LMDB only,
-  so it may run on any thread (False: the map filled meanwhile: `grow` on the staging
-  thread, then stage again); `committed(staged)` moves the persisted counters. `commit(...)`
-  runs the three in a row. With an ingest in it, a full map past the ceiling is refused
-  (`StoreFullError`); a completion alone may grow the map into the drain headroom.
-- apply, once durable: `apply_ingest(plan, now)` makes the new entries dispatchable and
-  returns the rejects; `apply_complete(plan, now)` settles the batches in the core and
-  returns the results stored per batch; `apply_jobs(plan)` the job records (or why each
-  operation was refused). After a failed commit: `abort_complete` (a batch whose consumer
-  left meanwhile goes back to its lane) and `abort_jobs`.
-The long steps are generators that pause between parts (`fabricctl.store.steps`); run them
-with `run_steps` (or the server's `run_steps_async`).
+Contract: a `WriteSteps` (a store's `steps`) is the one route of every write into the store.
+`write(now, items, done, ops)` runs one cycle in a row for a caller without a writer (prepare, one
+commit if anything is written, apply; a failed commit aborts the completions and job operations)
+and returns a `Written`: the ingest's rejects and the indexes already stored (`resume_skip`), the
+results stored per batch (-1: not in flight), each job operation's record or refusal.
+- prepare, writing nothing: `ingest(items, now, landing, after)` screens, places and encodes a
+  chunk; `complete(done, now)` encodes the results of the batches still in flight and marks them
+  settling (a disconnect leaves them be); `jobs(ops, now, into)` new records and changes (a
+  cancel's or expiry's withdrawn entries, with error results, join `into`, a completion plan of
+  the commit, or a new one).
+- commit: `stage(ingest, complete, jobs)` writes the plans into a transaction (None: none to
+  write); `finish(staged)` commits it, touching LMDB only, so on any thread (False: the map filled
+  meanwhile: `grow` on the staging thread, stage again); `committed(staged)` moves the persisted
+  counters; `commit(...)` runs the three. With an ingest, a full map past the ceiling raises
+  `StoreFullError`; a completion alone may grow the map into the drain headroom.
+- apply, once durable: `apply_ingest(plan, now)` makes the entries dispatchable and returns the
+  rejects; `apply_complete(plan, now)` settles the batches in the core and returns the results
+  stored per batch; `apply_jobs(plan)` the job records (or why each was refused). After a failed
+  commit: `abort_complete` (a batch of a consumer gone meanwhile goes back to its lane),
+  `abort_jobs`.
+The long steps are generators pausing between parts (`fabricctl.store.steps`): run them with
+`run_steps` (or the server's `run_steps_async`). Why: ARCHITECTURE.md, "The store on disk".
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fabricctl.store.steps import Steps, run_steps
@@ -43,9 +42,18 @@ if TYPE_CHECKING:
     from fabricctl.store.jobs import JobOp, JobPlan, JobTable
 
 
+@dataclass(slots=True)
+class Written:
+    """Why: one cycle's answers, as a writer's cycle gives them to its senders."""
+
+    rejects: list[Refused] = field(default_factory=list)
+    stored: set[int] = field(default_factory=set)  # rejects' indexes already in their job
+    settled: list[int] = field(default_factory=list)  # per batch: results stored, or -1
+    replies: list[JobRecord | str] = field(default_factory=list)  # per job operation
+
+
 class WriteSteps:
-    """Why: the prepare/commit/apply split is the writer's business; it lives here, apart
-    from the store's one public form per operation."""
+    """Why: one route for every write: prepare, commit and apply, each a step."""
 
     def __init__(self, ingest: Ingest, completion: Completion, dispatch: Dispatch,
                  jobops: JobOps, table: JobTable, commit: Commit) -> None:
@@ -88,6 +96,32 @@ class WriteSteps:
                 self.committed(staged)
                 return
             self.grow(staged)
+
+    def write(self, now: float, items: list[Item] | None = None,
+              done: list[Completed] | None = None, ops: list[JobOp] | None = None) -> Written:
+        """One cycle of the steps in a row, for a caller without a writer."""
+        ingest = run_steps(self.ingest(items, now)) if items else None
+        complete = run_steps(self.complete(done, now)) if done else None
+        jobs = None
+        if ops:
+            jobs, complete = self.jobs(ops, now, complete)
+        try:
+            self.commit(ingest, complete, jobs)
+        except BaseException:
+            if complete is not None:
+                self.abort_complete(complete, now)
+            if jobs is not None:
+                self.abort_jobs(jobs)
+            raise
+        out = Written()
+        if ingest is not None:
+            out.rejects = run_steps(self.apply_ingest(ingest, now))
+            out.stored = ingest.stored
+        if complete is not None:
+            out.settled = run_steps(self.apply_complete(complete, now))
+        if jobs is not None:
+            out.replies = self.apply_jobs(jobs)
+        return out
 
     # -- apply ----------
 

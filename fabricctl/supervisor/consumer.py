@@ -1,38 +1,21 @@
 """One consumer per GPU: registers its engine's contract, pulls, runs, completes, heartbeats.
 
-Contract: `Consumer.run(stop)` connects to a broker (Unix socket or TCP with a token),
-registers `Contract(model, *engine.limits())` (the limits' `names`: the other names its
-server answers, asked of the server first by an engine with `learn_names`), heartbeats
-every `heartbeat_s` with the engine's counters, and loops: handle any pre-warm pushes
-first (so the engine prefills the next shape's prefix before its first batch; `on_prewarm`,
-when set, is told of each one the engine took), pull (long-poll), run the batch on the
-engine, complete it. With `window` None it runs one batch at a time (the simulated engine, whose GPU
-runs batches one after another anyway). With a `window` of W requests (a real server, which
-batches continuously) it pulls the next batch as soon as fewer than W of its items are in
-the engine, so the engine's queue is refilled from the next batch before the current one
-drains; the engine sends them in the order the broker handed them out. A lost broker is
-retried with backoff (back to the shortest pause once a session had registered) until `stop`
-is set; a refusal no retry can change (a wrong token, a certificate that does not verify, a
-broker that does not speak TLS, another protocol version: `REFUSALS`, and a plain TCP
-connection closed unanswered before any session registered) ends `run` with that
-`BrokerError`. Each heartbeat carries the engine's counters with this consumer's `host` and,
-when `gpu_sample` gives one, its GPU's NVML sample ("nvml"). When `stop` is set it cuts a
-pending long-poll short (a batch answered after that is failed back), finishes the batches
-in hand and returns; nothing it held is lost either way.
-
-Engine failures are isolated. When `engine.run(work)` raises `EngineError` (or runs past
-`run_timeout_s`, when set), or returns items with finish_reason "abort" (vLLM: the request
-was not run), those items are run again one at a time, up to `isolate_attempts` tries each.
-- None of them succeeds alone: the engine itself is down. The whole batch is failed back to
-  the broker (it goes to the front of its lane) and the consumer pauses before its next
-  pull (0.2 s, doubling to 5 s while the engine stays down), so a healthy consumer can take
-  the batch.
-- Some succeed alone: the engine works and the others are poison. Each gets an error result
-  ("quarantined after N attempts: <reason>") and the batch completes, so one bad item never
-  blocks its shape. (A batch of one poison item looks like a down engine; the broker's own
-  delivery bound settles that case.) An item whose last try found the server unreachable
-  (refused, reset, timed out: `EngineError.unreachable`) is never taken for poison: its
-  server went away while others' tries got through, so the batch is failed back instead.
+Contract: `Consumer.run(stop)` connects to a broker (Unix socket, or TCP with a token),
+registers `Contract(model, *engine.limits())` (with the other names its server answers),
+heartbeats every `heartbeat_s` with the engine's counters, its `host` and its GPU's NVML
+sample when `gpu_sample` gives one, and loops: handle pre-warm pushes first (`on_prewarm`
+is told of each one the engine took), pull (long-poll), run the batch, complete it. With
+`window` None it runs one batch at a time (the simulated engine); with a window of W
+requests (a real server) it pulls the next batch as soon as fewer than W of its items are in
+the engine. A lost broker is retried with backoff until `stop` is set; a refusal no retry
+changes (`REFUSALS`: token, certificate, TLS, protocol version; a plain TCP connection
+closed unanswered before any session) ends `run` with that `BrokerError`. When `stop` is
+set it cuts a pending long-poll short, finishes the batches in hand and returns; nothing it
+held is lost. Engine failures are isolated: a batch whose run raises `EngineError` (or runs
+past `run_timeout_s`) or answers "abort" has those items run one at a time, up to
+`isolate_attempts` tries each; none succeeding fails the batch back (the engine is down:
+the consumer pauses), some succeeding quarantines the others with an error result (poison).
+How and why: ARCHITECTURE.md, "Consumers: failures isolated".
 """
 
 from __future__ import annotations

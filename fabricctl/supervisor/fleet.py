@@ -3,13 +3,15 @@
 Contract: `choose_engine(cfg, report)` decides sim/vllm/openai (auto: vllm when NVML shows
 GPUs, else the simulated engine, with the reason in words). `Fleet.build` makes one engine
 per GPU group of the fleet's servers (`AppConfig.fleet`; the single-model shorthand: one per
-GPU), per simulated GPU (`[[servers]]` with engine sim: one per group, serving its server's
-names) or per endpoint. `Fleet.start(address)` starts one consumer per engine against the
-broker at `address`, registering its server's served name as its model (`models`) and the
-engine's other names, named `<kind>-gpu<N>` (`gpu<N>-<M>` for a group) unless `names` gives
-one name per engine; its GPU (heartbeats, the NVML sample) is its group's first;
-`Fleet.stop()` stops pulls first, lets every consumer finish the batch in its hands, then
-stops the engines (and their servers, for vLLM).
+GPU; vLLM: per group whose server started, `vllm_fleet.build_real_engines`, whose launcher
+goes to `on_launch` before the start is waited for), per simulated GPU (`[[servers]]` with
+engine sim: one per group, serving its server's names) or per endpoint.
+`Fleet.start(address)` starts one consumer per engine against the broker at `address`,
+registering its server's served name as its model (`models`) and the engine's other names,
+named `<kind>-gpu<N>` (`gpu<N>-<M>` for a group) unless `names` gives one name per engine;
+its GPU (heartbeats, the NVML sample) is its group's first; `Fleet.stop()` stops pulls
+first, lets every consumer finish the batch in its hands, then stops the engines (and their
+servers, for vLLM).
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fabricctl.config import AppConfig
-from fabricctl.engines.base import WINDOW_BATCHES, Engine, EngineStats
+from fabricctl.config import ENV_VARS, AppConfig
+from fabricctl.config.fleetspec import ServerSpec, replicas, with_groups
+from fabricctl.engines.base import Engine, EngineStats, request_window
 from fabricctl.errors import BackendMissing, UsageError
-from fabricctl.fleetspec import ServerSpec, replicas, with_groups
 from fabricctl.supervisor.consumer import Consumer
+
+if TYPE_CHECKING:
+    from fabricctl.supervisor.launcher import Launcher
 
 log = logging.getLogger("fabricctl.fleet")
 
@@ -39,11 +44,23 @@ def choose_engine(
 ) -> tuple[str, str]:
     """(engine kind, reason in words)."""
     if cfg.engine == "auto":
+        if cfg.vllm.device == "cpu":
+            return "vllm", f"vllm.device = cpu ({setter(cfg, 'vllm.device')}): vLLM's CPU build"
         if gpus_available and gpu_count:
             return "vllm", f"{gpu_count} NVIDIA GPU(s) found through NVML"
         return "sim", (f"no NVIDIA GPU ({why_not}); running {cfg.sim.gpus} simulated GPUs — "
                        "every figure they report is simulated")
-    return cfg.engine, f"engine {cfg.engine!r} chosen by configuration"
+    return cfg.engine, f"engine {cfg.engine!r} chosen by {setter(cfg, 'engine')}"
+
+
+def setter(cfg: AppConfig, key: str) -> str:
+    """Who set `key`, in words: the flag, the environment variable or the file."""
+    source = cfg.set_by.get(key, "")
+    if source == "flags":
+        return "--" + key.rpartition(".")[2].replace("_", "-")
+    if source == "environment":
+        return next((f"${v.name}" for v in ENV_VARS if v.key == key), "the environment")
+    return source or "default"
 
 
 def sim_groups(cfg: AppConfig) -> list[tuple[ServerSpec, list[int]]]:
@@ -67,12 +84,11 @@ def build_sim_engines(cfg: AppConfig) -> list[Engine]:
 
 def consumer_window(cfg: AppConfig, kind: str) -> int | None:
     """Items a consumer keeps in its engine: None (one batch at a time) for the simulated
-    engine, else `[consumer] window` or, at 0, `WINDOW_BATCHES` times the contract's max batch
-    size."""
+    engine, else `[consumer] window` or, at 0, its default (`engines.base.request_window`)."""
     if kind == "sim":
         return None
     c = cfg.consumer
-    return c.window if c.window > 0 else WINDOW_BATCHES * c.max_batch_size
+    return request_window(c.window, c.max_batch_size)
 
 
 def _samples(gpu_sample: Callable[[int | None], Any], gpus: list[int]) -> list[Any]:
@@ -96,7 +112,8 @@ class Fleet:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @classmethod
-    async def build(cls, cfg: AppConfig, kind: str) -> Fleet:
+    async def build(cls, cfg: AppConfig, kind: str,
+                    on_launch: Callable[[Launcher], None] | None = None) -> Fleet:
         if kind == "sim":
             engines = build_sim_engines(cfg)
             placed = sim_groups(cfg)
@@ -106,7 +123,7 @@ class Fleet:
         if kind in ("vllm", "openai"):
             from fabricctl.supervisor.vllm_fleet import build_real_engines
 
-            engines, groups, launcher = await build_real_engines(cfg, kind)
+            engines, groups, launcher = await build_real_engines(cfg, kind, on_launch)
             models = [getattr(e, "model", cfg.model_name) for e in engines]
             return cls(cfg, kind, engines, [g[0] if g else None for g in groups], launcher,
                        models, groups)

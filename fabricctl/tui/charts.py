@@ -3,7 +3,8 @@
 Contract (pure, no clock, no Textual):
 - `batches_histogram(view, width)`: one row per bucket of batches run by finished shapes,
   buckets below the thrash line (100 batches) in `CRITICAL`, and the thrash line drawn as
-  a rule between the last thrashing bucket and the first healthy one;
+  a rule between the last thrashing bucket and the first healthy one (the title counts the
+  shapes that thrashed, `view.thrashed`);
 - `recent_shapes(samples, line, width, rows)`: the most recent finished shapes as bars on a
   log scale with the thrash line as a vertical rule; thrashing shapes in `CRITICAL`;
 - `lane_line(lane, threshold, width)`: one lane: id, target, queued items, tokens, oldest
@@ -50,7 +51,7 @@ def batches_histogram(view: BatchesHistogramView, width: int) -> Text:
     rows = [r for r in buckets(view) if r[0] is not None or r[2]]
     top = max((c for _, _, c in rows), default=0)
     bar_w = max(4, width - LABEL_W - 8)
-    thrashing = sum(c for lo, _, c in rows if (lo or 0) < view.thrash_line)
+    thrashing = view.thrashed  # the shapes that thrashed, not every one under the line
     title = Text("batches per finished shape\n", style="bold")
     title.append(f"{sum(c for *_, c in rows)} finished, ")
     title.append(f"{thrashing} thrashing", style=CRITICAL if thrashing else MUTED)

@@ -2,32 +2,34 @@
 
 Contract: `gpu_panel(snap, rates)` reads `snap.extra["gpus"]` (a `GpuReport` as builtins)
 and `snap.extra["engines"]` (consumer -> gpu, engine, simulated, last_seen, stats). One line
-per GPU (utilisation, memory, temperature, power) followed by one line per engine on it (KV
-hit rate = prefix-cache hits / queries, tokens/s sparkline, heartbeat age, "simulated" when
-the engine is the simulated one, then `now <shape> next <shape>`: the shape its consumer
-pulls from and the one warming for it, from `snap.consumers`). Without NVML the first line
-is "NVML unavailable: <reason>" and the engines are still listed. Engines are grouped by
-host (`snap.extra["host"]` is the broker's; each engine's `host` comes with its heartbeats):
-the broker host's first, as above, then one block per agent host, its name, then per GPU its
-NVML line (from the agent's heartbeats, when it has NVML) and its engine line; with agents
-connected the broker's block is headed by its host name too. A broker with no local GPUs
-(engine kind "none") says "no local GPUs: waiting for agents" instead of the NVML line.
-A consumer whose server answers several names (a base model and its LoRA adapters) gets a
-second line, `serves <names>`, the one it pulls from now in bold; a server spanning a group
-of GPUs (its heartbeat's `gpus`) shows them all (`gpu0,1`). `RateTracker` turns the
-engines' cumulative token counters into tokens/s, keyed by consumer, against snapshot time.
+per GPU (utilisation, memory, temperature, power), then one per engine on it (KV hit rate =
+prefix-cache hits / queries, tokens/s sparkline, heartbeat age, "simulated", `now <shape>
+next <shape>` from `snap.consumers`). Without NVML the first line is "NVML unavailable:
+<reason>" and the engines are still listed; a broker with no local GPUs says "no local GPUs:
+waiting for agents". Engines are grouped by host (`snap.extra["host"]`, each engine's
+`host`): the broker's first, then one block per agent host with its NVML lines. A consumer
+serving several names gets a `serves <names>` line (the current one bold); a server over a
+group of GPUs shows them all (`gpu0,1`). Each launched vLLM server not ready
+(`snap.extra["servers"]`) gets a `server_line`: starting, restarting, or FAILED with its
+exit and log. `RateTracker` turns cumulative token counters into tokens/s per consumer.
+With a `width`, no line is longer (`draw.fit`): an engine line drops parts of its head in
+turn (`COMPACT`: sparkline, "simulated", engine name, padding), then is cut from the right
+(`next`, then `now`), never the consumer's name or its GPU. What the dashboard shows:
+README.md, "Reading the dashboard".
 """
 
 from __future__ import annotations
 
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
 
 from fabricctl import fmt
+from fabricctl.core.colocate import shared_note
 from fabricctl.core.snapshot import Snapshot
-from fabricctl.tui.draw import labels, short_name
+from fabricctl.tui.draw import fit, fit_lines, labels, short_name
 from fabricctl.tui.palette import CRITICAL, MUTED, OK, WARN
 
 HISTORY = 60
@@ -79,25 +81,61 @@ def kv_hit_rate(stats: Any) -> float | None:
     return (stats.get("prefix_cache_hits") or 0) / q if q else None
 
 
-def engine_line(name: str, eng: dict[str, Any], snap: Snapshot, rates: RateTracker) -> Text:
+NOW_KEPT = 22  # cells of `now <shape>` an engine line keeps before its head loses parts
+# what an engine line's head drops, in turn, to leave `NOW_KEPT` cells to its shapes: its
+# sparkline, the "simulated" flag, the engine's name, the padding of its consumer's name
+COMPACT: tuple[frozenset[str], ...] = (
+    frozenset(), frozenset({"spark"}), frozenset({"spark", "simulated"}),
+    frozenset({"spark", "simulated", "engine"}),
+    frozenset({"spark", "simulated", "engine", "padding"}))
+
+
+def engine_line(name: str, eng: dict[str, Any], snap: Snapshot, rates: RateTracker,
+                width: int | None = None) -> Text:
+    """The engine's line (and its `serves` line, if any), each at most `width` cells."""
+    shapes = shape_part(name, snap)
+    line = _engine_head(name, eng, snap, rates, COMPACT[0])
+    for drop in COMPACT[1:]:
+        if width is None or line.cell_len + min(shapes.cell_len, NOW_KEPT) <= width:
+            break
+        line = _engine_head(name, eng, snap, rates, drop)
+    line.append_text(shapes)
+    line = fit(line, width, words=True)
+    more = [fit(x, width) for x in (served_line(name, snap), shared_line(eng)) if x is not None]
+    return Text("\n").join([line, *more]) if more else line
+
+
+def shared_line(eng: dict[str, Any]) -> Text | None:
+    """`   shared: batch 10 of 16 slots, live 5, ...` for a server shared with live traffic
+    (its last reading, `core.colocate.shared_note`); None otherwise."""
+    stats = eng.get("stats")
+    shared = stats.get("shared") if isinstance(stats, dict) else None
+    if not isinstance(shared, dict):
+        return None
+    return Text("   " + shared_note(**shared), style=WARN if shared["window"] == 0 else MUTED)
+
+
+def _engine_head(name: str, eng: dict[str, Any], snap: Snapshot, rates: RateTracker,
+                 drop: frozenset[str]) -> Text:
     stats = eng.get("stats")
     line = Text(" ")
-    line.append(f"{fmt.shorten(name, 14):<14} ", style="bold")
-    line.append(f"{gpu_label(eng):<5} ", style=MUTED)
-    line.append(f"{fmt.shorten(str(eng.get('engine') or '?'), 6):<6} ")
+    pad = 0 if "padding" in drop else 14
+    line.append(f"{fmt.shorten(name, 14):<{pad}} ", style="bold")
+    line.append(f"{gpu_label(eng):<{0 if 'padding' in drop else 5}} ", style=MUTED)
+    if "engine" not in drop:
+        line.append(f"{fmt.shorten(str(eng.get('engine') or '?'), 6):<6} ")
     line.append("KV ", style=MUTED)
     line.append(f"{fmt.pct(kv_hit_rate(stats)):>6} ")
-    line.append(fmt.sparkline(rates.rates.get(name, ()), SPARK_WIDTH), style=OK)
-    line.append(f" {fmt.si(rates.latest(name)):>5} tok/s ")
+    if "spark" not in drop:
+        line.append(fmt.sparkline(rates.rates.get(name, ()), SPARK_WIDTH) + " ", style=OK)
+    line.append(f"{fmt.si(rates.latest(name)):>5} tok/s ")
     seen = eng.get("last_seen")
     hb = snap.t - seen if isinstance(seen, int | float) else None
     line.append("hb ", style=MUTED)
     line.append(f"{fmt.age(hb):>5}", style=WARN if hb is not None and hb > 5 else "")
-    if eng.get("simulated"):
+    if eng.get("simulated") and "simulated" not in drop:
         line.append(" simulated", style=WARN)
-    line.append_text(shape_part(name, snap))
-    served = served_line(name, snap)
-    return line if served is None else Text("\n").join([line, served])
+    return line
 
 
 def gpu_label(eng: dict[str, Any]) -> str:
@@ -144,6 +182,32 @@ def shape_part(consumer: str, snap: Snapshot) -> Text:
     return part
 
 
+def server_line(view: dict[str, Any]) -> Text | None:
+    """` engine 1 gpu1 emb  FAILED crash loop, exit 1  log engine-1.log` for a launched
+    server that is not ready (None for one that is): starting, restarting, or failed (the
+    log's name only: the line must fit a GPU row; `status` gives its path)."""
+    state = str(view.get("state") or "?")
+    if state == "ready":
+        return None
+    line = Text(f" engine {view.get('index')} gpu{view.get('gpus')} "
+                f"{fmt.shorten(str(view.get('model') or ''), 14)}  ", style=MUTED)
+    code = view.get("last_exit")
+    if state == "failed":
+        reason = str(view.get("reason") or "")
+        what = ("crash loop" if reason.startswith("crash loop") else "not ready in time"
+                if reason.startswith("not ready") else fmt.shorten(reason.partition(";")[0], 32))
+        line.append("FAILED " + what, style=CRITICAL)
+        if code is not None:
+            line.append(f", exit {code}", style=CRITICAL)
+        line.append(f"  log {Path(str(view.get('log'))).name}", style=MUTED)  # status: its path
+    elif view.get("failed_starts"):
+        line.append(f"restarting: {view.get('failed_starts')} failed start(s), last "
+                    f"{view.get('reason')}", style=WARN)
+    else:
+        line.append(state, style=WARN if state == "restarting" else MUTED)
+    return line
+
+
 def gpu_line(g: dict[str, Any]) -> Text:
     line = Text(f"GPU{g.get('index', '?')} ", style="bold")
     line.append(f"{fmt.shorten(str(g.get('name') or ''), 18):<18} ")
@@ -187,7 +251,7 @@ def by_host(snap: Snapshot) -> tuple[dict[str, dict[str, Any]], dict[str, dict[s
 
 
 def host_lines(host: str, engs: dict[str, dict[str, Any]], snap: Snapshot,
-               rates: RateTracker) -> list[Text]:
+               rates: RateTracker, width: int | None = None) -> list[Text]:
     """An agent's block: its name, then per GPU its NVML line (when its heartbeats carry
     one; for a server over a group, every GPU of the group) and its engine's line."""
     lines = [Text(f"{host}  ({len(engs)} GPU{'s' if len(engs) != 1 else ''})", style="bold")]
@@ -199,11 +263,12 @@ def host_lines(host: str, engs: dict[str, dict[str, Any]], snap: Snapshot,
         for other in eng.get("nvml_group") or ():  # the rest of a server's GPU group
             if isinstance(other, dict):
                 lines.append(gpu_line(other))
-        lines.append(engine_line(name, eng, snap, rates))
+        lines.append(engine_line(name, eng, snap, rates, width))
     return lines
 
 
-def gpu_panel(snap: Snapshot, rates: RateTracker) -> Text:
+def gpu_panel(snap: Snapshot, rates: RateTracker, width: int | None = None) -> Text:
+    """The panel's lines (see the module's contract), none longer than `width`."""
     report = snap.extra.get("gpus")
     engs, remote = by_host(snap)
     lines: list[Text] = []
@@ -223,7 +288,7 @@ def gpu_panel(snap: Snapshot, rates: RateTracker) -> Text:
             lines.append(gpu_line(g))
             for name, eng in sorted(engs.items()):
                 if eng.get("gpu") == g.get("index"):
-                    lines.append(engine_line(name, eng, snap, rates))
+                    lines.append(engine_line(name, eng, snap, rates, width))
                     placed.add(name)
                 elif g.get("index") in (eng.get("gpus") or ()):
                     lines.append(Text(f" {fmt.shorten(name, 14):<14} {gpu_label(eng)} "
@@ -233,9 +298,14 @@ def gpu_panel(snap: Snapshot, rates: RateTracker) -> Text:
                               style=CRITICAL))
     for name, eng in sorted(engs.items()):
         if name not in placed:
-            lines.append(engine_line(name, eng, snap, rates))
+            lines.append(engine_line(name, eng, snap, rates, width))
+    servers = snap.extra.get("servers")
+    for view in servers if isinstance(servers, list) else ():
+        server = server_line(view) if isinstance(view, dict) else None
+        if server is not None:
+            lines.append(server)
     if not engs and not remote:
         lines.append(Text("  no consumers connected", style=MUTED))
     for host in sorted(remote):
-        lines += host_lines(host, remote[host], snap, rates)
-    return Text("\n").join(lines)
+        lines += host_lines(host, remote[host], snap, rates, width)
+    return fit_lines(Text("\n").join(lines), width)

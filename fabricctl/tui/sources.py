@@ -6,7 +6,7 @@ carrying lane lists only for the `(model, signature)` shapes in `lanes`. A lost 
 broker ends the iteration with a `FabricError` (usually `BackendMissing`) or `OSError`; the
 app then shows its reconnecting banner and calls `stream` again after a backoff. Closing the
 iterator (`aclose`) releases the connection. The app iterates `stream` on an event loop of
-its worker thread's own (`fabricctl.tui.app.Pump`), never on the UI's, so reading and
+its worker thread's own (`fabricctl.tui.pump.Pump`), never on the UI's, so reading and
 decoding happen off the UI thread and a source touches nothing of the app. `FixedSource`
 replays given snapshots, then stays silent without a clock, so screenshots of it are
 reproducible.

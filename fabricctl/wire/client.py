@@ -13,7 +13,8 @@ with code "tls"; a refused token is code "auth" ("broker refused the token"); a 
 connection closed before any answer (a TLS listener, most likely) is code "no_answer".
 Jobs: `open_job` (-> `JobReply`), `submit(items, job, resume)`, `seal_job`, `cancel_job`,
 `set_job_priority`, `jobs`, `job` (-> `JobView`) and `job_results` (-> `ResultRecord`s in
-input order).
+input order); `follow_results(job, since)` yields the `ResultsPush`es of a subscription.
+Every question has its own typed method (`wire.queries`), none is named by a string.
 `run_sync` runs one coroutine for synchronous callers.
 """
 
@@ -23,15 +24,12 @@ import asyncio
 import contextlib
 import itertools
 import ssl
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import msgspec
 
-from fabricctl.core.forecast import JobView as JobPlace
-from fabricctl.core.jobs import JobRecord
-from fabricctl.core.records import ResultRecord
 from fabricctl.core.snapshot import Snapshot
 from fabricctl.core.types import Contract, Item, ItemResult, Work
 from fabricctl.errors import BackendMissing, BrokerError, ProtocolError
@@ -41,7 +39,6 @@ from fabricctl.wire.protocol import (
     PROTOCOL_VERSION,
     SOCKET_NAME,
     Ack,
-    Answer,
     CancelJob,
     Complete,
     Done,
@@ -53,11 +50,9 @@ from fabricctl.wire.protocol import (
     Heartbeat,
     Hello,
     JobReply,
-    JobView,
     OpenJob,
     PrewarmPush,
     Pull,
-    Query,
     Register,
     Registered,
     Role,
@@ -71,9 +66,16 @@ from fabricctl.wire.protocol import (
     WorkReply,
     encode,
 )
+from fabricctl.wire.queries import (
+    FollowResults,
+    ResultsPush,
+    StopFollow,
+)
+from fabricctl.wire.questions import Questions
 from fabricctl.wire.tls import handshake_error
 
 T = TypeVar("T")
+Q = TypeVar("Q")
 _snapshot_decoder = msgspec.msgpack.Decoder(Snapshot)
 
 
@@ -116,13 +118,14 @@ class _Wire(WriteFlow):
         self.resume_writing()
 
 
-class Client:
+class Client(Questions):
     """Why: one implementation of the wire, shared by every command, consumer and dashboard."""
 
     def __init__(self, max_frame: int) -> None:
         self._max_frame = max_frame
         self._rids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Any]] = {}
+        self._streams: dict[int, asyncio.Queue[Frame]] = {}  # FollowResults, by rid
         self._first: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self._wire = _Wire(self)
         self._transport: asyncio.Transport | None = None
@@ -191,6 +194,8 @@ class Client:
         elif isinstance(frame, Error) and (frame.fatal or not rid):
             self._lost(BrokerError(frame.code, frame.message))
             return False
+        elif rid in self._streams:  # a FollowResults stream's push, or the Error ending it
+            self._streams[rid].put_nowait(frame)
         elif rid in self._waiting:
             fut = self._waiting.pop(rid)
             if not fut.done():
@@ -278,26 +283,36 @@ class Client:
         ended (code `job_ended`), none, or a priority out of range."""
         return await self.request(lambda rid: SetPriority(rid, job, priority))
 
-    async def jobs(self, limit: int = 1000, before: int = 0, kind: str = ""
-                   ) -> list[JobRecord]:
-        """The newest `limit` jobs numbered below `before` (0: any) of `kind` ("": any),
-        newest first."""
-        return cast(list[JobRecord], await self.query("jobs", arg=kind, since=before,
-                                                      limit=limit, type=list[JobRecord]))
-
-    async def job_views(self) -> list[JobPlace]:
-        """Each job with queued items: its oldest wait, share and predicted finish."""
-        return cast(list[JobPlace], await self.query("job_views", type=list[JobPlace]))
-
-    async def job(self, id: str) -> JobView:
-        """One job (id or unique prefix): its record, in flight, shapes, rate, ETA."""
-        return cast(JobView, await self.query("job", arg=id, type=JobView))
-
-    async def job_results(self, job: str, after_line: int = 0, limit: int = 1000
-                          ) -> list[ResultRecord]:
-        """A job's results of lines after `after_line`, in input order, `limit` at most."""
-        return cast(list[ResultRecord], await self.query(
-            "job_results", arg=job, since=after_line, limit=limit, type=list[ResultRecord]))
+    async def follow_results(self, job: int = 0, since: int = -1
+                             ) -> AsyncGenerator[ResultsPush, None]:
+        """The results of job number `job` (0: every job) stored after sequence number
+        `since` (-1: from the moment the broker reads the request), pushed as they are
+        stored; the first push (rows or none) says where the stream starts, the last one
+        carries the ended job's record. A lost connection raises `BackendMissing`: follow
+        again from the last push's `seq` to miss nothing."""
+        rid = next(self._rids)
+        queue: asyncio.Queue[Frame] = asyncio.Queue()
+        self._streams[rid] = queue
+        ended = False
+        try:
+            self.send(FollowResults(rid, job, since))
+            await self._drain()
+            while True:
+                push = await self._next(queue)
+                if isinstance(push, Error):
+                    ended = True
+                    raise BrokerError(push.code, push.message)
+                if not isinstance(push, ResultsPush):
+                    continue
+                ended = push.ended is not None
+                yield push
+                if ended:
+                    return
+        finally:
+            self._streams.pop(rid, None)
+            if not ended and not self.closed.is_set():  # stopped early: the broker stops too
+                with contextlib.suppress(BackendMissing):
+                    self.send(StopFollow(rid))
 
     # -- consumers ----------
     async def register(self, name: str, contract: Contract, gpu: int | None = None,
@@ -325,11 +340,6 @@ class Client:
         return done.stored
 
     # -- observers ----------
-    async def query(self, what: str, arg: str = "", since: int = 0, limit: int = 1000,
-                    type: Any = Any) -> Any:
-        ans: Answer = await self.request(lambda rid: Query(rid, what, arg, since, limit))
-        return msgspec.msgpack.decode(ans.data, type=type)
-
     async def snapshots(self, interval_s: float = 1.0, lanes: list[tuple[str, int]] | None = None,
                         all_lanes: bool = False) -> AsyncIterator[Snapshot]:
         self.send(Subscribe(0, interval_s, lanes or [], all_lanes))
@@ -339,16 +349,22 @@ class Client:
 
     async def _next_push(self, kind: type[T]) -> T:
         while True:
-            get = asyncio.ensure_future(self.pushes.get())
+            frame = await self._next(self.pushes)
+            if isinstance(frame, kind):
+                return frame
+
+    async def _next(self, queue: asyncio.Queue[Q]) -> Q:
+        """The next frame of `queue`; `BackendMissing` (or the cause) once the connection
+        is lost."""
+        while True:
+            get = asyncio.ensure_future(queue.get())
             closed = asyncio.ensure_future(self.closed.wait())
             done, _ = await asyncio.wait({get, closed}, return_when=asyncio.FIRST_COMPLETED)
             if get not in done:
                 get.cancel()
                 raise self.closed_error or BackendMissing("connection closed")
             closed.cancel()
-            frame = get.result()
-            if isinstance(frame, kind):
-                return frame
+            return get.result()
 
     async def shutdown(self) -> None:
         with contextlib.suppress(BackendMissing):

@@ -2,7 +2,9 @@
 
 Contract: a connection opens with `Hello` (protocol version, role, token when TCP) answered by
 `Welcome` or `Error`. Requests carry a request id `rid` that their reply echoes; the server
-pushes `PrewarmPush` and `StatsPush` with rid 0. A frame that is malformed, of an unknown
+pushes `PrewarmPush` and `StatsPush` with rid 0, and `ResultsPush` with the rid of the
+`FollowResults` it answers. The observers' questions are one request type each
+(`wire.queries`), answered by `Answer`. A frame that is malformed, of an unknown
 type, or longer than `max_frame` gets an `Error` frame and the connection is closed. Nothing
 on the wire is pickled: msgpack only, validated against these types on decode.
 """
@@ -18,8 +20,27 @@ import msgspec
 from fabricctl.core.forecast import JobView as JobPlace
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.types import Contract, Item, ItemResult, Prewarm, Work
+from fabricctl.wire.queries import (
+    ConsumersQuery,
+    EventsQuery,
+    FollowResults,
+    JobQuery,
+    JobResultsQuery,
+    JobsQuery,
+    JobViewsQuery,
+    LedgerQuery,
+    ResultQuery,
+    ResultsByKeyQuery,
+    ResultsPush,
+    ResultsQuery,
+    ShapeQuery,
+    ShapesQuery,
+    SnapshotQuery,
+    StatusQuery,
+    StopFollow,
+)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: one request type per question (`wire.queries`), FollowResults
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 SOCKET_NAME = "broker.sock"  # a broker's Unix socket: <data dir>/SOCKET_NAME, the one spelling
 HEADER = struct.Struct(">I")
@@ -153,7 +174,8 @@ class JobView(msgspec.Struct):
     in_flight: int = 0
     shapes: list[JobShapeView] = []
     items_per_s: float = 0.0  # outcomes per second since it started running
-    eta_s: float | None = None  # seconds to go at that rate; None while there is none
+    eta_s: float | None = None  # seconds to its predicted finish (`core.forecast.finish_in`
+    # of `place`, the one forecast); None while there is none
     place: JobPlace | None = None  # its place in the fleet (waits, share, predicted finish);
     # None while it has no queued item
 
@@ -225,20 +247,9 @@ class StatsPush(msgspec.Struct, tag=True):
     snapshot: msgspec.Raw  # an encoded Snapshot (see fabricctl.server.views)
 
 
-class Query(msgspec.Struct, tag=True):
-    """One-shot questions: shapes, shape, consumers, ledger, events, status, results, jobs
-    (newest first; arg: a kind or "" for any; since: only jobs numbered below it, 0 for
-    any), job (arg: an id or unique prefix), job_results (arg: a job id; results of lines
-    after `since`, in input order)."""
-
-    rid: int
-    what: str
-    arg: str = ""
-    since: int = 0
-    limit: int = 1000
-
-
 class Answer(msgspec.Struct, tag=True):
+    """Why: a question's answer (`wire.queries`), encoded as that question's result type."""
+
     rid: int
     data: msgspec.Raw
 
@@ -249,8 +260,12 @@ class Shutdown(msgspec.Struct, tag=True):
 
 Frame = (
     Hello | Welcome | Error | Submit | Ack | Register | Registered | Heartbeat | Pull | WorkReply
-    | Complete | Fail | Done | PrewarmPush | Subscribe | StatsPush | Query | Answer | Shutdown
-    | OpenJob | SealJob | CancelJob | SetPriority | JobReply
+    | Complete | Fail | Done | PrewarmPush | Subscribe | StatsPush | Answer | Shutdown
+    | OpenJob | SealJob | CancelJob | SetPriority | JobReply | FollowResults | ResultsPush
+    | StopFollow
+    | ShapesQuery | ShapeQuery | ConsumersQuery | LedgerQuery | EventsQuery | ResultsQuery
+    | ResultsByKeyQuery | ResultQuery | JobsQuery | JobViewsQuery | JobQuery | JobResultsQuery
+    | SnapshotQuery | StatusQuery
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -27,10 +27,11 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from realtext import free_port_pair
+from ports import free_port_pair
 
 from fabricctl.errors import LaunchError
-from fabricctl.supervisor.launcher import LORA_SPARE_SLOTS, Launcher, vllm_cpu_spec
+from fabricctl.supervisor.launch_spec import LORA_SPARE_SLOTS, vllm_cpu_spec
+from fabricctl.supervisor.launcher import Launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("FABRICCTL_VLLM_VENV", ROOT / ".venv-vllm"))

@@ -12,8 +12,9 @@ Helpers for the real-vLLM tests (not a test module):
 - `chain_hashes`: vLLM-style chained full-block hashes of real token ids (for the sim).
 - `achievable_hits`: the most a warm cache can give a sequence of requests per server: every
   request gets floor(min(prefix, L-1)/B)*B except the first of each shape on each server.
-- `MultiCopyAPC`: vllm.md A4's reference model with vLLM's hash -> *every block holding it*
-  map (`BlockHashToBlockMap`), the one difference that matters once duplicate blocks exist.
+- `MultiCopyAPC`: the reference model of docs/engine-notes.md section 3 with vLLM's hash ->
+  *every block holding it* map (`BlockHashToBlockMap`), the one difference that matters once
+  duplicate blocks exist.
 """
 
 from __future__ import annotations
@@ -148,7 +149,8 @@ def chain_hashes(ids: Sequence[int], block_size: int) -> list[int]:
 
 
 def best_hit(prefix: int, prompt_len: int, block_size: int) -> int:
-    """floor(min(prefix, L-1)/B)*B: what a warm cache gives one request (vllm.md A3)."""
+    """floor(min(prefix, L-1)/B)*B: what a warm cache gives one request (docs/engine-notes.md,
+    section 2)."""
     usable = min(prefix, prompt_len - 1)
     return max(0, usable) // block_size * block_size
 
@@ -167,11 +169,11 @@ def achievable_hits(requests: Iterable[tuple[str, int, int, int]], block_size: i
 
 
 class MultiCopyAPC:
-    """vllm.md A4's `APCSim`, except that a hash maps to every block holding it, as vLLM's
-    `BlockHashToBlockMap` does: a lookup takes the oldest copy, evicting one block drops only
-    that copy. Duplicates arise when a request recomputes a block that is cached, e.g. the
-    last block of a bare-prefix pre-warm whose prefix is a whole number of blocks (its hit
-    stops at L-1)."""
+    """The reference `APCSim` (tests/test_prefix_cache.py), except that a hash maps to every
+    block holding it, as vLLM's `BlockHashToBlockMap` does: a lookup takes the oldest copy,
+    evicting one block drops only that copy. Duplicates arise when a request recomputes a
+    block that is cached, e.g. the last block of a bare-prefix pre-warm whose prefix is a whole
+    number of blocks (its hit stops at L-1)."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.bs = block_size
@@ -215,19 +217,3 @@ class MultiCopyAPC:
         return len(hit) * self.bs
 
 
-def free_port_pair() -> int:
-    """A port p with p and p+1 free on the loopback (two servers standing in for two GPUs)."""
-    import random
-    import socket
-
-    rng = random.Random()
-    for _ in range(200):
-        p = rng.randrange(20000, 60000)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", p))
-                b.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")

@@ -22,7 +22,9 @@ from typing import Any
 import psutil
 import pytest
 from conftest import SERVER_ARGS, VENV
-from realtext import free_port_pair
+from ports import free_port, free_port_pair
+
+from fabricctl.wire.client import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the multi-host helpers
 
@@ -35,7 +37,6 @@ from agent_helpers import (
     consumers,
     done_items,
     fabricctl_cmd,
-    free_port,
     make_cert,
     needs_openssl,
     results,
@@ -44,7 +45,7 @@ from agent_helpers import (
 )
 
 from fabricctl.config import AppConfig, ConsumerSettings, VllmSettings, to_toml
-from fabricctl.supervisor.launcher import vllm_cpu_spec
+from fabricctl.supervisor.launch_spec import vllm_cpu_spec
 
 pytestmark = [pytest.mark.real_vllm, needs_openssl]
 
@@ -132,4 +133,4 @@ async def _ge(value: object, n: int) -> bool:
 async def _status(data: Path) -> Any:
     from agent_helpers import query
 
-    return await query(data, "status")
+    return await query(data, Client.status)

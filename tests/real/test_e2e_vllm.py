@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port_pair
 from realtext import (
     Shape,
     Tok,
     achievable_hits,
     chain_hashes,
-    free_port_pair,
     make_shapes,
     nonce,
     scrape_counters,
@@ -41,7 +41,8 @@ from fabricctl.cli.run import run_job
 from fabricctl.cli.run_summary import RunSummary
 from fabricctl.config import AppConfig, ConsumerSettings, ProducerSettings, VllmSettings
 from fabricctl.engines.openai import OpenAIEngine
-from fabricctl.supervisor.launcher import Launcher, vllm_cpu_spec
+from fabricctl.supervisor.launch_spec import vllm_cpu_spec
+from fabricctl.supervisor.launcher import Launcher
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.asyncio(loop_scope="session")]
 
@@ -135,8 +136,8 @@ def wire(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str], int]]:
     orig = OpenAIEngine._post
 
     async def recorded(self: OpenAIEngine, path: str, body: dict[str, Any],
-                       client: Any = None) -> Any:
-        resp = await orig(self, path, body, client)
+                       client: Any = None, file: bytes | None = None) -> Any:
+        resp = await orig(self, path, body, client, file)
         if path == "/v1/completions" and resp.status_code == 200:
             prompt = body["prompt"]
             log.append((self.base_url, [prompt] if isinstance(prompt, str) else list(prompt),
@@ -176,20 +177,21 @@ async def test_run_engine_vllm_hit_rate(tiny_model: Path, tmp_path: Path,
     # vLLM's own counters, from both servers, right after they start and right before they stop
     scrapes: dict[str, list[Any]] = {"start": [], "stop": []}
     started: list[float] = []
-    orig_start, orig_stop = Launcher.start, Launcher.stop
+    orig_settle, orig_stop = Launcher.settle, Launcher.stop
 
-    async def start(self: Launcher, wait: bool = True) -> None:
+    async def settle(self: Launcher) -> list[Any]:  # the fleet starts, then waits here
         t0 = time.monotonic()
-        await orig_start(self, wait)
+        failed = await orig_settle(self)
         started.append(time.monotonic() - t0)
         scrapes["start"] = [await scrape_counters(s.base_url) for s in self.servers]
+        return failed
 
     async def stop(self: Launcher) -> None:
         with contextlib.suppress(Exception):
             scrapes["stop"] = [await scrape_counters(s.base_url) for s in self.servers]
         await orig_stop(self)
 
-    monkeypatch.setattr(Launcher, "start", start)
+    monkeypatch.setattr(Launcher, "settle", settle)
     monkeypatch.setattr(Launcher, "stop", stop)
 
     sink = ResultSink()

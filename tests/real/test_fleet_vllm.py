@@ -29,17 +29,19 @@ from typing import Any
 import psutil
 import pytest
 from conftest import EMBED, LORA_NAMES, LORA_RANK, SERVER_ARGS, VENV, lora_lines
-from realtext import free_port_pair
+from ports import free_port_pair
 from runbatch import answered_alone
+
+from fabricctl.wire.client import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the multi-host helpers
 
 from agent_helpers import Child, all_gone, child_env, fabricctl_cmd, query, results, wait_until
 
 from fabricctl.config import AppConfig, ConsumerSettings, VllmSettings, to_toml
+from fabricctl.config.fleetspec import ServerSpec
 from fabricctl.errors import BackendMissing
-from fabricctl.fleetspec import ServerSpec
-from fabricctl.supervisor.launcher import vllm_cpu_spec
+from fabricctl.supervisor.launch_spec import vllm_cpu_spec
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.asyncio(loop_scope="session")]
 CHAT_NAMES = LORA_NAMES  # the chat server's: its base model's, then its adapters'
@@ -109,7 +111,7 @@ async def test_two_models_on_two_servers_under_one_up(
 
     async def both_served() -> bool:
         try:
-            return len(await query(data, "consumers")) == 2
+            return len(await query(data, Client.consumers)) == 2
         except BackendMissing:  # its socket is not there yet
             return False
 

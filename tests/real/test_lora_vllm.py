@@ -18,7 +18,7 @@ Run-batch and the server keep a LoRA slot free (the launcher's `LORA_SPARE_SLOTS
 adapter's as the last slot's adapter would (its -1 slot index taken as Python's last): with
 `--max-loras 2`, one run's base lines came back with exactly "ad-b"'s text on 10 of 12 in
 run-batch and 7 of 12 through fabricctl (3 more differing from the base's too): what
-shared/reference/batch-workloads.md section 1 measured as "a batch mixing base and adapter
+docs/engine-notes.md section 5 records as "a batch mixing base and adapter
 requests can change ... text for some base lines".
 """
 

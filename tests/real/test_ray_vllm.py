@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 from conftest import SERVER_ARGS, VENV
-from realtext import free_port_pair
+from ports import free_port_pair
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the Ray and agent helpers
 
@@ -29,7 +29,7 @@ from agent_helpers import agent_items, all_gone
 from test_ray_fleet import RayUp, assert_exactly_one_each, submit, until, wait_all_results
 
 from fabricctl.config import AppConfig, ConsumerSettings, ServerSettings, VllmSettings, to_toml
-from fabricctl.supervisor.launcher import vllm_cpu_spec
+from fabricctl.supervisor.launch_spec import vllm_cpu_spec
 
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.real_vllm]

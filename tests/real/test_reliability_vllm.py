@@ -111,7 +111,7 @@ async def run(tmp: Path, servers: Launcher, rules: list[Rule], items: list,
             for e in engines:
                 await e.close()
         res = await results(server.state.cfg.socket_path)
-        assert server.state.core.ledger.difference() == (0, 0)
+        assert server.state.view.ledger.difference() == (0, 0)
     return hist, res, consumers, proxies
 
 

@@ -291,9 +291,9 @@ class Campaign:
         """After a restart: the recovery report and the live ledger both balance."""
         c = await Client.connect(self.data, "observer", "reliability-ledger", timeout=5.0)
         try:
-            led = await c.query("ledger")
+            led = await c.ledger()
             assert led["difference"] == [0, 0], led
-            status = await c.query("status")
+            status = await c.status()
             rec = status["extra"]["store"]["recovery"]
             assert rec["ledger_ok"] is True and rec["ledger_difference"] == [0, 0], rec
             self.ledger_checks += 1
@@ -352,7 +352,7 @@ class Campaign:
 
     async def _below_backlog(self, c: Client) -> None:
         while True:
-            lg = (await c.query("ledger"))["ledger"]
+            lg = (await c.ledger())["ledger"]
             if lg["items_queued"] + lg["items_inflight"] < self.backlog:
                 return
             await asyncio.sleep(0.02)
@@ -403,7 +403,7 @@ class Campaign:
         deadline = time.monotonic() + timeout
         try:
             while True:  # bounded polling of the ledger: there is no "all done" push
-                led = await c.query("ledger")
+                led = await c.ledger()
                 lg, persisted = led["ledger"], led["persisted"]
                 if (self.items_made >= self.max_items and self.retry is None
                         and lg["items_queued"] == 0 and lg["items_inflight"] == 0
@@ -414,8 +414,7 @@ class Campaign:
                 await asyncio.sleep(0.05)
             results: list[tuple[int, ResultRecord]] = []
             while True:
-                page = await c.query("results", since=results[-1][0] if results else 0,
-                                     limit=5000, type=list[tuple[int, ResultRecord]])
+                page = await c.results(results[-1][0] if results else 0, 5000)
                 results.extend(page)
                 if len(page) < 5000:
                     break

@@ -24,9 +24,7 @@ async def main(data: Path, config: Path, map_size: int, segment_entries: int) ->
     cfg = load_config(config, {"data_dir": str(data), "engine": "sim"})
     cfg = dataclasses.replace(cfg, store=StoreConfig(map_size=map_size,
                                                      segment_entries=segment_entries))
-    daemon = Daemon(cfg)
-    await daemon.start()
-    assert daemon.server is not None
+    daemon = await Daemon.start(cfg)
     await daemon.server.stop_requested.wait()
     await daemon.stop()
     return 0

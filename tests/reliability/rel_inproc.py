@@ -84,7 +84,7 @@ async def until(predicate: Callable[[], bool], timeout: float = 20.0, what: str 
 
 def settled(server: BrokerServer, n: int) -> Callable[[], bool]:
     """True once `n` items were received and every one of them completed."""
-    lg = server.state.core.ledger
+    lg = server.state.view.ledger
 
     def done() -> bool:
         return lg.items_received >= n and lg.items_completed >= lg.items_received

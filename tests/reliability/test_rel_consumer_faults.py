@@ -39,7 +39,7 @@ N = 64
 
 def held(server: BrokerServer, name: str) -> tuple[int, list[str]] | None:
     """The batch a consumer holds, as the broker sees it."""
-    c = server.state.core.consumers.get(name)
+    c = server.state.view.consumers.get(name)
     if c is None or not c.batches:
         return None
     batch = min(c.batches)
@@ -80,7 +80,7 @@ async def rescue(server: BrokerServer, hist: History, held_ids: list[str]) -> li
     assert report.recovered >= len(held_ids)
     by_id = {rec.id: rec for _, rec in res}
     assert all(by_id[i].gpu == 1 for i in held_ids)  # the rescuer's, never the victim's
-    assert server.state.core.ledger.difference() == (0, 0)
+    assert server.state.view.ledger.difference() == (0, 0)
     return res
 
 
@@ -167,6 +167,6 @@ async def test_consumer_disconnected_during_prewarm(tmp_path: Path,
         res = await results(server.state.cfg.socket_path)
         report = check(hist, res)
         assert report.clean(), str(report)
-        assert server.state.core.ledger.difference() == (0, 0)
-        lost = [e for e in server.state.core.events.since(0, 10_000) if e.kind == "consumer_lost"]
+        assert server.state.view.ledger.difference() == (0, 0)
+        lost = [e for e in server.state.view.events.since(0, 10_000) if e.kind == "consumer_lost"]
         assert any("warm" in (e.reason or "") for e in lost), lost

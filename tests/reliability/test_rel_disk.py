@@ -123,7 +123,7 @@ async def test_map_ceiling_refuses_ingest_then_resumes(tmp_path: Path) -> None:
         assert cli.returncode == 1, cli
         assert "fabricctl: error: ingest refused: the LMDB map reached its ceiling" in cli.stderr
         # the refused chunks stored nothing
-        assert server.state.core.ledger.items_received == filler.n
+        assert server.state.view.ledger.items_received == filler.n
         # dispatch and completion still work on a full map; completing frees whole segments
         await drain(server, filler.n)
         assert not server.state.store.segs
@@ -184,7 +184,7 @@ async def test_full_tmpfs_refuses_ingest_until_the_ballast_goes(tmp_path: Path) 
             assert "ingest refused: LMDB write failed" in filler.error.message
             # LMDB reports the short write as EIO; the message says where and how much is free
             assert f"data dir {data} has 0 B free" in filler.error.message, filler.error.message
-            assert server.state.core.ledger.items_received == filler.n
+            assert server.state.view.ledger.items_received == filler.n
             ballast.unlink()  # room again, and no restart
             await filler.resubmit(server.state.cfg.socket_path)
             await drain(server, filler.n)

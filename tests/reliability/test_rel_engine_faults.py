@@ -51,7 +51,7 @@ async def drive(server: BrokerServer, engines: list[FaultyEngine], items: int = 
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
     res = await results(server.state.cfg.socket_path)
-    assert server.state.core.ledger.difference() == (0, 0)
+    assert server.state.view.ledger.difference() == (0, 0)
     return hist, res, consumers
 
 
@@ -107,8 +107,9 @@ async def test_poison_items_quarantined_while_their_shape_flows(server: BrokerSe
     assert errs[solo.id].startswith("quarantined after 3 deliveries without a result"), errs
     assert "engine crashed on solo-0" in errs[solo.id]
     assert sum(c.quarantined for c in consumers) >= 1  # consumer-side isolation happened
-    assert server.state.store.quarantined >= 1  # and the broker's bound did
-    assert sum(c.quarantined for c in consumers) + server.state.store.quarantined == len(errs)
+    quarantined = server.state.store.counters().quarantined
+    assert quarantined >= 1  # and the broker's bound did
+    assert sum(c.quarantined for c in consumers) + quarantined == len(errs)
     # the poison items' shapes kept flowing: every other item has its engine's answer
     good = [rec for _, rec in res if rec.id not in errs]
     assert len(good) == N - len(poison)
@@ -139,5 +140,5 @@ async def test_consumer_crash_loop_is_bounded(server: BrokerServer) -> None:
     (_, rec), = res
     assert rec.error is not None and rec.error.startswith(
         "quarantined after 3 deliveries without a result; last: consumer doomed2 lost"), rec
-    assert server.state.core.ledger.difference() == (0, 0)
-    assert server.state.core.ledger.items_completed == 1
+    assert server.state.view.ledger.difference() == (0, 0)
+    assert server.state.view.ledger.items_completed == 1

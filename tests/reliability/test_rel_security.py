@@ -188,7 +188,7 @@ async def test_tcp_listener_needs_the_token_and_refuses_bad_frames(tmp_path: Pat
         await refused(reader, "version")
         writer.close()
         ok = await Client.connect(address, "observer", "friend", token=TOKEN)
-        status = await ok.query("status")
+        status = await ok.status()
         assert status["difference"] == [0, 0]
         await ok.shutdown()
         await ok.close()

@@ -45,13 +45,13 @@ class ShapesTable(ScrollView, can_focus=True):
     }
     """
     BINDINGS = [
-        Binding("up", "move(-1)", show=False),
-        Binding("down", "move(1)", show=False),
-        Binding("pageup", "page(-1)", show=False),
-        Binding("pagedown", "page(1)", show=False),
-        Binding("home", "move(-1000000)", show=False),
-        Binding("end", "move(1000000)", show=False),
-        Binding("enter", "select", show=False),
+        Binding("up", "move(-1)", show=False, tooltip="cursor to the shape above"),
+        Binding("down", "move(1)", show=False, tooltip="cursor to the shape below"),
+        Binding("pageup", "page(-1)", show=False, tooltip="a page of shapes up"),
+        Binding("pagedown", "page(1)", show=False, tooltip="a page of shapes down"),
+        Binding("home", "move(-1000000)", show=False, tooltip="the first shape"),
+        Binding("end", "move(1000000)", show=False, tooltip="the last shape"),
+        Binding("enter", "select", show=False, tooltip="the lanes of the shape under the cursor"),
     ]
 
     class RowSelected(Message):

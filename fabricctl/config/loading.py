@@ -1,200 +1,45 @@
-"""fabricctl's configuration: one frozen object built from defaults, files, env and flags.
+"""Loading the configuration: defaults, files, environment and flags, merged and checked.
 
-Contract: precedence is flag > environment (FABRICCTL_*) > project `fabric.toml` (in the
-working directory) > user file (`$FABRICCTL_CONFIG`, else
-`$XDG_CONFIG_HOME/fabricctl/config.toml`) > defaults. Unknown keys are a `UsageError` naming
-the file and the key, so a typo never silently falls back to a default. `[broker]` keys are
-`CoreConfig` field names, `[store]` keys `StoreConfig` field names (the lower layers' own
-settings objects are the sections as they stand).
-
-One settings model: every knob has its default once, here or, for a knob a layer below the
-configuration owns, in core (`CoreConfig`; `core.defaults` for `[store]`, the consumer
-contract, the sim's time scale and the line limit), which this module reads. The daemon's
-`ServerConfig` and the launcher's `LaunchSpec` take the defaults of the knobs they share with
-`[server]` and `[vllm]` from the sections here, under the same names.
-
-`ENV_VARS` is the one list of fabricctl's environment variables: the loader reads those that
-name a setting, and `config show`, the man page and the README's table are made from it.
-The fleet is `[[servers]]` (`fabricctl.fleetspec.ServerSpec`, each entry checked as it is
-read; a later source's list replaces an earlier one's), or, when none is given, the
-single-model keys `model`, `served_model_name` and `gpus` (`AppConfig.fleet` is the list
-either way); a source setting those keys beside a `[[servers]]` list is a `UsageError`, and
-with the list `model`/`served_model_name` are its first server's.
-While loading, `AppConfig.set_by` records for each key a file, the environment or a flag set
-(`name`, or `section.name`) the last source that set it, for `config show`.
+Contract: `load_config` builds one `AppConfig` with precedence flag > environment
+(FABRICCTL_*, `ENV_VARS`) > project `fabric.toml` (in the working directory) > user file
+(`user_config_path`: `$FABRICCTL_CONFIG`, else `$XDG_CONFIG_HOME/fabricctl/config.toml`) >
+defaults. Unknown keys are a `UsageError` naming the file and the key, so a typo never
+silently falls back to a default; a value of the wrong type or out of range is one too.
+`[broker]` keys are `CoreConfig` field names, `[store]` keys `StoreConfig` field names.
+`[[servers]]` entries are checked as they are read (`fleetspec.parse_servers`); a later
+source's list replaces an earlier one's. A source setting the single-model keys beside a
+`[[servers]]` list is a `UsageError`, and with the list `model`/`served_model_name` are its
+first server's. While loading, `AppConfig.set_by` records for each key a file, the
+environment or a flag set (`name`, or `section.name`) the last source that set it, for
+`config show`. `to_toml` prints a configuration back (`config show|default`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import textwrap
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fabricctl.config.fleetspec import parse_servers
+from fabricctl.config.settings import (
+    ENGINES,
+    ENV_VARS,
+    VLLM_DEVICES,
+    AppConfig,
+    ConsumerSettings,
+    MetricsSettings,
+    ProducerSettings,
+    ServerSettings,
+    SimSettings,
+    VllmSettings,
+)
 from fabricctl.core.config import PREWARM_MODES, SHAPE_SCOPES, CoreConfig
-from fabricctl.core.defaults import (
-    BLOCK_TOKENS,
-    MAX_BATCH_SIZE,
-    MAX_BATCH_TOKENS,
-    MAX_INPUT_LEN,
-    MAX_LINE_BYTES,
-    SHAPE_MODES,
-    SHAPES,
-    SIM_TIME_SCALE,
-    StoreConfig,
-)
+from fabricctl.core.defaults import SHAPE_MODES, StoreConfig
 from fabricctl.errors import UsageError
-from fabricctl.fleetspec import ServerSpec, parse_servers
-
-ENGINES = ("auto", "sim", "vllm", "openai")
-
-
-@dataclass(frozen=True)
-class EnvVar:
-    """Why: the loader, `config show`, the man page and the README name the same variables."""
-
-    name: str
-    key: str  # the setting it overrides (`section.name` in a section); "": none
-    doc: str  # what it is for, in a sentence or two; `code` spans for flags, keys and paths
-
-
-ENV_VARS: tuple[EnvVar, ...] = (
-    EnvVar("FABRICCTL_DATA_DIR", "data_dir", "The broker's data dir when `--data-dir` is not "
-           "given: LMDB, the Unix socket, logs. Each data dir holds one broker, so several "
-           "can run side by side."),
-    EnvVar("FABRICCTL_ENGINE", "engine", "Overrides `engine` of the configuration files."),
-    EnvVar("FABRICCTL_MODEL", "model", "Overrides `model` of the configuration files."),
-    EnvVar("FABRICCTL_TOKEN", "server.token", "Overrides `server.token`: the token a broker "
-           "listening on TCP asks of its clients (`up`) and remote consumers present "
-           "(`consume`); `--token` overrides it."),
-    EnvVar("FABRICCTL_CONFIG", "", "The user configuration file, instead of "
-           "`$XDG_CONFIG_HOME/fabricctl/config.toml`."),
-)
-
-
-@dataclass(frozen=True)
-class VllmSettings:
-    """Why: how to launch the OpenAI-compatible vLLM servers, one per GPU group (`[vllm]`)."""
-
-    command: list[str] = field(default_factory=lambda: ["vllm", "serve"])
-    model_flag: str = ""  # "" = the model is positional (vllm serve); "--model" for api_server
-    host: str = "127.0.0.1"
-    port_base: int = 8001  # the i-th server (GPU group) listens on port_base + i
-    ready_timeout_s: float = 600.0  # a start not answering /health by then is a failure
-    # the waits before restarts of a dead server, in turn: the n-th restart in a row waits
-    # the n-th, every later one the last; a server healthy for a minute starts it over
-    restart_backoff_s: list[float] = field(default_factory=lambda: [1, 2, 5, 10, 30])
-    extra_args: list[str] = field(default_factory=list)  # every server's; then its own
-    env: dict[str, str] = field(default_factory=dict)  # every server's; then its own
-    endpoints: list[str] = field(default_factory=list)  # engine "openai": servers run by others
-    # engine "openai": the names those servers answer besides the model's (LoRA adapters);
-    # []: each consumer asks its endpoint's /v1/models
-    endpoint_names: list[str] = field(default_factory=list)
-
-    def names_of_endpoints(self) -> tuple[str, ...] | None:
-        """The names an `openai` engine is told its endpoint answers, or None: ask it."""
-        return tuple(self.endpoint_names) if self.endpoint_names else None
-
-
-@dataclass(frozen=True)
-class ConsumerSettings:
-    """Why: the contract each GPU's consumer registers (`[consumer]`)."""
-
-    max_batch_size: int = MAX_BATCH_SIZE
-    max_batch_tokens: int = MAX_BATCH_TOKENS
-    max_input_len: int = MAX_INPUT_LEN
-    window: int = 0  # requests a consumer keeps in a real engine at once; 0: WINDOW_BATCHES
-    # (fabricctl.engines.base) x max_batch_size
-    # embeddings items whose bodies differ only in their input go as one request with an
-    # input list (fabricctl.engines.pooled), texts counted by the served model's tokenizer
-    group_pooling: bool = True
-
-
-@dataclass(frozen=True)
-class SimSettings:
-    """Why: the simulated GPUs used when there is no NVIDIA driver (`[sim]`)."""
-
-    gpus: int = 2
-    time_scale: float = SIM_TIME_SCALE
-
-
-@dataclass(frozen=True)
-class ProducerSettings:
-    """Why: how producers (`submit`, `run`, the Batch API) read their input (`[producer]`)."""
-
-    max_line_bytes: int = MAX_LINE_BYTES
-    tokenizer: str = ""
-    # "auto": a plain prompt that declares no shape gets the prefix it shares with earlier
-    # lines of its job, cut at block_size tokens (formats/autoshape.py); "declared": none
-    shapes: str = SHAPES
-    block_size: int = BLOCK_TOKENS  # vLLM's default block size on GPUs (its CPU build: 32)
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    """Why: the daemon's sockets and heartbeats as an operator sets them (`[server]`)."""
-
-    listen: str = ""  # HOST:PORT of the TCP listener for consumers on other hosts; "": off
-    token: str = ""  # what TCP clients must present (FABRICCTL_TOKEN, `--token`)
-    tls_cert: str = ""  # PEM certificate of the TCP listener: TLS on (`up`)
-    tls_key: str = ""  # its PEM key ("" when tls_cert holds it)
-    tls_ca: str = ""  # what a consumer on another host trusts: a CA file or the pinned cert
-    api: str = ""  # HOST:PORT of the OpenAI Batch API (`up --api`); "": off
-    heartbeat_s: float = 1.0
-    heartbeat_timeout_s: float = 10.0
-
-
-@dataclass(frozen=True)
-class MetricsSettings:
-    """Why: where the broker serves its Prometheus metrics (`[metrics]`)."""
-
-    prometheus_port: int = 0  # 0: off
-
-
-def default_data_dir() -> Path:
-    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "fabricctl"
-
-
-@dataclass(frozen=True)
-class AppConfig:
-    """Why: every command reads the same settings the same way."""
-
-    data_dir: Path = field(default_factory=default_data_dir)
-    engine: str = "auto"
-    model: str = "fabric-demo"
-    served_model_name: str = ""
-    gpus: list[int] = field(default_factory=list)
-    # the fleet ([[servers]], fabricctl.fleetspec); []: the single-model shorthand above
-    servers: list[ServerSpec] = field(default_factory=list)
-    vllm: VllmSettings = field(default_factory=VllmSettings)
-    consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
-    sim: SimSettings = field(default_factory=SimSettings)
-    producer: ProducerSettings = field(default_factory=ProducerSettings)
-    server: ServerSettings = field(default_factory=ServerSettings)
-    metrics: MetricsSettings = field(default_factory=MetricsSettings)
-    broker: CoreConfig = field(default_factory=CoreConfig)
-    store: StoreConfig = field(default_factory=StoreConfig)
-    sources: tuple[str, ...] = ()  # what was read, lowest precedence first: files,
-    # "environment", "flags" (for `config show`)
-    set_by: dict[str, str] = field(default_factory=dict)  # key -> the last source setting it
-
-    @property
-    def model_name(self) -> str:
-        """The name items carry in "model"."""
-        return self.served_model_name or self.model
-
-    @property
-    def fleet(self) -> list[ServerSpec]:
-        """The servers `up` launches: `[[servers]]`, else the single-model shorthand (one
-        server of `model` named `served_model_name`, one one-GPU group per GPU of `gpus`)."""
-        if self.servers:
-            return list(self.servers)
-        return [ServerSpec(model=self.model, name=self.served_model_name,
-                           gpus=[[g] for g in self.gpus])]
-
 
 SHORTHAND = ("model", "served_model_name", "gpus")  # the single-model form's keys
 
@@ -263,7 +108,9 @@ def _merge(cfg: AppConfig, data: dict[str, Any], where: str,
             top[key] = Path(value).expanduser() if key == "data_dir" else value
             keys.append(key)
         else:
-            raise UsageError(f"{where}: unknown key {key!r}")
+            known = [*sorted(set(_SECTIONS) - {*_NESTED, "servers"}),
+                     *(f"[{s}]" for s in sorted(_NESTED)), "[[servers]]"]
+            raise UsageError(f"{where}: unknown key {key!r} (known: {', '.join(known)})")
     broker = top.get("broker")
     if broker is not None and broker.shape_scope not in SHAPE_SCOPES:
         raise UsageError(f"{where}: broker.shape_scope must be one of {', '.join(SHAPE_SCOPES)}")
@@ -284,6 +131,19 @@ def _merge(cfg: AppConfig, data: dict[str, Any], where: str,
             or not all(_is(v, float) and v >= 0 for v in vllm.restart_backoff_s)):
         raise UsageError(f"{where}: vllm.restart_backoff_s must be a list of one or more "
                          f"seconds >= 0, not {vllm.restart_backoff_s!r}")
+    if vllm is not None and vllm.device not in VLLM_DEVICES:
+        raise UsageError(f"{where}: vllm.device must be one of {', '.join(VLLM_DEVICES)}, "
+                         f"not {vllm.device!r}")
+    if vllm is not None and (not _is(vllm.start_attempts, int) or vllm.start_attempts < 1):
+        raise UsageError(f"{where}: vllm.start_attempts must be an integer >= 1, "
+                         f"not {vllm.start_attempts!r}")
+    if vllm is not None and (vllm.live_ttft_target_s < 0 or vllm.shared_capacity < 1):
+        raise UsageError(f"{where}: vllm.live_ttft_target_s must be seconds >= 0 (0: none) and "
+                         f"vllm.shared_capacity >= 1, not {vllm.live_ttft_target_s!r}, "
+                         f"{vllm.shared_capacity!r}")
+    server = top.get("server")
+    if server is not None and server.drain_s < 0:
+        raise UsageError(f"{where}: server.drain_s must be >= 0, not {server.drain_s!r}")
     store = top.get("store")
     if store is not None:
         _check_store(store, where)
@@ -381,6 +241,8 @@ def to_toml(cfg: AppConfig) -> str:
         lines.append(f"\n[{name}]")
         section = getattr(cfg, name)
         for f in dataclasses.fields(section):
+            if "doc" in f.metadata:
+                lines += [f"# {line}" for line in textwrap.wrap(f.metadata["doc"], 88)]
             lines.append(f"{f.name} = {value(getattr(section, f.name))}")
     if not cfg.servers:
         lines.append("\n# the fleet: [[servers]] entries (model, name, adapters, gpus, "

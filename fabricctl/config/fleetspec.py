@@ -1,30 +1,25 @@
 """The fleet in the configuration: the servers `up` launches, their GPU groups and their names.
 
 Contract:
-- `ServerSpec` is one `[[servers]]` entry: `model` (a path or a hub id), `name` (the name it
-  is served under; "" = the model), `adapters` (LoRA adapter name -> directory), `gpus` (a
-  list of GPU groups, one replica per group: `[[0, 1]]` is one server over GPUs 0 and 1,
-  `[[0], [1]]` two one-GPU replicas), `tensor_parallel_size` (0: the group's size; smaller,
-  it must divide the group, the quotient being the pipeline-parallel size), `extra_args`
-  and `env` (after `[vllm]`'s, which apply to every server).
-- `parse_servers(value, where, base)` reads the TOML list, every key and type checked, each
-  adapter directory relative to `base` (the directory of the file that set it);
-  `check_servers` refuses, with a `UsageError` naming the entry: an empty model, two servers
-  or adapters with one name, an adapter named like a model or a served name, an empty group,
-  a GPU named twice (in one group or in two), a `tensor_parallel_size` that does not divide
-  its group, a server without `gpus` beside others, and in `extra_args` the flags fabricctl
-  derives from the keys (`--tensor-parallel-size`, `--served-model-name`, `--lora-modules`,
-  `--host`, `--port`).
-- `within(servers, gpus)` is the part of the fleet an agent given `--gpus` runs: the groups
-  inside them (a group only partly inside, or none inside, is a `UsageError`).
-- `with_groups(servers, present)` gives a server without `gpus` (the single-model
-  shorthand's, or a lone entry's) one one-GPU group per GPU present; `replicas(servers)` is
-  one `Replica` per group in order, its `index` counting across servers (its port is
-  `vllm.port_base + index`, its log `engine-<index>.log`).
-- `gpu_problems(servers, present)` and `adapter_problems(servers)` are what `doctor` reports
-  and `up` refuses before any server starts: a group naming a GPU NVML does not find (or
-  larger than the GPUs present), an adapter directory that does not exist or holds no
-  `adapter_config.json`. `present` None (no NVML) skips the GPU checks.
+- `ServerSpec` is one `[[servers]]` entry: `model`, `name` (served name; "" = the model),
+  `adapters` (LoRA name -> directory), `gpus` (GPU groups, one replica per group: `[[0, 1]]`
+  one server over GPUs 0 and 1, `[[0], [1]]` two replicas), `tensor_parallel_size` (0: the
+  group's size; smaller, it divides the group and the quotient is pipeline parallel),
+  `extra_args` and `env` (after `[vllm]`'s).
+- `parse_servers(value, where, base)` reads the TOML list, keys and types checked, adapter
+  directories relative to `base`; `check_servers` refuses with a `UsageError` naming the
+  entry: an empty model, a name used twice, an adapter named like a model, an empty group,
+  a GPU named twice, a `tensor_parallel_size` that does not divide its group, a server
+  without `gpus` beside others, and flags fabricctl derives (`--tensor-parallel-size`,
+  `--served-model-name`, `--lora-modules`, `--host`, `--port`) in `extra_args`.
+- `within(servers, gpus)`: the groups inside an agent's `--gpus` (a group partly inside, or
+  none inside, is a `UsageError`); `with_groups(servers, present)`: one one-GPU group per GPU
+  present for a server naming none; `replicas(servers)`: one `Replica` per group, `index`
+  counted across servers (port `vllm.port_base + index`, log `engine-<index>.log`).
+- `gpu_problems(servers, present)` and `adapter_problems(servers)`: what `doctor` reports and
+  `up` refuses before any server starts (a GPU NVML does not find, an adapter directory
+  missing or without `adapter_config.json`); `present` None (no NVML) skips the GPU checks.
+The fleet as an operator writes it: README.md, "A fleet: LoRA adapters, ...".
 """
 
 from __future__ import annotations
