@@ -44,10 +44,10 @@ man: $(STAMP)
 test-fast: $(STAMP) groff lint
 	$(PY) -m pytest -q -n 2 -m "not real_vllm"
 
-# The two venvs are independent: they install side by side.
+# The two venvs are independent: they install side by side (lint runs once .venv is in,
+# while vLLM's still installs).
 test: groff
-	$(MAKE) --no-print-directory -j2 venv vllm-env
-	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory -j2 lint vllm-env
 	$(PY) -m pytest -q -n 2 -m "not real_vllm"
 	$(PY) -m pytest -q -m real_vllm
 

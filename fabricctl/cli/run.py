@@ -48,7 +48,9 @@ from fabricctl.cli.run_summary import AchievableHits, RunSummary, print_run_summ
 from fabricctl.cli.support import (
     ConfigFile,
     Device,
+    Engine,
     Gpus,
+    Model,
     Shapes,
     Verbose,
     VllmPython,
@@ -82,14 +84,8 @@ def command(
     output: Path | None = typer.Option(None, "--output", "-o", help="Where to write results "
                                        "(default: stdout)."),
     config: Path | None = ConfigFile,
-    engine: str | None = typer.Option(None, "--engine", "-e", metavar="auto|sim|vllm|openai",
-                                      help="The engine: vllm launches vLLM servers, sim "
-                                      "simulates GPUs, openai sends to the servers of "
-                                      "vllm.endpoints; auto (the default): vllm when NVML "
-                                      "finds GPUs, else sim.", show_default=False),
-    model: str | None = typer.Option(None, "--model", "-m", help="The model the vLLM servers "
-                                     "load (a directory or a model id) and the name items "
-                                     "ask for by default.", show_default=False),
+    engine: str | None = Engine,
+    model: str | None = Model,
     gpus: str | None = Gpus,
     vllm_python: str | None = VllmPython,
     device: str | None = Device,

@@ -52,6 +52,13 @@ Shapes = typer.Option(None, "--shapes", metavar="auto|declared",
                       "cut at producer.block_size tokens; declared leaves them unshaped "
                       "(producer.shapes, default auto).", show_default=False)
 
+Engine = typer.Option(None, "--engine", "-e", metavar="auto|sim|vllm|openai",
+                      help="The engine: vllm launches vLLM servers, sim simulates GPUs, openai "
+                      "sends to the servers of vllm.endpoints; auto (the default): vllm when "
+                      "NVML finds GPUs, else sim.", show_default=False)
+Model = typer.Option(None, "--model", "-m", help="The model the vLLM servers load (a directory "
+                     "or a model id) and the name items ask for by default.",
+                     show_default=False)
 Gpus = typer.Option(None, "--gpus", metavar="0,1", help="The NVML indices of the GPUs to run "
                     "one vLLM server each on (the gpus setting; [[servers]] name their groups "
                     "instead). With --device cpu, each is one server on the CPU.",

@@ -31,7 +31,9 @@ from fabricctl.cli.jobs import Priority, Window, priority_option, window_option
 from fabricctl.cli.support import (
     ConfigFile,
     Device,
+    Engine,
     Gpus,
+    Model,
     Verbose,
     VllmPython,
     engine_flags,
@@ -57,9 +59,7 @@ def command(
     instruction: str = typer.Option(..., "--instruction", "-i", metavar="TEXT|@FILE",
                                     help="What to do with each row (@FILE: read it from "
                                     "FILE); every prompt starts with it."),
-    model: str | None = typer.Option(None, "--model", "-m", help="The model the vLLM "
-                                     "servers load (a directory or a model id); the lines ask "
-                                     "for its served name.", show_default=False),
+    model: str | None = Model,
     fields: str | None = typer.Option(None, "--fields", "-f", metavar="A,B",
                                       help="The columns each prompt shows (default: all but "
                                       "--key).", show_default=False),
@@ -98,10 +98,7 @@ def command(
     output: Path | None = typer.Option(None, "--output", "-o", help="Where to write the table "
                                        "(or the lines; default: stdout)."),
     config: Path | None = ConfigFile,
-    engine: str | None = typer.Option(None, "--engine", "-e", metavar="auto|sim|vllm|openai",
-                                      help="The engine, as run's: vllm, sim (simulated GPUs), "
-                                      "openai (vllm.endpoints); auto: vllm when NVML finds "
-                                      "GPUs, else sim.", show_default=False),
+    engine: str | None = Engine,
     gpus: str | None = Gpus,
     vllm_python: str | None = VllmPython,
     device: str | None = Device,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
@@ -28,6 +27,8 @@ from fabricctl.cli.support import (
     ConfigFile,
     DataDir,
     Device,
+    Engine,
+    Model,
     Verbose,
     VllmPython,
     engine_flags,
@@ -38,18 +39,13 @@ from fabricctl.cli.support import (
 )
 from fabricctl.config import AppConfig
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger("fabricctl")
 
 
 def command(
     data_dir: Path | None = DataDir,
     config: Path | None = ConfigFile,
-    engine: str | None = typer.Option(None, "--engine", "-e",
-                                      help="auto, sim, vllm or openai (auto: vllm when NVML "
-                                      "finds GPUs, else simulated GPUs)."),
+    engine: str | None = Engine,
     gpus: str | None = typer.Option(None, "--gpus", metavar="0,1|none",
                                     help="The NVML indices of the GPUs to run one vLLM "
                                     "server each on (the gpus setting; [[servers]] name "
@@ -58,7 +54,7 @@ def command(
                                     show_default=False),
     vllm_python: str | None = VllmPython,
     device: str | None = Device,
-    model: str | None = typer.Option(None, "--model", "-m", help="Model to serve."),
+    model: str | None = Model,
     listen: str | None = typer.Option(None, "--listen", help="Also listen on HOST:PORT (TCP, "
                                       "needs server.token) for consumers on other hosts."),
     metrics_port: int | None = typer.Option(None, "--metrics-port",

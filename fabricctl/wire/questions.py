@@ -19,24 +19,8 @@ from fabricctl.core.forecast import JobView as JobPlace
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.records import ResultRecord
 from fabricctl.core.snapshot import ConsumerView, ShapeView, Snapshot
+from fabricctl.wire import queries as q
 from fabricctl.wire.protocol import Answer, JobView
-from fabricctl.wire.queries import (
-    ConsumersQuery,
-    EventsQuery,
-    JobQuery,
-    JobResultsQuery,
-    JobsQuery,
-    JobViewsQuery,
-    LedgerQuery,
-    Query,
-    ResultQuery,
-    ResultsByKeyQuery,
-    ResultsQuery,
-    ShapeQuery,
-    ShapesQuery,
-    SnapshotQuery,
-    StatusQuery,
-)
 
 C = TypeVar("C")
 R = TypeVar("R")
@@ -48,7 +32,7 @@ class Questions:
     async def request(self, build: Any) -> Any:
         raise NotImplementedError
 
-    async def _ask(self, build: Callable[[int], Query], type: Any) -> Any:
+    async def _ask(self, build: Callable[[int], q.Query], type: Any) -> Any:
         """Ask one question (`build(rid)`) and decode its answer as `type` (each method
         names its result type)."""
         ans: Answer = await self.request(build)
@@ -56,65 +40,65 @@ class Questions:
 
     async def shapes(self, all: bool = False) -> list[ShapeView]:
         """The live shapes; with `all`, then the finished shapes' records, newest first."""
-        return await self._ask(lambda rid: ShapesQuery(rid, all), list[ShapeView])
+        return await self._ask(lambda rid: q.ShapesQuery(rid, all), list[ShapeView])
 
     async def shape(self, ref: str) -> ShapeView:
         """The one shape `ref` names (hex, label or unique hex prefix); `BrokerError`
         `not_found` or `ambiguous` otherwise."""
-        return await self._ask(lambda rid: ShapeQuery(rid, ref), ShapeView)
+        return await self._ask(lambda rid: q.ShapeQuery(rid, ref), ShapeView)
 
     async def consumers(self) -> list[ConsumerView]:
-        return await self._ask(ConsumersQuery, list[ConsumerView])
+        return await self._ask(q.ConsumersQuery, list[ConsumerView])
 
     async def ledger(self) -> dict[str, Any]:
         """`ledger`, its `difference` and the `persisted` ledger, as JSON-ready data."""
-        return await self._ask(LedgerQuery, dict[str, Any])
+        return await self._ask(q.LedgerQuery, dict[str, Any])
 
     async def events(self, since: int = 0, limit: int = 1000) -> list[Event]:
-        return await self._ask(lambda rid: EventsQuery(rid, since, limit), list[Event])
+        return await self._ask(lambda rid: q.EventsQuery(rid, since, limit), list[Event])
 
     async def results(self, since: int = 0, limit: int = 1000
                       ) -> list[tuple[int, ResultRecord]]:
         """Stored results after sequence number `since`, in storage order, with their seq."""
-        return await self._ask(lambda rid: ResultsQuery(rid, since, limit),
+        return await self._ask(lambda rid: q.ResultsQuery(rid, since, limit),
                                list[tuple[int, ResultRecord]])
 
     async def results_by_key(self, after: str = "", limit: int = 1000
                              ) -> list[tuple[str, ResultRecord]]:
         """Stored results in entry-key order after key `after` ("": the first), with keys."""
-        return await self._ask(lambda rid: ResultsByKeyQuery(rid, after, limit),
+        return await self._ask(lambda rid: q.ResultsByKeyQuery(rid, after, limit),
                                list[tuple[str, ResultRecord]])
 
     async def result(self, id: str, job: int = 0) -> ResultRecord | None:
         """The stored result of item `id` of job number `job` (0: of no job), or None."""
-        return await self._ask(lambda rid: ResultQuery(rid, id, job), ResultRecord | None)
+        return await self._ask(lambda rid: q.ResultQuery(rid, id, job), ResultRecord | None)
 
     async def snapshot(self, all_lanes: bool = False) -> Snapshot:
-        return await self._ask(lambda rid: SnapshotQuery(rid, all_lanes), Snapshot)
+        return await self._ask(lambda rid: q.SnapshotQuery(rid, all_lanes), Snapshot)
 
     async def status(self) -> dict[str, Any]:
         """The broker's summary as `fabricctl status --json` prints it (JSON-ready data)."""
-        return await self._ask(StatusQuery, dict[str, Any])
+        return await self._ask(q.StatusQuery, dict[str, Any])
 
     async def jobs(self, limit: int = 1000, before: int = 0, kind: str = ""
                    ) -> list[JobRecord]:
         """The newest `limit` jobs numbered below `before` (0: any) of `kind` ("": any),
         newest first."""
-        return await self._ask(lambda rid: JobsQuery(rid, kind, before, limit),
+        return await self._ask(lambda rid: q.JobsQuery(rid, kind, before, limit),
                                list[JobRecord])
 
     async def job_views(self) -> list[JobPlace]:
         """Each job with queued items: its oldest wait, share and predicted finish."""
-        return await self._ask(JobViewsQuery, list[JobPlace])
+        return await self._ask(q.JobViewsQuery, list[JobPlace])
 
     async def job(self, id: str) -> JobView:
         """One job (id or unique prefix): its record, in flight, shapes, rate, ETA."""
-        return await self._ask(lambda rid: JobQuery(rid, id), JobView)
+        return await self._ask(lambda rid: q.JobQuery(rid, id), JobView)
 
     async def job_results(self, job: str, after_line: int = 0, limit: int = 1000
                           ) -> list[ResultRecord]:
         """A job's results of lines after `after_line`, in input order, `limit` at most."""
-        return await self._ask(lambda rid: JobResultsQuery(rid, job, after_line, limit),
+        return await self._ask(lambda rid: q.JobResultsQuery(rid, job, after_line, limit),
                                list[ResultRecord])
 
 

@@ -37,9 +37,9 @@ CAPACITY = 16  # the session's --max-num-seqs
 async def live_client(url: str, i: int, started: asyncio.Event, stop: asyncio.Event) -> int:
     """One live user sending streamed requests back to back until `stop` (one request of the
     tiny model is over in seconds): how many it finished, each answered 200."""
-    # Lengths differ (260..460 tokens) so the clients' requests do not all end, and leave the
+    # Lengths differ (200..360 tokens) so the clients' requests do not all end, and leave the
     # server empty for a moment, at once.
-    body = {"model": "tiny", "prompt": f"live request {i}:", "max_tokens": 260 + 50 * i,
+    body = {"model": "tiny", "prompt": f"live request {i}:", "max_tokens": 200 + 40 * i,
             "ignore_eos": True, "stream": True, "priority": 0}
     done = 0
     async with httpx.AsyncClient(timeout=120) as c:
