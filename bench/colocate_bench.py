@@ -48,7 +48,8 @@ from fabricctl.cli.run import run_job
 from fabricctl.config import AppConfig, ConsumerSettings, VllmSettings
 from fabricctl.engines.costs import SimCosts
 from fabricctl.replay import colocate as sim
-from fabricctl.supervisor.launcher import Launcher, vllm_cpu_spec
+from fabricctl.supervisor.launch_spec import vllm_cpu_spec
+from fabricctl.supervisor.launcher import Launcher
 
 SERVED = "bench"
 CAPACITY = 16

@@ -50,6 +50,7 @@ from fabricctl.errors import LaunchError
 from fabricctl.supervisor.launch_spec import vllm_cpu_spec
 from fabricctl.supervisor.launcher import Launcher
 
+sys.path.insert(0, str(ROOT / "tests"))  # the real tests' conftest imports `ports` from here
 sys.path.insert(0, str(ROOT / "tests" / "real"))
 from conftest import EMBED, MAKE_MODEL, SERVER_ARGS
 
