@@ -210,7 +210,8 @@ class Sim:
         shape = self.b.models[batch.model].open[batch.signature]
         assert shape.state in (ShapeState.STAGED, ShapeState.WARMING, ShapeState.ACTIVE)
         first = batch.entries[0]
-        [lane] = [la for la in shape.lanes.lanes.values() if any(e is first for e in la.queue)]
+        [lane] = [la for la in shape.lanes.lanes.values()
+                  if any(e.key == first.key for e in la.queue)]
         for e in batch.entries:
             assert e.item is not None
             self.placed_shape[e.item.id] = shape

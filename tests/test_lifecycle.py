@@ -473,6 +473,7 @@ def test_shape_guard_on_a_poisoned_entry() -> None:
     entry = lane.queue[1]
     assert entry.item is not None
     entry.item = Item(entry.item.id, "m", B, entry.tokens, entry.max_tokens)
+    lane.queue[1] = entry  # a queue holds its entries' fields, not the objects
     with pytest.raises(ShapeGuardError, match="expected 000000000000000a"):
         b.pull("c1", 0.0)
 
@@ -481,7 +482,9 @@ def test_shape_guard_not_caught_by_except_exception() -> None:
     b = broker()
     b.ingest(items(A, 1), now=0.0)
     lane = next(iter(shape_of(b, A).lanes.lanes.values()))
-    lane.queue[0].item = Item("x", "m", C, 100, 16)
+    entry = lane.queue[0]
+    entry.item = Item("x", "m", C, 100, 16)
+    lane.queue[0] = entry
     caught = False
     try:
         try:

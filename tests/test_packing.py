@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from collections import deque
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fabricctl.core.entry_queue import EntryQueue
 from fabricctl.core.lanes import Lane
 from fabricctl.core.packing import pack, pack_counted, round_up
 from fabricctl.core.types import Entry
 
 
-def queue_of(lengths: list[int]) -> deque[Entry]:
-    return deque(Entry(k, n, 32, float(k)) for k, n in enumerate(lengths))
+def queue_of(lengths: list[int]) -> EntryQueue:
+    return EntryQueue(Entry(k, n, 32, float(k)) for k, n in enumerate(lengths))
 
 
 def test_round_up() -> None:
@@ -117,7 +116,7 @@ def test_pack_properties(lengths: list[int], max_size: int, max_tokens: int) -> 
         assert (n + 1) * longest > max_tokens
 
 
-def pack_item_by_item(queue: deque[Entry], max_batch_size: int, max_batch_tokens: int,
+def pack_item_by_item(queue: EntryQueue, max_batch_size: int, max_batch_tokens: int,
                       pad_multiple: int = 8) -> tuple[list[Entry], int]:
     """The contract's rule, one item at a time (what `pack` computes by bisection)."""
     count = 0

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from fabricctl.core.config import CoreConfig
 from fabricctl.core.dispatch import Dispatcher
+from fabricctl.core.entry_queue import EntryQueue
 from fabricctl.core.events import EventKind, EventLog
 from fabricctl.core.forecast import JobView
 from fabricctl.core.intake import Intake
@@ -190,8 +191,8 @@ class Broker:
         return self.intake.ingest(items, now)
 
     def restore_shape(self, model: str, signature: int, label: str,
-                      lanes: Iterable[tuple[int, int, Sequence[Entry]]], now: float
-                      ) -> tuple[int, int]:
+                      lanes: Iterable[tuple[int, int, Sequence[Entry] | EntryQueue]],
+                      now: float) -> tuple[int, int]:
         return self.intake.restore_shape(model, signature, label, lanes, now)
 
     def restore_epochs(self, epochs: Mapping[str, int]) -> None:

@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
 
 from fabricctl.core.config import CoreConfig
-from fabricctl.core.lanes import Lane, LaneCounters
+from fabricctl.core.entry_queue import EntryQueue
+from fabricctl.core.lanes import Lane, LaneCounters, enqueue
 from fabricctl.core.ledger import Ledger
 from fabricctl.core.model_state import ModelState
 from fabricctl.core.shape import JobTally, Shape, ShapeState
@@ -173,9 +174,7 @@ class Intake:
             self.admit_all([(shape, la, e) for la, e in zip(lanes, entries, strict=True)], now)
             return
         ns = [e.tokens for e in entries]
-        for lane, e, t in zip(lanes, entries, ns, strict=True):
-            lane.queue.append(e)
-            lane.tokens += t
+        enqueue(lanes, entries, ns)
         tokens = sum(ns)
         shape.tokens += tokens
         shape.items += len(ns)
@@ -220,9 +219,7 @@ class Intake:
                 entries = list(map(Entry, [key + i for i in idx], ns,
                                    [it.max_tokens for it in its], repeat(now), its,
                                    [it.job for it in its]))
-                for lane, e, t in zip(lanes, entries, ns, strict=True):
-                    lane.queue.append(e)
-                    lane.tokens += t
+                enqueue(lanes, entries, ns)
                 t = sum(ns)
                 n += len(ns)
                 tokens += t
@@ -241,18 +238,34 @@ class Intake:
     # -- a store's start ----------
 
     def restore_shape(self, model: str, signature: int, label: str,
-                      lanes: Iterable[tuple[int, int, Sequence[Entry]]], now: float
+                      lanes: Iterable[tuple[int, int, Sequence[Entry] | EntryQueue]], now: float
                       ) -> tuple[int, int]:
         """Re-queue a shape a store recorded: each (lane id, target, entries in arrival
-        order) in a lane of that id and target, admitted; returns (items, tokens)."""
+        order) in a lane of that id and target, admitted; returns (items, tokens). A lane
+        given as an `EntryQueue` (the recovery's scan builds them) becomes the lane's queue."""
         shape = self.open_shape(model, signature, label, now)
         items = tokens = 0
-        for lane_id, target, entries in lanes:
-            p = Placement(shape, shape.lanes.open_lane(lane_id, target, now))
-            for e in entries:
-                self._admit(p, e)
-                tokens += e.tokens
-            items += len(entries)
+        for lane_id, target, entries in lanes:  # `_admit` of each entry, a lane at a time
+            lane = shape.lanes.open_lane(lane_id, target, now)
+            q = entries if isinstance(entries, EntryQueue) else EntryQueue(entries)
+            if not q:
+                continue
+            n, ns = len(q), q.head_tokens(len(q))
+            t = sum(ns)
+            if lane.queue:
+                lane.queue.extend(q)
+            else:
+                lane.queue = q
+            lane.tokens += t
+            shape.tokens += t
+            shape.items += n
+            shape.lengths.add_many(ns)
+            shape.count_jobs(q, 1)
+            if shape.staged_since is None:
+                shape.staged_since = q.head
+            self.ledger.receive(n, t)
+            tokens += t
+            items += n
         self.queued(shape)
         return items, tokens
 

@@ -15,10 +15,10 @@ quiesce_s seconds): it takes no more items, drains, and returns its id once empt
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import deque
 from dataclasses import dataclass
 
 from fabricctl.core.config import CoreConfig
+from fabricctl.core.entry_queue import EntryQueue
 from fabricctl.core.types import Entry
 
 
@@ -44,7 +44,7 @@ class Lane:
     def __init__(self, lane_id: int, target: int, now: float) -> None:
         self.id = lane_id
         self.target = target
-        self.queue: deque[Entry] = deque()
+        self.queue = EntryQueue()
         self.tokens = 0  # input tokens queued (not in flight)
         self.inflight = 0  # batches of this lane out with consumers
         self.last_assign = now
@@ -56,7 +56,7 @@ class Lane:
 
     def push_front(self, entries: list[Entry]) -> None:
         """Put entries back ahead of everything queued, in their original order."""
-        self.queue.extendleft(reversed(entries))
+        self.queue.push_front(entries)
         self.tokens += sum(e.tokens for e in entries)
 
     def idle(self) -> bool:
@@ -64,7 +64,7 @@ class Lane:
         return not self.queue and self.inflight == 0
 
     def oldest_age(self, now: float) -> float:
-        return now - self.queue[0].t if self.queue else 0.0
+        return now - self.queue.head if self.queue else 0.0
 
     def waste_fraction(self) -> float:
         """Padding of the queued items against the target, as a fraction of padded tokens."""
@@ -72,6 +72,13 @@ class Lane:
         if n == 0 or self.target == 0:
             return 0.0
         return 1.0 - self.tokens / (n * self.target)
+
+
+def enqueue(lanes: list[Lane], entries: list[Entry], ns: list[int]) -> None:
+    """Each entry onto its lane's queue (`lanes[k]` takes `entries[k]`, `ns[k]` its tokens)."""
+    for lane, e, t in zip(lanes, entries, ns, strict=True):
+        lane.queue.append(e)
+        lane.tokens += t
 
 
 class LaneSet:
@@ -279,5 +286,5 @@ class LaneSet:
         """Lanes whose oldest item has waited longer than starve_s."""
         limit = self.cfg.starve_s
         return sum(
-            1 for lane in self.lanes.values() if lane.queue and now - lane.queue[0].t > limit
+            1 for lane in self.lanes.values() if now - lane.queue.head > limit
         )

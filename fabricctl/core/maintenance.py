@@ -72,7 +72,7 @@ class Maintenance:
                     empty.append(shape)
                 for lane in lanes.lanes.values():  # `LaneSet.starving`, inline
                     q = lane.queue
-                    if q and now - q[0].t > limit:
+                    if now - q.head > limit:  # (inf when empty)
                         starving += 1
             if self.cfg.lifecycle and self.cfg.shape_scope == "consumer":
                 live = Live(self.consumers, ms.name)

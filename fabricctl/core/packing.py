@@ -11,17 +11,15 @@ their sum).
 
 How: the rule is item by item, but its stopping point is monotone — the padded length of the
 first k items never falls as k grows, so once one more item breaks the budget every longer
-prefix does too. So the candidates' lengths are read in one comprehension (cheaper than a
-`map` of an attrgetter over Structs), a batch of all of them is checked first, and otherwise
-the count is found by bisection (each step scanning only the part not known to fit, in C);
-the entries leave the deque in C: the Python work per batch is O(log n) steps.
+prefix does too. So the candidates' lengths are read in one slice of the queue's tokens
+column, a batch of all of them is checked first, and otherwise the count is found by bisection
+(each step scanning only the part not known to fit, in C); the entries leave the queue in one
+`take`: the Python work per batch is O(log n) steps.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from itertools import islice, repeat, starmap
-
+from fabricctl.core.entry_queue import EntryQueue
 from fabricctl.core.types import Entry
 
 
@@ -31,7 +29,7 @@ def round_up(n: int, multiple: int) -> int:
 
 
 def pack(
-    queue: deque[Entry], max_batch_size: int, max_batch_tokens: int, pad_multiple: int = 8
+    queue: EntryQueue, max_batch_size: int, max_batch_tokens: int, pad_multiple: int = 8
 ) -> tuple[list[Entry], int]:
     """Take the next batch off the front of `queue`; returns (entries, pad_to)."""
     entries, pad_to, _ = pack_counted(queue, max_batch_size, max_batch_tokens, pad_multiple)
@@ -39,18 +37,18 @@ def pack(
 
 
 def pack_counted(
-    queue: deque[Entry], max_batch_size: int, max_batch_tokens: int, pad_multiple: int = 8
+    queue: EntryQueue, max_batch_size: int, max_batch_tokens: int, pad_multiple: int = 8
 ) -> tuple[list[Entry], int, int]:
     """`pack`, also returning the sum of the taken entries' tokens: (entries, pad_to, tokens)."""
     pm = pad_multiple
     size = max_batch_size if max_batch_size >= 0 else len(queue)  # < 0: no limit, as the rule
     if not queue or size == 0:
         return [], pm, 0  # even an empty batch takes one pad multiple
-    first = queue[0].tokens
+    first = queue.head_tokens(1)[0]
     pad0 = -(-first // pm) * pm if first > pm else pm
     # pad_to never falls below pad0, so no batch holds more than budget // pad0 items
     m = min(len(queue), size, max(1, max_batch_tokens // pad0))
-    toks = [e.tokens for e in islice(queue, m)]
+    toks = queue.head_tokens(m)
     top = max(toks)
     pad_to = -(-top // pm) * pm if top > pm else pm
     count = m
@@ -69,4 +67,4 @@ def pack_counted(
         count = lo
         pad_to = -(-peak // pm) * pm if peak > pm else pm
     tokens = sum(toks) if count == m else sum(toks[:count])
-    return list(starmap(queue.popleft, repeat((), count))), pad_to, tokens
+    return queue.take(count), pad_to, tokens

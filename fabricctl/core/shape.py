@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from enum import StrEnum
 
 from fabricctl.core.config import CoreConfig
+from fabricctl.core.entry_queue import INF
 from fabricctl.core.lanes import Lane, LaneCounters, LaneSet
 from fabricctl.core.stats import LengthHistogram
 from fabricctl.core.types import Entry
@@ -210,8 +211,8 @@ class Shape:
     def oldest_t(self) -> float | None:
         """Arrival of its oldest queued item (lanes queue in arrival order, failed-back
         items in front), None when nothing is queued."""
-        return min([la.queue[0].t for la in self.lanes.lanes.values() if la.queue],
-                   default=None)
+        oldest = min([la.queue.head for la in self.lanes.lanes.values()], default=INF)
+        return None if oldest == INF else oldest
 
     def waiting_since(self) -> float | None:
         """Since when it waits for a GPU: its oldest queued item's arrival, or the last

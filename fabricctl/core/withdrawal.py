@@ -13,7 +13,6 @@ failed batch goes back. Pure: no clock, no I/O.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterable
 
 from fabricctl.core.lanes import Lane
@@ -35,20 +34,14 @@ def withdraw(shapes: Iterable[Shape], ledger: Ledger, pick: Callable[[Entry], bo
         for lane in list(shape.lanes.lanes.values()):
             if not lane.queue:
                 continue
-            keep: deque[Entry] = deque()
-            for e in lane.queue:
-                if pick(e):
-                    out.append((shape, lane, e))
-                    lane.tokens -= e.tokens
-                    shape.tokens -= e.tokens
-                    shape.items -= 1
-                    shape.count_job(e.job, -1, -e.tokens)
-                    items += 1
-                    tokens += e.tokens
-                else:
-                    keep.append(e)
-            if len(keep) != len(lane.queue):
-                lane.queue = keep
+            for e in lane.queue.retain(lambda e: not pick(e)):
+                out.append((shape, lane, e))
+                lane.tokens -= e.tokens
+                shape.tokens -= e.tokens
+                shape.items -= 1
+                shape.count_job(e.job, -1, -e.tokens)
+                items += 1
+                tokens += e.tokens
     if items:
         ledger.dispatch(items, tokens)
     return out

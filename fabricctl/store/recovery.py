@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import lmdb
 import msgspec
 
+from fabricctl.core.entry_queue import EntryQueue
 from fabricctl.core.types import Entry
 from fabricctl.errors import StoreError
 from fabricctl.store.keys import (
@@ -79,7 +80,7 @@ class _LaneFound:
     """Why: one lane a shape recorded: its target and its live entries in arrival order."""
 
     target: int
-    entries: list[Entry] = field(default_factory=list)
+    entries: EntryQueue = field(default_factory=EntryQueue)  # columns: no object per entry
 
 
 @dataclass(slots=True)
