@@ -312,3 +312,21 @@ def test_the_jobs_model_is_its_first_lines(tmp_path: Path) -> None:
     s.submit([Item("c-0", MODEL, 7, 20, 4, b"z", line=3)], 100.0, job=j.number)
     assert s.job(j.number).model == "other-model"  # type: ignore[union-attr]
     s.close()
+
+
+def test_a_job_committed_but_not_applied_is_not_listed_yet(tmp_path: Path) -> None:
+    """The server commits on a thread and applies on its loop: between the two, a job is in
+    LMDB but not in the id index. A listing then must not show a job that `find` (`jobs show
+    ID`) does not know (seen as "no job matches" right after `jobs` listed it)."""
+    from fabricctl.store.jobplan import JobPlan, OpenOp
+
+    s = store(tmp_path)
+    table = s.jobs
+    plan = JobPlan(100.0)
+    number = table.open(OpenOp("submit", name="f.jsonl"), 100.0, plan)
+    s.env.write(lambda txn: table.write(txn, plan, 100.0))  # durable, not yet applied
+    assert table.recent(10) == [] and table.find(plan.new[number].id) == []
+    table.committed()
+    [rec] = table.recent(10)
+    assert rec.number == number and table.find(rec.id) == [number]
+    s.close()

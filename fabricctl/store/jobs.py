@@ -153,7 +153,9 @@ class JobTable:
 
     def recent(self, limit: int, before: int = 0, kind: str = "") -> list[JobRecord]:
         """The newest `limit` jobs numbered below `before` (0: any) of `kind` ("": any),
-        newest first: a page of a listing that goes on from the last job of the page."""
+        newest first: a page of a listing that goes on from the last job of the page. A job
+        whose commit is durable but not yet applied (`committed`) is not listed yet, so every
+        job listed is one `find` and `get` answer for."""
         out: list[JobRecord] = []
         with self.env.read() as txn:
             cur = txn.cursor(db=self.env.dbs["jobs"])
@@ -163,7 +165,7 @@ class JobTable:
                 at = cur.last()
             while at and len(out) < limit:
                 rec = _decode(cur.value())
-                if not kind or rec.kind == kind:
+                if (not kind or rec.kind == kind) and rec.id in self.ids:
                     out.append(rec)
                 at = cur.prev()
         return out
