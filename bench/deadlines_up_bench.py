@@ -36,23 +36,14 @@ from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # workload_files
+
+from workload_files import job_lines
 
 from fabricctl.wire.client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 FABRICCTL = [sys.executable, "-m", "fabricctl"]
-
-
-def lines(n: int, shapes: int, tag: str, max_tokens: int = 4) -> str:
-    """`n` lines over `shapes` prefixes of the job's own (the form of tests/test_share_e2e)."""
-    out = []
-    for i in range(n):
-        s = i % shapes
-        system = f"[{tag}-{s}] You are assistant number {s}. " + "Answer briefly. " * 30
-        out.append(json.dumps({"id": f"{tag}{i}", "model": "fabric-demo", "prefix": [system],
-                               "prompt": f"Question {i}: what is {i} plus {s}?",
-                               "max_tokens": max_tokens}))
-    return "\n".join(out) + "\n"
 
 
 @dataclass
@@ -131,7 +122,7 @@ class Up:
 def alone(up: Up, folder: Path, n: int) -> float:
     """T: one job of `n` lines served alone (its completion minus its creation)."""
     path = folder / "alone.jsonl"
-    path.write_text(lines(n, 2, "solo"))
+    path.write_text(job_lines(n, 2, "solo", max_tokens=4))
     assert up.submit(path).wait(300) == 0
     end = time.monotonic() + 30  # every result is out; the job finalizes at the next tick
     while "completed" not in (rec := up.records()["alone.jsonl"]).times:
@@ -146,7 +137,7 @@ def together(up: Up, folder: Path, n: int, windows: list[float]) -> list[Outcome
     procs = []
     for k, window in enumerate(windows):
         name = f"job{k}.jsonl"
-        (folder / name).write_text(lines(n, 2, f"j{k}x"))
+        (folder / name).write_text(job_lines(n, 2, f"j{k}x", max_tokens=4))
         outcomes[name] = Outcome(name, max(1, round(window)))  # whole seconds
     for name, o in outcomes.items():
         procs.append(up.submit(folder / name, "--window", f"{o.window_s:.0f}s"))

@@ -28,17 +28,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # workload_files: the lines the sharing tests submit
+
+from workload_files import job_line_stream  # noqa: E402
+
 FABRICCTL = [sys.executable, "-m", "fabricctl"]
-MODEL = "fabric-demo"
-
-
-def lines(n: int, shapes: int, tag: str, start: int = 0) -> Iterator[str]:
-    """Native lines over `shapes` system prompts (~120 tokens each) and short questions."""
-    for i in range(start, start + n):
-        s = i % shapes
-        system = f"[{tag}-{s}] You are assistant number {s}. " + "Answer briefly. " * 30
-        yield json.dumps({"id": f"{tag}{i}", "model": MODEL, "prefix": [system],
-                          "prompt": f"Question {i}: what is {i} plus {s}?", "max_tokens": 16})
 
 
 def write(path: Path, it: Iterator[str]) -> Path:
@@ -97,8 +91,8 @@ class Up:
 
 
 def small_behind_big(big: int, delay: float, time_scale: float, work: Path) -> dict[str, float]:
-    big_f = write(work / "big.jsonl", lines(big, 6, "big"))
-    small_f = write(work / "small.jsonl", lines(300, 1, "small"))
+    big_f = write(work / "big.jsonl", job_line_stream(big, 6, "big", 16))
+    small_f = write(work / "small.jsonl", job_line_stream(300, 1, "small", 16))
     up = Up(work / "alone-big", time_scale)
     big_alone = up.submit_wait(big_f)
     up.stop()
@@ -131,7 +125,7 @@ def small_behind_big(big: int, delay: float, time_scale: float, work: Path) -> d
 
 def behind_stream(seconds: float, rate: int, delay: float, time_scale: float, work: Path
                   ) -> dict[str, float]:
-    small_f = write(work / "small.jsonl", lines(300, 1, "small"))
+    small_f = write(work / "small.jsonl", job_line_stream(300, 1, "small", 16))
     up = Up(work / "stream-alone", time_scale)
     small_alone = up.submit_wait(small_f)
     up.stop()
@@ -153,7 +147,7 @@ def behind_stream(seconds: float, rate: int, delay: float, time_scale: float, wo
     t.start()
     while time.monotonic() - t0 < seconds:
         want = int((time.monotonic() - t0) * rate)
-        chunk = "".join(ln + "\n" for ln in lines(want - sent, 6, "stream", sent))
+        chunk = "".join(ln + "\n" for ln in job_line_stream(want - sent, 6, "stream", 16, sent))
         producer.stdin.write(chunk.encode())
         producer.stdin.flush()
         sent = want

@@ -4,6 +4,7 @@ jobs the sharing and deadline tests submit through `up` (`job_lines`)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,18 @@ def write_workload(path: Path, **kw: Any) -> Path:
     return path
 
 
-def job_lines(n: int, shapes: int, tag: str, max_tokens: int) -> str:
-    """`n` native lines over `shapes` long system prompts of the job's own (`tag`), round robin."""
-    out = []
-    for i in range(n):
+def job_line_stream(n: int, shapes: int, tag: str, max_tokens: int,
+                    start: int = 0) -> Iterator[str]:
+    """Native lines `start`..`start+n` over `shapes` long system prompts of the job's own
+    (`tag`, about 120 tokens each), round robin, each with a short question."""
+    for i in range(start, start + n):
         s = i % shapes
         system = f"[{tag}-{s}] You are assistant number {s}. " + "Answer briefly. " * 30
-        out.append(json.dumps({"id": f"{tag}{i}", "model": "fabric-demo", "prefix": [system],
-                               "prompt": f"Question {i}: what is {i} plus {s}?",
-                               "max_tokens": max_tokens}))
-    return "\n".join(out) + "\n"
+        yield json.dumps({"id": f"{tag}{i}", "model": "fabric-demo", "prefix": [system],
+                          "prompt": f"Question {i}: what is {i} plus {s}?",
+                          "max_tokens": max_tokens})
+
+
+def job_lines(n: int, shapes: int, tag: str, max_tokens: int) -> str:
+    """`job_line_stream`'s lines as one JSONL text."""
+    return "".join(ln + "\n" for ln in job_line_stream(n, shapes, tag, max_tokens))

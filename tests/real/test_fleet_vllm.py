@@ -10,7 +10,8 @@ embedding model (`--runner pooling --convert embed`) on group [1].
    (`lora_runbatch`) and its temperature-0 text the chat server's answer to its body alone,
    every embeddings line is answered 200, each body's `model` is the name
    its line asked for, and each result came from the server that serves that name (its GPU).
-3. A second batch of the same mix, submitted without waiting; once some of its results are
+3. A second batch of the same mix, submitted without waiting while the embedder's engine is
+   stopped (SIGSTOP, so the batch cannot end first); once some of its chat results are
    stored, SIGKILL of `up` (its servers die with it: the tether); `up` again relaunches both;
    every line of both batches ends with exactly one result, none lost, none doubled.
 """
@@ -117,6 +118,7 @@ async def test_two_models_on_two_servers_under_one_up(
 
     broker = up()
     servers: list[psutil.Process] = []
+    frozen: list[psutil.Process] = []
     try:
         await broker.start()
         await wait_until(both_served, 300, "both servers' consumers")
@@ -148,6 +150,10 @@ async def test_two_models_on_two_servers_under_one_up(
                         "content"]), (ours, alone[line["custom_id"]])
 
         second = lines("b", 120)
+        assert broker.proc is not None
+        frozen += _engine_of(psutil.Process(broker.proc.pid), EMBEDDER)
+        for p in frozen:  # the embedder's engine, stopped: its lines cannot end before the kill
+            p.suspend()
         await _cli(tmp_path, env, "submit", str(write(tmp_path / "b.jsonl", second)))
 
         async def some_done() -> int:
@@ -156,10 +162,12 @@ async def test_two_models_on_two_servers_under_one_up(
 
         seen = await wait_until(some_done, 240, "the second batch's first results", every=0.02)
         assert seen < len(second), "the second batch ended before the kill: nothing to test"
-        assert broker.proc is not None
         servers += psutil.Process(broker.proc.pid).children(recursive=True)
         broker.kill()
         await broker.wait(60)
+        for p in frozen:  # resumed, so the tether's SIGTERM can end it
+            with contextlib.suppress(psutil.Error):
+                p.resume()
         await wait_until(lambda: all_gone(servers), 60, "the killed up's vLLM processes")
 
         broker = up()
@@ -191,9 +199,19 @@ async def test_two_models_on_two_servers_under_one_up(
         broker.kill()
         with contextlib.suppress(Exception):
             await broker.wait(30)
-        for p in servers:
+        for p in (*servers, *frozen):
             with contextlib.suppress(psutil.Error):
                 p.kill()
+
+
+def _engine_of(up: psutil.Process, name: str) -> list[psutil.Process]:
+    """The processes under the vLLM server that serves `name` (its engine core), or that
+    server itself when it has none."""
+    tree = up.children(recursive=True)
+    serving = [p for p in tree if name in " ".join(p.cmdline())]
+    top = [p for p in serving if p.ppid() not in {q.pid for q in serving}]
+    assert len(top) == 1, [p.cmdline() for p in serving]
+    return top[0].children(recursive=True) or top
 
 
 async def _cli(tmp: Path, env: dict[str, str], *args: str) -> str:
