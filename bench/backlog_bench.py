@@ -10,11 +10,18 @@ One broker with no GPUs (`fabricctl up --gpus none --engine sim`), as a user run
    still queued (`restart_s`), and its anonymous RSS then;
 4. with `--drain`, `fabricctl consume --engine sim --gpus 0,1` against it (`[sim] time_scale =
    0`: the simulated GPUs take no time): items/s until nothing is queued (`drain_items_per_s`).
+With `--bad-line N`, line N of the file is not JSON: `submit` must report it by number (exit
+1, `line N:` on stderr) and queue every other line (`bad_line_reported`). `--prefix-chars`
+sizes the lines (a 10 GB file: `--items 2500000 --prefix-chars 4000`). Peaks are sampled
+while `submit` runs: the broker's anonymous RSS every 0.2 s (`rss_anon_peak_mb`) and the
+`submit` process's own peak RSS (`submit_peak_rss_mb`): is memory flat as the file streams?
 Everything goes through the CLI and the socket; nothing is mocked. This box is shared and
 noisy: compare runs of the same N, and read RSS per item, not seconds.
 
     .venv/bin/python bench/backlog_bench.py                     # 200,000 items, a table
     .venv/bin/python bench/backlog_bench.py --items 2000000 --shapes 40 --drain --json
+    .venv/bin/python bench/backlog_bench.py --items 2500000 --prefix-chars 4000 \
+        --bad-line 2499000                                  # 10 GB, a bad line near its end
 """
 
 from __future__ import annotations
@@ -24,10 +31,12 @@ import asyncio
 import json
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -56,18 +65,27 @@ class Figures:
     restart_s: float = 0.0
     rss_anon_restarted_mb: float = 0.0
     drain_items_per_s: float | None = None
+    file_bytes: int = 0
+    rss_anon_peak_mb: float = 0.0  # the broker's, sampled while `submit` ran
+    submit_peak_rss_mb: float = 0.0  # the `submit` process's own peak
+    bad_line: int | None = None
+    bad_line_reported: bool | None = None  # `line N:` on stderr, exit 1, every other queued
 
 
-def write_lines(path: Path, items: int, shapes: int, seed: int = 7) -> None:
-    """`items` native lines, shape k drawn with Pareto popularity (a few shapes hold most)."""
+def write_lines(path: Path, items: int, shapes: int, seed: int = 7, prefix_chars: int = 1000,
+                bad_line: int | None = None) -> None:
+    """`items` native lines, shape k drawn with Pareto popularity (a few shapes hold most);
+    line `bad_line` (1-based), when given, is cut short: not JSON."""
     rng = random.Random(seed)
     weights = [1 / (k + 1) ** 1.2 for k in range(shapes)]
-    prefixes = [f"Shape {k}: " + " ".join(f"w{k}x{j}" for j in range(150))[:1000]
+    words = prefix_chars // 5 + 1
+    prefixes = [f"Shape {k}: " + " ".join(f"w{k}x{j}" for j in range(words))[:prefix_chars]
                 for k in range(shapes)]
     with path.open("w") as f:
         for i, k in enumerate(rng.choices(range(shapes), weights, k=items)):
-            f.write(json.dumps({"id": f"q{i}", "model": MODEL, "prefix": [prefixes[k]],
-                                "prompt": f"item {i}", "max_tokens": 4}) + "\n")
+            line = json.dumps({"id": f"q{i}", "model": MODEL, "prefix": [prefixes[k]],
+                               "prompt": f"item {i}", "max_tokens": 4})
+            f.write((line[:40] if i + 1 == bad_line else line) + "\n")
 
 
 def rss_anon_mb(pid: int) -> float:
@@ -115,12 +133,13 @@ class Broker:
     def queued(self) -> int:
         return int(self.status()["ledger"]["items_queued"])
 
-    def run(self, *args: str) -> None:
+    def run(self, *args: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[bytes]:
         done = subprocess.run([*FABRICCTL, *args, "--data-dir", str(self.data)], env=self.env,
                               cwd=self.home, capture_output=True, timeout=3600)
-        if done.returncode:
+        if done.returncode not in ok:
             raise RuntimeError(f"fabricctl {args[0]} exited {done.returncode}: "
                                f"{done.stderr.decode()[-2000:]}")
+        return done
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -134,27 +153,57 @@ class Broker:
             self.proc.wait(60)
 
 
-def measure(items: int, shapes: int, drain: bool) -> Figures:
-    out = Figures(items, shapes)
-    with tempfile.TemporaryDirectory(prefix="backlog-") as tmp:
+class PeakRss:
+    """Why: a peak between two readings is what "memory flat" is about; sampled off-thread."""
+
+    def __init__(self, pid: int, every_s: float = 0.2) -> None:
+        self.pid, self.every_s, self.peak_mb = pid, every_s, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.peak_mb = max(self.peak_mb, rss_anon_mb(self.pid))
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def measure(items: int, shapes: int, drain: bool, prefix_chars: int = 1000,
+            bad_line: int | None = None) -> Figures:
+    out = Figures(items, shapes, bad_line=bad_line)
+    queued = items - (bad_line is not None)
+    with tempfile.TemporaryDirectory(prefix="backlog-", dir=os.environ.get("BENCH_TMP")) as tmp:
         home = Path(tmp)
         src = home / "lines.jsonl"
-        write_lines(src, items, shapes)
+        write_lines(src, items, shapes, prefix_chars=prefix_chars, bad_line=bad_line)
+        out.file_bytes = src.stat().st_size
         broker = Broker(home)
         try:
             broker.start()
             assert broker.proc is not None
             out.rss_anon_before_mb = rss_anon_mb(broker.proc.pid)
             t0 = time.monotonic()
-            broker.run("submit", str(src))
+            with PeakRss(broker.proc.pid) as peak:
+                done = broker.run("submit", str(src), ok=(0,) if bad_line is None else (1,))
             out.submit_items_per_s = items / (time.monotonic() - t0)
-            assert broker.queued() == items
+            out.rss_anon_peak_mb = peak.peak_mb
+            out.submit_peak_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+            if bad_line is not None:
+                out.bad_line_reported = (f"line {bad_line}:".encode() in done.stderr
+                                         and broker.queued() == queued)
+            assert broker.queued() == queued, (broker.queued(), queued)
             out.rss_anon_queued_mb = rss_anon_mb(broker.proc.pid)
             out.rss_bytes_per_queued_item = ((out.rss_anon_queued_mb - out.rss_anon_before_mb)
-                                             * 2**20 / items)
+                                             * 2**20 / queued)
             broker.kill()
             out.restart_s = broker.start()
-            assert broker.queued() == items
+            assert broker.queued() == queued
             out.rss_anon_restarted_mb = rss_anon_mb(broker.proc.pid)
             if drain:
                 t0 = time.monotonic()
@@ -166,7 +215,7 @@ def measure(items: int, shapes: int, drain: bool) -> Figures:
                 try:
                     while broker.queued():
                         time.sleep(0.2)
-                    out.drain_items_per_s = items / (time.monotonic() - t0)
+                    out.drain_items_per_s = queued / (time.monotonic() - t0)
                 finally:
                     agent.terminate()
                     agent.wait(60)
@@ -180,20 +229,28 @@ def main() -> int:
     ap.add_argument("--items", type=int, default=200_000)
     ap.add_argument("--shapes", type=int, default=40)
     ap.add_argument("--drain", action="store_true", help="also drain through one agent")
+    ap.add_argument("--prefix-chars", type=int, default=1000, help="each shape's prefix")
+    ap.add_argument("--bad-line", type=int, default=None, metavar="N",
+                    help="line N (1-based) is not JSON: submit must name it, queue the rest")
     ap.add_argument("--json", action="store_true", help="print exactly one JSON object")
     a = ap.parse_args()
-    fig = measure(a.items, a.shapes, a.drain)
+    fig = measure(a.items, a.shapes, a.drain, a.prefix_chars, a.bad_line)
     if a.json:
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
                           for k, v in asdict(fig).items()}))
         return 0
-    print(f"backlog of {fig.items:,} items over {fig.shapes} shapes, one broker, no GPUs")
-    rows = [("submit", f"{fig.submit_items_per_s:,.0f} items/s"),
-            ("anonymous RSS before / queued", f"{fig.rss_anon_before_mb:.0f} / "
-             f"{fig.rss_anon_queued_mb:.0f} MiB"),
+    print(f"backlog of {fig.items:,} items over {fig.shapes} shapes "
+          f"({fig.file_bytes / 2**30:.2f} GiB of JSONL), one broker, no GPUs")
+    rows = [("submit", f"{fig.submit_items_per_s:,.0f} items/s "
+                       f"(its own peak RSS {fig.submit_peak_rss_mb:.0f} MiB)"),
+            ("anonymous RSS before / peak / queued", f"{fig.rss_anon_before_mb:.0f} / "
+             f"{fig.rss_anon_peak_mb:.0f} / {fig.rss_anon_queued_mb:.0f} MiB"),
             ("RSS per queued item", f"{fig.rss_bytes_per_queued_item:.0f} bytes"),
             ("restart after kill -9", f"{fig.restart_s:.2f} s until status answers "
              f"({fig.rss_anon_restarted_mb:.0f} MiB anonymous RSS)")]
+    if fig.bad_line is not None:
+        rows.append((f"bad line {fig.bad_line:,}", "reported by number, every other line "
+                     "queued" if fig.bad_line_reported else "NOT reported as it should be"))
     if fig.drain_items_per_s is not None:
         rows.append(("drain (2 sim GPUs, time_scale 0)", f"{fig.drain_items_per_s:,.0f} items/s"))
     for k, v in rows:

@@ -73,6 +73,7 @@ from fabricctl.formats.results import (
 )
 from fabricctl.formats.tokens import choose_counter
 from fabricctl.producer import Chunk, Feed, FeedHooks, InputOrder, Job, Producer, file_digest
+from fabricctl.server.heap import settle_heap
 from fabricctl.wire.protocol import Ack
 
 log = logging.getLogger("fabricctl.run")
@@ -132,6 +133,7 @@ def command(
         raise fail(f"{file}: {what}", ExitCode.USAGE)
     out = output.open("wb") if output else sys.stdout.buffer
     try:
+        settle_heap()  # this process runs the broker: its collector settings
         summary = run_async(run_job(cfg, file, out, ordered=ordered,
                                     keep_data=data_dir is not None, priority=prio,
                                     window_s=window_s))

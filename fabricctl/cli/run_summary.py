@@ -186,7 +186,9 @@ class AchievableHits:
     def achievable(self, block: int) -> int:
         """The most prompt tokens the engines' caches could have hit (see the class)."""
         total = 0
-        blocks: dict[int | None, tuple[set[int], set[int]]] = {}  # gpu -> (asked, held past)
+        # (gpu, model) -> (asked, held past): a name's blocks are its own. Hashed as the
+        # simulated engine hashes a base model's, so its memo of each shape's chain answers.
+        blocks: dict[tuple[int | None, str], tuple[set[int], set[int]]] = {}
         for (model, signature, gpu), ran in self.ran.items():
             sources = self.prefix.get((model, signature)) or self.unlisted.get(
                 (model, signature), ())
@@ -199,8 +201,8 @@ class AchievableHits:
             total += sum(achievable_cached_tokens(n, n, block) * k for n, k in ran.siblings)
             if p < block or not asks:
                 continue
-            chain = prefix_block_hashes(sources, block, model)  # a name's blocks are its own
-            asked, held = blocks.setdefault(gpu, (set(), set()))
+            chain = prefix_block_hashes(sources, block)
+            asked, held = blocks.setdefault((gpu, model), (set(), set()))
             asked.update(chain[:max(a for a, _ in asks)])
             held.update(chain[min(a for a, _ in asks):])
         return max(0, total - sum(len(a - h) for a, h in blocks.values()) * block)

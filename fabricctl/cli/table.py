@@ -153,6 +153,7 @@ def _run(cfg: AppConfig, table: Table, spec: TableSpec, cols: OutColumns, work: 
     whether a row failed on its input, was refused or asked for a model nobody serves."""
     from fabricctl.cli.run import run_job
     from fabricctl.cli.run_summary import print_run_summary
+    from fabricctl.server.heap import settle_heap
 
     lines, results = work / "lines.jsonl", work / "results.jsonl"
     with lines.open("wb") as fp:
@@ -168,6 +169,7 @@ def _run(cfg: AppConfig, table: Table, spec: TableSpec, cols: OutColumns, work: 
     summary = None
     with results.open("wb") as rfp:
         if emitted.lines:
+            settle_heap()  # this process runs the broker: its collector settings
             summary = run_async(run_job(cfg, lines, rfp, errors=errors,
                                         priority=prio, window_s=window_s))
     with lines.open("rb") as sent, results.open("rb") as got, _Output(output) as out:

@@ -25,6 +25,9 @@ from typing import Any
 from fabricctl.core.types import Entry, Item
 
 TAIL_MAX = 64  # entries kept as objects at the back of a lane (RAM: lanes x this, bounded)
+# The columns of a queue that has never settled: shared, never grown (only `_settle` grows a
+# column, and it gives the queue its own first), so a lane of a few items allocates none.
+_NO_KEY, _NO_INT, _NO_T = array("Q"), array("i"), array("d")
 _COMPACT = 4096  # taken column slots reclaimed once past this many and half the columns
 INF = float("inf")
 
@@ -38,11 +41,9 @@ class EntryQueue:
     def __init__(self, entries: Iterable[Entry] = (), tail_max: int = TAIL_MAX) -> None:
         self.tail_max = tail_max
         self._h = 0  # the columns' front: slots before it were taken
-        self._key = array("Q")
-        self._tok = array("i")
-        self._max = array("i")
-        self._t = array("d")
-        self._job = array("i")
+        self._key = _NO_KEY
+        self._tok = self._max = self._job = _NO_INT
+        self._t = _NO_T
         self._items: list[Item | None] | None = None  # parallel to the columns, when needed
         self._tail: list[Entry] = []  # the newest entries, behind the columns
         self.head = INF  # the front entry's arrival
@@ -127,6 +128,9 @@ class EntryQueue:
         """The tail into the columns."""
         es = self._tail
         self._tail = []
+        if self._key is _NO_KEY:
+            self._key, self._t = array("Q"), array("d")
+            self._tok, self._max, self._job = array("i"), array("i"), array("i")
         items = [e.item for e in es]
         if self._items is not None or any(it is not None for it in items):
             self._item_column().extend(items)  # (before the columns grow: made to their size)
@@ -202,8 +206,9 @@ class EntryQueue:
         return self.take(1)[0]
 
     def clear(self) -> None:
-        for col in self._columns():
-            del col[:]
+        self._key = _NO_KEY
+        self._tok = self._max = self._job = _NO_INT
+        self._t = _NO_T
         self._items = None
         self._tail = []
         self._h = 0

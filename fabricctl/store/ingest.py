@@ -237,6 +237,7 @@ class Ingest:
         open_shape = self.state.core.open_shape
         jobs = plan.jobs
         groups: list[Group] = []
+        job_items: dict[int, list[Item]] = {}  # counted by endpoint once a job, not a group
         since = 0
         for (model, sig, job), gs in keyed.items():
             its = [g[1] for g in gs]
@@ -246,7 +247,7 @@ class Ingest:
                 plan.job_shapes.setdefault(job, set()).add(JobShape(model, sig, shape.label))
                 first = (its[0].line, model)  # a group keeps arrival (line) order
                 plan.job_models[job] = min(plan.job_models.get(job, first), first)
-                plan.job_endpoints.setdefault(job, Counter()).update(count_endpoints(its))
+                job_items.setdefault(job, []).extend(its)
             group = Group(gs, shape, its, [it.input_tokens for it in its])
             ns, targets = group.tokens, group.targets
             for k in range(0, len(ns), STEP_ITEMS):
@@ -257,6 +258,8 @@ class Ingest:
                 group.lanes += shape.lanes.assign_many(chunk, now, targets)
                 since += len(chunk)
             groups.append(group)
+        for job, its in job_items.items():
+            plan.job_endpoints.setdefault(job, Counter()).update(count_endpoints(its))
         return groups
 
     def ingest_rows(self, txn: lmdb.Transaction, plan: IngestPlan) -> Steps[None]:
