@@ -39,7 +39,7 @@ DB_NAMES = (b"seg", b"data", b"ids", b"results", b"rseq", b"meta", b"shapes", b"
             b"jres")
 
 
-class SegHeader(msgspec.Struct, array_like=True):
+class SegHeader(msgspec.Struct, array_like=True, gc=False):
     """Why: the routing keys of a segment live once, here, not in every entry.
 
     Written once, when the segment is created (with `count` then and `deleted` 0). In

@@ -136,7 +136,14 @@ def _read(state: StoreState, txn: lmdb.Transaction) -> _Disk:
     """Read the meta row, the segment headers, the job table and the answered offsets."""
     dbs = state.env.dbs
     meta = _load_meta(state, txn)
-    headers = {seg_id_of(k): header_decoder.decode(v) for k, v in txn.cursor(db=dbs["seg"])}
+    names: dict[str, str] = {}  # one object per model or label, not one per segment
+    sigs: dict[int, int] = {}  # likewise per signature (an int past 2**30 is an object)
+    headers: dict[int, SegHeader] = {}
+    for k, v in txn.cursor(db=dbs["seg"]):
+        h = headers[seg_id_of(k)] = header_decoder.decode(v)
+        h.model = names.setdefault(h.model, h.model)
+        h.label = names.setdefault(h.label, h.label)
+        h.signature = sigs.setdefault(h.signature, h.signature)
     state.jobs.load(txn)
     return _Disk(meta, headers, _answered(txn, dbs, headers))
 
