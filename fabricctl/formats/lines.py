@@ -5,7 +5,8 @@ Contract:
   line in memory: a longer line is yielded cut (and refused), its rest read and dropped.
 - `drafts(lines)` yields, in input order, a `Drafted(line_no, draft)` per good line and a
   `LineError(line_no, reason)` per bad one; it never raises for bad input, keeps nothing
-  per line but the ids seen (a duplicate is refused), numbers lines from `first_line_no`,
+  per line but the ids seen (a duplicate is refused; `formats.seen_ids`: the newest in RAM,
+  the rest in a temporary LMDB), numbers lines from `first_line_no`,
   blank ones included, skips blank lines and a UTF-8 byte order mark on the first.
 - A line longer than `max_line_bytes` (newline excluded) is refused before it is decoded.
 - Each line's form is detected on its own: any of `custom_id`/`method`/`url`/`body` is an
@@ -28,6 +29,7 @@ from fabricctl.core.defaults import MAX_LINE_BYTES
 from fabricctl.formats.common import Draft, Invalid, a_json_type
 from fabricctl.formats.native import NATIVE_KEYS, parse_native
 from fabricctl.formats.openai_batch import OPENAI_KEYS, parse_openai
+from fabricctl.formats.seen_ids import SeenIds
 
 _BOM = b"\xef\xbb\xbf"
 _SKIP_CHUNK = 1 << 16
@@ -74,7 +76,15 @@ class Drafted(msgspec.Struct, gc=False):
 def drafts(lines: Iterable[bytes], max_line_bytes: int = MAX_LINE_BYTES,
            first_line_no: int = 1) -> Iterator[Drafted | LineError]:
     """Each line's draft or error, in input order (duplicate ids refused)."""
-    seen: dict[str, int] = {}
+    seen = SeenIds()
+    try:
+        yield from _drafts(lines, max_line_bytes, first_line_no, seen)
+    finally:
+        seen.close()
+
+
+def _drafts(lines: Iterable[bytes], max_line_bytes: int, first_line_no: int,
+            seen: SeenIds) -> Iterator[Drafted | LineError]:
     for line_no, raw in enumerate(lines, first_line_no):
         line = raw.rstrip(b"\r\n")
         if line_no == first_line_no and line.startswith(_BOM):
@@ -88,14 +98,14 @@ def drafts(lines: Iterable[bytes], max_line_bytes: int = MAX_LINE_BYTES,
         if isinstance(draft, LineError):
             yield draft
             continue
-        first = seen.get(draft.id)
+        first = seen.first(draft.id)
         if first is not None:
             openai = draft.source.is_openai
             field = "custom_id" if openai else "id"
             yield LineError(line_no, f"{field} {draft.id!r} is a duplicate of line {first}",
                             openai, draft.id)
             continue
-        seen[draft.id] = line_no
+        seen.add(draft.id, line_no)
         yield Drafted(line_no, draft)
 
 def _draft(line: bytes, line_no: int) -> Draft | LineError:
