@@ -301,7 +301,12 @@ async def test_two_windows_earliest_deadline_first_on_real_vllm(
     """Issue 41 on a real server: two equal jobs submitted together with windows of 1.4T
     and 2.4T (T: one such job alone, measured first on the same daemon). Fair share serves
     them side by side, so both end near 2T and the first window (1.4T) is missed; earliest
-    deadline first serves the first, then the second (near T and 2T): both met."""
+    deadline first serves the first, then the second (near T and 2T): both met.
+
+    A shared box can run the pair much slower than it ran the solo job (a CI run took 1.8
+    times as long), so the windows are checked at the pace the pair ran (`pace`: how much
+    longer than 2T the pair took, at least 1), and the order, which no pace changes, by the
+    first job ending well before the second (side by side they end together)."""
     server = vllm_servers.servers[0].base_url
     tok = Tok(tiny_model)
     wl = Workload(tok)
@@ -340,12 +345,14 @@ async def test_two_windows_earliest_deadline_first_on_real_vllm(
             await client.close()
     finally:
         await daemon.stop()
+    ended = {tag: records[tag].times["completed"] - records[tag].created for tag in windows}
+    pace = max(1.0, ended["second"] / (2 * t))
     print(f"\ntwo windows on one real vLLM server: T {t:.2f} s; windows "
           f"{windows['first']:.1f} s and {windows['second']:.1f} s; finished after "
-          f"{took[0]:.2f} s and {took[1]:.2f} s")
+          f"{took[0]:.2f} s and {took[1]:.2f} s (pace {pace:.2f})")
     for tag, window in windows.items():
         rec = records[tag]
         assert rec.state.value == "completed", (tag, rec.state, rec.completed)
         assert rec.completed == rec.total == WIN_SHAPES * WIN_ITEMS
-        assert rec.times["completed"] - rec.created <= window, (tag, rec.times, window)
-    assert records["first"].times["completed"] < records["second"].times["completed"]
+        assert ended[tag] <= window * pace, (tag, ended, window, pace)
+    assert ended["first"] <= 0.8 * ended["second"], ended
