@@ -318,6 +318,46 @@ def test_the_docs_cite_the_recorded_runs() -> None:
         assert "bench/results/2026-12-02.json" in read(doc)
 
 
+def table_claims(readme: str, table: Mapping[str, Any]) -> list[str]:
+    """What the README's *Tables* section quotes of `bench/results/table_bench.json` (the
+    real server's whole-job ratios) and does not match it (empty: all do)."""
+    real = table["real"]
+    wall = real["median_wall_s"]
+    m = re.search(r"the job took ([\d.]+) s in the table's order, ([\d.]+) s in GGR's "
+                  r"\(Liu et al.\) and ([\d.]+) s\s+in fabricctl's \(medians of (\w+) "
+                  r"runs\): \*\*([\d.]+)x\*\* the table's order and ([\d.]+)x GGR's",
+                  readme)
+    if m is None:
+        return ["README.md: no longer quotes the real server's table run: update the check"]
+    stated = [number(m[i]) for i in (1, 2, 3, 5, 6)]
+    actual = [round(wall["original"], 1), round(wall["ggr"], 1), round(wall["fabric"], 1),
+              round(real["vs_original"], 2), round(real["vs_ggr"], 2)]
+    bad = [f"README.md: {s} where the recorded table run has {a}"
+           for s, a in zip(stated, actual, strict=True) if s != a]
+    rounds = {"one": 1, "two": 2, "three": 3}.get(m[4])
+    if rounds != len(real["runs"]["fabric"]):
+        bad.append(f"README.md: {m[4]} runs, the recorded one has "
+                   f"{len(real['runs']['fabric'])}")
+    return bad
+
+
+def recorded_table() -> dict[str, Any]:
+    return json.loads((RESULTS / "table_bench.json").read_text())
+
+
+def test_the_table_figures_are_the_recorded_run() -> None:
+    assert "bench/results/table_bench.json" in read("README.md")
+    assert table_claims(read("README.md"), recorded_table()) == []
+
+
+def test_a_table_figure_the_run_does_not_have_fails() -> None:
+    readme, table = read("README.md"), recorded_table()
+    assert "**1.63x**" in readme
+    assert table_claims(readme.replace("**1.63x**", "**1.73x**"), table) != []
+    slower = {**table, "real": {**table["real"], "vs_ggr": 0.9}}
+    assert table_claims(readme, slower) != []
+
+
 # -- the checks fail when a doc or the code moves --------------------------------------------
 
 @pytest.mark.parametrize("doc, old, new", [
