@@ -158,7 +158,7 @@ def test_each_bad_fleet_is_a_usage_error_naming_the_entry(tmp_path: Path, text: 
 
 def vllm_config(tmp_path: Path, text: str) -> AppConfig:
     stand_in = (f'engine = "vllm"\n[vllm]\ncommand = ["{sys.executable}", "{FAKE}"]\n'
-                f'port_base = {free_port()}\nready_timeout_s = 20.0\n'
+                f'port_base = {free_port(4)}\nready_timeout_s = 20.0\n'
                 f'extra_args = ["--record={tmp_path}/rec-{{index}}.jsonl"]\n')
     cfg = load(tmp_path, stand_in + text)
     return dataclasses.replace(cfg, data_dir=tmp_path / "data")

@@ -84,7 +84,7 @@ def test_up_serves_on_without_a_server_in_a_crash_loop_and_status_shows_it(
         tmp_path: Path) -> None:
     (tmp_path / "fabric.toml").write_text(
         f'engine = "vllm"\n[vllm]\ncommand = ["{sys.executable}", "{FAKE}"]\n'
-        f"port_base = {free_port()}\nrestart_backoff_s = [0.05]\nready_timeout_s = 30\n"
+        f"port_base = {free_port(2)}\nrestart_backoff_s = [0.05]\nready_timeout_s = 30\n"
         '[[servers]]\nmodel = "good"\ngpus = [[0]]\n'
         '[[servers]]\nmodel = "bad"\ngpus = [[1]]\n'
         f'extra_args = ["--fail-start", "{BROKEN}"]\n')
