@@ -94,18 +94,31 @@ def _ggr(rows: Cells, ids: list[int], cols: list[int], w: CellWeight, squared: b
     if len(ids) == 1 or not cols:
         node.rest = ids
         return
-    if len(cols) == 1:  # one field: the rows sorted by it (groups of equal cells)
-        c = cols[0]
-        by: dict[str, list[int]] = {}
-        for r in sorted(ids, key=lambda r: rows[r][c]):
-            by.setdefault(rows[r][c], []).append(r)
-        for cell, group in by.items():
-            if len(group) >= 2:
-                node.children.append(GroupNode(field=c, cell=cell, rows=len(group),
-                                               rest=group))
-            else:
-                node.rest.extend(group)
+    if len(cols) == 1:
+        one_field(rows, ids, cols[0], node)
         return
+    greedy_step(rows, ids, cols, w, node, squared=squared)
+
+
+def one_field(rows: Cells, ids: list[int], c: int, node: GroupNode) -> None:
+    """A node with one field left: its rows sorted by it (groups of equal cells)."""
+    by: dict[str, list[int]] = {}
+    for r in sorted(ids, key=lambda r: rows[r][c]):
+        by.setdefault(rows[r][c], []).append(r)
+    for cell, group in by.items():
+        if len(group) >= 2:
+            node.children.append(GroupNode(field=c, cell=cell, rows=len(group), rest=group))
+        else:
+            node.rest.extend(group)
+
+
+Recurse = Callable[[list[int], list[int], GroupNode], None]  # (rows, fields left, child)
+
+
+def greedy_step(rows: Cells, ids: list[int], cols: list[int], w: CellWeight, node: GroupNode,
+                *, squared: bool, recurse: Recurse | None = None) -> None:
+    """GGR's split of one node: groups of the highest score split off one at a time, each
+    recursed on by `recurse` (default: GGR itself), the rows no group took left as `rest`."""
     counts: dict[tuple[int, str], int] = {}
     index: dict[tuple[int, str], list[int]] = {}
     for r in ids:
@@ -140,7 +153,11 @@ def _ggr(rows: Cells, ids: list[int], cols: list[int], w: CellWeight, squared: b
                 counts[(c2, row[c2])] -= 1
         child = GroupNode(field=c, cell=cell, rows=len(group))
         node.children.append(child)
-        _ggr(rows, group, [x for x in cols if x != c], w, squared, child)
+        left = [x for x in cols if x != c]
+        if recurse is None:
+            _ggr(rows, group, left, w, squared, child)
+        else:
+            recurse(group, left, child)
     node.rest = list(alive)
 
 
@@ -150,11 +167,11 @@ def column_tree(rows: Cells, w: CellWeight, rest_order: tuple[int, ...] | None =
     width = len(rows[0]) if rows else 0
     order = rest_order if rest_order is not None else tuple(range(width))
     root = GroupNode(field=-1, cell="", rows=len(rows))
-    _column(rows, list(range(len(rows))), list(order), w, root)
+    column_split(rows, list(range(len(rows))), list(order), w, root)
     return root
 
 
-def _column(rows: Cells, ids: list[int], cols: list[int], w: CellWeight,
+def column_split(rows: Cells, ids: list[int], cols: list[int], w: CellWeight,
             node: GroupNode) -> None:
     node.rest_fields = tuple(cols)
     if len(ids) == 1 or not cols:
@@ -178,7 +195,7 @@ def _column(rows: Cells, ids: list[int], cols: list[int], w: CellWeight,
             continue
         child = GroupNode(field=best, cell=cell, rows=len(group))
         node.children.append(child)
-        _column(rows, group, left, w, child)
+        column_split(rows, group, left, w, child)
     node.rest_fields = (best, *left) if node.rest else tuple(cols)
 
 
