@@ -90,14 +90,21 @@ def _score(w: CellWeight, squared: bool, cell: str, n: int) -> int:
 
 def _ggr(rows: Cells, ids: list[int], cols: list[int], w: CellWeight, squared: bool,
          node: GroupNode) -> None:
+    if not settled(rows, ids, cols, node):
+        greedy_step(rows, ids, cols, w, node, squared=squared)
+
+
+def settled(rows: Cells, ids: list[int], cols: list[int], node: GroupNode) -> bool:
+    """Start a node of `ids` with `cols` left, and split it where there is no choice to make
+    (one row or no field: all rest; one field: `one_field`); whether it is done."""
     node.rest_fields = tuple(cols)
     if len(ids) == 1 or not cols:
         node.rest = ids
-        return
+        return True
     if len(cols) == 1:
         one_field(rows, ids, cols[0], node)
-        return
-    greedy_step(rows, ids, cols, w, node, squared=squared)
+        return True
+    return False
 
 
 def one_field(rows: Cells, ids: list[int], c: int, node: GroupNode) -> None:

@@ -3,8 +3,8 @@
 Contract: `pilot(rows, w)` returns a `GroupNode` tree (as `table_groups` defines it). A node
 of at most `max_cells` cells (rows x fields left) is split by the pilot method (Duin and
 Voss, 1999): among the rows not yet grouped, the `candidates` (field, cell) groups of the
-highest weight x (rows - 1) are tried, each whole, less the rows it shares with another
-candidate of another field, and each candidate's field split by all its cells at once; a
+highest weight x (rows - 1) are tried: each whole, each after another of another field
+(less the rows that one took), and each one's field split by all its cells at once; a
 split is scored by its groups' weight x (rows - 1) plus a rollout of each group (without
 its field) and of the rows left, and the best is taken and recursed on, until no cell is
 held by two rows left. A rollout is the better of the greedy tree on the objective
@@ -27,7 +27,7 @@ from fabricctl.core.table_groups import (
     GroupNode,
     column_split,
     greedy_step,
-    one_field,
+    settled,
 )
 
 PILOT_CELLS = 64  # nodes of at most this many cells (rows x fields left) take the pilot
@@ -69,12 +69,7 @@ class _Pilot:
     def split(self, ids: list[int], cols: list[int], node: GroupNode, nested: bool = True
               ) -> None:
         rows, w = self.rows, self.w
-        node.rest_fields = tuple(cols)
-        if len(ids) == 1 or not cols:
-            node.rest = ids
-            return
-        if len(cols) == 1:
-            one_field(rows, ids, cols[0], node)
+        if settled(rows, ids, cols, node):
             return
         if len(ids) * len(cols) > self.max_cells:
             greedy_step(rows, ids, cols, w, node, squared=False,
@@ -142,9 +137,10 @@ def _groups(rows: Cells, ids: Sequence[int], cols: Sequence[int]
 
 def _trials(index: dict[tuple[int, str], list[int]], keys: list[tuple[int, str]]
             ) -> list[list[_Group]]:
-    """The splits tried: each candidate group's rows; its rows less those of another
-    candidate of another field (so the rows both hold can go with the other one); and each
-    candidate's field split by all its cells at once (as `column_split` does)."""
+    """The splits tried: each candidate group's rows; another candidate of another field
+    whole, then the first's rows less its own (the rows both hold go with the one chosen
+    first, as a row walking `table_rule`'s tree does); and each candidate's field split by
+    all its cells at once (as `column_split` does)."""
     out = [[(k, index[k])] for k in keys]
     for k in keys:
         for j in keys:
@@ -152,7 +148,7 @@ def _trials(index: dict[tuple[int, str], list[int]], keys: list[tuple[int, str]]
                 other = set(index[j])
                 sub = [r for r in index[k] if r not in other]
                 if 2 <= len(sub) < len(index[k]):
-                    out.append([(k, sub)])
+                    out.append([(j, index[j]), (k, sub)])
     for f in dict.fromkeys(k[0] for k in keys):
         whole = [(k, g) for k, g in index.items() if k[0] == f and len(g) >= 2]
         if len(whole) >= 2:

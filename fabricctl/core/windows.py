@@ -43,23 +43,23 @@ class Verdict:
     need: dict[int, float] = field(default_factory=dict)  # a hopeless job's seconds to finish
 
 
+@dataclass(eq=False)
 class Windows:
     """Why: the rate the fleet shows and the deadlines it can still meet, judged in one place."""
 
-    def __init__(self, cfg: CoreConfig, models: Mapping[str, ModelState],
-                 consumers: Mapping[str, ConsumerState], terms: Mapping[int, JobTerms],
-                 intake: Intake, lifecycle: Lifecycle, events: EventLog,
-                 shapes: Callable[[], list[Shape]]) -> None:
-        self.cfg = cfg
-        self.models = models
-        self.consumers = consumers
-        self.terms = terms
-        self.intake = intake
-        self.lifecycle = lifecycle
-        self.events = events
-        self.shapes = shapes
-        self.risk = RiskWatch(events)  # jobs predicted to miss their deadline (said once)
-        self.judged = float("-inf")  # when the windows were last judged (`judge`)
+    cfg: CoreConfig
+    models: Mapping[str, ModelState]
+    consumers: Mapping[str, ConsumerState]
+    terms: Mapping[int, JobTerms]
+    intake: Intake
+    lifecycle: Lifecycle
+    events: EventLog
+    shapes: Callable[[], list[Shape]]
+    risk: RiskWatch = field(init=False)  # jobs predicted to miss their deadline (said once)
+    judged: float = float("-inf")  # when the windows were last judged (`judge`)
+
+    def __post_init__(self) -> None:
+        self.risk = RiskWatch(self.events)
 
     def serving(self, model: str) -> int:
         """Consumers serving `model` (at least one counted by the rates)."""
