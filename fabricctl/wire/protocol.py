@@ -20,6 +20,7 @@ import msgspec
 from fabricctl.core.forecast import JobView as JobPlace
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.types import Contract, Item, ItemResult, Prewarm, Work
+from fabricctl.wire.message import Message
 from fabricctl.wire.queries import (
     ConsumersQuery,
     EventsQuery,
@@ -71,13 +72,12 @@ class Error(msgspec.Struct, tag=True):
     fatal: bool = False
 
 
-class Submit(msgspec.Struct, tag=True):
+class Submit(Message):
     """Items for the store; with `job` (a job's number, from `OpenJob`) they join that job.
 
     `resume`: the job was attached to (a rerun): an id already stored in this job is counted
     in `Ack.skipped`, not refused as a duplicate."""
 
-    rid: int
     items: list[Item]
     job: int = 0
     resume: bool = False
@@ -94,21 +94,19 @@ class Reject(msgspec.Struct, array_like=True, omit_defaults=True):
     stored: bool = False
 
 
-class Ack(msgspec.Struct, tag=True):
+class Ack(Message):
     """Sent only after the durable commit of every accepted item of the chunk."""
 
-    rid: int
     accepted: int
     rejects: list[Reject]
     skipped: int = 0  # already stored in the job (a resumed submit): not sent again
 
 
-class OpenJob(msgspec.Struct, tag=True):
+class OpenJob(Message):
     """Start a job, or attach to one: to `job` (an id or a unique prefix) when given, else,
     when `attach`, to the newest job of the same kind, name and `sha256` (a file submitted
     again). Answered by `JobReply` once the job record is durable."""
 
-    rid: int
     kind: str  # "submit", "run" or "api"
     name: str = ""
     sha256: str = ""
@@ -123,11 +121,10 @@ class OpenJob(msgspec.Struct, tag=True):
     output_expires_s: int = 0  # an API batch's `output_expires_after` seconds; 0: never
 
 
-class SealJob(msgspec.Struct, tag=True):
+class SealJob(Message):
     """The job's input ended after `lines` lines, `errors` the messages of the refused ones
     (not yet counted); `failed`: refuse the whole job (an API batch's bad file)."""
 
-    rid: int
     job: int
     lines: int
     errors: list[str] = []
@@ -136,24 +133,21 @@ class SealJob(msgspec.Struct, tag=True):
     refused: int = 0  # refused lines beyond those in `errors` (only the first few are sent)
 
 
-class CancelJob(msgspec.Struct, tag=True):
-    rid: int
+class CancelJob(Message):
     job: str  # an id or a unique prefix
 
 
-class SetPriority(msgspec.Struct, tag=True):
+class SetPriority(Message):
     """Change a live job's priority (0..core.terms.MAX_PRIORITY); answered by `JobReply`, or
     an `Error`: `not_found`/`ambiguous` (the id), `bad_priority`, `job_ended`."""
 
-    rid: int
     job: str  # an id or a unique prefix
     priority: int
 
 
-class JobReply(msgspec.Struct, tag=True):
+class JobReply(Message):
     """A job as it stands after the request; `attached`: an existing job was joined."""
 
-    rid: int
     job: JobRecord
     attached: bool = False
 
@@ -180,8 +174,7 @@ class JobView(msgspec.Struct):
     # None while it has no queued item
 
 
-class Register(msgspec.Struct, tag=True):
-    rid: int
+class Register(Message):
     name: str
     contract: Contract
     gpu: int | None = None
@@ -189,8 +182,7 @@ class Register(msgspec.Struct, tag=True):
     simulated: bool = False
 
 
-class Registered(msgspec.Struct, tag=True):
-    rid: int
+class Registered(Message):
     consumer: str
     heartbeat_s: float
     heartbeat_timeout_s: float
@@ -200,33 +192,28 @@ class Heartbeat(msgspec.Struct, tag=True):
     stats: dict[str, Any] = {}  # the engine's counters (EngineStats as a dict)
 
 
-class Pull(msgspec.Struct, tag=True):
-    rid: int
+class Pull(Message):
     wait_s: float = 1.0
 
 
-class WorkReply(msgspec.Struct, tag=True):
-    rid: int
+class WorkReply(Message):
     work: Work | None
 
 
-class Complete(msgspec.Struct, tag=True):
-    rid: int
+class Complete(Message):
     batch: int
     results: list[ItemResult]
     cache: list[int] = []  # the engine's (queries, hits, achievable) tokens for this batch
 
 
-class Fail(msgspec.Struct, tag=True):
-    rid: int
+class Fail(Message):
     batch: int
     reason: str
 
 
-class Done(msgspec.Struct, tag=True):
+class Done(Message):
     """Reply to Complete/Fail/Shutdown: `stored` results, or -1 when the batch was not ours."""
 
-    rid: int
     stored: int = 0
 
 
@@ -234,10 +221,9 @@ class PrewarmPush(msgspec.Struct, tag=True):
     signal: Prewarm
 
 
-class Subscribe(msgspec.Struct, tag=True):
+class Subscribe(Message):
     """Ask for the stats stream: a snapshot every `interval_s`, lanes for the named shapes."""
 
-    rid: int
     interval_s: float = 1.0
     lanes: list[tuple[str, int]] = []
     all_lanes: bool = False
@@ -247,15 +233,14 @@ class StatsPush(msgspec.Struct, tag=True):
     snapshot: msgspec.Raw  # an encoded Snapshot (see fabricctl.server.views)
 
 
-class Answer(msgspec.Struct, tag=True):
+class Answer(Message):
     """Why: a question's answer (`wire.queries`), encoded as that question's result type."""
 
-    rid: int
     data: msgspec.Raw
 
 
-class Shutdown(msgspec.Struct, tag=True):
-    rid: int
+class Shutdown(Message):
+    """Why: `fabricctl down` asks the broker to stop; it is answered at once."""
 
 
 Frame = (

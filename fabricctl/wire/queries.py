@@ -15,114 +15,96 @@ sequence number `since` (-1: from the moment it is read), as they are stored; a 
 
 from __future__ import annotations
 
-import msgspec
-
 from fabricctl.core.jobs import JobRecord
 from fabricctl.core.records import ResultRecord
+from fabricctl.wire.message import Message
 
 
-class ShapesQuery(msgspec.Struct, tag=True):
+class ShapesQuery(Message):
     """Why: the live shapes; with `all`, then the finished shapes' records, newest first."""
 
-    rid: int
     all: bool = False
 
 
-class ShapeQuery(msgspec.Struct, tag=True):
+class ShapeQuery(Message):
     """Why: the one shape `ref` names (hex signature, label or unique hex prefix)."""
 
-    rid: int
     ref: str
 
 
-class ConsumersQuery(msgspec.Struct, tag=True):
+class ConsumersQuery(Message):
     """Why: the registered consumers (`core.snapshot.ConsumerView`s)."""
 
-    rid: int
 
-
-class LedgerQuery(msgspec.Struct, tag=True):
+class LedgerQuery(Message):
     """Why: the conservation ledger, its difference and the ledger as last persisted."""
 
-    rid: int
 
-
-class EventsQuery(msgspec.Struct, tag=True):
+class EventsQuery(Message):
     """Why: the broker's events after sequence number `since`, `limit` at most."""
 
-    rid: int
     since: int = 0
     limit: int = 1000
 
 
-class ResultsQuery(msgspec.Struct, tag=True):
+class ResultsQuery(Message):
     """Why: stored results after sequence number `since`, in storage order, with their seq."""
 
-    rid: int
     since: int = 0
     limit: int = 1000
 
 
-class ResultsByKeyQuery(msgspec.Struct, tag=True):
+class ResultsByKeyQuery(Message):
     """Why: stored results in entry-key (ingest) order after `after` (24 hex digits; "":
     from the first), with their key."""
 
-    rid: int
     after: str = ""
     limit: int = 1000
 
 
-class ResultQuery(msgspec.Struct, tag=True):
+class ResultQuery(Message):
     """Why: one stored result by its item id in job number `job` (0: none), or None."""
 
-    rid: int
     id: str
     job: int = 0
 
 
-class JobsQuery(msgspec.Struct, tag=True):
+class JobsQuery(Message):
     """Why: the newest `limit` job records numbered below `before` (0: any) of `kind`
     ("": any), newest first."""
 
-    rid: int
     kind: str = ""
     before: int = 0
     limit: int = 1000
 
 
-class JobViewsQuery(msgspec.Struct, tag=True):
+class JobViewsQuery(Message):
     """Why: each job with queued items, its place in the fleet (`core.forecast.JobView`)."""
 
-    rid: int
 
-
-class JobQuery(msgspec.Struct, tag=True):
+class JobQuery(Message):
     """Why: one job (an id or unique prefix) as `jobs show` prints it (`JobView`)."""
 
-    rid: int
     ref: str
 
 
-class JobResultsQuery(msgspec.Struct, tag=True):
+class JobResultsQuery(Message):
     """Why: one job's results of lines after `after_line`, in input order, `limit` at most."""
 
-    rid: int
     ref: str
     after_line: int = 0
     limit: int = 1000
 
 
-class SnapshotQuery(msgspec.Struct, tag=True):
+class SnapshotQuery(Message):
     """Why: one snapshot, as the stats stream pushes them; `all_lanes`: every lane in it."""
 
-    rid: int
     all_lanes: bool = False
 
 
-class StatusQuery(msgspec.Struct, tag=True):
+class StatusQuery(Message):
     """Why: the broker's summary (`fabricctl status`)."""
 
-    rid: int
 
 
 Query = (
@@ -137,27 +119,24 @@ QUERIES = (
 )
 
 
-class FollowResults(msgspec.Struct, tag=True):
+class FollowResults(Message):
     """Why: a producer waits for its job's results as they are stored, pushed to it, and
     resumes after a lost connection from the last sequence number it saw."""
 
-    rid: int
     job: int = 0  # a job's number; 0: the results of every job
     since: int = -1  # the sequence number to stream after; -1: from now
 
 
-class StopFollow(msgspec.Struct, tag=True):
+class StopFollow(Message):
     """Why: a follower that stops before its job ended (or a stream of every job) ends its
-    stream, so the broker does not push to a connection that no longer reads them."""
+    stream, so the broker does not push to a connection that no longer reads them. Its rid
+    is the FollowResults' rid; nothing answers it."""
 
-    rid: int  # the FollowResults' rid; nothing answers it
 
-
-class ResultsPush(msgspec.Struct, tag=True):
+class ResultsPush(Message):
     """Why: one step of a `FollowResults` stream: its results (with their sequence numbers,
     `seq` the last looked at), and, on the last push, the job's record once it ended."""
 
-    rid: int
     seq: int
     rows: list[tuple[int, ResultRecord]] = []
     ended: JobRecord | None = None
