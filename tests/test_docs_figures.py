@@ -18,7 +18,10 @@ import dataclasses
 import inspect
 import json
 import math
+import os
 import re
+import shlex
+import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -356,6 +359,35 @@ def test_a_table_figure_the_run_does_not_have_fails() -> None:
     assert table_claims(readme.replace("**1.63x**", "**1.73x**"), table) != []
     slower = {**table, "real": {**table["real"], "vs_ggr": 0.9}}
     assert table_claims(readme, slower) != []
+
+
+def explain_claims(readme: str) -> list[str]:
+    """The README's table example (`fabricctl table examples/products.csv ... --explain`) run
+    with --emit: each `--explain` line the README quotes and the command no longer prints
+    (empty: all match)."""
+    block = re.search(r"```sh\n(fabricctl table examples/products\.csv.*?)\n[^\n]*\n```",
+                      readme, re.S)
+    if block is None:
+        return ["README.md: the table example is gone: update the check"]
+    args = shlex.split(block[1].replace("\\\n", " "))[1:]
+    args = [*args[:args.index("-o")], "--emit", "-o", os.devnull]
+    quoted = re.findall(r"^    (fabricctl: .*)$", readme[block.end():], re.M)
+    quoted = quoted[:quoted.index(next(q for q in quoted if "instruction" in q)) + 1]
+    run = subprocess.run([sys.executable, "-m", "fabricctl", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    printed = run.stderr.splitlines()
+    return [f"README.md: {q!r} is not what --explain prints ({printed})" for q in quoted
+            if q not in printed] or ([] if quoted else ["README.md: no --explain lines"])
+
+
+def test_the_table_examples_explain_lines_are_what_it_prints() -> None:
+    assert explain_claims((ROOT / "README.md").read_text()) == []
+
+
+def test_an_explain_line_the_command_does_not_print_fails() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "(45.6%)" in readme
+    assert explain_claims(readme.replace("(45.6%)", "(45.4%)")) != []
 
 
 # -- the checks fail when a doc or the code moves --------------------------------------------
