@@ -13,7 +13,8 @@ it is a pilot tree itself (rolled out by those two), since the greedy's first ch
 inside a small group is its costliest mistake. A larger node is split as the greedy one
 (`ggr` on the objective), so a table's upper levels cost what GGR's do and the pilot
 refines the groups below. No bound is promised against the greedy tree: `table_plan`'s
-FABRIC keeps the best of its candidate trees. Rollouts are memoised on (rows, fields).
+FABRIC keeps the best of its candidate trees. Rollouts are memoised on (rows, fields)
+while a node the pilot splits is being split, so memory stays that of one such node.
 """
 
 from __future__ import annotations
@@ -56,15 +57,16 @@ _Group = tuple[tuple[int, str], list[int]]  # a group tried: its (field, cell) a
 
 @dataclass
 class _Pilot:
-    """Why: one table's pilot, with the rollouts it has already made (a group is tried again
-    at every step until one is split off)."""
+    """Why: one table's pilot, with the rollouts it has made in the node being split (a group
+    is tried again at every step until one is split off)."""
 
     rows: Cells
     w: CellWeight
     max_cells: int
     candidates: int
     rolled: dict[tuple[frozenset[int], tuple[int, ...], bool], int] = field(
-        default_factory=dict)
+        default_factory=dict)  # the rollouts of the pilot node being split (then cleared)
+    depth: int = 0  # pilot splits under way (nested ones included)
 
     def split(self, ids: list[int], cols: list[int], node: GroupNode, nested: bool = True
               ) -> None:
@@ -75,6 +77,7 @@ class _Pilot:
             greedy_step(rows, ids, cols, w, node, squared=False,
                         recurse=lambda g, left, child: self.split(g, left, child, nested))
             return
+        self.depth += 1
         alive = list(ids)
         while True:
             index = _groups(rows, alive, cols)
@@ -99,6 +102,9 @@ class _Pilot:
                 node.children.append(child)
                 self.split(group, [x for x in cols if x != f], child, nested)
         node.rest = alive
+        self.depth -= 1
+        if self.depth == 0:  # its rollouts hold its rows only: no other node asks for them
+            self.rolled.clear()
 
     def rollout(self, ids: list[int], cols: list[int], nested: bool) -> int:
         """What the rows' own tree would share: the better of the greedy one on the
