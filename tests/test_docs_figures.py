@@ -33,6 +33,7 @@ import pytest
 from fabricctl.config import AppConfig
 from fabricctl.config.loading import _NESTED
 from fabricctl.core.defaults import MAX_BATCH_SIZE, MAX_BATCH_TOKENS
+from fabricctl.core.table_pilot import PILOT_CELLS
 from fabricctl.core.terms import MAX_PRIORITY
 from fabricctl.engines.base import request_window
 from fabricctl.engines.pool import KEEPALIVE_S, POOL_SHARD
@@ -191,6 +192,7 @@ CONSTANTS: list[tuple[str, str, float]] = [  # doc, pattern whose groups state i
     ("README.md", r"from 0, the default, to ([\d,]+);", MAX_PRIORITY),
     ("README.md", r"thrash line at ([\d,]+) batches", AppConfig().broker.thrash_batches),
     ("README.md", r"waited more than ([\d,]+) s is marked", AppConfig().broker.starve_s),
+    ("README.md", r"a group of at most ([\d,]+) cells is split", PILOT_CELLS),
     ("ARCHITECTURE.md", r"the default contract \(([\d,]+) tokens", MAX_BATCH_TOKENS),
     ("ARCHITECTURE.md", r"the default contract \([\d,]+ tokens / ([\d,]+) items\)",
      MAX_BATCH_SIZE),
