@@ -179,7 +179,8 @@ def column_tree(rows: Cells, w: CellWeight, rest_order: tuple[int, ...] | None =
 
 
 def column_split(rows: Cells, ids: list[int], cols: list[int], w: CellWeight,
-            node: GroupNode) -> None:
+                 node: GroupNode) -> None:
+    """A node split by its most shared field, every value at once, each group recursed on."""
     node.rest_fields = tuple(cols)
     if len(ids) == 1 or not cols:
         node.rest = ids

@@ -11,9 +11,9 @@ row sent before it, summed.
 
 Methods (`Method`): ORIGINAL (the table's order, fields as given); GGR (Liu et al., MLSys
 2025, as published: `table_groups.ggr`); FABRIC (fabricctl's own: the best of GGR, two
-greedy trees scored by the share itself and the pilot tree (`table_pilot`: groups of at
-most `PILOT_CELLS` cells split by looking ahead), each sent in trie order: never below GGR; then,
-up to `LOCAL_MAX_ROWS` rows, rows moved to better paths by `table_local`);
+greedy trees scored by the share itself and the pilot tree, whose small groups are split
+by looking ahead (`table_pilot`), each sent in trie order: never below GGR; then, up to
+`LOCAL_MAX_ROWS` rows, rows moved to better paths by `table_local`);
 EXHAUSTIVE (the optimum, `table_search`, for tables of at most 8 rows x 4 fields: ValueError
 past that). `shared[i]` follows `declared`. `learn_rule` gives the same plan at table scale
 as an `OrderRule` (`table_rule`): learnt from a sample, applied row by row, rows sorted by key.
@@ -135,10 +135,10 @@ class _Candidate:
 def _fabric(rows: Sequence[Row], w: Weight, ranking: tuple[int, ...]) -> _Candidate:
     """FABRIC: GGR as published, GGR scored by the objective itself (weight x (rows - 1)),
     the column tree (`table_groups`) and the pilot tree (`table_pilot`), each sent in the
-    trie order of its field orders
-    (never worse than the tree's own order); the one of the highest prefix share wins (ties:
-    the first), so FABRIC's share is never below GGR's; then, up to `LOCAL_MAX_ROWS` rows,
-    `table_local.improve` moves rows to better paths (kept only when the share rises)."""
+    trie order of its field orders (never worse than the tree's own order); the one of the
+    highest prefix share wins (ties: the first), so FABRIC's share is never below GGR's;
+    then, up to `LOCAL_MAX_ROWS` rows, `table_local.improve` moves rows to better paths
+    (kept only when the share rises)."""
     best: _Candidate | None = None
     for tree in (ggr(rows, w, squared=True), ggr(rows, w, squared=False, rest_order=ranking),
                  column_tree(rows, w, rest_order=ranking), pilot(rows, w, rest_order=ranking)):

@@ -106,7 +106,6 @@ class StatusQuery(Message):
     """Why: the broker's summary (`fabricctl status`)."""
 
 
-
 Query = (
     ShapesQuery | ShapeQuery | ConsumersQuery | LedgerQuery | EventsQuery | ResultsQuery
     | ResultsByKeyQuery | ResultQuery | JobsQuery | JobViewsQuery | JobQuery | JobResultsQuery
