@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import fabricctl
 
-from fabricctl.cli.support import engine_flags
+from fabricctl.cli.support import EngineFlags
 from fabricctl.config import AppConfig, VllmSettings, key_docs, load_config, to_toml
 from fabricctl.errors import BackendMissing, UsageError
 from fabricctl.supervisor.fleet import choose_engine
@@ -125,17 +125,19 @@ def test_engine_reason_names_the_flag_or_file_that_chose_it(tmp_path: Path) -> N
     by_file = load_config(None, None, cwd=tmp_path, env={})
     assert choose_engine(by_file, False, 0, "")[1] == (
         f"engine 'sim' chosen by {tmp_path / 'fabric.toml'}")
-    cpu = load_config(None, engine_flags(None, None, "cpu"), cwd=tmp_path / "d", env={})
+    cpu = load_config(None, EngineFlags(device="cpu").config(), cwd=tmp_path / "d", env={})
     assert choose_engine(cpu, False, 0, "")[0] == "vllm"
 
 
 def test_engine_flags_reach_the_configuration(tmp_path: Path) -> None:
-    cfg = load_config(None, engine_flags("0,1", "/e/bin/python", "cpu"), cwd=tmp_path, env={})
+    cfg = load_config(None, EngineFlags(gpus="0,1", vllm_python="/e/bin/python",
+                                            device="cpu").config(), cwd=tmp_path, env={})
     assert cfg.gpus == [0, 1]
     assert (cfg.vllm.python, cfg.vllm.device) == ("/e/bin/python", "cpu")
-    assert engine_flags("none", None, None, none=True) == {}
+    assert EngineFlags(gpus="none").config(none=True) == {}
+    assert EngineFlags(engine="sim", model="m").config() == {"engine": "sim", "model": "m"}
     with pytest.raises(UsageError, match=r"vllm\.device must be one of gpu, cpu"):
-        load_config(None, engine_flags(None, None, "tpu"), cwd=tmp_path, env={})
+        load_config(None, EngineFlags(device="tpu").config(), cwd=tmp_path, env={})
 
 
 def test_every_vllm_key_is_documented_in_config_show_the_readme_and_the_man_page() -> None:

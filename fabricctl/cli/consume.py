@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from fabricctl.cli.optgroup import takes
 from fabricctl.cli.support import (
+    UNSET,
     ConfigFile,
     DataDir,
-    Device,
+    EngineFlags,
     Verbose,
-    VllmPython,
-    engine_flags,
     load,
     parse_gpus,
     run_async,
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 AGENT_ENGINES = ("sim", "vllm", "openai")
 
 
+@takes(EngineFlags, omit=("engine", "model", "gpus"))
 def command(
     broker: str = typer.Option(..., "--broker", "-b", help="HOST:PORT of a broker's --listen, "
                                "or its data dir / socket path."),
@@ -79,16 +80,14 @@ def command(
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="Connect with TLS, trusting "
                                        "this CA file or pinned certificate "
                                        "(server.tls_ca)."),
-    vllm_python: str | None = VllmPython,
-    device: str | None = Device,
+    engines: EngineFlags = UNSET,
     data_dir: Path | None = DataDir,
     config: Path | None = ConfigFile,
     verbose: bool = Verbose,
 ) -> None:
     """Run consumers against a broker (for example on another GPU host)."""
     setup_logging(verbose)
-    cfg = load(config, model=model, data_dir=data_dir,
-               **engine_flags(None, vllm_python, device))
+    cfg = load(config, model=model, data_dir=data_dir, **engines.config())
     tok = token if token is not None else cfg.server.token
     ca = str(tls_ca) if tls_ca is not None else cfg.server.tls_ca
     if gpus is None:

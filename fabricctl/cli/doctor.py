@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from fabricctl.cli.optgroup import takes
 from fabricctl.cli.support import (
+    UNSET,
     ConfigFile,
     DataDir,
-    Device,
+    EngineFlags,
     JsonOut,
-    VllmPython,
-    engine_flags,
     guarded,
 )
 from fabricctl.config import AppConfig, load_config, user_config_path
@@ -52,20 +52,21 @@ if TYPE_CHECKING:
 LOW_DISK = 1 << 30  # warn below 1 GiB free in the data dir's file system
 
 
+DOCTOR_ENGINE = typer.Option(None, "--engine", "-e", metavar="auto|sim|vllm|openai",
+                             help="Check for this engine instead of the configured one.",
+                             show_default=False)
+
+
+@takes(EngineFlags, omit=("model", "gpus"), engine=DOCTOR_ENGINE)
 def command(json_out: bool = JsonOut, data_dir: Path | None = DataDir,
-            config: Path | None = ConfigFile,
-            engine: str | None = typer.Option(None, "--engine", "-e",
-                                              metavar="auto|sim|vllm|openai",
-                                              help="Check for this engine instead of the "
-                                              "configured one.", show_default=False),
-            vllm_python: str | None = VllmPython, device: str | None = Device) -> None:
+            config: Path | None = ConfigFile, engines: EngineFlags = UNSET) -> None:
     """Check the host: config files, NVML and GPUs, vLLM, the data dir, a running broker.
 
     When the configuration launches vLLM (engine vllm, or auto with GPUs or vllm.device
     cpu), the vllm check imports it the way its servers will and reports its version.
     One line per check: ok, warn or fail. Exit status 0 when no check failed, else 1.
     """
-    flags = {"data_dir": data_dir, "engine": engine, **engine_flags(None, vllm_python, device)}
+    flags = {"data_dir": data_dir, **engines.config()}
     raise typer.Exit(guarded(lambda: doctor(config, flags, json_out)))
 
 

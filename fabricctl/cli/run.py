@@ -43,18 +43,15 @@ import msgspec
 import typer
 
 from fabricctl.cli.jobs import Priority, Window, priority_option, window_option
+from fabricctl.cli.optgroup import takes
 from fabricctl.cli.run_rows import RefusedRows, Unserved
 from fabricctl.cli.run_summary import AchievableHits, RunSummary, print_run_summary, thrash_note
 from fabricctl.cli.support import (
+    UNSET,
     ConfigFile,
-    Device,
-    Engine,
-    Gpus,
-    Model,
+    EngineFlags,
     Shapes,
     Verbose,
-    VllmPython,
-    engine_flags,
     fail,
     job_logging,
     load,
@@ -79,17 +76,14 @@ from fabricctl.wire.protocol import Ack
 log = logging.getLogger("fabricctl.run")
 
 
+@takes(EngineFlags)
 def command(
     file: Path = typer.Argument(..., metavar="FILE|-",
                                 help="JSONL (native or OpenAI batch), or - for stdin."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Where to write results "
                                        "(default: stdout)."),
     config: Path | None = ConfigFile,
-    engine: str | None = Engine,
-    model: str | None = Model,
-    gpus: str | None = Gpus,
-    vllm_python: str | None = VllmPython,
-    device: str | None = Device,
+    engines: EngineFlags = UNSET,
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON: on stdout "
                                   "with --output, else on stderr after the results."),
     ordered: bool = typer.Option(False, "--ordered", help="Write the results in input order "
@@ -126,8 +120,7 @@ def command(
     job_logging(verbose)
     prio = priority_option(priority)
     window_s = window_option(window)
-    cfg = load(config, engine=engine, model=model, data_dir=data_dir, **shapes_flag(shapes),
-               **engine_flags(gpus, vllm_python, device))
+    cfg = load(config, data_dir=data_dir, **shapes_flag(shapes), **engines.config())
     if str(file) != "-" and not file.is_file():
         what = "is a directory, not a JSONL file" if file.is_dir() else "no such file"
         raise fail(f"{file}: {what}", ExitCode.USAGE)

@@ -8,6 +8,9 @@ Contract:
   error-to-exit-code mapping: a `FabricError` (store, engine and launch errors included)
   becomes that line and its `exit_code`, Ctrl-C exit 130. `run_async(coro)` is `guarded`
   around an event loop (`asyncio.run`, or the one given). Every command goes through them.
+- `EngineFlags`: --engine, --model, --gpus, --vllm-python and --device, the options a
+  command that starts engines takes (with `optgroup.takes`); `.config()` as configuration
+  flags.
 - `settings(data_dir, config)` / `load(config, **flags)`: the effective configuration, its
   errors guarded (a bad config is exit 2).
 - `setup_logging(verbose)`: logs (`up`, `consume`, `run -v`) go to stderr as Rich lines:
@@ -25,11 +28,13 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import typer
 
+from fabricctl.cli.optgroup import group_option
 from fabricctl.errors import ExitCode, FabricError, UsageError, exit_code_of
 
 if TYPE_CHECKING:
@@ -86,18 +91,38 @@ def parse_gpus(gpus: str, also: str = "") -> list[int]:
     return out
 
 
-def engine_flags(gpus: str | None, vllm_python: str | None, device: str | None,
-                 none: bool = False) -> dict[str, object]:
-    """`--gpus`, `--vllm-python` and `--device` as configuration flags (the given ones);
-    a bad `--gpus` is a usage error (exit 2); with `none`, `--gpus none` sets no GPUs (the
-    caller starts no local engine)."""
-    flags: dict[str, object] = {}
-    if gpus is not None and not (none and gpus.strip().lower() == "none"):
-        flags["gpus"] = guarded(lambda: parse_gpus(gpus, ", or none" if none else ""))
-    vllm = {k: v for k, v in (("python", vllm_python), ("device", device)) if v is not None}
-    if vllm:
-        flags["vllm"] = vllm
-    return flags
+@dataclass(frozen=True)
+class EngineFlags:
+    """Why: the options that choose and launch engines mean the same in every command that
+    takes them (`optgroup.takes`)."""
+
+    engine: str | None = group_option(Engine)
+    model: str | None = group_option(Model)
+    gpus: str | None = group_option(Gpus)
+    vllm_python: str | None = group_option(VllmPython)
+    device: str | None = group_option(Device)
+
+    @property
+    def no_gpus(self) -> bool:
+        """`--gpus none`: no local engine (`up`)."""
+        return (self.gpus or "").strip().lower() == "none"
+
+    def config(self, none: bool = False) -> dict[str, object]:
+        """The given flags as configuration flags; a bad `--gpus` is a usage error (exit 2);
+        with `none`, `--gpus none` sets no GPUs (the caller starts no local engine)."""
+        flags: dict[str, object] = {k: v for k, v in (("engine", self.engine),
+                                                      ("model", self.model)) if v is not None}
+        if self.gpus is not None and not (none and self.no_gpus):
+            gpus = self.gpus
+            flags["gpus"] = guarded(lambda: parse_gpus(gpus, ", or none" if none else ""))
+        vllm = {k: v for k, v in (("python", self.vllm_python), ("device", self.device))
+                if v is not None}
+        if vllm:
+            flags["vllm"] = vllm
+        return flags
+
+
+UNSET = EngineFlags()  # a command's `EngineFlags` parameter's default (`takes` replaces it)
 
 
 def shapes_flag(shapes: str | None) -> dict[str, object]:

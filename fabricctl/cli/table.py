@@ -28,15 +28,13 @@ import msgspec
 import typer
 
 from fabricctl.cli.jobs import Priority, Window, priority_option, window_option
+from fabricctl.cli.optgroup import takes
 from fabricctl.cli.support import (
+    UNSET,
     ConfigFile,
-    Device,
-    Engine,
-    Gpus,
+    EngineFlags,
     Model,
     Verbose,
-    VllmPython,
-    engine_flags,
     fail,
     guarded,
     job_logging,
@@ -53,6 +51,7 @@ from fabricctl.producer.table_io import OutColumns, Table, TableFormat
 MAX_REPORTED = 20  # row errors written on stderr; the rest are counted
 
 
+@takes(EngineFlags, omit=("model",))
 def command(
     file: Path = typer.Argument(..., metavar="FILE|-", help="The table: .csv, .parquet or "
                                 ".jsonl, or - for stdin (--format, default csv)."),
@@ -98,10 +97,7 @@ def command(
     output: Path | None = typer.Option(None, "--output", "-o", help="Where to write the table "
                                        "(or the lines; default: stdout)."),
     config: Path | None = ConfigFile,
-    engine: str | None = Engine,
-    gpus: str | None = Gpus,
-    vllm_python: str | None = VllmPython,
-    device: str | None = Device,
+    engines: EngineFlags = UNSET,
     json_out: bool = typer.Option(False, "--json", help="Print the run's summary as JSON "
                                   "(on stderr)."),
     priority: str | None = Priority,
@@ -125,7 +121,7 @@ def command(
     job_logging(verbose)
     prio = priority_option(priority)
     window_s = window_option(window)
-    cfg = load(config, model=model, engine=engine, **engine_flags(gpus, vllm_python, device))
+    cfg = load(config, model=model, **engines.config())
     spec = guarded(lambda: TableSpec(
         instruction=_instruction(instruction), model=cfg.model_name,
         fields=_names(fields), key=key, question=question, max_tokens=max_tokens,

@@ -23,15 +23,13 @@ from pathlib import Path
 
 import typer
 
+from fabricctl.cli.optgroup import takes
 from fabricctl.cli.support import (
+    UNSET,
     ConfigFile,
     DataDir,
-    Device,
-    Engine,
-    Model,
+    EngineFlags,
     Verbose,
-    VllmPython,
-    engine_flags,
     guarded,
     load,
     run_async,
@@ -42,19 +40,18 @@ from fabricctl.config import AppConfig
 log = logging.getLogger("fabricctl")
 
 
+UP_GPUS = typer.Option(None, "--gpus", metavar="0,1|none",
+                       help="The NVML indices of the GPUs to run one vLLM server each on (the "
+                       "gpus setting; [[servers]] name their groups instead); none: no local "
+                       "engine. With --device cpu, each is one server on the CPU.",
+                       show_default=False)
+
+
+@takes(EngineFlags, gpus=UP_GPUS)
 def command(
     data_dir: Path | None = DataDir,
     config: Path | None = ConfigFile,
-    engine: str | None = Engine,
-    gpus: str | None = typer.Option(None, "--gpus", metavar="0,1|none",
-                                    help="The NVML indices of the GPUs to run one vLLM "
-                                    "server each on (the gpus setting; [[servers]] name "
-                                    "their groups instead); none: no local engine. With "
-                                    "--device cpu, each is one server on the CPU.",
-                                    show_default=False),
-    vllm_python: str | None = VllmPython,
-    device: str | None = Device,
-    model: str | None = Model,
+    engines: EngineFlags = UNSET,
     listen: str | None = typer.Option(None, "--listen", help="Also listen on HOST:PORT (TCP, "
                                       "needs server.token) for consumers on other hosts."),
     metrics_port: int | None = typer.Option(None, "--metrics-port",
@@ -87,17 +84,14 @@ def command(
     from fabricctl.server import eventloop
 
     setup_logging(verbose)
-    flags: dict[str, object] = {"data_dir": data_dir, "engine": engine, "model": model,
-                                **engine_flags(gpus, vllm_python, device, none=True)}
-    no_gpus = (gpus or "").strip().lower() == "none"
-    cfg = with_sections(load(config, **flags), listen=listen, metrics_port=metrics_port,
-                        api=api)
+    cfg = with_sections(load(config, data_dir=data_dir, **engines.config(none=True)),
+                        listen=listen, metrics_port=metrics_port, api=api)
     cfg = with_wire(cfg, token, tls_cert, tls_key)
     if cfg.server.api:
         from fabricctl.api.address import api_address
 
         guarded(lambda: api_address(cfg.server.api, cfg.server.token))
-    raise typer.Exit(int(run_async(serve_forever(cfg, local_gpus=not no_gpus, ray=ray),
+    raise typer.Exit(int(run_async(serve_forever(cfg, local_gpus=not engines.no_gpus, ray=ray),
                                    eventloop.run)))
 
 
