@@ -10,7 +10,9 @@ custom_id once. (The pipeline's bounds are tested in test_producer_feed.py.)
 from __future__ import annotations
 
 import json
+import os
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -197,3 +199,32 @@ def test_openai_batch_round_trip_through_run(tmp_path: Path) -> None:
     summary = json.loads(out.stdout)
     assert summary["items"] == len(inputs) and summary["rejected"] == 0
     _check_openai_output(out_file.read_bytes().splitlines(), inputs)
+
+
+def _fifo_of(path: Path, data: bytes) -> threading.Thread:
+    """A named pipe at `path` that a thread fills with `data` once a reader opens it: what the
+    shell's `<(cmd)` hands a command."""
+    os.mkfifo(path)
+
+    def fill() -> None:
+        with path.open("wb") as w:
+            w.write(data)
+
+    writer = threading.Thread(target=fill, daemon=True)
+    writer.start()
+    return writer
+
+
+def test_a_pipe_is_read_like_a_file_and_a_directory_refused(broker: Broker) -> None:
+    items = [native(f"p{i}") for i in range(30)]
+    fifo = broker.home / "in.pipe"
+    writer = _fifo_of(fifo, b"".join(j(x) for x in items))
+    out = broker.run("submit", str(fifo), "--wait")
+    writer.join(10)
+    assert out.returncode == 0, out.stderr
+    assert sorted(json.loads(x)["id"] for x in out.stdout.splitlines()) == sorted(
+        x["id"] for x in items)
+    folder = broker.run("submit", str(broker.home))
+    assert folder.returncode == 2
+    assert error_lines(folder.stderr) == [
+        f"fabricctl: error: {broker.home}: is a directory, not a JSONL file"]

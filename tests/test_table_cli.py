@@ -11,6 +11,8 @@ import asyncio
 import csv
 import io
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,24 @@ def test_jsonl_from_stdin_comes_back_as_jsonl(tmp_path: Path, env: dict[str, str
     rows = [json.loads(x) for x in out.stdout.splitlines()]
     assert [r["id"] for r in rows] == ["a", "b"]
     assert all(r["answer"] and r["error"] is None for r in rows)
+
+
+def test_a_table_from_a_pipe_is_csv_unless_its_name_says_otherwise(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """What `fabricctl table <(cmd) ...` hands the command: a pipe, read once, spooled."""
+    for name, data in (("63", PRODUCTS.read_bytes()),  # as /dev/fd/63: no suffix
+                       ("rows.jsonl", b'{"id": "a", "review": "Dry."}\n')):
+        fifo = tmp_path / name
+        os.mkfifo(fifo)
+        writer = threading.Thread(target=fifo.write_bytes, args=(data,), daemon=True)
+        writer.start()
+        key = "sku" if name == "63" else "id"
+        out = fabricctl("table", str(fifo), "--key", key, *ASK, "--emit", env=env, cwd=tmp_path)
+        writer.join(10)
+        assert out.returncode == 0, out.stderr.decode()
+        ids = sorted(json.loads(x)["id"] for x in out.stdout.splitlines())
+        want = sorted(r["sku"] for r in read_csv(data)) if key == "sku" else ["a"]
+        assert ids == want
 
 
 def test_bad_rows_get_their_error_and_exit_1_the_rest_is_answered(

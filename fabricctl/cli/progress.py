@@ -2,9 +2,10 @@
 
 Contract: `ProgressView(total)` is a context manager and a callable; the submitter calls it
 with itself after every chunk and ack. It draws (Rich, on stderr) from the first call on,
-at most ten times a second: bytes read against the input's size when known, lines read,
-accepted (and skipped: stored by an earlier run of the job), refused and, with --wait,
-results written, their rate since the first one and the ETA of the rest at that rate.
+at most ten times a second: bytes read against the input's size when known, lines accepted
+(and skipped: stored by an earlier run of the job), refused (when any) and, with --wait,
+results written, their rate since the first one and the ETA of the rest at that rate. One
+line at any width: the counts are cut with an ellipsis before the line wraps.
 `input_size(fp)` is that size for a regular file and None for pipes.
 """
 
@@ -14,7 +15,10 @@ import os
 import stat
 import sys
 import time
-from typing import BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 class Submitting(Protocol):
@@ -45,13 +49,16 @@ def input_size(fp: BinaryIO) -> int | None:
 class ProgressView:
     """Why: people watching a long submit see it move; pipes and logs get nothing."""
 
-    def __init__(self, total: int | None) -> None:
+    def __init__(self, total: int | None, console: Console | None = None) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.table import Column
 
         self.p = Progress(BarColumn(bar_width=16), DownloadColumn(),
-                          TextColumn("{task.description}"), TimeElapsedColumn(),
-                          console=Console(stderr=True), transient=False)
+                          TimeElapsedColumn(),
+                          TextColumn("{task.description}", table_column=Column(
+                              ratio=1, no_wrap=True, overflow="ellipsis")),
+                          console=console or Console(stderr=True), transient=False, expand=True)
         self.task = self.p.add_task("", total=total)
         self._last = 0.0
         self._started = False
@@ -71,7 +78,9 @@ class ProgressView:
         if now - self._last < 0.1 and not s.done():
             return
         self._last = now
-        desc = f"{s.lines:,} lines, {s.accepted:,} in, {s.rejected:,} refused"
+        desc = f"{s.accepted:,} in"
+        if s.rejected:
+            desc += f", {s.rejected:,} refused"
         if s.skipped:
             desc += f", {s.skipped:,} stored before"
         if s.wait:
@@ -89,7 +98,7 @@ def rate_and_eta(written: int, expected: int, first: float | None, now: float) -
     rate = (written - 1) / (now - first)
     left = max(0, expected - written)
     eta = f", ETA {age(left / rate)}" if rate > 0 and left else ""
-    return f", {rate:,.1f}/s{eta}"
+    return f", {rate:,.0f}/s{eta}" if rate >= 100 else f", {rate:,.1f}/s{eta}"
 
 
 def stderr_is_tty() -> bool:

@@ -52,7 +52,7 @@ from fabricctl.cli.support import (
     EngineFlags,
     Shapes,
     Verbose,
-    fail,
+    check_input,
     job_logging,
     load,
     run_async,
@@ -121,9 +121,7 @@ def command(
     prio = priority_option(priority)
     window_s = window_option(window)
     cfg = load(config, data_dir=data_dir, **shapes_flag(shapes), **engines.config())
-    if str(file) != "-" and not file.is_file():
-        what = "is a directory, not a JSONL file" if file.is_dir() else "no such file"
-        raise fail(f"{file}: {what}", ExitCode.USAGE)
+    check_input(file)
     out = output.open("wb") if output else sys.stdout.buffer
     try:
         settle_heap()  # this process runs the broker: its collector settings

@@ -40,6 +40,7 @@ from fabricctl.cli.support import (
     ConfigFile,
     DataDir,
     Shapes,
+    check_input,
     fail,
     guarded,
     load,
@@ -115,8 +116,7 @@ def command(
     prio = priority_option(priority)
     window_s = window_option(window)
     cfg = load(config, data_dir=data_dir, **shapes_flag(shapes))
-    if file != "-" and not Path(file).is_file():
-        raise fail(f"{file}: no such file", ExitCode.USAGE)
+    check_input(file)
     name, sha256, size = "-", "", 0
     if file != "-":
         name = str(Path(file).resolve())

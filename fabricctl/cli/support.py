@@ -1,6 +1,7 @@
 """Typer pieces every fabricctl command shares: the common options, logging, error handling.
 
 Contract:
+- `check_input(file)`: an input argument's one check (stdin, a file or a pipe; else exit 2).
 - `fail(msg, code)` writes one `fabricctl: error: msg` line on stderr and returns the
   `typer.Exit` to raise; `report(e)` writes that line for a `FabricError` and returns its
   exit status, for bodies that return one (`top`).
@@ -130,6 +131,18 @@ def shapes_flag(shapes: str | None) -> dict[str, object]:
     return {} if shapes is None else {"producer": {"shapes": shapes}}
 
 FABRIC_LOGGER = "fabricctl"  # every fabricctl module logs under it ("fabricctl.server", ...)
+
+
+def check_input(file: str | Path, what: str = "a JSONL file") -> None:
+    """An input argument that is "-" (stdin), a file, or a stream the shell made (`<(cmd)`,
+    a named pipe); else a one-line usage error (exit 2): no such file, or a directory."""
+    if str(file) == "-":
+        return
+    path = Path(file)
+    if path.is_dir():
+        raise fail(f"{file}: is a directory, not {what}", ExitCode.USAGE)
+    if not path.exists():
+        raise fail(f"{file}: no such file", ExitCode.USAGE)
 
 
 def fail(message: str, code: int = ExitCode.RUNTIME) -> typer.Exit:

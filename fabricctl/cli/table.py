@@ -35,7 +35,7 @@ from fabricctl.cli.support import (
     EngineFlags,
     Model,
     Verbose,
-    fail,
+    check_input,
     guarded,
     job_logging,
     load,
@@ -127,8 +127,7 @@ def command(
         fields=_names(fields), key=key, question=question, max_tokens=max_tokens,
         params=_params(params), keep_field_order=keep_field_order, method=_method(order)))
     cols = OutColumns(answer_column, _names(json_answer), error_column)
-    if str(file) != "-" and not file.is_file():
-        raise fail(f"{file}: no such file", ExitCode.USAGE)
+    check_input(file, "a table")
     with tempfile.TemporaryDirectory(prefix="fabricctl-table-") as tmp:
         work = Path(tmp)
         table = guarded(lambda: _open(file, fmt, work))
@@ -197,12 +196,14 @@ def _report(table: Table, rows: list[tuple[int, str]], explained: Emitted | None
 
 
 def _open(file: Path, fmt: str | None, work: Path) -> Table:
-    """The table at `file`, or stdin spooled into `work` (read twice: lines, then the join)."""
-    if str(file) != "-":
+    """The table at `file`; stdin or a pipe (`<(cmd)`) spooled into `work` first, as it is
+    read twice (lines, then the join); csv unless --format or its name says otherwise."""
+    if str(file) != "-" and file.is_file():
         return Table(file, TableFormat.of(file, fmt))
-    kind = TableFormat.of(file, fmt or "csv")
+    kind = TableFormat.of(file, fmt or (None if file.suffix else "csv"))
     path = work / f"stdin.{kind.value}"
-    with stdin_binary() as src, path.open("wb") as dst:
+    with (stdin_binary() if str(file) == "-" else file.open("rb")) as src, \
+            path.open("wb") as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
     return Table(path, kind)
 

@@ -61,7 +61,10 @@ async def open_with_terms(client: Client, kind: str, priority: int | None, **fie
 
 
 def file_digest(path: Path) -> tuple[str, int]:
-    """sha256 and size of a file (read in 1 MiB blocks): a file submitted again joins its job."""
+    """sha256 and size of a file (read in 1 MiB blocks): a file submitted again joins its job.
+    ("", 0) for a pipe or a device (`<(cmd)`): it can be read only once, so it joins none."""
+    if not path.is_file():
+        return "", 0
     h = hashlib.sha256()
     with path.open("rb") as f:
         while block := f.read(1 << 20):
