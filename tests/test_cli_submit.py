@@ -224,6 +224,8 @@ def test_a_pipe_is_read_like_a_file_and_a_directory_refused(broker: Broker) -> N
     assert out.returncode == 0, out.stderr
     assert sorted(json.loads(x)["id"] for x in out.stdout.splitlines()) == sorted(
         x["id"] for x in items)
+    jobs = json.loads(broker.run("jobs", "--json").stdout)["jobs"]
+    assert [j["name"] for j in jobs] == [str(fifo)]  # the pipe's name as given
     folder = broker.run("submit", str(broker.home))
     assert folder.returncode == 2
     assert error_lines(folder.stderr) == [

@@ -53,6 +53,7 @@ from fabricctl.cli.support import (
     Shapes,
     Verbose,
     check_input,
+    input_name,
     job_logging,
     load,
     run_async,
@@ -261,7 +262,7 @@ async def run_job(
         try:
             name, sha256 = "-", ""
             if str(input_path) != "-":
-                name = str(input_path.resolve())
+                name = input_name(input_path)
                 sha256 = (await asyncio.to_thread(file_digest, input_path))[0]
             t_job = time.perf_counter()
             job = await producer.open_job("run", priority=priority, name=name, sha256=sha256,

@@ -43,6 +43,7 @@ from fabricctl.cli.support import (
     check_input,
     fail,
     guarded,
+    input_name,
     load,
     shapes_flag,
     stdin_binary,
@@ -119,7 +120,7 @@ def command(
     check_input(file)
     name, sha256, size = "-", "", 0
     if file != "-":
-        name = str(Path(file).resolve())
+        name = input_name(Path(file))
         sha256, size = file_digest(Path(file))
     with open(file, "rb") if file != "-" else contextlib.nullcontext(stdin_binary()) as fp:
         if file == "-" and sys.stdin.isatty():

@@ -1,7 +1,8 @@
 """Typer pieces every fabricctl command shares: the common options, logging, error handling.
 
 Contract:
-- `check_input(file)`: an input argument's one check (stdin, a file or a pipe; else exit 2).
+- `check_input(file)`: an input argument's one check (stdin, a file or a pipe; else exit 2);
+  `input_name(path)` the name its job keeps.
 - `fail(msg, code)` writes one `fabricctl: error: msg` line on stderr and returns the
   `typer.Exit` to raise; `report(e)` writes that line for a `FabricError` and returns its
   exit status, for bodies that return one (`top`).
@@ -143,6 +144,12 @@ def check_input(file: str | Path, what: str = "a JSONL file") -> None:
         raise fail(f"{file}: is a directory, not {what}", ExitCode.USAGE)
     if not path.exists():
         raise fail(f"{file}: no such file", ExitCode.USAGE)
+
+
+def input_name(path: Path) -> str:
+    """The name a job keeps of its input: a file's absolute path; a pipe's as given
+    (`/dev/fd/63`: where it leads is no name)."""
+    return str(path.resolve()) if path.is_file() else str(path)
 
 
 def fail(message: str, code: int = ExitCode.RUNTIME) -> typer.Exit:
