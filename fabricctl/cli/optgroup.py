@@ -7,8 +7,9 @@ whose signature has one parameter annotated `Group` shows Typer the group's fiel
 group's order and in that parameter's place, as the command's own options, and calls the
 body with that parameter set to `Group(**their values)`. `options` replaces a field's
 option for that command (another help or metavar); `omit` leaves a field out (its default
-is what the body gets). A field named like one of the command's own parameters is a
-TypeError at import.
+is what the body gets, and the command may have a parameter of that name). A field shown
+named like one of the command's own parameters, an unknown field or a command without the
+group's parameter is a TypeError at import.
 """
 
 from __future__ import annotations
