@@ -53,6 +53,17 @@ def test_the_table_fits_80_columns_and_keeps_the_model_when_there_are_several() 
     assert "model" in table.fit(78, 3)
 
 
+
+def test_a_long_label_takes_the_room_a_wide_terminal_leaves() -> None:
+    m = {"model": 5, "signature": 16, "label": 30, "state": 6, "epoch": 2, "tokens": 6,
+         "lanes": 10, "batches": 7, "waste": 5, "age": 5}
+    assert table.widths(m, 120, 1)["label"] == 30  # room for all of it
+    assert table.widths(m, 100, 1)["label"] == 18  # what is left after every column
+    assert tuple(table.widths(m, 80, 1)) == table.fit(80, 1, 1, {**m, "label": 14})
+    assert table.widths({**m, "label": 9}, 120, 1)["label"] == 9  # never wider than needed
+    assert all(sum(w + 2 for w in table.widths(m, n, 1).values()) <= n for n in (80, 100, 120))
+
+
 def test_rows_filter_by_every_word_and_sort() -> None:
     snap = make_snapshot(8, 4)
     rows = table.rows(snap.shapes, "tokens", True)

@@ -2,6 +2,8 @@
 
 Contract: `fit(width, models)` names the columns that fit a terminal (all of them from about
 104 cells; at 80 the model, age and epoch go, the model only when there is one);
+`widths(measured, width, models)` those columns' widths, the label's grown into the room
+left (up to `LABEL_MAX`: at 80 columns a label is cut at `LABEL_SHORT`);
 `rows(shapes, sort, reverse, query)` returns the table's rows in display order, each
 `(key, cells)` with `key = "model:hex"` stable across snapshots and one `Cell` (text,
 style, right-aligned) per `COLUMNS` entry; the filter keeps shapes whose model, hex
@@ -20,6 +22,8 @@ from fabricctl.core.snapshot import ShapeView
 from fabricctl.tui.palette import CRITICAL, STATES, WARN, state_style
 
 LANES_MAX = 2048
+LABEL_SHORT = 14  # the label column's width where the terminal is short of room
+LABEL_MAX = 40  # and its widest, where there is room to spare (`widths`)
 
 
 class Column(NamedTuple):
@@ -76,6 +80,27 @@ def fit(width: int, models: int, padding: int = 1,
     return tuple(keys)
 
 
+def widths(measured: dict[str, int], width: int, models: int, padding: int = 1
+           ) -> dict[str, int]:
+    """The shown columns (`fit`) and each one's width: as measured, but the label's at most
+    `LABEL_SHORT` to decide what fits, then as much of the room left as its longest needs.
+
+    >>> m = {"model": 5, "signature": 16, "label": 30, "state": 6, "epoch": 2, "tokens": 6,
+    ...      "lanes": 10, "batches": 7, "waste": 5, "age": 5}
+    >>> widths(m, 120, 1)["label"], widths(m, 100, 1)["label"], widths(m, 80, 1)["label"]
+    (30, 18, 16)
+    >>> tuple(widths(m, 80, 1))
+    ('signature', 'label', 'state', 'tokens', 'lanes', 'batches', 'waste')
+    """
+    short = {**measured, "label": min(measured.get("label", 0), LABEL_SHORT)}
+    shown = fit(width, models, padding, short)
+    out = {k: short[k] for k in shown if k in short}
+    if "label" in out:
+        room = width - sum(w + 2 * padding for w in out.values())
+        out["label"] += max(0, min(measured["label"] - out["label"], room))
+    return out
+
+
 def row_key(s: ShapeView) -> str:
     return f"{s.model}:{signature_hex(s.signature)}"
 
@@ -108,7 +133,7 @@ def cells(s: ShapeView) -> Cells:
     return (
         Cell(fmt.shorten(s.model, 12)),
         Cell(signature_hex(s.signature)),
-        Cell(fmt.shorten(s.label, 14)),
+        Cell(fmt.shorten(s.label, LABEL_MAX)),
         Cell(s.state, state_style(s.state)),
         _num(str(s.epoch) if s.epoch else "-"),
         _num(fmt.si(s.tokens)),

@@ -1,12 +1,12 @@
 """The shapes table: one row per live shape, a header row, a row cursor; cheap at 4 Hz.
 
 Contract: `ShapesTable.show(rows, models)` takes `fabricctl.tui.table.rows(...)` output and
-shows the columns that fit its width (`table.fit`, again on resize), each as wide as its
-widest cell. Only the visible rows are drawn, each straight from plain strings (a DataTable
-re-renders every visible cell through Rich on any change, which at 100 shapes x 4 Hz costs
-a third of a core). The rows (`data`) and the cursor (`cursor_row`) are reactive: assigning
-them lays out and repaints the table. The cursor stays on the same shape (by key) across
-snapshots.
+shows the columns that fit its width (`table.widths`, again on resize), each as wide as its
+widest cell (the label as wide as the room left allows, cut with an ellipsis). Only the
+visible rows are drawn, each straight from plain strings (a DataTable re-renders every
+visible cell through Rich on any change, which at 100 shapes x 4 Hz costs a third of a
+core). The rows (`data`) and the cursor (`cursor_row`) are reactive: assigning them lays
+out and repaints the table. The cursor stays on the same shape (by key) across snapshots.
 Up/Down/PgUp/PgDn/Home/End move it; Enter, or a click on the highlighted row, posts
 `RowSelected(key)`; a click on a header posts `HeaderSelected(column key)`.
 """
@@ -23,7 +23,8 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from fabricctl.tui.table import BY_KEY, COLUMN_KEYS, Cells, fit
+from fabricctl.fmt import shorten
+from fabricctl.tui.table import BY_KEY, COLUMN_KEYS, Cells, widths
 
 PAD = 1  # spaces either side of a cell
 Rows = tuple[list[tuple[str, Cells]], int]  # `table.rows(...)` output, and how many models
@@ -100,12 +101,13 @@ class ShapesTable(ScrollView, can_focus=True):
         selected = self.selected_key()
         measured = {k: max([len(BY_KEY[k].label)] + [len(cells[c].text) for _, cells in rows])
                     for c, k in enumerate(COLUMN_KEYS)}
-        self.shown = fit(self.scrollable_content_region.width or 80, models, PAD, measured)
+        fitted = widths(measured, self.scrollable_content_region.width or 80, models, PAD)
+        self.shown = tuple(fitted)
         index = [COLUMN_KEYS.index(k) for k in self.shown]
         self.keys = [k for k, _ in rows]
         self.cells = dict(rows)
         self._visible = [tuple(cells[i] for i in index) for _, cells in rows]
-        self.widths = [measured[k] for k in self.shown]
+        self.widths = list(fitted.values())
         if selected in self.cells:
             self.cursor_row = self.keys.index(selected)
         self.cursor_row = max(0, min(self.cursor_row, len(self.keys) - 1))
@@ -138,7 +140,8 @@ class ShapesTable(ScrollView, can_focus=True):
             line_style = base + self.get_component_rich_style("shapes-table--cursor")
         segments = []
         for cell, w in zip(self._visible[row], self.widths, strict=True):
-            text = cell.text.rjust(w) if cell.right else cell.text.ljust(w)
+            text = shorten(cell.text, w)
+            text = text.rjust(w) if cell.right else text.ljust(w)
             segments.append(Segment(" " * PAD, line_style))
             style = line_style + self._style(cell.style) if cell.style else line_style
             segments.append(Segment(text[:w], style))
