@@ -144,7 +144,7 @@ class ShapesTable(ScrollView, can_focus=True):
             text = text.rjust(w) if cell.right else text.ljust(w)
             segments.append(Segment(" " * PAD, line_style))
             style = line_style + self._style(cell.style) if cell.style else line_style
-            segments.append(Segment(text[:w], style))
+            segments.append(Segment(text, style))
             segments.append(Segment(" " * PAD, line_style))
         return Strip(segments).crop_extend(scroll_x, scroll_x + width, line_style)
 
